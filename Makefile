@@ -1,0 +1,68 @@
+# kvroute — KV-cache-aware request router for LLM fleets, as an Envoy ext_proc service.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+PKGS := ./...
+ENVOY_VERSION := 1.40.0
+export CGO_ENABLED := 1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_.-]+:.*##/ {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: deps
+deps: ## Install what builds and tests need (Debian packages, Envoy, Go modules); idempotent.
+	@bash hack/install-deps.sh
+
+.PHONY: build
+build: ## Build kvroute, enginesim and kvbench into bin/.
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: test
+test: test-unit test-e2e ## Unit tests (race, shuffled) then end-to-end tests.
+
+.PHONY: test-unit
+test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
+	$(GO) test -race -shuffle=on -count=1 $(PKGS)
+
+.PHONY: test-e2e
+test-e2e: ## End-to-end tests: real Envoy, kvroute and enginesim processes on loopback.
+	$(GO) test -tags e2e -count=1 -timeout 20m ./e2e/...
+
+.PHONY: bench
+bench: ## Benchmarks of the core (see docs/benchmarks.md for the recorded figures).
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/kvblock/ ./pkg/index/ ./pkg/policy/ ./pkg/route/ ./pkg/events/
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for a short while (FUZZTIME, default 20s each).
+	@for pkg in $$($(GO) list ./pkg/...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $${FUZZTIME:-20s} $$pkg || exit 1; \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## go vet, gofmt and the package import rules.
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@bash hack/verify-imports.sh
+
+.PHONY: generate
+generate: ## Regenerate committed generated code (protobuf).
+	@bash hack/generate.sh
+
+.PHONY: verify
+verify: lint ## lint + go.mod tidy + generated code up to date.
+	$(GO) mod tidy -diff
+	@bash hack/generate.sh --verify
+
+.PHONY: seed
+seed: ## Reproduce the seed document's executed results with the real packages.
+	$(GO) run ./cmd/kvbench seed
+
+.PHONY: clean
+clean: ## Remove build outputs.
+	rm -rf $(BIN)

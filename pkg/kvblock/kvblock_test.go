@@ -1,0 +1,149 @@
+package kvblock
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func seq(n int, seed uint64) []uint32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(r.IntN(50000))
+	}
+	return out
+}
+
+func matched(a, b []Key) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func TestKeysFullBlocksOnly(t *testing.T) {
+	root := Root("m", "")
+	for _, tc := range []struct{ tokens, want int }{{0, 0}, {15, 0}, {16, 1}, {31, 1}, {32, 2}, {16*9 + 7, 9}} {
+		got := Keys(nil, root, seq(tc.tokens, 1), 16, Options{})
+		if len(got) != tc.want {
+			t.Errorf("%d tokens: %d keys, want %d", tc.tokens, len(got), tc.want)
+		}
+	}
+	if got := Keys(nil, root, seq(64, 1), 0, Options{}); len(got) != 0 {
+		t.Errorf("block size 0 gave %d keys", len(got))
+	}
+}
+
+// The seed's block-boundary table: a difference destroys its block and every
+// later one; the trailing partial block never matters; prepending one token
+// shifts every boundary.
+func TestBoundary(t *testing.T) {
+	root := Root("m", "")
+	base := seq(16*9+9, 2)
+	keys := Keys(nil, root, base, 16, Options{})
+	flip := func(i int) []Key {
+		c := append([]uint32(nil), base...)
+		c[i] = (c[i] + 1) % 50000
+		return Keys(nil, root, c, 16, Options{})
+	}
+	cases := map[string]struct {
+		got  []Key
+		want int
+	}{
+		"last of block 3":  {flip(4*16 - 1), 3},
+		"first of block 4": {flip(4 * 16), 4},
+		"tail":             {flip(9*16 + 3), 9},
+		"prepend one":      {Keys(nil, root, append([]uint32{7}, base...), 16, Options{}), 0},
+	}
+	for name, c := range cases {
+		if m := matched(keys, c.got); m != c.want {
+			t.Errorf("%s: matched %d, want %d", name, m, c.want)
+		}
+	}
+}
+
+func TestRootsSaltAndExtras(t *testing.T) {
+	toks := seq(64, 3)
+	plain := Keys(nil, Root("m", ""), toks, 16, Options{})
+	if again := Keys(nil, Root("m", ""), toks, 16, Options{}); matched(plain, again) != 4 {
+		t.Fatal("keys are not deterministic")
+	}
+	for name, other := range map[string][]Key{
+		"other model": Keys(nil, Root("m2", ""), toks, 16, Options{}),
+		"lora":        Keys(nil, Root("m", "adapter"), toks, 16, Options{}),
+		"salt":        Keys(nil, Root("m", ""), toks, 16, Options{CacheSalt: "tenant-a"}),
+		"extra on 0":  Keys(nil, Root("m", ""), toks, 16, Options{Extras: [][]byte{[]byte("img")}}),
+	} {
+		for i := range other {
+			if other[i] == plain[i] {
+				t.Errorf("%s: key %d equals the plain key", name, i)
+			}
+		}
+	}
+	// A LoRA adapter's keys do not depend on the base model name.
+	if matched(Keys(nil, Root("m", "a"), toks, 16, Options{}), Keys(nil, Root("other", "a"), toks, 16, Options{})) != 4 {
+		t.Error("adapter keys depend on the base model")
+	}
+	// An extra on block 2 leaves blocks 0 and 1 alone.
+	mm := Keys(nil, Root("m", ""), toks, 16, Options{Extras: [][]byte{nil, nil, []byte("img")}})
+	if m := matched(plain, mm); m != 2 {
+		t.Errorf("extra on block 2: matched %d, want 2", m)
+	}
+	// Salt and extras are length-prefixed: moving bytes between them changes the key.
+	a := Options{CacheSalt: "ab", Extras: [][]byte{[]byte("c")}}
+	b := Options{CacheSalt: "a", Extras: [][]byte{[]byte("bc")}}
+	if Chain(0, toks[:16], a.Extra(0)) == Chain(0, toks[:16], b.Extra(0)) {
+		t.Error("salt/extra boundary is ambiguous")
+	}
+}
+
+func TestChainMatchesKeys(t *testing.T) {
+	toks := seq(48, 4)
+	root := Root("m", "")
+	keys := Keys(nil, root, toks, 16, Options{CacheSalt: "s"})
+	o := Options{CacheSalt: "s"}
+	parent := root
+	for i := range 3 {
+		parent = Chain(parent, toks[i*16:(i+1)*16], o.Extra(i))
+		if parent != keys[i] {
+			t.Fatalf("block %d: Chain differs from Keys", i)
+		}
+	}
+	// Appending to a non-empty dst keeps what was there.
+	dst := Keys([]Key{42}, root, toks, 16, Options{})
+	if len(dst) != 4 || dst[0] != 42 {
+		t.Fatalf("dst not preserved: %v", dst)
+	}
+}
+
+func TestExpandTrace(t *testing.T) {
+	a := ExpandTrace([]int64{0, 1, 2}, 1200, 512)
+	b := ExpandTrace([]int64{0, 1, 9}, 1536, 512)
+	if len(a) != 1200 || len(b) != 1536 {
+		t.Fatalf("lengths %d %d", len(a), len(b))
+	}
+	ka := Keys(nil, Root("m", ""), a, 16, Options{})
+	kb := Keys(nil, Root("m", ""), b, 16, Options{})
+	if m := matched(ka, kb); m != 64 {
+		t.Errorf("shared two trace blocks = 64 router blocks, matched %d", m)
+	}
+	if got := ExpandTrace([]int64{5}, 10000, 512); len(got) != 512 {
+		t.Errorf("capped at ids: %d", len(got))
+	}
+	c := ExpandTrace([]int64{3}, 512, 512)
+	d := ExpandTrace([]int64{4}, 512, 512)
+	if matched(Keys(nil, 0, c, 16, Options{}), Keys(nil, 0, d, 16, Options{})) != 0 {
+		t.Error("different ids share a block")
+	}
+}
+
+func BenchmarkKeys8192(b *testing.B) {
+	toks := seq(8192*16, 5)
+	dst := make([]Key, 0, 8192)
+	root := Root("m", "")
+	b.SetBytes(int64(len(toks) * 4))
+	for b.Loop() {
+		dst = Keys(dst[:0], root, toks, 16, Options{})
+	}
+}

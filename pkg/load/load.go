@@ -1,0 +1,25 @@
+package load
+
+// Load is one replica's load as the router sees it: its own in-flight view
+// (requests it routed there and has not seen finish) combined with the
+// engine's scraped metrics, which also cover load sent by other routers.
+type Load struct {
+	// ActivePrefillBlocks are prompt blocks routed to the replica that still
+	// need prefill (uncached blocks of requests without a first token yet).
+	ActivePrefillBlocks float64
+	// ActiveDecodeBlocks are KV blocks of requests that are decoding.
+	ActiveDecodeBlocks float64
+	// ActiveRequests are requests in flight (running on the engine).
+	ActiveRequests int
+	// WaitingRequests are requests queued by the engine (scraped).
+	WaitingRequests int
+	// KVUsage is the engine's KV cache usage in [0, 1] (scraped).
+	KVUsage float64
+	// Healthy is false when the replica failed its health checks or is not
+	// ready; unhealthy replicas are never picked.
+	Healthy bool
+}
+
+// Requests returns running plus waiting requests: the queue-length load
+// figure that SGLang's and Ray's rules compare.
+func (l Load) Requests() int { return l.ActiveRequests + l.WaitingRequests }

@@ -1,0 +1,70 @@
+package policy
+
+import (
+	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+)
+
+// Candidate is one replica a request may go to.
+type Candidate struct {
+	Replica index.ReplicaID
+	// Matched counts the request's leading blocks the replica holds, by the
+	// best tier holding each (index.ReplicaMatch.ByTier).
+	Matched [index.NumTiers]int
+	// Credit scales the replica's cache credit, in [0, 1]: 0 while the
+	// replica is resyncing (its index view is known to be incomplete), below
+	// 1 when its served cache hits fall short of predicted ones.
+	Credit float64
+	Load   load.Load
+}
+
+// MatchedBlocks is the replica's matched prefix length over all tiers.
+func (c Candidate) MatchedBlocks() int {
+	n := 0
+	for _, m := range c.Matched {
+		n += m
+	}
+	return n
+}
+
+// Request is what a policy knows of the request being placed.
+type Request struct {
+	// PromptBlocks is the number of full blocks of the prompt.
+	PromptBlocks int
+	// PromptTokens is the prompt length in tokens.
+	PromptTokens int
+	// SessionKey is the session affinity key (x-session-id), if any.
+	SessionKey string
+	// ExpectedOutputBlocks estimates the blocks the request will decode
+	// (from max_tokens); 0 when unknown.
+	ExpectedOutputBlocks float64
+}
+
+// Env is what a policy may use besides its inputs: injected randomness, so
+// that decisions are reproducible under a seed.
+type Env struct {
+	Rand *rand.Rand
+}
+
+// Result is a policy's decision.
+type Result struct {
+	// Pick is the index of the chosen candidate, or -1 when none is eligible.
+	Pick int
+	// Reason is a short machine-readable reason ("cost", "least_load",
+	// "imbalanced", "cold_index", "session", ...).
+	Reason string
+	// Costs holds, per candidate, the policy's score (lower is better for
+	// cost-based policies; NaN for ineligible candidates). May be nil for
+	// policies without a per-candidate score.
+	Costs []float64
+}
+
+// Policy picks a replica for a request. Implementations are pure apart from
+// explicit state documented on the type (a round-robin counter, a hash ring):
+// time and randomness come in through Env.
+type Policy interface {
+	Name() string
+	Pick(req Request, cands []Candidate, env Env) Result
+}

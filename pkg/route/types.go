@@ -1,0 +1,137 @@
+package route
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/load"
+)
+
+// Errors a decision may end with; callers map them to the wire with errors.Is.
+var (
+	// ErrNoReplica: no healthy, eligible replica serves the request's model.
+	ErrNoReplica = errors.New("route: no healthy replica")
+	// ErrUnknownModel: no replica in the set serves the requested model.
+	ErrUnknownModel = errors.New("route: unknown model")
+)
+
+// Replica is one routable replica (or data-parallel rank) as the replica set
+// describes it.
+type Replica struct {
+	ID      index.ReplicaID
+	Address string // ip:port that Envoy connects to
+	Model   string
+	// BlockSize is the engine's KV block size in tokens (the router hashes
+	// requests for this replica's model with it).
+	BlockSize int
+}
+
+// Request is the protocol-free view of one inference request.
+type Request struct {
+	Model     string
+	LoRA      string // adapter name when the model names a LoRA adapter
+	CacheSalt string
+	// Tokens are the prompt's token ids when already known (a pre-tokenized
+	// prompt); otherwise Input is given to the tokenizer.
+	Tokens []uint32
+	Input  TokenizeInput
+	// SessionKey is the session affinity key (x-session-id header).
+	SessionKey string
+	// MaxTokens is the request's output limit, 0 when absent.
+	MaxTokens int
+	// Subset, when not nil, restricts the pick to these addresses (the
+	// ext_proc subset hint). An empty non-nil subset admits nothing.
+	Subset []string
+}
+
+// TokenizeInput is what a tokenizer needs to reproduce the engine's tokens.
+type TokenizeInput struct {
+	// Prompt is a completion prompt (string form).
+	Prompt string
+	// Messages is a chat request's messages array (raw JSON), with Tools and
+	// ChatTemplateKwargs passed through as the engine would receive them.
+	Messages            json.RawMessage
+	Tools               json.RawMessage
+	ChatTemplateKwargs  json.RawMessage
+	AddGenerationPrompt bool
+	// AddSpecialTokens mirrors the engine's add_special_tokens.
+	AddSpecialTokens bool
+	// Chat reports whether this is a chat request (Messages set).
+	Chat bool
+}
+
+// Tokens is a tokenizer's answer.
+type Tokens struct {
+	IDs []uint32
+	// Source names who produced them ("passthrough", "remote", "local",
+	// "approximate").
+	Source string
+	// Exact is false for approximate tokens: they must never be matched
+	// against keys learned from engine events.
+	Exact bool
+}
+
+// Tokenizer turns a request's input into the engine's token ids.
+type Tokenizer interface {
+	Tokenize(ctx context.Context, model string, in TokenizeInput) (Tokens, error)
+}
+
+// Matcher answers longest-prefix matches (index.Index implements it).
+type Matcher interface {
+	Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch
+}
+
+// State tells the router about replicas: the current set, each one's load,
+// and the cache credit its index view deserves.
+type State interface {
+	Replicas() []Replica
+	Load(id index.ReplicaID) load.Load
+	// Credit is in [0, 1]: 0 while the replica is resyncing (its view is
+	// known to be incomplete), below 1 when its served hits fall short of
+	// predicted ones.
+	Credit(id index.ReplicaID) float64
+}
+
+// Candidate is one replica's part in a decision.
+type Candidate struct {
+	Replica  index.ReplicaID
+	Address  string
+	Matched  [index.NumTiers]int
+	Credit   float64
+	Load     load.Load
+	Cost     float64 // the policy's score; NaN when it has none
+	Eligible bool    // healthy, in the subset, serving the model
+}
+
+// Decision is the outcome of Decide: the pick and everything needed to
+// explain it.
+type Decision struct {
+	Replica   index.ReplicaID
+	Address   string
+	Fallbacks []string // next-best addresses, for Envoy retries
+	Policy    string
+	Reason    string
+	// Degraded says why cache affinity was not used ("tokenize_error",
+	// "tokenize_timeout", "approximate_tokens", "cold_index", ...), if so.
+	Degraded     string
+	PromptTokens int
+	PromptBlocks int
+	TokenSource  string
+	TokenizeTime time.Duration
+	DecideTime   time.Duration
+	Candidates   []Candidate
+}
+
+// MatchedBlocks returns the picked replica's matched blocks over all tiers.
+func (d Decision) MatchedBlocks() int {
+	for _, c := range d.Candidates {
+		if c.Replica == d.Replica {
+			return c.Matched[0] + c.Matched[1] + c.Matched[2]
+		}
+	}
+	return 0
+}
