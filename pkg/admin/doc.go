@@ -1,0 +1,19 @@
+// Package admin serves kvroute's own admin API (proto/kvroute/v1): Explain a
+// routing decision, list the replica set, report index statistics. The same
+// three calls are mirrored as HTTP JSON on the admin listener:
+//
+//	POST /debug/explain   the OpenAI request body, as a client would send it
+//	                      (query: path=/v1/completions, session=<key>; the
+//	                      x-session-id header is honoured too)
+//	GET  /debug/replicas
+//	GET  /debug/index
+//
+// Explain runs the same decision ext_proc runs, through the Explainer it is
+// given, and must not touch any load counter: the caller wires an Explainer
+// that only reads. Nothing is sent to a replica.
+//
+// The package declares what it reads as small interfaces (Explainer,
+// ReplicaLister, IndexStater) and a RequestParser function, all provided by
+// the composition root. A Server holds no goroutine of its own: gRPC and HTTP
+// servers that call it are owned by the caller. It is safe for concurrent use.
+package admin
