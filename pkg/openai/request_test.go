@@ -1,0 +1,273 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestKindOf(t *testing.T) {
+	for path, want := range map[string]Kind{
+		"/v1/completions":             KindCompletion,
+		"/v1/completions?x=1":         KindCompletion,
+		"/v1/chat/completions":        KindChat,
+		"/v1/chat/completions/":       KindChat,
+		"/v1/chat/completions#frag":   KindChat,
+		"/v1/embeddings":              KindUnknown,
+		"/":                           KindUnknown,
+		"":                            KindUnknown,
+		"/v1/chat/completions/extra":  KindUnknown,
+		"/V1/COMPLETIONS":             KindUnknown,
+		"/prefix/v1/chat/completions": KindUnknown,
+	} {
+		if got := KindOf(path); got != want {
+			t.Errorf("KindOf(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+func TestParseCompletion(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want Request
+	}{
+		{
+			name: "string prompt with defaults",
+			body: `{"model":"m","prompt":"hello"}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"hello"}}, AddSpecialTokens: true},
+		},
+		{
+			name: "list of strings",
+			body: `{"model":"m","prompt":["a","b"]}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"a", "b"}}, AddSpecialTokens: true},
+		},
+		{
+			name: "token ids",
+			body: `{"model":"m","prompt":[1,2,4294967295]}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{TokenIDs: [][]uint32{{1, 2, 4294967295}}}, AddSpecialTokens: true},
+		},
+		{
+			name: "list of token id lists",
+			body: `{"model":"m","prompt":[[1,2],[3]]}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{TokenIDs: [][]uint32{{1, 2}, {3}}}, AddSpecialTokens: true},
+		},
+		{
+			name: "all routing fields",
+			body: `{"model":"lora-a","prompt":"x","max_tokens":32,"stream":true,"stream_options":{"include_usage":true},"cache_salt":"s1","add_special_tokens":false,"unknown_field":{"deep":[1]}}`,
+			want: Request{Kind: KindCompletion, Model: "lora-a", Prompt: Prompt{Texts: []string{"x"}}, MaxTokens: 32, Stream: true, IncludeUsage: true, CacheSalt: "s1"},
+		},
+		{
+			name: "stream_options present defaults include_usage to true",
+			body: `{"model":"m","prompt":"x","stream":true,"stream_options":{}}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"x"}}, Stream: true, IncludeUsage: true, AddSpecialTokens: true},
+		},
+		{
+			name: "include_usage false",
+			body: `{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":false}}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"x"}}, Stream: true, AddSpecialTokens: true},
+		},
+		{
+			name: "include_usage ignored without stream",
+			body: `{"model":"m","prompt":"x","stream_options":{"include_usage":true}}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"x"}}, AddSpecialTokens: true},
+		},
+		{
+			name: "prompt_embeds without prompt",
+			body: `{"model":"m","prompt_embeds":"AAAA"}`,
+			want: Request{Kind: KindCompletion, Model: "m", PromptEmbeds: true, AddSpecialTokens: true},
+		},
+		{
+			name: "null model and max_tokens",
+			body: `{"model":null,"prompt":"x","max_tokens":null}`,
+			want: Request{Kind: KindCompletion, Prompt: Prompt{Texts: []string{"x"}}, AddSpecialTokens: true},
+		},
+		{
+			name: "max_completion_tokens wins over max_tokens",
+			body: `{"model":"m","prompt":"x","max_completion_tokens":7,"max_tokens":9}`,
+			want: Request{Kind: KindCompletion, Model: "m", Prompt: Prompt{Texts: []string{"x"}}, MaxTokens: 7, AddSpecialTokens: true},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse("/v1/completions", []byte(tc.body))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("request mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestParseChat(t *testing.T) {
+	msgs := `[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]`
+	tests := []struct {
+		name string
+		body string
+		want Request
+	}{
+		{
+			name: "defaults",
+			body: `{"model":"m","messages":` + msgs + `}`,
+			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), AddGenerationPrompt: true},
+		},
+		{
+			name: "tools kwargs continue",
+			body: `{"model":"m","messages":` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true},"cache_salt":"t"}`,
+			want: Request{
+				Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs),
+				Tools:                json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`),
+				ChatTemplateKwargs:   json.RawMessage(`{"enable_thinking":false}`),
+				ContinueFinalMessage: true, MaxTokens: 5, Stream: true, IncludeUsage: true, CacheSalt: "t",
+			},
+		},
+		{
+			name: "null tools and kwargs",
+			body: `{"model":"m","messages":` + msgs + `,"tools":null,"chat_template_kwargs":null,"add_special_tokens":true}`,
+			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), AddGenerationPrompt: true, AddSpecialTokens: true},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse("/v1/chat/completions", []byte(tc.body))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("request mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		path    string
+		body    string
+		wantMsg string
+	}{
+		{"empty body", PathCompletions, ``, "empty body"},
+		{"whitespace body", PathChatCompletions, " \n", "empty body"},
+		{"not an object", PathCompletions, `[1,2]`, "not a JSON object"},
+		{"truncated json", PathCompletions, `{"model":"m","prompt":"x"`, "JSON"},
+		{"trailing garbage", PathCompletions, `{"model":"m","prompt":"x"} x`, "invalid"},
+		{"model not string", PathCompletions, `{"model":3,"prompt":"x"}`, `"model": expected a string, got number`},
+		{"max_tokens string", PathCompletions, `{"model":"m","prompt":"x","max_tokens":"5"}`, `"max_tokens"`},
+		{"max_tokens float", PathCompletions, `{"model":"m","prompt":"x","max_tokens":1.5}`, `"max_tokens"`},
+		{"max_tokens negative", PathCompletions, `{"model":"m","prompt":"x","max_tokens":-1}`, "out of range"},
+		{"stream not bool", PathCompletions, `{"model":"m","prompt":"x","stream":"yes"}`, `"stream"`},
+		{"missing prompt", PathCompletions, `{"model":"m"}`, `"prompt" is required`},
+		{"null prompt", PathCompletions, `{"model":"m","prompt":null}`, `"prompt" is required`},
+		{"prompt number", PathCompletions, `{"model":"m","prompt":5}`, `"prompt": expected`},
+		{"prompt object", PathCompletions, `{"model":"m","prompt":{}}`, `"prompt": expected`},
+		{"empty prompt list", PathCompletions, `{"model":"m","prompt":[]}`, "must not be empty"},
+		{"mixed prompt list", PathCompletions, `{"model":"m","prompt":["a",1]}`, `"prompt[1]": expected a string`},
+		{"negative token", PathCompletions, `{"model":"m","prompt":[1,-2]}`, "out of range"},
+		{"token too large", PathCompletions, `{"model":"m","prompt":[4294967296]}`, "out of range"},
+		{"float token", PathCompletions, `{"model":"m","prompt":[1.5]}`, "token ids"},
+		{"nested mixed", PathCompletions, `{"model":"m","prompt":[[1],2]}`, `"prompt[1]"`},
+		{"nested empty", PathCompletions, `{"model":"m","prompt":[[1],[]]}`, "must not be empty"},
+		{"empty cache salt", PathCompletions, `{"model":"m","prompt":"x","cache_salt":""}`, "cache_salt"},
+		{"cache salt number", PathCompletions, `{"model":"m","prompt":"x","cache_salt":1}`, "cache_salt"},
+		{"stream_options not object", PathCompletions, `{"model":"m","prompt":"x","stream_options":true}`, "stream_options"},
+		{"missing messages", PathChatCompletions, `{"model":"m"}`, `"messages" is required`},
+		{"messages object", PathChatCompletions, `{"model":"m","messages":{}}`, `"messages": expected`},
+		{"messages empty", PathChatCompletions, `{"model":"m","messages":[]}`, "must not be empty"},
+		{"message not object", PathChatCompletions, `{"model":"m","messages":["hi"]}`, `"messages[0]": expected an object`},
+		{"tools object", PathChatCompletions, `{"model":"m","messages":[{}],"tools":{}}`, `"tools"`},
+		{"kwargs array", PathChatCompletions, `{"model":"m","messages":[{}],"chat_template_kwargs":[]}`, `"chat_template_kwargs"`},
+		{"continue with default generation prompt", PathChatCompletions, `{"model":"m","messages":[{}],"continue_final_message":true}`, "mutually exclusive"},
+		{"continue with explicit generation prompt", PathChatCompletions, `{"model":"m","messages":[{}],"continue_final_message":true,"add_generation_prompt":true}`, "mutually exclusive"},
+		{"unknown path", "/v1/embeddings", `{"model":"m"}`, "unknown path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.path, []byte(tc.body))
+			if err == nil {
+				t.Fatal("Parse succeeded, want an error")
+			}
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Errorf("error %v does not wrap ErrInvalidRequest", err)
+			}
+			if !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Errorf("error %q does not mention %q", err, tc.wantMsg)
+			}
+			if strings.Contains(err.Error(), "rawRequest") {
+				t.Errorf("error %q leaks an internal type name", err)
+			}
+		})
+	}
+}
+
+func TestModel(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"emb","input":"x"}`: "emb",
+		`{"model":3}`:                 "",
+		`{"input":"x"}`:               "",
+		`not json`:                    "",
+		`["model"]`:                   "",
+		``:                            "",
+	} {
+		if got := Model([]byte(body)); got != want {
+			t.Errorf("Model(%q) = %q, want %q", body, got, want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hello"}`,
+		`{"model":"m","prompt":[[1,2],[3]],"max_tokens":4}`,
+		`{"model":"m","prompt":[1,2,3],"stream":true,"stream_options":{}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"chat_template_kwargs":{}}`,
+		`{"prompt":["a","b"],"cache_salt":"s"}`,
+		`{"model":"m","prompt":[1e3]}`,
+		`{`, `null`, `[]`, `""`,
+	} {
+		f.Add(false, []byte(s))
+		f.Add(true, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, chat bool, body []byte) {
+		path := PathCompletions
+		if chat {
+			path = PathChatCompletions
+		}
+		req, err := Parse(path, body)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		if chat {
+			if req.Kind != KindChat || len(req.Messages) == 0 || !json.Valid(req.Messages) {
+				t.Fatalf("chat request without valid messages: %+v", req)
+			}
+			if req.AddGenerationPrompt && req.ContinueFinalMessage {
+				t.Fatal("both add_generation_prompt and continue_final_message")
+			}
+		} else {
+			if req.Kind != KindCompletion || (req.Prompt.Empty() && !req.PromptEmbeds) {
+				t.Fatalf("completion request without prompt: %+v", req)
+			}
+			if len(req.Prompt.Texts) > 0 && len(req.Prompt.TokenIDs) > 0 {
+				t.Fatal("prompt has two forms")
+			}
+		}
+		if req.MaxTokens < 0 {
+			t.Fatalf("negative MaxTokens %d", req.MaxTokens)
+		}
+		if !req.Stream && req.IncludeUsage {
+			t.Fatal("IncludeUsage without Stream")
+		}
+	})
+}
