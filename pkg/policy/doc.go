@@ -1,13 +1,36 @@
 // Package policy decides which replica serves a request, given every
-// candidate's matched prefix (by tier) and load.
+// candidate's matched prefix (by tier), cache-credit factor and load.
 //
-// Policies are small types behind one interface: blended (NVIDIA Dynamo's
-// cost), hardswitch (SGLang's gateway rule), prefixaffinity (Ray Serve's
-// PrefixCacheAffinityRouter), session (consistent hashing), leastload,
-// roundrobin, random and pureaffinity (experiments only: it herds). With a
-// cold or empty index every policy degrades to least loaded, never to "the
-// first replica". Ties never go to the lowest index.
+// Policies are small types behind one interface, built by New(name, Config):
 //
-// The package is pure: no goroutines, no clock, no logging; randomness is
-// injected through Env.
+//   - blended: NVIDIA Dynamo's cost (overlap credit subtracted from prefill
+//     load, plus decode load), with Dynamo's knob names and defaults.
+//   - hardswitch: SGLang's cache_aware rule (imbalance test, then match rate
+//     against cache_threshold).
+//   - prefixaffinity: Ray Serve's PrefixCacheAffinityRouter (four branches).
+//   - session: consistent hashing on the session key, optional bounded load.
+//   - leastload, roundrobin, random.
+//   - pureaffinity: longest match only, ties to the lowest index. For
+//     experiments only: it herds (see the seed reproduction in kvbench).
+//
+// Rules every policy follows:
+//   - Only eligible candidates (Load.Healthy) are picked; with none,
+//     Result.Pick is -1.
+//   - Candidate.Credit in [0, 1] scales the cache credit a candidate earns;
+//     0 (a resyncing replica) removes it entirely.
+//   - With a cold or empty index (no eligible candidate has a creditable
+//     match) the cache-aware policies and leastload pick the least loaded
+//     with Reason "cold_index". roundrobin and random are load-blind by
+//     definition and session keeps its key affinity.
+//   - "Least loaded" means fewest LoadBlocks (active prefill plus decode
+//     blocks), then fewest requests (running plus waiting). SGLang's and
+//     Ray's own branches compare requests only, as they do.
+//   - Ties never go to the lowest index (pureaffinity excepted, on purpose):
+//     they are broken uniformly at random with Env.Rand.
+//
+// The package is pure: no goroutines, no clock, no logging; randomness
+// comes in through Env. The only state is explicit and documented on its
+// type: RoundRobin's atomic counter and Session's ring cache (mutex
+// guarded). Every Policy is safe for concurrent use provided Env.Rand is
+// (a *rand.Rand over a locked source, or one per goroutine).
 package policy

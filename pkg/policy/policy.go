@@ -18,6 +18,11 @@ type Candidate struct {
 	// 1 when its served cache hits fall short of predicted ones.
 	Credit float64
 	Load   load.Load
+	// Footprint is the replica's cached footprint (for instance the blocks
+	// it holds in the router's index); 0 when unknown. Only prefixaffinity
+	// reads it: its low-match branch prefers the smallest footprint and
+	// falls back to Load.KVUsage when no candidate reports a Footprint.
+	Footprint float64
 }
 
 // MatchedBlocks is the replica's matched prefix length over all tiers.
@@ -45,6 +50,9 @@ type Request struct {
 // Env is what a policy may use besides its inputs: injected randomness, so
 // that decisions are reproducible under a seed.
 type Env struct {
+	// Rand breaks ties and drives the random choices. It must be safe for
+	// the caller's concurrency. Nil means the runtime's global source
+	// (concurrency-safe, not reproducible).
 	Rand *rand.Rand
 }
 

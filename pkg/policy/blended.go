@@ -1,0 +1,127 @@
+package policy
+
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/index"
+)
+
+// Blended is NVIDIA Dynamo's router cost, in KV blocks, lowest wins:
+//
+//	credit_blocks           = (gpu*device_credit + cpu*host_cache_hit_weight
+//	                           + disk*disk_cache_hit_weight) * overlap_score_credit * Candidate.Credit
+//	device_credit           = 1 / (1 + overlap_score_credit_decay * excess)
+//	excess                  = (active_prefill - min active_prefill over eligible) / max(prompt_blocks, 1)
+//	adjusted_prefill_blocks = max(0, active_prefill_blocks + prompt_blocks - credit_blocks)
+//	potential_decode_blocks = active_decode_blocks + incoming_active_blocks
+//	cost = prefill_load_scale*adjusted_prefill_blocks + potential_decode_blocks
+//	       + decode_active_request_weight*active_requests
+//
+// gpu, cpu and disk are the candidate's matched blocks by tier;
+// incoming_active_blocks is Request.ExpectedOutputBlocks, the same for every
+// candidate (it shifts every cost alike and never changes the pick). Ties go
+// to the less loaded candidate (LoadBlocks, then requests), then at random.
+// Blended holds no state.
+type Blended struct {
+	credit, decay, scale, reqWeight float64
+	tierWeight                      [index.NumTiers]float64
+}
+
+func (c BlendedConfig) resolve() (*Blended, error) {
+	b := &Blended{
+		credit:    orDefault(c.OverlapScoreCredit, DefaultOverlapScoreCredit),
+		decay:     c.OverlapScoreCreditDecay,
+		scale:     orDefault(c.PrefillLoadScale, DefaultPrefillLoadScale),
+		reqWeight: c.DecodeActiveRequestWeight,
+	}
+	b.tierWeight[index.TierGPU] = 1
+	b.tierWeight[index.TierCPU] = orDefault(c.HostCacheHitWeight, DefaultHostCacheHitWeight)
+	b.tierWeight[index.TierDisk] = orDefault(c.DiskCacheHitWeight, DefaultDiskCacheHitWeight)
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"blended.overlap_score_credit", b.credit},
+		{"blended.overlap_score_credit_decay", b.decay},
+		{"blended.prefill_load_scale", b.scale},
+		{"blended.decode_active_request_weight", b.reqWeight},
+	} {
+		if err := finiteNonNeg(f.name, f.v); err != nil {
+			return nil, err
+		}
+	}
+	if err := unit("blended.host_cache_hit_weight", b.tierWeight[index.TierCPU]); err != nil {
+		return nil, err
+	}
+	if err := unit("blended.disk_cache_hit_weight", b.tierWeight[index.TierDisk]); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// NewBlended returns the blended policy with cfg's knobs (defaults applied).
+func NewBlended(cfg BlendedConfig) (*Blended, error) { return cfg.resolve() }
+
+// Name implements Policy.
+func (b *Blended) Name() string { return NameBlended }
+
+// CreditBlocks is the overlap credit, in blocks, the candidate earns for
+// this request given the least active prefill among eligible candidates.
+func (b *Blended) CreditBlocks(req Request, c Candidate, minPrefill float64) float64 {
+	device := float64(c.Matched[index.TierGPU])
+	if b.decay > 0 {
+		excess := math.Max(0, c.Load.ActivePrefillBlocks-minPrefill) / float64(max(req.PromptBlocks, 1))
+		device /= 1 + b.decay*excess
+	}
+	off := float64(c.Matched[index.TierCPU])*b.tierWeight[index.TierCPU] +
+		float64(c.Matched[index.TierDisk])*b.tierWeight[index.TierDisk]
+	return b.credit * (device + off) * credit(c)
+}
+
+// Cost is the candidate's Dynamo cost for this request.
+func (b *Blended) Cost(req Request, c Candidate, minPrefill float64) float64 {
+	raw := c.Load.ActivePrefillBlocks + float64(req.PromptBlocks)
+	adjusted := math.Max(0, raw-b.CreditBlocks(req, c, minPrefill))
+	decode := c.Load.ActiveDecodeBlocks + req.ExpectedOutputBlocks
+	return b.scale*adjusted + decode + b.reqWeight*float64(c.Load.ActiveRequests)
+}
+
+// Pick implements Policy.
+func (b *Blended) Pick(req Request, cands []Candidate, env Env) Result {
+	if !anyEligible(cands) {
+		return none()
+	}
+	if cold(cands) {
+		return coldResult(cands, env)
+	}
+	minPrefill := math.Inf(1)
+	for _, c := range cands {
+		if eligible(c) {
+			minPrefill = math.Min(minPrefill, c.Load.ActivePrefillBlocks)
+		}
+	}
+	costs := make([]float64, len(cands))
+	ch := newChooser()
+	for i, c := range cands {
+		if !eligible(c) {
+			costs[i] = math.NaN()
+			continue
+		}
+		costs[i] = b.Cost(req, c, minPrefill)
+		if ch.pick < 0 {
+			ch.better(i)
+			continue
+		}
+		best := costs[ch.pick]
+		switch {
+		case !floatEq(costs[i], best) && costs[i] < best:
+			ch.better(i)
+		case !floatEq(costs[i], best):
+		case lessLoaded(c, cands[ch.pick]):
+			ch.better(i)
+		case sameLoad(c, cands[ch.pick]):
+			ch.tie(i, env)
+		}
+	}
+	return Result{Pick: ch.pick, Reason: ReasonCost, Costs: costs}
+}
