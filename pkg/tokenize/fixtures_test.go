@@ -1,0 +1,165 @@
+package tokenize
+
+import (
+	"compress/gzip"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// The reference fixtures come from HuggingFace transformers
+// (hack/tokenizer-fixtures/gen.py); the tokenizer files they were made from
+// are fetched by `make fixtures` into .cache/tokenizers/<name>/.
+
+var fixtureNames = []string{"qwen3", "llama3_1"}
+
+type plainFixture struct {
+	Text       string   `json:"text"`
+	IDs        []uint32 `json:"ids"`
+	IDsSpecial []uint32 `json:"ids_special"`
+}
+
+type chatFixture struct {
+	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	Kwargs              json.RawMessage `json:"kwargs"`
+	Rendered            string          `json:"rendered"`
+	IDs                 []uint32        `json:"ids"`
+}
+
+type fixtureFile struct {
+	Meta  map[string]any `json:"meta"`
+	Plain []plainFixture `json:"plain"`
+	Chat  []chatFixture  `json:"chat"`
+}
+
+// tokenizerDir is where `make fixtures` puts the tokenizer files.
+func tokenizerDir(name string) string {
+	if d := os.Getenv("KVROUTE_TOKENIZER_CACHE"); d != "" {
+		return filepath.Join(d, name)
+	}
+	return filepath.Join("..", "..", ".cache", "tokenizers", name)
+}
+
+func tokenizerFiles(t testing.TB, name string) (tokJSON, tokConfig string) {
+	t.Helper()
+	dir := tokenizerDir(name)
+	tokJSON = filepath.Join(dir, "tokenizer.json")
+	tokConfig = filepath.Join(dir, "tokenizer_config.json")
+	for _, p := range []string{tokJSON, tokConfig} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("tokenizer file missing (%v): run `make fixtures` first", err)
+		}
+	}
+	return tokJSON, tokConfig
+}
+
+var (
+	fixtureMu    sync.Mutex
+	fixtureCache = map[string]*fixtureFile{}
+	encoderCache = map[string]*Encoder{}
+)
+
+func loadFixtures(t testing.TB, name string) *fixtureFile {
+	t.Helper()
+	fixtureMu.Lock()
+	defer fixtureMu.Unlock()
+	if f, ok := fixtureCache[name]; ok {
+		return f
+	}
+	path := filepath.Join("testdata", name+".json.gz")
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("fixtures missing (%v): run `make fixtures` (or `make fixtures-regen` to rebuild them from HuggingFace)", err)
+	}
+	defer fh.Close()
+	zr, err := gzip.NewReader(fh)
+	if err != nil {
+		t.Fatalf("fixtures %s: %v", path, err)
+	}
+	var f fixtureFile
+	if err := json.NewDecoder(zr).Decode(&f); err != nil {
+		t.Fatalf("fixtures %s: %v", path, err)
+	}
+	if len(f.Plain) < 200 || len(f.Chat) < 50 {
+		t.Fatalf("fixtures %s: %d texts, %d chats; want >= 200 and >= 50", path, len(f.Plain), len(f.Chat))
+	}
+	fixtureCache[name] = &f
+	return &f
+}
+
+func loadEncoder(t testing.TB, name string) *Encoder {
+	t.Helper()
+	tokJSON, _ := tokenizerFiles(t, name)
+	fixtureMu.Lock()
+	defer fixtureMu.Unlock()
+	if e, ok := encoderCache[name]; ok {
+		return e
+	}
+	e, err := LoadEncoder(tokJSON)
+	if err != nil {
+		t.Fatalf("load %s: %v", name, err)
+	}
+	encoderCache[name] = e
+	return e
+}
+
+func TestEncoderMatchesReferenceFixtures(t *testing.T) {
+	for _, name := range fixtureNames {
+		t.Run(name, func(t *testing.T) {
+			enc := loadEncoder(t, name)
+			fx := loadFixtures(t, name)
+			bad := 0
+			for i, f := range fx.Plain {
+				got, err := enc.Encode(f.Text, false)
+				if err != nil {
+					t.Fatalf("text %d %q: %v", i, trunc(f.Text), err)
+				}
+				if !slices.Equal(got, f.IDs) {
+					bad++
+					t.Errorf("text %d %q:\n got %v\nwant %v", i, trunc(f.Text), head(got), head(f.IDs))
+				}
+				got, err = enc.Encode(f.Text, true)
+				if err != nil {
+					t.Fatalf("text %d: %v", i, err)
+				}
+				if !slices.Equal(got, f.IDsSpecial) {
+					bad++
+					t.Errorf("text %d %q with special tokens:\n got %v\nwant %v", i, trunc(f.Text), head(got), head(f.IDsSpecial))
+				}
+				if bad > 10 {
+					t.Fatal("too many mismatches")
+				}
+			}
+			// The rendered chat prompts are encoded too (special tokens
+			// inside the text, long inputs).
+			for i, f := range fx.Chat {
+				got, err := enc.Encode(f.Rendered, false)
+				if err != nil {
+					t.Fatalf("chat %d: %v", i, err)
+				}
+				if !slices.Equal(got, f.IDs) {
+					t.Errorf("chat %d rendered prompt:\n got %v\nwant %v", i, head(got), head(f.IDs))
+				}
+			}
+		})
+	}
+}
+
+func trunc(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+func head(ids []uint32) []uint32 {
+	if len(ids) > 40 {
+		return ids[:40]
+	}
+	return ids
+}
