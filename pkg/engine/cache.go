@@ -1,0 +1,205 @@
+package engine
+
+import "container/list"
+
+// blockMeta is what a cached block's events need: its place in its chain,
+// its tokens and its extra keys. It is immutable once built.
+type blockMeta struct {
+	parent    uint64
+	hasParent bool
+	tokens    []uint32
+	extra     []string
+	loraID    int
+	loraName  string
+}
+
+type gpuBlock struct {
+	ref        int32
+	prev, next int32 // free-list links, -1 at the ends
+	inFree     bool
+	cached     bool
+	hash       uint64
+	meta       *blockMeta
+}
+
+// pool is the GPU block pool with its prefix-cache map, free list and the
+// optional CPU tier. Evictions and offloads append events to *events.
+type pool struct {
+	blockSize  int
+	blocks     []gpuBlock
+	head, tail int32 // free list: allocation evicts at head, frees append at tail
+	nfree      int
+	cached     map[uint64]int32
+
+	cpuCap   int
+	cpuLRU   *list.List // front = most recently used; values *cpuEntry
+	cpuIndex map[uint64]*list.Element
+
+	events *[]Event
+}
+
+type cpuEntry struct {
+	hash uint64
+	meta *blockMeta
+}
+
+func newPool(numBlocks, cpuBlocks, blockSize int, events *[]Event) *pool {
+	p := &pool{
+		blockSize: blockSize,
+		blocks:    make([]gpuBlock, numBlocks),
+		head:      -1,
+		tail:      -1,
+		cached:    make(map[uint64]int32),
+		cpuCap:    cpuBlocks,
+		cpuLRU:    list.New(),
+		cpuIndex:  make(map[uint64]*list.Element),
+		events:    events,
+	}
+	for i := range p.blocks {
+		p.blocks[i].prev, p.blocks[i].next = -1, -1
+		p.pushTail(int32(i))
+	}
+	return p
+}
+
+func (p *pool) pushTail(id int32) {
+	b := &p.blocks[id]
+	b.inFree = true
+	b.prev, b.next = p.tail, -1
+	if p.tail >= 0 {
+		p.blocks[p.tail].next = id
+	} else {
+		p.head = id
+	}
+	p.tail = id
+	p.nfree++
+}
+
+func (p *pool) unlink(id int32) {
+	b := &p.blocks[id]
+	if b.prev >= 0 {
+		p.blocks[b.prev].next = b.next
+	} else {
+		p.head = b.next
+	}
+	if b.next >= 0 {
+		p.blocks[b.next].prev = b.prev
+	} else {
+		p.tail = b.prev
+	}
+	b.prev, b.next, b.inFree = -1, -1, false
+	p.nfree--
+}
+
+// used is the number of blocks held by requests.
+func (p *pool) used() int { return len(p.blocks) - p.nfree }
+
+// touch takes a reference on a block, taking it off the free list.
+func (p *pool) touch(id int32) {
+	b := &p.blocks[id]
+	if b.inFree {
+		p.unlink(id)
+	}
+	b.ref++
+}
+
+// alloc pops the free-list head, evicting its cached hash if it has one. The
+// caller has checked nfree.
+func (p *pool) alloc() int32 {
+	id := p.head
+	p.unlink(id)
+	b := &p.blocks[id]
+	if b.cached {
+		p.evict(id)
+	}
+	b.ref = 1
+	return id
+}
+
+// evict drops a GPU block's hash from the prefix cache (BlockRemoved GPU)
+// and offloads it to the CPU tier when there is one.
+func (p *pool) evict(id int32) {
+	b := &p.blocks[id]
+	h, meta := b.hash, b.meta
+	delete(p.cached, h)
+	b.cached, b.hash, b.meta = false, 0, nil
+	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU})
+	p.offload(h, meta)
+}
+
+func (p *pool) offload(h uint64, meta *blockMeta) {
+	if p.cpuCap == 0 {
+		return
+	}
+	if el, ok := p.cpuIndex[h]; ok {
+		p.cpuLRU.MoveToFront(el)
+		return
+	}
+	if p.cpuLRU.Len() >= p.cpuCap {
+		old := p.cpuLRU.Back()
+		ent := old.Value.(*cpuEntry)
+		p.cpuLRU.Remove(old)
+		delete(p.cpuIndex, ent.hash)
+		*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: []uint64{ent.hash}, Medium: MediumCPU})
+	}
+	p.cpuIndex[h] = p.cpuLRU.PushFront(&cpuEntry{hash: h, meta: meta})
+	*p.events = append(*p.events, storedEvent(h, meta, p.blockSize, MediumCPU))
+}
+
+// cpuGet returns a CPU-tier block's metadata and marks it recently used.
+func (p *pool) cpuGet(h uint64) (*blockMeta, bool) {
+	el, ok := p.cpuIndex[h]
+	if !ok {
+		return nil, false
+	}
+	p.cpuLRU.MoveToFront(el)
+	return el.Value.(*cpuEntry).meta, true
+}
+
+func (p *pool) cpuHas(h uint64) bool { _, ok := p.cpuIndex[h]; return ok }
+
+// cache publishes block id under hash h. The caller emits the event.
+func (p *pool) cache(id int32, h uint64, meta *blockMeta) {
+	b := &p.blocks[id]
+	b.cached, b.hash, b.meta = true, h, meta
+	p.cached[h] = id
+}
+
+// release drops one reference on each block, last block first, so that a
+// request's later blocks are evicted before its earlier ones.
+func (p *pool) release(ids []int32) {
+	for i := len(ids) - 1; i >= 0; i-- {
+		b := &p.blocks[ids[i]]
+		b.ref--
+		if b.ref == 0 {
+			p.pushTail(ids[i])
+		}
+	}
+}
+
+// clear forgets every cached hash on both tiers; the caller checked that no
+// block is in use.
+func (p *pool) clear() {
+	for i := range p.blocks {
+		b := &p.blocks[i]
+		b.cached, b.hash, b.meta = false, 0, nil
+	}
+	clear(p.cached)
+	p.cpuLRU.Init()
+	clear(p.cpuIndex)
+}
+
+func storedEvent(h uint64, m *blockMeta, blockSize int, medium string) Event {
+	return Event{
+		Kind:      BlockStored,
+		Hashes:    []uint64{h},
+		Parent:    m.parent,
+		HasParent: m.hasParent,
+		Tokens:    m.tokens,
+		BlockSize: blockSize,
+		LoRAID:    m.loraID,
+		LoRAName:  m.loraName,
+		Medium:    medium,
+		ExtraKeys: [][]string{m.extra},
+	}
+}

@@ -1,0 +1,74 @@
+// Package engine is a model of a vLLM engine's KV cache and scheduler, pure
+// and driven from outside: the same model runs in real time behind the
+// enginesim HTTP server and in simulated time inside a discrete-event
+// benchmark.
+//
+// # Driving it
+//
+// New(cfg, seed) builds an engine. Submit(now, req) queues a tokenized
+// request; Step(now) runs one scheduler step and returns a StepResult: the
+// step's simulated start and end, the tokens sampled (at End), the requests
+// finished (with arrival, first-scheduled, first-token and finish times and
+// cached tokens), the requests preempted, and the KV-cache events of the
+// step. NextEventTime reports when the next step may start (the end of the
+// previous one) or that the engine is idle. A discrete-event driver calls
+// Step at NextEventTime and interleaves arrivals; a real-time driver sleeps
+// until the wall-clock image of each step's End before delivering its
+// results. Times are time.Duration offsets on the driver's own clock.
+//
+// # Cache
+//
+// The GPU cache holds NumGPUBlocks blocks of BlockSize tokens. Only full
+// blocks are cached, under chained 64-bit hashes: xxh3 over the parent's
+// hash (8 bytes big-endian), the block's tokens (uint32 little-endian) and
+// its extra keys — the LoRA adapter name on every block of an adapter's
+// request, then the cache salt on block 0 — rooted at a none-hash derived
+// from the seed (the driver passes a random seed unless one is configured,
+// as vLLM roots its chains at a random NONE_HASH unless PYTHONHASHSEED is
+// set). Blocks held by running requests are pinned by reference counts.
+// When a request finishes, its blocks are appended to the free list last
+// block first; allocation takes the free list's head, so the least recently
+// freed block is evicted first (BlockRemoved, medium GPU). With a CPU tier
+// (NumCPUBlocks > 0) an evicted block is offloaded to it (BlockStored,
+// medium CPU), the CPU tier evicts its least recently used block when full
+// (BlockRemoved, medium CPU), and a prefix lookup that misses the GPU but
+// hits the CPU reloads the block (BlockStored, medium GPU) at
+// ReloadTokensPerSec. A block computed while another copy of the same hash
+// is cached stays private and is never published. ResetPrefixCache forgets
+// everything on both tiers (AllBlocksCleared) and, like vLLM, refuses while
+// any block is in use.
+//
+// # Scheduler
+//
+// Continuous batching in steps, after vLLM's v1 scheduler. Each step first
+// serves running requests in admission order: a decoding request computes
+// its one new token, a request in chunked prefill continues with as many
+// tokens as the budget (MaxNumBatchedTokens) leaves. When blocks run out
+// the most recently admitted running request is preempted: its blocks are
+// released (they stay cached) and it returns to the head of the waiting
+// queue, to be recomputed later. If nothing was preempted, waiting requests
+// are then admitted in order while the batch is below MaxNumSeqs, budget
+// remains and their blocks fit: at admission the prompt is looked up in the
+// cache — full blocks only, never the prompt's last token — and the hits are
+// not recomputed; the rest is prefilled, chunked by the budget.
+//
+// A step lasts StepTime + StepTimePerSeq × batch size + prefill tokens /
+// PrefillTokensPerSec + reloaded tokens / ReloadTokensPerSec. A request
+// samples a token at the end of each step in which its computed tokens
+// catch up with its known tokens: its first token ends its prefill (TTFT
+// emerges from queueing, prefill chunks and batch size), later tokens come
+// one per step (inter-token latency grows with the batch). Newly full
+// blocks — of the prompt and of the output — are cached and published in
+// the step that computes them. A request finishes after MaxTokens tokens;
+// generated text comes from package simtok's generator, seeded by the
+// engine seed and the prompt.
+//
+// Everything is deterministic: the same config, seed and sequence of calls
+// give the same results, hashes and events.
+//
+// # Concurrency
+//
+// An Engine is not safe for concurrent use: the driver serialises calls.
+// The package starts no goroutine, reads no clock, does no I/O and does not
+// log.
+package engine

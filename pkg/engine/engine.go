@@ -1,0 +1,595 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvroute/kvroute/pkg/engine/simtok"
+)
+
+// ReqID names a submitted request inside one Engine.
+type ReqID uint64
+
+// Request is one generation request, already tokenized.
+type Request struct {
+	Prompt []uint32
+	// MaxTokens is the exact number of tokens generated (the simulator never
+	// samples an end-of-sequence token).
+	MaxTokens int
+	// LoRAName and LoRAID name the adapter; empty/0 for the base model.
+	LoRAName string
+	LoRAID   int
+	// CacheSalt is folded into block 0's hash (vLLM's cache_salt).
+	CacheSalt string
+}
+
+// Errors returned by Submit; all wrap ErrInvalidRequest.
+var (
+	ErrInvalidRequest   = errors.New("engine: invalid request")
+	ErrEmptyPrompt      = fmt.Errorf("%w: empty prompt", ErrInvalidRequest)
+	ErrPromptTooLong    = fmt.Errorf("%w: prompt longer than max model len", ErrInvalidRequest)
+	ErrMaxTokensTooLong = fmt.Errorf("%w: prompt plus max tokens longer than max model len", ErrInvalidRequest)
+	ErrMaxTokens        = fmt.Errorf("%w: max tokens must be at least 1", ErrInvalidRequest)
+)
+
+// Token is one sampled output token.
+type Token struct {
+	ID    ReqID
+	Token uint32
+	// Index is the token's position in the output, from 0.
+	Index int
+}
+
+// Finished reports a completed request. Times are simulated times.
+type Finished struct {
+	ID           ReqID
+	PromptTokens int
+	// CachedTokens are the prompt tokens served from the prefix cache (GPU
+	// hits and CPU reloads) when the request was first scheduled: full
+	// blocks only, and never the prompt's last token.
+	CachedTokens int
+	OutputTokens int
+	Preemptions  int
+	Arrival      time.Duration
+	Scheduled    time.Duration // first scheduled
+	FirstToken   time.Duration
+	Finish       time.Duration
+	// Reason is vLLM's finish_reason: always "length" here.
+	Reason string
+}
+
+// StepResult is what one scheduler step did.
+type StepResult struct {
+	// Start and End bound the step in simulated time: its tokens and events
+	// happen at End.
+	Start, End time.Duration
+	// Idle is set when there was nothing to do (End == Start).
+	Idle bool
+	// Batch is the number of sequences scheduled; PrefillTokens and
+	// ReloadedTokens the prompt tokens computed and reloaded from the CPU
+	// tier; DecodeTokens the single-token decodes.
+	Batch          int
+	PrefillTokens  int
+	DecodeTokens   int
+	ReloadedTokens int
+	Tokens         []Token
+	Finished       []Finished
+	Preempted      []ReqID
+	// Events are the cache events of the step, in order; one published
+	// batch when not empty.
+	Events []Event
+}
+
+// Stats is a snapshot of the engine's state and counters.
+type Stats struct {
+	Running, Waiting int
+	UsedGPUBlocks    int // held by running requests
+	CachedGPUBlocks  int // holding a prefix-cache hash
+	NumGPUBlocks     int
+	CPUBlocks        int
+	NumCPUBlocks     int
+	// KVUsage is UsedGPUBlocks / NumGPUBlocks, vLLM's kv_cache_usage_perc.
+	KVUsage float64
+	// PrefixQueries and PrefixHits count prompt tokens looked up and found
+	// (vLLM's prefix_cache_queries / prefix_cache_hits).
+	PrefixQueries, PrefixHits int64
+	PromptTokens              int64
+	GenerationTokens          int64
+	Preemptions               int64
+	Finished                  int64
+	Steps                     int64
+}
+
+type state uint8
+
+const (
+	waiting state = iota
+	running
+	done
+)
+
+type request struct {
+	id          ReqID
+	req         Request
+	tokens      []uint32 // prompt, then outputs
+	gen         *simtok.Generator
+	state       state
+	numComputed int
+	blocks      []int32
+	hashes      []uint64
+	committed   int // leading blocks already in (or known to) the cache
+	outputs     int
+	cached      int // -1 until first scheduled
+	preemptions int
+	arrival     time.Duration
+	scheduled   time.Duration
+	firstToken  time.Duration
+}
+
+// Engine is the cache and scheduler model. It is not safe for concurrent
+// use; it starts no goroutine and reads no clock.
+type Engine struct {
+	cfg       Config
+	seed      uint64
+	noneHash  uint64
+	pool      *pool
+	events    []Event
+	reqs      map[ReqID]*request
+	waiting   []*request
+	running   []*request
+	nextID    ReqID
+	busyUntil time.Duration
+	st        Stats
+	scratch   []byte
+}
+
+// New returns an engine for cfg (defaulted, then validated). seed fixes the
+// root of every block-hash chain and the generated text: two engines built
+// with the same config and seed and fed the same calls behave identically.
+func New(cfg Config, seed uint64) (*Engine, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:      cfg,
+		seed:     seed,
+		noneHash: xxh3.HashString("enginesim/none-hash\x00" + strconv.FormatUint(seed, 10)),
+		reqs:     make(map[ReqID]*request),
+	}
+	e.pool = newPool(cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.BlockSize, &e.events)
+	return e, nil
+}
+
+// Config returns the engine's defaulted configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Submit queues a request arriving at simulated time now.
+func (e *Engine) Submit(now time.Duration, r Request) (ReqID, error) {
+	switch n := len(r.Prompt); {
+	case n == 0:
+		return 0, ErrEmptyPrompt
+	case r.MaxTokens < 1:
+		return 0, ErrMaxTokens
+	case n > e.cfg.MaxModelLen:
+		return 0, fmt.Errorf("%w: %d > %d", ErrPromptTooLong, n, e.cfg.MaxModelLen)
+	case n+r.MaxTokens > e.cfg.MaxModelLen:
+		return 0, fmt.Errorf("%w: %d + %d > %d", ErrMaxTokensTooLong, n, r.MaxTokens, e.cfg.MaxModelLen)
+	}
+	e.nextID++
+	q := &request{
+		id:      e.nextID,
+		req:     r,
+		tokens:  append(make([]uint32, 0, len(r.Prompt)+r.MaxTokens), r.Prompt...),
+		gen:     simtok.NewGenerator(e.seed, r.Prompt),
+		cached:  -1,
+		arrival: now,
+	}
+	e.reqs[q.id] = q
+	e.waiting = append(e.waiting, q)
+	return q.id, nil
+}
+
+// Abort drops a waiting or running request, releasing its blocks (they stay
+// cached). It reports whether the request was still live.
+func (e *Engine) Abort(id ReqID) bool {
+	r, ok := e.reqs[id]
+	if !ok {
+		return false
+	}
+	switch r.state {
+	case waiting:
+		e.waiting = slices.DeleteFunc(e.waiting, func(x *request) bool { return x == r })
+	case running:
+		e.pool.release(r.blocks)
+		r.blocks = nil
+		e.running = slices.DeleteFunc(e.running, func(x *request) bool { return x == r })
+	}
+	r.state = done
+	delete(e.reqs, id)
+	return true
+}
+
+// NextEventTime returns when the next step can start, and false when the
+// engine is idle (nothing running or waiting: only a Submit brings work).
+func (e *Engine) NextEventTime() (time.Duration, bool) {
+	if len(e.running) == 0 && len(e.waiting) == 0 {
+		return 0, false
+	}
+	return e.busyUntil, true
+}
+
+// ResetPrefixCache forgets every cached block on both tiers and returns the
+// AllBlocksCleared event to publish. Like vLLM it refuses (false) while any
+// block is held by a running request.
+func (e *Engine) ResetPrefixCache() ([]Event, bool) {
+	if e.pool.used() > 0 {
+		return nil, false
+	}
+	e.pool.clear()
+	return []Event{{Kind: AllBlocksCleared}}, true
+}
+
+// Stats returns a snapshot of the engine's state and counters.
+func (e *Engine) Stats() Stats {
+	s := e.st
+	s.Running, s.Waiting = len(e.running), len(e.waiting)
+	s.UsedGPUBlocks = e.pool.used()
+	s.CachedGPUBlocks = len(e.pool.cached)
+	s.NumGPUBlocks = e.cfg.NumGPUBlocks
+	s.CPUBlocks = e.pool.cpuLRU.Len()
+	s.NumCPUBlocks = e.cfg.NumCPUBlocks
+	s.KVUsage = float64(s.UsedGPUBlocks) / float64(s.NumGPUBlocks)
+	return s
+}
+
+// BlockHashes returns the engine's hashes of r's full prompt blocks.
+func (e *Engine) BlockHashes(r Request) []uint64 {
+	q := &request{req: r, tokens: r.Prompt}
+	e.ensureHashes(q, len(r.Prompt)/e.cfg.BlockSize)
+	return q.hashes
+}
+
+// CachedPrefix returns how many leading full blocks of r's prompt the engine
+// holds, counted by the best tier holding each (GPU first): the engine's own
+// truth, to compare with a router index's belief.
+func (e *Engine) CachedPrefix(r Request) (gpu, cpu int) {
+	for _, h := range e.BlockHashes(r) {
+		switch {
+		case e.pool.hasGPU(h):
+			gpu++
+		case e.pool.cpuHas(h):
+			cpu++
+		default:
+			return gpu, cpu
+		}
+	}
+	return gpu, cpu
+}
+
+func (p *pool) hasGPU(h uint64) bool { _, ok := p.cached[h]; return ok }
+
+// extras returns block i's extra keys in vLLM's order: LoRA name, then the
+// cache salt on block 0.
+func (r *request) extras(i int) []string {
+	var out []string
+	if r.req.LoRAName != "" {
+		out = append(out, r.req.LoRAName)
+	}
+	if i == 0 && r.req.CacheSalt != "" {
+		out = append(out, r.req.CacheSalt)
+	}
+	return out
+}
+
+// ensureHashes computes the chained hashes of r's first n full blocks:
+// xxh3-64 over parent (8 bytes big-endian) || tokens (uint32 little-endian)
+// || extras (0xff, uvarint length, bytes each), rooted at the seed's
+// none-hash.
+func (e *Engine) ensureHashes(r *request, n int) {
+	bs := e.cfg.BlockSize
+	for i := len(r.hashes); i < n; i++ {
+		parent := e.noneHash
+		if i > 0 {
+			parent = r.hashes[i-1]
+		}
+		buf := binary.BigEndian.AppendUint64(e.scratch[:0], parent)
+		for _, t := range r.tokens[i*bs : (i+1)*bs] {
+			buf = binary.LittleEndian.AppendUint32(buf, t)
+		}
+		for _, x := range r.extras(i) {
+			buf = append(buf, 0xff)
+			buf = binary.AppendUvarint(buf, uint64(len(x)))
+			buf = append(buf, x...)
+		}
+		e.scratch = buf
+		r.hashes = append(r.hashes, xxh3.Hash(buf))
+	}
+}
+
+func (e *Engine) meta(r *request, i int) *blockMeta {
+	bs := e.cfg.BlockSize
+	m := &blockMeta{
+		tokens:   r.tokens[i*bs : (i+1)*bs : (i+1)*bs],
+		extra:    r.extras(i),
+		loraID:   r.req.LoRAID,
+		loraName: r.req.LoRAName,
+	}
+	if i > 0 {
+		m.parent, m.hasParent = r.hashes[i-1], true
+	}
+	return m
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// grow gives r blocks for its first upto tokens, or reports false when the
+// free list is too short (nothing is allocated then).
+func (e *Engine) grow(r *request, upto int) bool {
+	need := ceilDiv(upto, e.cfg.BlockSize) - len(r.blocks)
+	if need <= 0 {
+		return true
+	}
+	if e.pool.nfree < need {
+		return false
+	}
+	for range need {
+		r.blocks = append(r.blocks, e.pool.alloc())
+	}
+	return true
+}
+
+func (e *Engine) preempt(r *request) {
+	e.pool.release(r.blocks)
+	r.blocks = nil
+	r.numComputed, r.committed = 0, 0
+	r.state = waiting
+	r.preemptions++
+	e.st.Preemptions++
+	e.running = e.running[:len(e.running)-1] // r is always the last
+	e.waiting = slices.Insert(e.waiting, 0, r)
+}
+
+// admit schedules waiting request r with at most budget tokens, looking up
+// its prefix first. It returns the tokens scheduled and the tokens reloaded
+// from the CPU tier, or ok=false (and changes nothing) when the free list
+// cannot hold the blocks.
+func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded int, ok bool) {
+	bs := e.cfg.BlockSize
+	// vLLM never serves a request's last prompt token from the cache: the
+	// token must be computed to sample the first output.
+	maxHit := (len(r.tokens) - 1) / bs
+	e.ensureHashes(r, maxHit)
+	var gpuHits, cpuHits, freeHits int
+	hits := 0
+	for ; hits < maxHit; hits++ {
+		h := r.hashes[hits]
+		if id, ok := e.pool.cached[h]; ok {
+			gpuHits++
+			if e.pool.blocks[id].inFree {
+				freeHits++
+			}
+			continue
+		}
+		if e.pool.cpuHas(h) {
+			cpuHits++
+			continue
+		}
+		break
+	}
+	computed := hits * bs
+	n = min(len(r.tokens)-computed, budget)
+	need := ceilDiv(computed+n, bs) - gpuHits
+	if e.pool.nfree-freeHits < need {
+		return 0, 0, false
+	}
+	// Pin the GPU hits and read the CPU hits' metadata first, so that
+	// allocating the rest can evict neither.
+	metas := make([]*blockMeta, hits)
+	for i := range hits {
+		if id, ok := e.pool.cached[r.hashes[i]]; ok {
+			e.pool.touch(id)
+		} else {
+			metas[i], _ = e.pool.cpuGet(r.hashes[i])
+		}
+	}
+	var reloads []Event
+	var run *Event
+	r.blocks = r.blocks[:0]
+	for i := range hits {
+		h := r.hashes[i]
+		if metas[i] == nil {
+			r.blocks = append(r.blocks, e.pool.cached[h])
+			if run != nil {
+				reloads = append(reloads, *run)
+				run = nil
+			}
+			continue
+		}
+		m := metas[i]
+		id := e.pool.alloc()
+		e.pool.cache(id, h, m)
+		r.blocks = append(r.blocks, id)
+		if run == nil {
+			ev := storedEvent(h, m, bs, MediumGPU)
+			ev.Tokens = append([]uint32(nil), m.tokens...)
+			run = &ev
+			continue
+		}
+		run.Hashes = append(run.Hashes, h)
+		run.Tokens = append(run.Tokens, m.tokens...)
+		run.ExtraKeys = append(run.ExtraKeys, m.extra)
+	}
+	if run != nil {
+		reloads = append(reloads, *run)
+	}
+	e.grow(r, computed+n) // cannot fail: checked above
+	e.events = append(e.events, reloads...)
+	r.numComputed, r.committed = computed, hits
+	r.state = running
+	e.st.PrefixQueries += int64(len(r.tokens))
+	e.st.PrefixHits += int64(computed)
+	if r.cached < 0 {
+		r.cached = computed
+		r.scheduled = now
+		e.st.PromptTokens += int64(len(r.req.Prompt))
+	}
+	return n, cpuHits * bs, true
+}
+
+// commit caches r's newly computed full blocks and emits one BlockStored per
+// run of blocks not already cached.
+func (e *Engine) commit(r *request) {
+	bs := e.cfg.BlockSize
+	full := r.numComputed / bs
+	e.ensureHashes(r, full)
+	var run *Event
+	flush := func() {
+		if run != nil {
+			e.events = append(e.events, *run)
+			run = nil
+		}
+	}
+	for i := r.committed; i < full; i++ {
+		h := r.hashes[i]
+		if _, ok := e.pool.cached[h]; ok {
+			// Another request cached the same block first; this copy stays
+			// private and is never published.
+			flush()
+			continue
+		}
+		m := e.meta(r, i)
+		e.pool.cache(r.blocks[i], h, m)
+		if run == nil {
+			ev := storedEvent(h, m, bs, MediumGPU)
+			ev.Tokens = append([]uint32(nil), m.tokens...)
+			run = &ev
+			continue
+		}
+		run.Hashes = append(run.Hashes, h)
+		run.Tokens = append(run.Tokens, m.tokens...)
+		run.ExtraKeys = append(run.ExtraKeys, m.extra)
+	}
+	flush()
+	r.committed = full
+}
+
+type scheduled struct {
+	r *request
+	n int
+}
+
+// Step runs one scheduler step starting at max(now, end of the previous
+// step): running requests first (decodes and unfinished chunked prefills, in
+// arrival order, preempting the most recently admitted request when blocks
+// run out), then waiting requests in order while the batch has room, the
+// token budget lasts and blocks can be found. The step's duration is
+// StepTime + StepTimePerSeq × batch + prefill tokens / PrefillTokensPerSec +
+// reloaded tokens / ReloadTokensPerSec; tokens are sampled, and requests
+// finish, at its end.
+func (e *Engine) Step(now time.Duration) StepResult {
+	start := max(now, e.busyUntil)
+	res := StepResult{Start: start, End: start}
+	if len(e.running) == 0 && len(e.waiting) == 0 {
+		res.Idle = true
+		return res
+	}
+	e.events = e.events[:0]
+	budget := e.cfg.MaxNumBatchedTokens
+	var batch []scheduled
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		r := e.running[i]
+		n := min(len(r.tokens)-r.numComputed, budget)
+		self := false
+		for !e.grow(r, r.numComputed+n) {
+			victim := e.running[len(e.running)-1]
+			e.preempt(victim)
+			res.Preempted = append(res.Preempted, victim.id)
+			preempted = true
+			if victim == r {
+				self = true
+				break
+			}
+		}
+		if self {
+			break
+		}
+		batch = append(batch, scheduled{r, n})
+		budget -= n
+	}
+	reloaded := 0
+	if !preempted {
+		for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+			r := e.waiting[0]
+			n, rl, ok := e.admit(r, budget, start)
+			if !ok {
+				break
+			}
+			e.waiting = e.waiting[1:]
+			e.running = append(e.running, r)
+			batch = append(batch, scheduled{r, n})
+			budget -= n
+			reloaded += rl
+		}
+	}
+	prefill, decode := 0, 0
+	for _, s := range batch {
+		if s.n == 1 && s.r.outputs > 0 && s.r.numComputed == len(s.r.tokens)-1 {
+			decode++
+		} else {
+			prefill += s.n
+		}
+	}
+	d := e.cfg.StepTime + time.Duration(len(batch))*e.cfg.StepTimePerSeq +
+		time.Duration(float64(prefill)/e.cfg.PrefillTokensPerSec*float64(time.Second)) +
+		time.Duration(float64(reloaded)/e.cfg.ReloadTokensPerSec*float64(time.Second))
+	end := start + d
+	res.End, res.Batch = end, len(batch)
+	res.PrefillTokens, res.DecodeTokens, res.ReloadedTokens = prefill, decode, reloaded
+	finished := false
+	for _, s := range batch {
+		r := s.r
+		r.numComputed += s.n
+		e.commit(r)
+		if r.numComputed < len(r.tokens) {
+			continue
+		}
+		tok := r.gen.Next()
+		r.tokens = append(r.tokens, tok)
+		r.outputs++
+		e.st.GenerationTokens++
+		if r.outputs == 1 {
+			r.firstToken = end
+		}
+		res.Tokens = append(res.Tokens, Token{ID: r.id, Token: tok, Index: r.outputs - 1})
+		if r.outputs >= r.req.MaxTokens || len(r.tokens) >= e.cfg.MaxModelLen {
+			e.pool.release(r.blocks)
+			r.blocks = nil
+			r.state = done
+			finished = true
+			delete(e.reqs, r.id)
+			e.st.Finished++
+			res.Finished = append(res.Finished, Finished{
+				ID: r.id, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached,
+				OutputTokens: r.outputs, Preemptions: r.preemptions, Arrival: r.arrival,
+				Scheduled: r.scheduled, FirstToken: r.firstToken, Finish: end, Reason: "length",
+			})
+		}
+	}
+	if finished {
+		e.running = slices.DeleteFunc(e.running, func(x *request) bool { return x.state == done })
+	}
+	if len(e.events) > 0 {
+		res.Events = slices.Clone(e.events)
+	}
+	e.busyUntil = end
+	e.st.Steps++
+	return res
+}

@@ -1,0 +1,163 @@
+// Package simtok is the simulated engine's tokenizer, chat template and text
+// generator. It is deliberately trivial, so that anyone can predict its output
+// by hand, and the simulator's /tokenize endpoint and its engine agree by
+// construction (both call this package).
+//
+// Tokens: every byte of the UTF-8 text is one token whose id is the byte value
+// (0..255). Two special tokens follow: BOS (256, "<s>") and EOS (257, "</s>").
+// Ids from 258 up to VocabSize-1 are valid in pre-tokenized prompts (they
+// render as "<|t<id>|>") but are never produced by Encode. A completion
+// prompt given as text is encoded as [BOS] + bytes when add_special_tokens is
+// true (the default), bytes alone otherwise; a prompt given as token ids is
+// used as is.
+//
+// Chat template (messages rendered to text, then byte-encoded, BOS first):
+//
+//	<s>                                 (the BOS token, id 256)
+//	<|{role}|>\n{content}<|end|>\n      (once per message, in order)
+//	<|assistant|>\n                     (only with add_generation_prompt)
+//
+// A message's content is either a string or a list of parts; the text parts
+// are concatenated and other parts are ignored.
+//
+// Generated text is a stream of lowercase words from a fixed list, separated
+// by single spaces, one byte (token) at a time, drawn by a PCG generator
+// seeded from the engine seed and the prompt's tokens: the same prompt under
+// the same seed always yields the same text.
+//
+// The package is pure: no goroutines, no clock, no shared mutable state.
+package simtok
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Special token ids and the vocabulary size.
+const (
+	BOS       uint32 = 256
+	EOS       uint32 = 257
+	VocabSize        = 1 << 17
+)
+
+// Encode tokenizes text, prepending BOS when addSpecial is set.
+func Encode(text string, addSpecial bool) []uint32 {
+	out := make([]uint32, 0, len(text)+1)
+	if addSpecial {
+		out = append(out, BOS)
+	}
+	for i := 0; i < len(text); i++ {
+		out = append(out, uint32(text[i]))
+	}
+	return out
+}
+
+// Decode renders tokens as text: bytes as themselves, specials as "<s>" and
+// "</s>", other ids as "<|t<id>|>".
+func Decode(tokens []uint32) string {
+	var b strings.Builder
+	b.Grow(len(tokens))
+	for _, t := range tokens {
+		b.WriteString(TokenString(t))
+	}
+	return b.String()
+}
+
+// TokenString renders one token (a single byte for byte tokens, which may be
+// part of a multi-byte UTF-8 sequence).
+func TokenString(t uint32) string {
+	switch {
+	case t < 256:
+		return string([]byte{byte(t)})
+	case t == BOS:
+		return "<s>"
+	case t == EOS:
+		return "</s>"
+	}
+	return fmt.Sprintf("<|t%d|>", t)
+}
+
+// Valid reports whether t is inside the vocabulary.
+func Valid(t int64) bool { return t >= 0 && t < VocabSize }
+
+// Message is one chat message, already reduced to its text.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// RenderChat renders messages with the chat template described in the package
+// comment, without the leading BOS.
+func RenderChat(msgs []Message, addGenerationPrompt bool) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString("<|")
+		b.WriteString(m.Role)
+		b.WriteString("|>\n")
+		b.WriteString(m.Content)
+		b.WriteString("<|end|>\n")
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String()
+}
+
+// EncodeChat returns the tokens of the rendered chat: BOS, then the bytes of
+// RenderChat. addSpecial prepends one more BOS, as a Hugging Face tokenizer
+// would when asked to add special tokens to an already templated text.
+func EncodeChat(msgs []Message, addGenerationPrompt, addSpecial bool) []uint32 {
+	text := RenderChat(msgs, addGenerationPrompt)
+	out := make([]uint32, 0, len(text)+2)
+	if addSpecial {
+		out = append(out, BOS)
+	}
+	out = append(out, BOS)
+	for i := 0; i < len(text); i++ {
+		out = append(out, uint32(text[i]))
+	}
+	return out
+}
+
+var words = []string{
+	"the", "cache", "block", "token", "router", "engine", "prefix", "batch",
+	"quick", "model", "stream", "event", "replica", "decode", "prefill", "queue",
+	"warm", "cold", "hit", "miss", "fleet", "chain", "hash", "step",
+	"lorem", "ipsum", "dolor", "sit", "amet", "gpu", "cpu", "tier",
+}
+
+// Generator produces a deterministic stream of output tokens.
+type Generator struct {
+	rng  *rand.Rand
+	word string
+	pos  int
+}
+
+// NewGenerator returns the generator for a prompt under seed.
+func NewGenerator(seed uint64, prompt []uint32) *Generator {
+	buf := make([]byte, 0, 4*len(prompt))
+	for _, t := range prompt {
+		buf = binary.LittleEndian.AppendUint32(buf, t)
+	}
+	h := xxh3.Hash(buf)
+	return &Generator{rng: rand.New(rand.NewPCG(seed, h))}
+}
+
+// Next returns the next output token (always a printable ASCII byte).
+func (g *Generator) Next() uint32 {
+	if g.pos >= len(g.word) {
+		if g.word == "" {
+			g.word = words[g.rng.IntN(len(words))]
+		} else {
+			g.word = " " + words[g.rng.IntN(len(words))]
+		}
+		g.pos = 0
+	}
+	c := g.word[g.pos]
+	g.pos++
+	return uint32(c)
+}
