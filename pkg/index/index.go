@@ -85,7 +85,7 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 		if had && e.key != k {
 			// The engine reused a hash for other content: drop the old mapping.
 			ix.dropEngine(rs, h, e)
-			had = false
+			had, e = false, engEntry{}
 		}
 		if had && e.tiers&bit != 0 {
 			continue
