@@ -434,7 +434,7 @@ func TestSubmitErrors(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	cases := map[string]Config{
-		"too small cache": {NumGPUBlocks: 10, MaxModelLen: 4096},
+		"too small cache":   {NumGPUBlocks: 10, MaxModelLen: 4096},
 		"budget below seqs": {MaxNumSeqs: 10, MaxNumBatchedTokens: 5},
 		"negative cpu":      {NumCPUBlocks: -1},
 	}
