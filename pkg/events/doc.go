@@ -1,0 +1,2 @@
+// Package events keeps the index true.
+package events
