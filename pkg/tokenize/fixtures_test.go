@@ -163,3 +163,40 @@ func head(ids []uint32) []uint32 {
 	}
 	return ids
 }
+
+func loadTemplate(t testing.TB, name string) *ChatTemplate {
+	t.Helper()
+	_, cfg := tokenizerFiles(t, name)
+	c, err := LoadChatTemplate(cfg)
+	if err != nil {
+		t.Fatalf("load chat template %s: %v", name, err)
+	}
+	return c
+}
+
+func TestChatTemplateMatchesReferenceFixtures(t *testing.T) {
+	for _, name := range fixtureNames {
+		t.Run(name, func(t *testing.T) {
+			enc := loadEncoder(t, name)
+			tmpl := loadTemplate(t, name)
+			fx := loadFixtures(t, name)
+			for i, f := range fx.Chat {
+				got, err := tmpl.Render(ChatInput{Messages: f.Messages, Tools: f.Tools, ChatTemplateKwargs: f.Kwargs, AddGenerationPrompt: f.AddGenerationPrompt})
+				if err != nil {
+					t.Fatalf("chat %d: %v", i, err)
+				}
+				if got != f.Rendered {
+					t.Errorf("chat %d rendered differently:\n got %q\nwant %q", i, got, f.Rendered)
+					continue
+				}
+				ids, err := enc.Encode(got, false)
+				if err != nil {
+					t.Fatalf("chat %d: %v", i, err)
+				}
+				if !slices.Equal(ids, f.IDs) {
+					t.Errorf("chat %d ids differ", i)
+				}
+			}
+		})
+	}
+}

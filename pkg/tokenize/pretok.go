@@ -44,11 +44,11 @@ func flavorOf(pattern string) (splitFlavor, bool) {
 
 // Character classes of the patterns.
 const (
-	clsOther  = iota // [^\s\p{L}\p{N}]
-	clsLetter        // \p{L}
-	clsNumber        // \p{N}
-	clsSpace         // \s, not \r or \n
-	clsNewline       // \r or \n
+	clsOther   = iota // [^\s\p{L}\p{N}]
+	clsLetter         // \p{L}
+	clsNumber         // \p{N}
+	clsSpace          // \s, not \r or \n
+	clsNewline        // \r or \n
 )
 
 var asciiClass = func() (t [utf8.RuneSelf]uint8) {

@@ -1,0 +1,423 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ErrTemplate: the chat template failed to render (it raised, or the input
+// does not fit it). The engine would reject the request the same way.
+var ErrTemplate = errors.New("tokenize: chat template")
+
+// ErrBadMessages: the messages, tools or chat_template_kwargs are not the
+// JSON shape a chat request has.
+var ErrBadMessages = errors.New("tokenize: malformed chat input")
+
+// ChatTemplate renders a model's tokenizer_config.json chat template the way
+// HuggingFace's apply_chat_template does (Jinja with trim_blocks and
+// lstrip_blocks, raise_exception, strftime_now, tojson with Python's
+// separators), after vLLM's message preprocessing. It is immutable and safe
+// for concurrent use.
+type ChatTemplate struct {
+	tmpl *jinja.Template
+	// tools is the template to use when the request has tools (the
+	// "tool_use" entry of a multi-template config); nil means tmpl.
+	tools *jinja.Template
+	// globals are the tokenizer's special tokens (bos_token, eos_token,
+	// ...) passed to every render.
+	globals map[string]jinja.Value
+}
+
+type tokenizerConfig struct {
+	ChatTemplate json.RawMessage `json:"chat_template"`
+	BOS          json.RawMessage `json:"bos_token"`
+	EOS          json.RawMessage `json:"eos_token"`
+	UNK          json.RawMessage `json:"unk_token"`
+	PAD          json.RawMessage `json:"pad_token"`
+	Additional   json.RawMessage `json:"additional_special_tokens"`
+}
+
+// LoadChatTemplate reads tokenizer_config.json's chat_template and special
+// tokens.
+func LoadChatTemplate(path string) (*ChatTemplate, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: read tokenizer config: %w", err)
+	}
+	c, err := ParseChatTemplate(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseChatTemplate builds a ChatTemplate from tokenizer_config.json
+// contents.
+func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
+	var cfg tokenizerConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
+	}
+	c := &ChatTemplate{globals: map[string]jinja.Value{}}
+	var src, toolSrc string
+	var asString string
+	switch {
+	case len(cfg.ChatTemplate) == 0 || string(cfg.ChatTemplate) == "null":
+		return nil, errors.New("tokenizer_config.json has no chat_template")
+	case json.Unmarshal(cfg.ChatTemplate, &asString) == nil:
+		src = asString
+	default:
+		var named []struct {
+			Name     string `json:"name"`
+			Template string `json:"template"`
+		}
+		if err := json.Unmarshal(cfg.ChatTemplate, &named); err != nil {
+			return nil, fmt.Errorf("parse chat_template: %w", err)
+		}
+		for _, n := range named {
+			switch n.Name {
+			case "default":
+				src = n.Template
+			case "tool_use":
+				toolSrc = n.Template
+			}
+		}
+		if src == "" {
+			return nil, errors.New("chat_template list has no default template")
+		}
+	}
+	var err error
+	if c.tmpl, err = jinja.Compile(src); err != nil {
+		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
+	}
+	if toolSrc != "" {
+		if c.tools, err = jinja.Compile(toolSrc); err != nil {
+			return nil, fmt.Errorf("%w: compile tool_use: %w", ErrTemplate, err)
+		}
+	}
+	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
+		if s, ok := tokenContent(raw); ok {
+			c.globals[name] = jinja.NewString(s)
+		}
+	}
+	if len(cfg.Additional) > 0 && string(cfg.Additional) != "null" {
+		var list []json.RawMessage
+		if err := json.Unmarshal(cfg.Additional, &list); err == nil {
+			items := make([]jinja.Value, 0, len(list))
+			for _, raw := range list {
+				if s, ok := tokenContent(raw); ok {
+					items = append(items, jinja.NewString(s))
+				}
+			}
+			c.globals["additional_special_tokens"] = jinja.NewList(items)
+		}
+	}
+	return c, nil
+}
+
+// tokenContent reads a special token given as a string or as an AddedToken
+// object ({"content": ...}).
+func tokenContent(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
+}
+
+// ChatInput is what a chat template renders: the request's messages, tools
+// and chat_template_kwargs (raw JSON, as the engine receives them).
+type ChatInput struct {
+	Messages            json.RawMessage
+	Tools               json.RawMessage
+	ChatTemplateKwargs  json.RawMessage
+	AddGenerationPrompt bool
+}
+
+// Render returns the prompt text the engine would tokenize for in.
+func (c *ChatTemplate) Render(in ChatInput) (string, error) {
+	msgs, err := prepareMessages(in.Messages)
+	if err != nil {
+		return "", err
+	}
+	return c.render(msgs, in)
+}
+
+// render renders already prepared messages.
+func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) {
+	data := make(map[string]jinja.Value, len(c.globals)+8)
+	for k, v := range c.globals {
+		data[k] = v
+	}
+	tmpl := c.tmpl
+	tools := jinja.None()
+	if len(in.Tools) > 0 && string(in.Tools) != "null" {
+		v, err := jsonValue(in.Tools)
+		if err != nil {
+			return "", fmt.Errorf("%w: tools: %w", ErrBadMessages, err)
+		}
+		if !v.IsList() {
+			return "", fmt.Errorf("%w: tools is not an array", ErrBadMessages)
+		}
+		if v.AsList().Len() > 0 {
+			tools = v
+			if c.tools != nil {
+				tmpl = c.tools
+			}
+		}
+	}
+	// Keyword arguments first, so that they never replace the request's
+	// own messages, tools or generation flag.
+	if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
+		kw, err := jsonValue(in.ChatTemplateKwargs)
+		if err != nil || !kw.IsDict() {
+			return "", fmt.Errorf("%w: chat_template_kwargs is not an object", ErrBadMessages)
+		}
+		d := kw.AsDict()
+		for _, k := range d.Keys {
+			data[k] = d.Data[k]
+		}
+	}
+	data["messages"] = jinja.NewList(msgs)
+	data["tools"] = tools
+	data["documents"] = jinja.None()
+	data["add_generation_prompt"] = jinja.NewBool(in.AddGenerationPrompt)
+	out, err := renderSafe(tmpl, data)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	}
+	return out, nil
+}
+
+// renderSafe turns a panic inside the template engine into an error: a
+// template is input, and input never crashes the router.
+func renderSafe(t *jinja.Template, data map[string]jinja.Value) (out string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("template engine panic: %v", r)
+		}
+	}()
+	return t.RenderValues(data)
+}
+
+// prepareMessages parses a messages array and applies vLLM's preprocessing:
+// text content parts are joined with "\n", null content becomes "", and an
+// assistant's tool call arguments given as a JSON string become an object
+// (an empty one when they are not a JSON object); empty tool_calls are
+// dropped. Only the fields vLLM forwards to the template are kept.
+func prepareMessages(raw json.RawMessage) ([]jinja.Value, error) {
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%w: messages: %w", ErrBadMessages, err)
+	}
+	out := make([]jinja.Value, 0, len(list))
+	for i, m := range list {
+		v, err := prepareMessage(m)
+		if err != nil {
+			return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func prepareMessage(raw json.RawMessage) (jinja.Value, error) {
+	v, err := jsonValue(raw)
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	if !v.IsDict() {
+		return jinja.Value{}, errors.New("not an object")
+	}
+	in := v.AsDict()
+	role, ok := in.Get("role")
+	if !ok || !role.IsString() {
+		return jinja.Value{}, errors.New("no role")
+	}
+	out := jinja.NewDict()
+	d := out.AsDict()
+	d.Set("role", role)
+	content, err := textContent(in)
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	d.Set("content", content)
+	r := role.AsString()
+	if tc, ok := in.Get("tool_calls"); ok && r == "assistant" && !tc.IsNone() {
+		if !tc.IsList() {
+			return jinja.Value{}, errors.New("tool_calls is not an array")
+		}
+		if tc.AsList().Len() > 0 {
+			if err := normalizeToolCalls(tc.AsList()); err != nil {
+				return jinja.Value{}, err
+			}
+			d.Set("tool_calls", tc)
+		}
+	}
+	if id, ok := in.Get("tool_call_id"); ok && r == "tool" {
+		d.Set("tool_call_id", id)
+	}
+	if name, ok := in.Get("name"); ok && name.IsString() {
+		d.Set("name", name)
+	}
+	for _, k := range []string{"reasoning", "reasoning_content"} {
+		if x, ok := in.Get(k); ok && x.IsString() && r == "assistant" {
+			d.Set("reasoning", x)
+			d.Set("reasoning_content", x)
+		}
+	}
+	return out, nil
+}
+
+// textContent flattens a message's content to the string the template sees.
+func textContent(m *jinja.Dict) (jinja.Value, error) {
+	c, ok := m.Get("content")
+	if !ok || c.IsNone() {
+		return jinja.NewString(""), nil
+	}
+	if c.IsString() {
+		return c, nil
+	}
+	if !c.IsList() {
+		return jinja.Value{}, errors.New("content is neither a string nor an array")
+	}
+	var parts []string
+	for _, p := range c.AsList().Items {
+		if p.IsString() {
+			parts = append(parts, p.AsString())
+			continue
+		}
+		if !p.IsDict() {
+			return jinja.Value{}, errors.New("content part is not an object")
+		}
+		typ, _ := p.AsDict().Get("type")
+		text, hasText := p.AsDict().Get("text")
+		if !typ.IsString() || typ.AsString() != "text" || !hasText || !text.IsString() {
+			return jinja.Value{}, fmt.Errorf("%w: non-text content part %s", ErrUnsupported, typ.String())
+		}
+		parts = append(parts, text.AsString())
+	}
+	return jinja.NewString(strings.Join(parts, "\n")), nil
+}
+
+func normalizeToolCalls(calls *jinja.List) error {
+	for _, item := range calls.Items {
+		if !item.IsDict() {
+			return errors.New("tool_calls entry is not an object")
+		}
+		fn, ok := item.AsDict().Get("function")
+		if !ok || !fn.IsDict() {
+			return errors.New("tool call has no function object")
+		}
+		f := fn.AsDict()
+		args, ok := f.Get("arguments")
+		switch {
+		case !ok || !args.IsTruthy():
+			f.Set("arguments", jinja.NewDict())
+		case args.IsString():
+			parsed, err := jsonValue(json.RawMessage(args.AsString()))
+			if err != nil || !parsed.IsDict() {
+				parsed = jinja.NewDict()
+			}
+			f.Set("arguments", parsed)
+		case !args.IsDict():
+			f.Set("arguments", jinja.NewDict())
+		}
+	}
+	return nil
+}
+
+// jsonValue decodes JSON into template values, keeping object key order (the
+// template's tojson must print tool schemas in the order the client sent
+// them, as Python's json.loads keeps it).
+func jsonValue(raw json.RawMessage) (jinja.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return jinja.Value{}, errors.New("trailing data after JSON value")
+	}
+	return v, nil
+}
+
+// maxJSONDepth bounds nesting so hostile input cannot exhaust the stack.
+const maxJSONDepth = 200
+
+func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Value{}, errors.New("JSON nested too deeply")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			out := jinja.NewDict()
+			d := out.AsDict()
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				k, ok := kt.(string)
+				if !ok {
+					return jinja.Value{}, errors.New("object key is not a string")
+				}
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				d.Set(k, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return jinja.Value{}, err
+			}
+			return out, nil
+		case '[':
+			var items []jinja.Value
+			for dec.More() {
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				items = append(items, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return jinja.Value{}, err
+			}
+			return jinja.NewList(items), nil
+		}
+		return jinja.Value{}, fmt.Errorf("unexpected %v", t)
+	case string:
+		return jinja.NewString(t), nil
+	case json.Number:
+		return jinja.FromGoValue(t), nil
+	case bool:
+		return jinja.NewBool(t), nil
+	case nil:
+		return jinja.None(), nil
+	}
+	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", tok)
+}
