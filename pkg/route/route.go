@@ -1,0 +1,356 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// Token sources and degradation reasons a Decision reports.
+const (
+	SourcePassthrough = "passthrough"
+
+	DegradedTokenizeError   = "tokenize_error"
+	DegradedTokenizeTimeout = "tokenize_timeout"
+	DegradedNoTokenizer     = "no_tokenizer"
+	DegradedApproximate     = "approximate_tokens"
+	DegradedColdIndex       = "cold_index"
+)
+
+// DefaultFallbacks is how many next-best addresses a Decision carries.
+const DefaultFallbacks = 2
+
+// Options configure a Router.
+type Options struct {
+	Matcher   Matcher
+	State     State
+	Policy    policy.Policy
+	Tokenizer Tokenizer // may be nil when every request carries Tokens
+	// Seed seeds the router's random source (policy tie-breaks), so that a
+	// single-goroutine sequence of decisions is reproducible.
+	Seed uint64
+	// Fallbacks is how many next-best addresses to return (default 2; a
+	// negative value returns none).
+	Fallbacks int
+	// Now reads the clock for TokenizeTime and DecideTime; nil means
+	// time.Now.
+	Now func() time.Time
+}
+
+// Router makes routing decisions. It is safe for concurrent use; it starts
+// no goroutine and owns none.
+type Router struct {
+	opts    Options
+	rand    *rand.Rand
+	scratch sync.Pool // *scratch
+}
+
+// scratch holds per-call buffers reused across decisions.
+type scratch struct {
+	keys    []kvblock.Key
+	matches []index.ReplicaMatch
+	cands   []policy.Candidate
+	sizes   []int
+}
+
+// New returns a Router. State is required (New panics without it: a wiring
+// bug). A nil Policy means blended with Dynamo's defaults; a nil Matcher
+// matches nothing (every decision sees a cold index).
+func New(opts Options) *Router {
+	if opts.State == nil {
+		panic("route.New: Options.State is nil")
+	}
+	if opts.Policy == nil {
+		p, err := policy.New(policy.NameBlended, policy.Config{})
+		if err != nil {
+			panic(err) // the defaults are valid; covered by tests
+		}
+		opts.Policy = p
+	}
+	if opts.Matcher == nil {
+		opts.Matcher = noMatches{}
+	}
+	if opts.Fallbacks == 0 {
+		opts.Fallbacks = DefaultFallbacks
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	r := &Router{
+		opts: opts,
+		rand: rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
+	}
+	r.scratch.New = func() any { return new(scratch) }
+	return r
+}
+
+type noMatches struct{}
+
+func (noMatches) Match(_ []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch { return dst }
+
+// lockedSource makes a PCG safe for concurrent use; a *rand.Rand over it is
+// then safe too (rand.Rand keeps no state of its own). Tie-breaks draw
+// rarely, so the lock is cold.
+type lockedSource struct {
+	mu  sync.Mutex
+	src *rand.PCG
+}
+
+func (s *lockedSource) Uint64() uint64 {
+	s.mu.Lock()
+	v := s.src.Uint64()
+	s.mu.Unlock()
+	return v
+}
+
+// Policy returns the router's policy.
+func (r *Router) Policy() policy.Policy { return r.opts.Policy }
+
+// Decide picks a replica for req. Errors: ErrNoReplica when the set is
+// empty, the subset admits none of the model's replicas, or none of them is
+// healthy; ErrUnknownModel when replicas exist but none serves req.Model;
+// the context's error when ctx is cancelled while tokenizing. A tokenizer
+// failure or timeout is not an error: the decision is made on load alone
+// and Decision.Degraded says why.
+func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
+	start := r.opts.Now()
+	d := Decision{Policy: r.opts.Policy.Name()}
+
+	reps := r.opts.State.Replicas()
+	cands, err := candidates(reps, req)
+	if err != nil {
+		return d, err
+	}
+
+	// Tokens.
+	var toks Tokens
+	switch {
+	case req.Tokens != nil:
+		toks = Tokens{IDs: req.Tokens, Source: SourcePassthrough, Exact: true}
+	case r.opts.Tokenizer == nil:
+		d.Degraded = DegradedNoTokenizer
+	default:
+		t0 := r.opts.Now()
+		toks, err = r.opts.Tokenizer.Tokenize(ctx, req.Model, req.Input)
+		d.TokenizeTime = r.opts.Now().Sub(t0)
+		switch {
+		case err == nil:
+		case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+			return d, fmt.Errorf("route: tokenize: %w", err)
+		case errors.Is(err, context.DeadlineExceeded):
+			d.Degraded, toks = DegradedTokenizeTimeout, Tokens{}
+		default:
+			d.Degraded, toks = DegradedTokenizeError, Tokens{}
+		}
+	}
+	d.TokenSource = toks.Source
+	d.PromptTokens = len(toks.IDs)
+	match := d.Degraded == "" && len(toks.IDs) > 0
+	if match && !toks.Exact {
+		d.Degraded, match = DegradedApproximate, false
+	}
+
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+
+	// The policy's block size: the first candidate's. Matches of replicas
+	// with another block size are converted to it (in tokens, rounded down).
+	primary := reps[cands[0]].BlockSize
+	if primary <= 0 {
+		primary = kvblock.DefaultBlockSize
+	}
+	d.PromptBlocks = kvblock.NumBlocks(len(toks.IDs), primary)
+
+	sc.cands = sc.cands[:0]
+	for _, i := range cands {
+		rep := reps[i]
+		sc.cands = append(sc.cands, policy.Candidate{
+			Replica: rep.ID,
+			Credit:  r.opts.State.Credit(rep.ID),
+			Load:    r.opts.State.Load(rep.ID),
+		})
+	}
+	healthy := false
+	for _, c := range sc.cands {
+		healthy = healthy || c.Load.Healthy
+	}
+	if !healthy {
+		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
+	}
+
+	raw := make([]Candidate, len(cands)) // the decision's own copy
+	if match {
+		r.match(sc, req, toks.IDs, reps, cands, raw, primary)
+	}
+
+	res := r.opts.Policy.Pick(policy.Request{
+		PromptBlocks:         d.PromptBlocks,
+		PromptTokens:         d.PromptTokens,
+		SessionKey:           req.SessionKey,
+		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
+	}, sc.cands, policy.Env{Rand: r.rand})
+	if res.Pick < 0 || res.Pick >= len(cands) {
+		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
+	}
+
+	for k, i := range cands {
+		c := sc.cands[k]
+		raw[k].Replica = c.Replica
+		raw[k].Address = reps[i].Address
+		raw[k].Credit = c.Credit
+		raw[k].Load = c.Load
+		raw[k].Eligible = c.Load.Healthy
+		raw[k].Cost = math.NaN()
+		if res.Costs != nil {
+			raw[k].Cost = res.Costs[k]
+		}
+	}
+	d.Candidates = raw
+	d.Replica = raw[res.Pick].Replica
+	d.Address = raw[res.Pick].Address
+	d.Reason = res.Reason
+	if res.Reason == policy.ReasonColdIndex && d.Degraded == "" {
+		d.Degraded = DegradedColdIndex
+	}
+	d.Fallbacks = fallbacks(raw, res.Pick, r.opts.Fallbacks)
+	d.DecideTime = r.opts.Now().Sub(start)
+	return d, nil
+}
+
+// candidates returns the indexes into reps of the replicas serving the
+// request's model (all when it names none) and admitted by its subset.
+func candidates(reps []Replica, req Request) ([]int, error) {
+	if len(reps) == 0 {
+		return nil, fmt.Errorf("%w: the replica set is empty", ErrNoReplica)
+	}
+	out := make([]int, 0, len(reps))
+	served := false
+	for i, rep := range reps {
+		if req.Model != "" && rep.Model != req.Model {
+			continue
+		}
+		served = true
+		if req.Subset != nil && !slices.Contains(req.Subset, rep.Address) {
+			continue
+		}
+		out = append(out, i)
+	}
+	if !served {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, req.Model)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: the subset admits none of model %q's replicas", ErrNoReplica, req.Model)
+	}
+	return out, nil
+}
+
+// match computes the request's keys per distinct block size, matches them
+// and fills each candidate's matched blocks: raw (in the replica's own
+// blocks) for the decision, converted to the primary block size for the
+// policy.
+func (r *Router) match(sc *scratch, req Request, tokens []uint32, reps []Replica, cands []int, raw []Candidate, primary int) {
+	root := kvblock.Root(req.Model, req.LoRA)
+	opts := kvblock.Options{CacheSalt: req.CacheSalt}
+	sc.sizes = sc.sizes[:0]
+	for _, i := range cands {
+		bs := reps[i].BlockSize
+		if bs <= 0 {
+			bs = kvblock.DefaultBlockSize
+		}
+		if !slices.Contains(sc.sizes, bs) {
+			sc.sizes = append(sc.sizes, bs)
+		}
+	}
+	for _, bs := range sc.sizes {
+		sc.keys = kvblock.Keys(sc.keys[:0], root, tokens, bs, opts)
+		if len(sc.keys) == 0 {
+			continue
+		}
+		sc.matches = r.opts.Matcher.Match(sc.keys, sc.matches[:0])
+		for _, m := range sc.matches {
+			for k, i := range cands {
+				rbs := reps[i].BlockSize
+				if rbs <= 0 {
+					rbs = kvblock.DefaultBlockSize
+				}
+				if rbs != bs || reps[i].ID != m.Replica {
+					continue
+				}
+				raw[k].Matched = m.ByTier
+				if bs == primary {
+					sc.cands[k].Matched = m.ByTier
+				} else {
+					for t := range m.ByTier {
+						sc.cands[k].Matched[t] = m.ByTier[t] * bs / primary
+					}
+				}
+			}
+		}
+	}
+}
+
+// expectedOutputBlocks converts max_tokens to blocks (0 when unknown).
+func expectedOutputBlocks(maxTokens, blockSize int) float64 {
+	if maxTokens <= 0 || blockSize <= 0 {
+		return 0
+	}
+	return float64(maxTokens) / float64(blockSize)
+}
+
+// fallbacks returns up to n addresses of eligible candidates other than the
+// pick, best cost first (NaN costs last, then least loaded); without costs,
+// least loaded first.
+func fallbacks(cands []Candidate, pick, n int) []string {
+	if n <= 0 {
+		return nil
+	}
+	idx := make([]int, 0, len(cands))
+	for i, c := range cands {
+		if i != pick && c.Eligible && c.Address != cands[pick].Address {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		ca, cb := cands[a].Cost, cands[b].Cost
+		switch na, nb := math.IsNaN(ca), math.IsNaN(cb); {
+		case na && !nb:
+			return 1
+		case nb && !na:
+			return -1
+		case !na && ca != cb:
+			if ca < cb {
+				return -1
+			}
+			return 1
+		}
+		la := cands[a].Load.ActivePrefillBlocks + cands[a].Load.ActiveDecodeBlocks
+		lb := cands[b].Load.ActivePrefillBlocks + cands[b].Load.ActiveDecodeBlocks
+		switch {
+		case la < lb:
+			return -1
+		case la > lb:
+			return 1
+		}
+		return cands[a].Load.Requests() - cands[b].Load.Requests()
+	})
+	if len(idx) > n {
+		idx = idx[:n]
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	out := make([]string, len(idx))
+	for k, i := range idx {
+		out[k] = cands[i].Address
+	}
+	return out
+}
