@@ -418,22 +418,17 @@ func skipValues(p []byte, pos, n int) (int, error) {
 	return pos, nil
 }
 
-// uintFast reads a non-negative integer straight from the payload for the
-// common codes (positive fixint, uint8..uint64, non-negative int8..int64).
-// ok=false leaves the position untouched and means "not a non-negative int".
-func (dec *Decoder) uintFast() (v uint64, ok bool, err error) {
-	pos := dec.pos()
-	p := dec.p
-	if pos >= len(p) {
-		return 0, false, io.ErrUnexpectedEOF
-	}
+// uintAt parses a non-negative integer at p[pos] for the common codes
+// (positive fixint, uint8..uint64, non-negative int8..int64). It returns the
+// offset after it; ok=false means "not a non-negative integer" (or
+// truncated, when end > len(p)).
+func uintAt(p []byte, pos int) (v uint64, end int, ok bool) {
 	c := p[pos]
 	if c <= msgpcode.PosFixedNumHigh {
-		dec.seek(pos + 1)
-		return uint64(c), true, nil
+		return uint64(c), pos + 1, true
 	}
 	var n int
-	signed := false
+	var sign uint64
 	switch c {
 	case msgpcode.Uint8:
 		n = 1
@@ -444,44 +439,51 @@ func (dec *Decoder) uintFast() (v uint64, ok bool, err error) {
 	case msgpcode.Uint64:
 		n = 8
 	case msgpcode.Int8:
-		n, signed = 1, true
+		n, sign = 1, 1<<7
 	case msgpcode.Int16:
-		n, signed = 2, true
+		n, sign = 2, 1<<15
 	case msgpcode.Int32:
-		n, signed = 4, true
+		n, sign = 4, 1<<31
 	case msgpcode.Int64:
-		n, signed = 8, true
+		n, sign = 8, 1<<63
 	default:
-		return 0, false, nil
+		return 0, pos, false
 	}
 	if len(p)-pos-1 < n {
-		return 0, false, io.ErrUnexpectedEOF
+		return 0, len(p) + 1, false
 	}
 	b := p[pos+1 : pos+1+n]
 	switch n {
 	case 1:
 		v = uint64(b[0])
-		if signed && b[0]&0x80 != 0 {
-			return 0, false, nil
-		}
 	case 2:
 		v = uint64(binary.BigEndian.Uint16(b))
-		if signed && v&0x8000 != 0 {
-			return 0, false, nil
-		}
 	case 4:
 		v = uint64(binary.BigEndian.Uint32(b))
-		if signed && v&0x80000000 != 0 {
-			return 0, false, nil
-		}
-	case 8:
+	default:
 		v = binary.BigEndian.Uint64(b)
-		if signed && v&(1<<63) != 0 {
-			return 0, false, nil
-		}
 	}
-	dec.seek(pos + 1 + n)
-	return v, true, nil
+	if v&sign != 0 {
+		return 0, pos, false
+	}
+	return v, pos + 1 + n, true
+}
+
+// uintFast reads a non-negative integer at the cursor straight from the
+// payload; ok=false leaves the cursor untouched.
+func (dec *Decoder) uintFast() (v uint64, ok bool, err error) {
+	pos := dec.pos()
+	if pos >= len(dec.p) {
+		return 0, false, io.ErrUnexpectedEOF
+	}
+	v, end, ok := uintAt(dec.p, pos)
+	if end > len(dec.p) {
+		return 0, false, io.ErrUnexpectedEOF
+	}
+	if ok {
+		dec.seek(end)
+	}
+	return v, ok, nil
 }
 
 // intVal reads a nil-or-integer value; isNil reports nil.
@@ -617,22 +619,36 @@ func (dec *Decoder) tokens(dst []uint32) ([]uint32, error) {
 	}
 	dst = grow(dst, n)
 	bad := false
+	// Hot loop: parse straight from the payload, one seek at the end.
+	p, pos := dec.p, dec.pos()
 	for range n {
-		v, ok, err := dec.uintFast()
-		if err != nil {
-			return dst, err
+		if pos >= len(p) {
+			dec.seek(pos)
+			return dst, io.ErrUnexpectedEOF
 		}
-		if !ok || v > math.MaxUint32 {
-			if !ok {
-				if err := dec.skip(); err != nil {
-					return dst, err
-				}
-			}
-			bad = true
+		v, end, ok := uintAt(p, pos)
+		if end > len(p) {
+			dec.seek(len(p))
+			return dst, io.ErrUnexpectedEOF
+		}
+		if ok && v <= math.MaxUint32 {
+			dst = append(dst, uint32(v))
+			pos = end
 			continue
 		}
-		dst = append(dst, uint32(v))
+		bad = true
+		if ok {
+			pos = end
+			continue
+		}
+		e, err := skipValues(p, pos, 1)
+		if err != nil {
+			dec.seek(pos)
+			return dst, &DecodeError{Reason: reasonOf(err), Offset: pos, Err: err}
+		}
+		pos = e
 	}
+	dec.seek(pos)
 	if bad {
 		return dst, errBadField
 	}

@@ -1,0 +1,91 @@
+package events
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/index"
+)
+
+// benchBatches builds n pairs of payloads: a batch of perBatch BlockStored
+// events of 64 blocks each (block size 16, token ids drawn from a 128k
+// vocabulary, map encoding) and the batch of BlockRemoved events that evicts
+// the same blocks.
+func benchBatches(tb testing.TB, n, perBatch int) (stored, removed [][]byte, blocks int) {
+	r := rand.New(rand.NewPCG(7, 7))
+	const nBlocks, bs = 64, 16
+	for range n {
+		var sev, rev []any
+		for range perBatch {
+			hashes := make([]uint64, nBlocks)
+			for i := range hashes {
+				hashes[i] = r.Uint64()
+			}
+			toks := make([]uint32, nBlocks*bs)
+			for i := range toks {
+				toks[i] = uint32(r.IntN(128000))
+			}
+			sev = append(sev, map[string]any{
+				"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil, "token_ids": toks,
+				"block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": nil,
+				"extra_keys": make([]any, nBlocks), "group_idx": 0, "kv_cache_spec_kind": "full_attention",
+			})
+			rev = append(rev, map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0})
+			blocks += nBlocks
+		}
+		stored = append(stored, enc(tb, []any{ts, sev, 0}))
+		removed = append(removed, enc(tb, []any{ts, rev, 0}))
+	}
+	return stored, removed, blocks / n
+}
+
+// BenchmarkDecodeApply decodes and applies one batch of 16 BlockStored
+// events of 64 blocks per iteration, on one goroutine. The index is kept at
+// a steady size: before a batch is stored again, the batch that removes its
+// blocks is decoded and applied too (its cost is included; its blocks are
+// not counted). The metric stored_blocks/s counts blocks of BlockStored
+// events only.
+func BenchmarkDecodeApply(b *testing.B) {
+	const ring = 32
+	stored, removed, perBatch := benchBatches(b, ring, 16)
+	idx := index.New(index.Config{})
+	ap := NewApplier(idx)
+	t := Target{Replica: "r0", Model: "m", BlockSize: 16}
+	var dec Decoder
+	var batch Batch
+	i := 0
+	b.ResetTimer()
+	for b.Loop() {
+		j := i % ring
+		if i >= ring {
+			if err := dec.Decode(removed[j], HashVLLM, &batch); err != nil {
+				b.Fatal(err)
+			}
+			ap.Apply(t, &batch)
+		}
+		if err := dec.Decode(stored[j], HashVLLM, &batch); err != nil {
+			b.Fatal(err)
+		}
+		if st := ap.Apply(t, &batch); st.StoredBlocks != perBatch {
+			b.Fatalf("stored %d blocks, want %d", st.StoredBlocks, perBatch)
+		}
+		i++
+	}
+	b.ReportMetric(float64(i*perBatch)/b.Elapsed().Seconds(), "stored_blocks/s")
+}
+
+// BenchmarkDecode measures decoding alone.
+func BenchmarkDecode(b *testing.B) {
+	stored, _, perBatch := benchBatches(b, 4, 16)
+	var dec Decoder
+	var batch Batch
+	i := 0
+	b.SetBytes(int64(len(stored[0])))
+	for b.Loop() {
+		if err := dec.Decode(stored[i%4], HashVLLM, &batch); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(i*perBatch)/b.Elapsed().Seconds(), "blocks/s")
+}
