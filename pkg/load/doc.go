@@ -1,4 +1,29 @@
 // Package load holds the per-replica load view: in-flight prefill and decode
 // blocks and requests from the request lifecycle, scraped engine metrics, and
 // health. Readers get immutable snapshots; writers never block them.
+//
+// Parts, each usable alone, all keyed by the replica's ID string:
+//
+//   - Tracker: the router's own in-flight view. Start(replica,
+//     prefillBlocks, decodeBlocks) raises a replica's counters and returns a
+//     Handle; Handle.FirstToken moves the request from prefill to decode;
+//     Handle.Done releases it. Both are idempotent and safe on every path
+//     (cancel, error, panic recovery), so counters never leak. Per-replica
+//     atomics: readers never wait.
+//   - Scraper: polls each target's /metrics (Prometheus text format, parsed
+//     with expfmt; vLLM vllm:num_requests_running, vllm:num_requests_waiting,
+//     vllm:kv_cache_usage_perc falling back to vllm:gpu_cache_usage_perc;
+//     SGLang sglang:num_running_reqs, sglang:num_queue_reqs,
+//     sglang:token_usage) and /health every 200ms by default. A replica is
+//     unhealthy until its first good probe, after two failed probes in a
+//     row, and is readmitted by the next good one. NewScraper has no side
+//     effects; Run(ctx) owns one goroutine per target, starts and stops them
+//     as SetTargets changes the set, and joins them all before returning.
+//   - Fidelity: compares predicted and served prefix-cache hits per replica
+//     and derives the cache credit the router gives the replica's index view
+//     (an EWMA of served/predicted, clamped to [Floor, 1]; see Fidelity).
+//   - View: combines the three into Load; its comment gives the formula.
+//
+// Metrics are registered on the prometheus.Registerer each constructor is
+// given (nil: none). Only the Scraper logs, and only on health changes.
 package load

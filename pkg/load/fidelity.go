@@ -1,0 +1,183 @@
+package load
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// FidelityConfig tunes the cache-credit signal. Zero fields take defaults.
+type FidelityConfig struct {
+	// Alpha is the EWMA weight of a new observation, in (0, 1]. Default 0.1.
+	Alpha float64
+	// Floor is the lowest credit a replica can fall to, in [0, 1]. Default
+	// 0.25: a replica whose hits never materialise still keeps some cache
+	// credit, so a recovering replica can earn it back.
+	Floor float64
+	// MinSamples is how many observations (with predicted hits) a replica
+	// needs before its credit may fall below 1. Default 8.
+	MinSamples int
+}
+
+func (c FidelityConfig) withDefaults() (FidelityConfig, error) {
+	if c.Alpha == 0 {
+		c.Alpha = 0.1
+	}
+	if c.Floor == 0 {
+		c.Floor = 0.25
+	}
+	if c.MinSamples == 0 {
+		c.MinSamples = 8
+	}
+	switch {
+	case !(c.Alpha > 0 && c.Alpha <= 1):
+		return c, fmt.Errorf("load: fidelity alpha %v not in (0, 1]", c.Alpha)
+	case !(c.Floor >= 0 && c.Floor <= 1):
+		return c, fmt.Errorf("load: fidelity floor %v not in [0, 1]", c.Floor)
+	case c.MinSamples < 0:
+		return c, errors.New("load: fidelity min samples must not be negative")
+	}
+	return c, nil
+}
+
+// Fidelity compares, per replica, the prefix-cache hits the router predicted
+// with those the engine reported serving, and turns persistent shortfalls
+// into a reduced cache credit.
+//
+// For every finished request whose usage carried
+// prompt_tokens_details.cached_tokens and whose predicted hit was positive:
+//
+//	sample = clamp(served / predicted, 0, 1)
+//	ratio  = ratio + Alpha * (sample - ratio)      (ratio starts at 1)
+//	credit = clamp(ratio, Floor, 1)                once MinSamples are seen, else 1
+//
+// Serving more than predicted is not rewarded beyond 1 (other routers or
+// index lag explain it). Requests predicted to hit nothing say nothing about
+// the index and leave the ratio alone. Credit is read lock-free; Observe
+// serialises per replica.
+type Fidelity struct {
+	cfg      FidelityConfig
+	replicas sync.Map // string -> *fidelityState
+
+	predicted, served *prometheus.CounterVec
+	observations      *prometheus.CounterVec
+}
+
+type fidelityState struct {
+	mu      sync.Mutex
+	ratio   float64
+	samples int
+	credit  atomic.Uint64 // float64 bits
+}
+
+// NewFidelity builds a fidelity tracker and registers, unless reg is nil:
+// kvroute_cached_tokens_predicted_total{replica},
+// kvroute_cached_tokens_served_total{replica},
+// kvroute_fidelity_observations_total{replica} and the gauge
+// kvroute_replica_cache_credit{replica}.
+func NewFidelity(cfg FidelityConfig, reg prometheus.Registerer) (*Fidelity, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	f := &Fidelity{
+		cfg: cfg,
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_cached_tokens_predicted_total",
+			Help: "Prompt tokens the router predicted the replica would serve from its prefix cache (requests whose usage reported cached tokens).",
+		}, []string{"replica"}),
+		served: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_cached_tokens_served_total",
+			Help: "Prompt tokens the replica reported serving from its prefix cache (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"replica"}),
+		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_fidelity_observations_total",
+			Help: "Finished requests compared for cache fidelity.",
+		}, []string{"replica"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{f.predicted, f.served, f.observations, &creditCollector{f: f, desc: prometheus.NewDesc(
+			"kvroute_replica_cache_credit", "Cache credit in [0, 1] the router gives the replica's predicted hits (1 = full trust).",
+			[]string{"replica"}, nil)}} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return f, nil
+}
+
+func (f *Fidelity) state(replica string) *fidelityState {
+	if s, ok := f.replicas.Load(replica); ok {
+		return s.(*fidelityState)
+	}
+	s := &fidelityState{ratio: 1}
+	s.credit.Store(math.Float64bits(1))
+	v, _ := f.replicas.LoadOrStore(replica, s)
+	return v.(*fidelityState)
+}
+
+// Observe records one finished request: predicted and served are prompt
+// tokens expected from, and reported by, the replica's prefix cache.
+// Negative values are taken as 0.
+func (f *Fidelity) Observe(replica string, predicted, served int) {
+	predicted, served = max(predicted, 0), max(served, 0)
+	f.predicted.WithLabelValues(replica).Add(float64(predicted))
+	f.served.WithLabelValues(replica).Add(float64(served))
+	f.observations.WithLabelValues(replica).Inc()
+	if predicted == 0 {
+		return
+	}
+	s := f.state(replica)
+	sample := min(float64(served)/float64(predicted), 1)
+	s.mu.Lock()
+	s.ratio += f.cfg.Alpha * (sample - s.ratio)
+	s.samples++
+	credit := 1.0
+	if s.samples >= f.cfg.MinSamples {
+		credit = min(max(s.ratio, f.cfg.Floor), 1)
+	}
+	s.credit.Store(math.Float64bits(credit))
+	s.mu.Unlock()
+}
+
+// Credit returns replica's cache credit in [Floor, 1]; 1 for a replica
+// without observations.
+func (f *Fidelity) Credit(replica string) float64 {
+	if f == nil {
+		return 1
+	}
+	s, ok := f.replicas.Load(replica)
+	if !ok {
+		return 1
+	}
+	return math.Float64frombits(s.(*fidelityState).credit.Load())
+}
+
+// Reset forgets replica's history (after its cache was cleared, or when it
+// leaves the replica set): its credit returns to 1.
+func (f *Fidelity) Reset(replica string) {
+	f.replicas.Delete(replica)
+}
+
+type creditCollector struct {
+	f    *Fidelity
+	desc *prometheus.Desc
+}
+
+func (c *creditCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *creditCollector) Collect(ch chan<- prometheus.Metric) {
+	credits := map[string]float64{}
+	c.f.replicas.Range(func(k, v any) bool {
+		credits[k.(string)] = math.Float64frombits(v.(*fidelityState).credit.Load())
+		return true
+	})
+	for _, r := range sortedKeys(credits) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, credits[r], r)
+	}
+}

@@ -1,0 +1,259 @@
+package load
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestTrackerLifecycle(t *testing.T) {
+	tr, err := NewTracker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := tr.Start("r1", 6, 10)
+	b := tr.Start("r1", 2, 4)
+	c := tr.Start("r2", -3, 5) // negative prefill taken as 0
+	steps := []struct {
+		name string
+		do   func()
+		want map[string]InFlight
+	}{
+		{"started", func() {}, map[string]InFlight{
+			"r1": {PrefillBlocks: 8, DecodeBlocks: 14, Requests: 2},
+			"r2": {PrefillBlocks: 0, DecodeBlocks: 5, Requests: 1},
+		}},
+		{"first token moves prefill out", func() { a.FirstToken(); a.FirstToken() }, map[string]InFlight{
+			"r1": {PrefillBlocks: 2, DecodeBlocks: 14, Requests: 2},
+			"r2": {DecodeBlocks: 5, Requests: 1},
+		}},
+		{"done after first token", func() { a.Done(); a.Done(); a.FirstToken() }, map[string]InFlight{
+			"r1": {PrefillBlocks: 2, DecodeBlocks: 4, Requests: 1},
+			"r2": {DecodeBlocks: 5, Requests: 1},
+		}},
+		{"done without first token releases prefill", func() { b.Done(); b.FirstToken(); b.Done() }, map[string]InFlight{
+			"r1": {},
+			"r2": {DecodeBlocks: 5, Requests: 1},
+		}},
+		{"nil handle is a no-op", func() { var h *Handle; h.FirstToken(); h.Done(); c.Done() }, map[string]InFlight{
+			"r1": {}, "r2": {},
+		}},
+	}
+	for _, s := range steps {
+		s.do()
+		if d := cmp.Diff(s.want, tr.Snapshot()); d != "" {
+			t.Fatalf("%s: snapshot mismatch (-want +got):\n%s", s.name, d)
+		}
+	}
+	if got := tr.Get("unknown"); got != (InFlight{}) {
+		t.Errorf("Get(unknown) = %+v", got)
+	}
+}
+
+func TestTrackerConcurrentNeverLeaks(t *testing.T) {
+	tr, _ := NewTracker(nil)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				h := tr.Start("r", 3, 7)
+				// Racing finishers on one handle: still released exactly once.
+				var inner sync.WaitGroup
+				inner.Go(h.Done)
+				if (g+i)%2 == 0 {
+					h.FirstToken()
+				}
+				h.Done()
+				inner.Wait()
+				_ = tr.Get("r") // readers alongside writers
+			}
+		})
+	}
+	wg.Wait()
+	if got := tr.Get("r"); got != (InFlight{}) {
+		t.Fatalf("counters leaked: %+v", got)
+	}
+}
+
+func TestTrackerMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tr, err := NewTracker(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := tr.Start("r1", 4, 9)
+	defer h.Done()
+	for name, want := range map[string]float64{
+		"kvroute_replica_active_prefill_blocks": 4,
+		"kvroute_replica_active_decode_blocks":  9,
+		"kvroute_replica_inflight_requests":     1,
+	} {
+		if got, ok := gathered(t, reg, name, "r1"); !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+	if _, err := NewTracker(reg); err == nil {
+		t.Fatal("second registration on one registry succeeded")
+	}
+}
+
+func TestFidelity(t *testing.T) {
+	type obs struct{ predicted, served int }
+	tests := []struct {
+		name string
+		cfg  FidelityConfig
+		obs  []obs
+		want float64
+	}{
+		{"no observations", FidelityConfig{}, nil, 1},
+		{"served as predicted", FidelityConfig{MinSamples: 1}, []obs{{64, 64}, {32, 32}}, 1},
+		{"over-serving is capped at 1", FidelityConfig{MinSamples: 1}, []obs{{16, 64}}, 1},
+		{"zero prediction ignored", FidelityConfig{MinSamples: 1}, []obs{{0, 0}, {0, 64}}, 1},
+		{"half served, one sample", FidelityConfig{Alpha: 0.5, MinSamples: 1}, []obs{{64, 32}}, 0.75},
+		{"below min samples stays 1", FidelityConfig{Alpha: 0.5, MinSamples: 3}, []obs{{64, 0}, {64, 0}}, 1},
+		{"persistent misses hit the floor", FidelityConfig{Alpha: 0.5, Floor: 0.3, MinSamples: 2}, []obs{{64, 0}, {64, 0}, {64, 0}, {64, 0}}, 0.3},
+		{"ewma arithmetic", FidelityConfig{Alpha: 0.5, Floor: 0.01, MinSamples: 2}, []obs{{64, 0}, {64, 64}}, 0.75},
+		{"negative values clamp", FidelityConfig{MinSamples: 1, Alpha: 1, Floor: 0.01}, []obs{{10, -5}}, 0.01},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := NewFidelity(tc.cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range tc.obs {
+				f.Observe("r", o.predicted, o.served)
+			}
+			if got := f.Credit("r"); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("Credit = %v, want %v", got, tc.want)
+			}
+			if got := f.Credit("other"); got != 1 {
+				t.Errorf("unobserved replica credit = %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestFidelityRecoversAndResets(t *testing.T) {
+	f, _ := NewFidelity(FidelityConfig{Alpha: 0.5, Floor: 0.1, MinSamples: 1}, nil)
+	for range 6 {
+		f.Observe("r", 100, 0)
+	}
+	low := f.Credit("r")
+	if low > 0.1+1e-9 {
+		t.Fatalf("credit after misses = %v, want the floor", low)
+	}
+	for range 6 {
+		f.Observe("r", 100, 100)
+	}
+	if got := f.Credit("r"); got < 0.95 {
+		t.Errorf("credit after recovery = %v, want near 1", got)
+	}
+	f.Observe("r", 100, 0)
+	f.Reset("r")
+	if got := f.Credit("r"); got != 1 {
+		t.Errorf("credit after Reset = %v, want 1", got)
+	}
+	var nilF *Fidelity
+	if nilF.Credit("r") != 1 {
+		t.Error("nil Fidelity credit != 1")
+	}
+}
+
+func TestFidelityConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]FidelityConfig{
+		"alpha above 1":    {Alpha: 1.5},
+		"negative alpha":   {Alpha: -0.1},
+		"floor above 1":    {Floor: 2},
+		"negative samples": {MinSamples: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewFidelity(cfg, nil); err == nil {
+				t.Fatal("NewFidelity accepted a bad config")
+			}
+		})
+	}
+}
+
+func TestFidelityMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	f, err := NewFidelity(FidelityConfig{Alpha: 1, MinSamples: 1, Floor: 0.1}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Observe("r1", 64, 16)
+	f.Observe("r1", 0, 32)
+	for name, want := range map[string]float64{
+		"kvroute_cached_tokens_predicted_total": 64,
+		"kvroute_cached_tokens_served_total":    48,
+		"kvroute_fidelity_observations_total":   2,
+		"kvroute_replica_cache_credit":          0.25,
+	} {
+		if got, ok := gathered(t, reg, name, "r1"); !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+}
+
+func TestViewCombines(t *testing.T) {
+	now := time.Unix(1000, 0)
+	fresh, stale := now.Add(-time.Second), now.Add(-3*time.Second)
+	tests := []struct {
+		name    string
+		local   InFlight // started as one request per Requests with the blocks split on the first
+		scraped *Scraped // nil: not a scrape target
+		want    Load
+	}{
+		{"local only", InFlight{PrefillBlocks: 4, DecodeBlocks: 8, Requests: 2}, nil,
+			Load{ActivePrefillBlocks: 4, ActiveDecodeBlocks: 8, ActiveRequests: 2, Healthy: true}},
+		{"engine reports more than we routed", InFlight{PrefillBlocks: 1, DecodeBlocks: 2, Requests: 1},
+			&Scraped{Healthy: true, Running: 5, Waiting: 3, KVUsage: 0.6, MetricsAt: fresh},
+			Load{ActivePrefillBlocks: 1, ActiveDecodeBlocks: 2, ActiveRequests: 5, WaitingRequests: 3, KVUsage: 0.6, Healthy: true}},
+		{"we routed more than the engine reported yet", InFlight{Requests: 6},
+			&Scraped{Healthy: true, Running: 2, Waiting: 1, KVUsage: 0.1, MetricsAt: fresh},
+			Load{ActiveRequests: 5, WaitingRequests: 1, KVUsage: 0.1, Healthy: true}},
+		{"stale figures ignored, health kept", InFlight{Requests: 1},
+			&Scraped{Healthy: false, Running: 9, Waiting: 9, KVUsage: 0.9, MetricsAt: stale},
+			Load{ActiveRequests: 1}},
+		{"target not yet probed is unhealthy", InFlight{}, &Scraped{}, Load{}},
+		{"healthy without metrics", InFlight{Requests: 2}, &Scraped{Healthy: true},
+			Load{ActiveRequests: 2, Healthy: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, _ := NewTracker(nil)
+			for i := range tc.local.Requests {
+				p, d := 0, 0
+				if i == 0 {
+					p, d = tc.local.PrefillBlocks, tc.local.DecodeBlocks
+				}
+				defer tr.Start("r", p, d).Done()
+			}
+			sc, err := NewScraper(ScraperConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.scraped != nil {
+				injectState(sc, "r", *tc.scraped)
+			}
+			v := &View{Tracker: tr, Scraper: sc, Now: func() time.Time { return now }}
+			if d := cmp.Diff(tc.want, v.Load("r")); d != "" {
+				t.Errorf("Load mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+	var empty View
+	if got := empty.Load("x"); got != (Load{Healthy: true}) {
+		t.Errorf("empty view Load = %+v", got)
+	}
+	if empty.Credit("x") != 1 {
+		t.Error("empty view credit != 1")
+	}
+}

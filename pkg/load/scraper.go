@@ -1,0 +1,503 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Target is one replica to scrape.
+type Target struct {
+	// ID names the replica (the same string the Tracker and View use).
+	ID string
+	// URL is the engine's HTTP base URL, e.g. "http://10.0.0.7:8000".
+	URL string
+}
+
+// Scraped is what the scraper last learned about one replica.
+type Scraped struct {
+	// Healthy is the probe verdict. A replica is unhealthy until its first
+	// successful probe, after FailureThreshold consecutive failed probes,
+	// and until SuccessThreshold consecutive successes follow.
+	Healthy bool
+	// Engine is "vllm" or "sglang" once metrics were read, else "".
+	Engine string
+	// Running and Waiting are the engine's running and queued requests;
+	// KVUsage its KV cache usage in [0, 1]. Valid when MetricsAt is set.
+	Running, Waiting int
+	KVUsage          float64
+	MetricsAt        time.Time
+	// ProbedAt is the time of the last probe, successful or not.
+	ProbedAt time.Time
+}
+
+// ScraperConfig configures a Scraper. Zero fields take defaults.
+type ScraperConfig struct {
+	// Interval between scrapes of one replica. Default 200ms.
+	Interval time.Duration
+	// Timeout bounds each HTTP request. Default 300ms.
+	Timeout time.Duration
+	// MetricsPath is scraped for load figures. Default "/metrics".
+	MetricsPath string
+	// HealthPath is probed each interval; a 2xx answer is healthy. Default
+	// "/health". With DisableHealthProbe, health follows whether the
+	// metrics endpoint can be reached at all.
+	HealthPath         string
+	DisableHealthProbe bool
+	// FailureThreshold consecutive failed probes mark a replica unhealthy
+	// (default 2); SuccessThreshold consecutive good ones readmit it
+	// (default 1). With the defaults a dead replica is excluded within
+	// about Interval + 2*Timeout, well under a second.
+	FailureThreshold int
+	SuccessThreshold int
+	// MaxBodyBytes bounds a metrics response. Default 8 MiB.
+	MaxBodyBytes int64
+	// Client is the HTTP client; nil means a dedicated client with
+	// keep-alives.
+	Client *http.Client
+	Logger *slog.Logger
+	// Registerer receives the scraper's metrics unless nil.
+	Registerer prometheus.Registerer
+}
+
+func (c ScraperConfig) withDefaults() (ScraperConfig, error) {
+	if c.Interval == 0 {
+		c.Interval = 200 * time.Millisecond
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 300 * time.Millisecond
+	}
+	if c.MetricsPath == "" {
+		c.MetricsPath = "/metrics"
+	}
+	if c.HealthPath == "" {
+		c.HealthPath = "/health"
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = 2
+	}
+	if c.SuccessThreshold == 0 {
+		c.SuccessThreshold = 1
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 8 << 20
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.Interval < 0 || c.Timeout < 0:
+		return c, errors.New("load: scraper interval and timeout must be positive")
+	case c.FailureThreshold < 0 || c.SuccessThreshold < 0:
+		return c, errors.New("load: scraper thresholds must be positive")
+	}
+	return c, nil
+}
+
+// Scraper polls every target's metrics and health endpoints.
+//
+// New has no side effects; Run owns all goroutines (one per target, started
+// and stopped as SetTargets changes the set) and returns, with all of them
+// joined, when its context ends. Get is lock-free and safe for concurrent
+// use with everything else.
+type Scraper struct {
+	cfg    ScraperConfig
+	parser expfmt.TextParser
+
+	mu      sync.Mutex
+	targets map[string]Target
+	changed chan struct{} // 1-buffered: the target set changed
+
+	states sync.Map // id -> *atomic.Pointer[Scraped]
+
+	errs        *prometheus.CounterVec
+	transitions *prometheus.CounterVec
+}
+
+// NewScraper returns a scraper with no targets. It registers, unless
+// cfg.Registerer is nil: kvroute_scrape_errors_total{replica,kind},
+// kvroute_replica_health_transitions_total{replica,healthy} and the gauges
+// kvroute_replica_healthy, kvroute_replica_engine_running_requests,
+// kvroute_replica_engine_waiting_requests, kvroute_replica_kv_usage (all
+// labelled by replica).
+func NewScraper(cfg ScraperConfig) (*Scraper, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Scraper{
+		cfg:     cfg,
+		parser:  expfmt.NewTextParser(model.UTF8Validation),
+		targets: map[string]Target{},
+		changed: make(chan struct{}, 1),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_scrape_errors_total",
+			Help: "Failed engine probes and scrapes, by kind (health, metrics_connect, metrics_status, metrics_parse).",
+		}, []string{"replica", "kind"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_replica_health_transitions_total",
+			Help: "Replica health changes decided by the prober.",
+		}, []string{"replica", "healthy"}),
+	}
+	if reg := cfg.Registerer; reg != nil {
+		for _, c := range []prometheus.Collector{s.errs, s.transitions, newScrapeCollector(s)} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// SetTargets replaces the set of replicas to scrape. Replicas leaving the
+// set are forgotten; new ones start unhealthy until their first probe. It
+// never blocks on Run.
+func (s *Scraper) SetTargets(targets []Target) {
+	next := make(map[string]Target, len(targets))
+	for _, t := range targets {
+		next[t.ID] = t
+	}
+	s.mu.Lock()
+	s.targets = next
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Get returns what is known of replica; ok is false when it is not a
+// target (it has never been set, or has been removed).
+func (s *Scraper) Get(replica string) (Scraped, bool) {
+	v, ok := s.states.Load(replica)
+	if !ok {
+		return Scraped{}, false
+	}
+	p := v.(*atomic.Pointer[Scraped]).Load()
+	if p == nil {
+		return Scraped{}, true
+	}
+	return *p, true
+}
+
+type worker struct {
+	target Target
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run scrapes until ctx ends, then stops and joins every worker. It returns
+// nil on cancellation.
+func (s *Scraper) Run(ctx context.Context) error {
+	workers := map[string]*worker{}
+	defer func() {
+		for _, w := range workers {
+			w.cancel()
+		}
+		for id, w := range workers {
+			<-w.done
+			s.states.Delete(id)
+		}
+	}()
+	for {
+		s.reconcile(ctx, workers)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.changed:
+		}
+	}
+}
+
+func (s *Scraper) reconcile(ctx context.Context, workers map[string]*worker) {
+	s.mu.Lock()
+	want := s.targets
+	s.mu.Unlock()
+	for id, w := range workers {
+		if t, ok := want[id]; ok && t == w.target {
+			continue
+		}
+		w.cancel()
+		<-w.done
+		delete(workers, id)
+		s.states.Delete(id)
+	}
+	for id, t := range want {
+		if _, ok := workers[id]; ok {
+			continue
+		}
+		st := &atomic.Pointer[Scraped]{}
+		s.states.Store(id, st)
+		wctx, cancel := context.WithCancel(ctx)
+		w := &worker{target: t, cancel: cancel, done: make(chan struct{})}
+		workers[id] = w
+		go func() {
+			defer close(w.done)
+			s.scrapeLoop(wctx, t, st)
+		}()
+	}
+}
+
+func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[Scraped]) {
+	var (
+		cur       Scraped
+		fails, ok int
+	)
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		healthy, m, mErr := s.probe(ctx, t)
+		if ctx.Err() != nil {
+			return
+		}
+		cur.ProbedAt = time.Now()
+		if mErr == nil {
+			cur.Engine, cur.Running, cur.Waiting, cur.KVUsage = m.engine, m.running, m.waiting, m.kvUsage
+			cur.MetricsAt = cur.ProbedAt
+		}
+		if healthy {
+			fails, ok = 0, ok+1
+		} else {
+			fails, ok = fails+1, 0
+		}
+		switch {
+		case !cur.Healthy && healthy && ok >= s.cfg.SuccessThreshold:
+			cur.Healthy = true
+			s.transitions.WithLabelValues(t.ID, "true").Inc()
+			s.cfg.Logger.Info("replica healthy", slog.String("replica", t.ID))
+		case cur.Healthy && !healthy && fails >= s.cfg.FailureThreshold:
+			cur.Healthy = false
+			s.transitions.WithLabelValues(t.ID, "false").Inc()
+			s.cfg.Logger.Warn("replica unhealthy", slog.String("replica", t.ID))
+		}
+		snap := cur
+		st.Store(&snap)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+type engineMetrics struct {
+	engine           string
+	running, waiting int
+	kvUsage          float64
+}
+
+// errUnreachable marks a failure to talk to the engine at all (as opposed to
+// an answer we did not like).
+var errUnreachable = errors.New("unreachable")
+
+// probe runs one health probe and one metrics scrape. healthy reports the
+// probe's verdict (or, with the probe disabled, whether the metrics
+// endpoint could be reached).
+func (s *Scraper) probe(ctx context.Context, t Target) (healthy bool, m engineMetrics, err error) {
+	healthy = true
+	if !s.cfg.DisableHealthProbe {
+		if herr := s.health(ctx, t); herr != nil {
+			healthy = false
+			if ctx.Err() == nil {
+				s.errs.WithLabelValues(t.ID, "health").Inc()
+			}
+		}
+	}
+	m, err = s.metrics(ctx, t)
+	if err != nil && ctx.Err() == nil {
+		kind := "metrics_parse"
+		switch {
+		case errors.Is(err, errUnreachable):
+			kind = "metrics_connect"
+			if s.cfg.DisableHealthProbe {
+				healthy = false
+			}
+		case errors.Is(err, errStatus):
+			kind = "metrics_status"
+		}
+		s.errs.WithLabelValues(t.ID, kind).Inc()
+	}
+	return healthy, m, err
+}
+
+func (s *Scraper) get(ctx context.Context, url string, accept string) (*http.Response, context.CancelFunc, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("load: request %s: %w", url, err)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := s.cfg.Client.Do(req)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("load: %s: %w: %w", url, errUnreachable, err)
+	}
+	return resp, cancel, nil
+}
+
+var errStatus = errors.New("unexpected status")
+
+func (s *Scraper) health(ctx context.Context, t Target) error {
+	resp, cancel, err := s.get(ctx, t.URL+s.cfg.HealthPath, "")
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("load: %s%s: %w %d", t.URL, s.cfg.HealthPath, errStatus, resp.StatusCode)
+	}
+	return nil
+}
+
+func (s *Scraper) metrics(ctx context.Context, t Target) (engineMetrics, error) {
+	resp, cancel, err := s.get(ctx, t.URL+s.cfg.MetricsPath, "text/plain;version=0.0.4")
+	if err != nil {
+		return engineMetrics{}, err
+	}
+	defer cancel()
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return engineMetrics{}, fmt.Errorf("load: %s%s: %w %d", t.URL, s.cfg.MetricsPath, errStatus, resp.StatusCode)
+	}
+	return s.parse(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
+}
+
+// parse reads engine load figures from a Prometheus text exposition.
+func (s *Scraper) parse(r io.Reader) (engineMetrics, error) {
+	p := s.parser // TextParser keeps per-parse state: use a copy
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return engineMetrics{}, fmt.Errorf("load: parse metrics: %w", err)
+	}
+	return engineFigures(fams)
+}
+
+// Metric names by engine. Requests are summed over series (one per model or
+// data-parallel engine label); KV usage takes the fullest series.
+var engines = []struct {
+	name, running, waiting string
+	kvUsage                []string // first present wins
+}{
+	{"vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+	{"sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", []string{"sglang:token_usage"}},
+}
+
+var errNoEngineMetrics = errors.New("load: no vLLM or SGLang load metrics in exposition")
+
+func engineFigures(fams map[string]*dto.MetricFamily) (engineMetrics, error) {
+	for _, e := range engines {
+		run, okR := fams[e.running]
+		wait, okW := fams[e.waiting]
+		if !okR && !okW {
+			continue
+		}
+		m := engineMetrics{engine: e.name, running: int(sum(run)), waiting: int(sum(wait))}
+		for _, name := range e.kvUsage {
+			if f, ok := fams[name]; ok {
+				m.kvUsage = min(max(maxValue(f), 0), 1)
+				break
+			}
+		}
+		return m, nil
+	}
+	return engineMetrics{}, errNoEngineMetrics
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue()
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	}
+	return 0
+}
+
+func sum(f *dto.MetricFamily) float64 {
+	t := 0.0
+	for _, m := range f.GetMetric() {
+		if v := value(m); v > 0 {
+			t += v
+		}
+	}
+	return t
+}
+
+func maxValue(f *dto.MetricFamily) float64 {
+	best := 0.0
+	for _, m := range f.GetMetric() {
+		best = max(best, value(m))
+	}
+	return best
+}
+
+type scrapeCollector struct {
+	s                                  *Scraper
+	healthy, running, waiting, kvUsage *prometheus.Desc
+}
+
+func newScrapeCollector(s *Scraper) *scrapeCollector {
+	l := []string{"replica"}
+	return &scrapeCollector{
+		s:       s,
+		healthy: prometheus.NewDesc("kvroute_replica_healthy", "1 when the replica passes its health probes.", l, nil),
+		running: prometheus.NewDesc("kvroute_replica_engine_running_requests", "Running requests the engine last reported.", l, nil),
+		waiting: prometheus.NewDesc("kvroute_replica_engine_waiting_requests", "Queued requests the engine last reported.", l, nil),
+		kvUsage: prometheus.NewDesc("kvroute_replica_kv_usage", "KV cache usage in [0, 1] the engine last reported.", l, nil),
+	}
+}
+
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.healthy
+	ch <- c.running
+	ch <- c.waiting
+	ch <- c.kvUsage
+}
+
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	all := map[string]Scraped{}
+	c.s.states.Range(func(k, _ any) bool {
+		if v, ok := c.s.Get(k.(string)); ok {
+			all[k.(string)] = v
+		}
+		return true
+	})
+	for _, r := range sortedKeys(all) {
+		v := all[r]
+		h := 0.0
+		if v.Healthy {
+			h = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, h, r)
+		if !v.MetricsAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(v.Running), r)
+			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(v.Waiting), r)
+			ch <- prometheus.MustNewConstMetric(c.kvUsage, prometheus.GaugeValue, v.KVUsage, r)
+		}
+	}
+}

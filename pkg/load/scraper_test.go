@@ -1,0 +1,308 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func injectState(s *Scraper, id string, v Scraped) {
+	p := &atomic.Pointer[Scraped]{}
+	p.Store(&v)
+	s.states.Store(id, p)
+}
+
+func TestParseEngineMetrics(t *testing.T) {
+	tests := []struct {
+		name    string
+		text    string
+		want    engineMetrics
+		wantErr bool
+	}{
+		{
+			name: "vllm with two engines",
+			text: `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.99
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1234
+`,
+			want: engineMetrics{engine: "vllm", running: 5, waiting: 4, kvUsage: 0.5},
+		},
+		{
+			name: "old vllm falls back to gpu_cache_usage_perc",
+			text: `vllm:num_requests_running{model_name="m"} 1
+vllm:num_requests_waiting{model_name="m"} 0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.125
+`,
+			want: engineMetrics{engine: "vllm", running: 1, kvUsage: 0.125},
+		},
+		{
+			name: "sglang",
+			text: `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 7
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 2
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.75
+`,
+			want: engineMetrics{engine: "sglang", running: 7, waiting: 2, kvUsage: 0.75},
+		},
+		{
+			name: "usage clamped to [0,1]",
+			text: "vllm:num_requests_running 0\nvllm:kv_cache_usage_perc 1.7\n",
+			want: engineMetrics{engine: "vllm", kvUsage: 1},
+		},
+		{name: "no engine metrics", text: "process_cpu_seconds_total 3\n", wantErr: true},
+		{name: "garbage", text: "vllm:num_requests_running{ 3\n", wantErr: true},
+	}
+	s, err := NewScraper(ScraperConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.parse(strings.NewReader(tc.text))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if d := cmp.Diff(tc.want, got, cmp.AllowUnexported(engineMetrics{})); d != "" {
+				t.Errorf("figures mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// engine is a fake model server on a fixed loopback address that can be
+// taken down (its listener closed) and brought back on the same address.
+type engine struct {
+	t       *testing.T
+	addr    string
+	mu      sync.Mutex
+	srv     *httptest.Server
+	running atomic.Int64
+	health  atomic.Int32 // HTTP status of /health
+}
+
+func newEngine(t *testing.T) *engine {
+	e := &engine{t: t}
+	e.health.Store(http.StatusOK)
+	e.up("127.0.0.1:0")
+	t.Cleanup(e.down)
+	return e
+}
+
+func (e *engine) up(addr string) {
+	var ln net.Listener
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ln, err = net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		e.t.Fatalf("listen %s: %v", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(int(e.health.Load())) })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", e.running.Load())
+	})
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Listener = ln
+	srv.Start()
+	e.mu.Lock()
+	e.srv, e.addr = srv, ln.Addr().String()
+	e.mu.Unlock()
+}
+
+func (e *engine) down() {
+	e.mu.Lock()
+	srv := e.srv
+	e.srv = nil
+	e.mu.Unlock()
+	if srv != nil {
+		srv.CloseClientConnections()
+		srv.Close()
+	}
+}
+
+func (e *engine) url() string { return "http://" + e.addr }
+
+// eventually polls cond until it holds or a generous deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func runScraper(t *testing.T, cfg ScraperConfig) *Scraper {
+	t.Helper()
+	if cfg.Interval == 0 {
+		cfg.Interval = 10 * time.Millisecond
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Second
+	}
+	s, err := NewScraper(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		s.cfg.Client.CloseIdleConnections()
+	})
+	return s
+}
+
+func healthy(s *Scraper, id string) bool {
+	v, ok := s.Get(id)
+	return ok && v.Healthy
+}
+
+func TestScraperHealthDownAndBack(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		disable bool
+		fail    func(e *engine)
+		recover func(e *engine)
+	}{
+		{"connection refused", false, (*engine).down, func(e *engine) { e.up(e.addr) }},
+		{"health 503", false, func(e *engine) { e.health.Store(http.StatusServiceUnavailable) }, func(e *engine) { e.health.Store(http.StatusOK) }},
+		{"no health probe, connection refused", true, (*engine).down, func(e *engine) { e.up(e.addr) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t)
+			e.running.Store(3)
+			reg := prometheus.NewPedanticRegistry()
+			s := runScraper(t, ScraperConfig{DisableHealthProbe: tc.disable, Registerer: reg})
+			s.SetTargets([]Target{{ID: "a", URL: e.url()}})
+			eventually(t, "healthy with metrics", func() bool {
+				v, _ := s.Get("a")
+				return v.Healthy && v.Running == 3 && v.Waiting == 1 && v.KVUsage == 0.5 && v.Engine == "vllm"
+			})
+			tc.fail(e)
+			eventually(t, "unhealthy", func() bool { return !healthy(s, "a") })
+			tc.recover(e)
+			eventually(t, "readmitted", func() bool { return healthy(s, "a") })
+			if got, ok := gathered(t, reg, "kvroute_replica_healthy", "a"); !ok || got != 1 {
+				t.Errorf("kvroute_replica_healthy = %v (present %v), want 1", got, ok)
+			}
+			if got := counterValue(t, s.transitions.WithLabelValues("a", "false")); got != 1 {
+				t.Errorf("unhealthy transitions = %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestScraperExclusionIsPrompt(t *testing.T) {
+	// With production intervals a dead replica must go within a second;
+	// the bound checked here is loose (loaded CI machines), the design
+	// target is Interval + 2*Timeout.
+	e := newEngine(t)
+	s := runScraper(t, ScraperConfig{Interval: 200 * time.Millisecond, Timeout: 300 * time.Millisecond})
+	s.SetTargets([]Target{{ID: "a", URL: e.url()}})
+	eventually(t, "healthy", func() bool { return healthy(s, "a") })
+	e.down()
+	start := time.Now()
+	eventually(t, "unhealthy", func() bool { return !healthy(s, "a") })
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("exclusion took %v", d)
+	}
+}
+
+func TestScraperTargetsChange(t *testing.T) {
+	a, b := newEngine(t), newEngine(t)
+	b.running.Store(9)
+	s := runScraper(t, ScraperConfig{})
+	if _, ok := s.Get("a"); ok {
+		t.Fatal("unknown target reported")
+	}
+	s.SetTargets([]Target{{ID: "a", URL: a.url()}})
+	if v, ok := s.Get("a"); ok && v.Healthy {
+		t.Fatal("target healthy before any probe")
+	}
+	eventually(t, "a healthy", func() bool { return healthy(s, "a") })
+	s.SetTargets([]Target{{ID: "b", URL: b.url()}})
+	eventually(t, "a removed, b healthy", func() bool {
+		_, okA := s.Get("a")
+		v, _ := s.Get("b")
+		return !okA && v.Healthy && v.Running == 9
+	})
+	// Same ID, new address: the worker restarts against the new URL.
+	s.SetTargets([]Target{{ID: "b", URL: a.url()}})
+	eventually(t, "b scraped at a's address", func() bool {
+		v, _ := s.Get("b")
+		return v.Healthy && v.Running == 0
+	})
+	s.SetTargets(nil)
+	eventually(t, "all removed", func() bool { _, ok := s.Get("b"); return !ok })
+}
+
+func TestScraperMetricsErrorsDoNotFailHealth(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	reg := prometheus.NewPedanticRegistry()
+	s := runScraper(t, ScraperConfig{Registerer: reg})
+	s.SetTargets([]Target{{ID: "x", URL: srv.URL}})
+	eventually(t, "metrics errors counted", func() bool {
+		return counterValue(t, s.errs.WithLabelValues("x", "metrics_status")) >= 2
+	})
+	v, ok := s.Get("x")
+	if !ok || !v.Healthy || !v.MetricsAt.IsZero() {
+		t.Fatalf("state %+v ok=%v: want healthy without metrics", v, ok)
+	}
+}
+
+func TestScraperConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]ScraperConfig{
+		"negative interval":  {Interval: -time.Second},
+		"negative threshold": {FailureThreshold: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := NewScraper(cfg); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	s, _ := NewScraper(ScraperConfig{})
+	if _, err := s.metrics(context.Background(), Target{ID: "x", URL: "http://[::1]:0"}); !errors.Is(err, errUnreachable) {
+		t.Errorf("metrics against a closed port: %v, want errUnreachable", err)
+	}
+}

@@ -1,0 +1,182 @@
+package load
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// InFlight is the router's own view of one replica: what it routed there and
+// has not yet seen finish.
+type InFlight struct {
+	// PrefillBlocks are uncached prompt blocks of requests without a first
+	// token yet.
+	PrefillBlocks int
+	// DecodeBlocks are the KV blocks of requests in flight (prefilling or
+	// decoding): the footprint they hold on the engine.
+	DecodeBlocks int
+	// Requests are requests in flight.
+	Requests int
+}
+
+// Tracker counts in-flight work per replica from the request lifecycle.
+//
+// Writers (Start, Handle.FirstToken, Handle.Done) and readers (Get,
+// Snapshot) touch only per-replica atomics: a reader never waits for a
+// writer. Each figure is individually exact; a reader racing a writer may
+// see one figure updated before another.
+type Tracker struct {
+	replicas sync.Map // string -> *inflight
+}
+
+type inflight struct {
+	prefill, decode, requests atomic.Int64
+}
+
+// NewTracker returns an empty tracker and registers its gauges
+// (kvroute_replica_inflight_requests, kvroute_replica_active_prefill_blocks,
+// kvroute_replica_active_decode_blocks) with reg, unless reg is nil.
+func NewTracker(reg prometheus.Registerer) (*Tracker, error) {
+	t := &Tracker{}
+	if reg != nil {
+		if err := reg.Register(newTrackerCollector(t)); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (t *Tracker) counters(replica string) *inflight {
+	if c, ok := t.replicas.Load(replica); ok {
+		return c.(*inflight)
+	}
+	c, _ := t.replicas.LoadOrStore(replica, &inflight{})
+	return c.(*inflight)
+}
+
+// Start records a request routed to replica: prefillBlocks (its uncached
+// prompt blocks) join the replica's active prefill, decodeBlocks (the KV
+// blocks it will hold) its active decode footprint, and the request count
+// rises by one. Negative block counts are taken as 0. The returned handle
+// must be finished with Done on every path; Done on a nil handle is a no-op.
+func (t *Tracker) Start(replica string, prefillBlocks, decodeBlocks int) *Handle {
+	c := t.counters(replica)
+	h := &Handle{c: c, prefill: int64(max(prefillBlocks, 0)), decode: int64(max(decodeBlocks, 0))}
+	c.prefill.Add(h.prefill)
+	c.decode.Add(h.decode)
+	c.requests.Add(1)
+	return h
+}
+
+// Get returns replica's in-flight figures (zero for an unknown replica).
+func (t *Tracker) Get(replica string) InFlight {
+	v, ok := t.replicas.Load(replica)
+	if !ok {
+		return InFlight{}
+	}
+	c := v.(*inflight)
+	return InFlight{
+		PrefillBlocks: int(c.prefill.Load()),
+		DecodeBlocks:  int(c.decode.Load()),
+		Requests:      int(c.requests.Load()),
+	}
+}
+
+// Snapshot returns every replica the tracker has seen, by name.
+func (t *Tracker) Snapshot() map[string]InFlight {
+	out := make(map[string]InFlight)
+	t.replicas.Range(func(k, _ any) bool {
+		out[k.(string)] = t.Get(k.(string))
+		return true
+	})
+	return out
+}
+
+// Handle is one request's hold on a replica's counters. Its methods are
+// idempotent and safe for concurrent use: FirstToken releases the prefill
+// share once; Done releases whatever is still held, once.
+type Handle struct {
+	c               *inflight
+	prefill, decode int64
+	state           atomic.Uint32 // handleStarted -> handleDecoding -> handleDone
+}
+
+const (
+	handleStarted uint32 = iota
+	handleDecoding
+	handleDone
+)
+
+// FirstToken marks the end of prefill: the request's prefill blocks leave
+// the replica's active prefill; its decode footprint stays until Done.
+func (h *Handle) FirstToken() {
+	if h == nil {
+		return
+	}
+	if h.state.CompareAndSwap(handleStarted, handleDecoding) {
+		h.c.prefill.Add(-h.prefill)
+	}
+}
+
+// Done releases the request: every counter it raised falls back.
+func (h *Handle) Done() {
+	if h == nil {
+		return
+	}
+	for {
+		s := h.state.Load()
+		if s == handleDone {
+			return
+		}
+		if h.state.CompareAndSwap(s, handleDone) {
+			if s == handleStarted {
+				h.c.prefill.Add(-h.prefill)
+			}
+			h.c.decode.Add(-h.decode)
+			h.c.requests.Add(-1)
+			return
+		}
+	}
+}
+
+type trackerCollector struct {
+	t                         *Tracker
+	requests, prefill, decode *prometheus.Desc
+}
+
+func newTrackerCollector(t *Tracker) *trackerCollector {
+	l := []string{"replica"}
+	return &trackerCollector{
+		t:        t,
+		requests: prometheus.NewDesc("kvroute_replica_inflight_requests", "Requests this router routed to the replica that have not finished.", l, nil),
+		prefill:  prometheus.NewDesc("kvroute_replica_active_prefill_blocks", "Uncached prompt blocks of in-flight requests still prefilling.", l, nil),
+		decode:   prometheus.NewDesc("kvroute_replica_active_decode_blocks", "KV blocks held by in-flight requests.", l, nil),
+	}
+}
+
+func (c *trackerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.requests
+	ch <- c.prefill
+	ch <- c.decode
+}
+
+func (c *trackerCollector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.t.Snapshot()
+	for _, r := range sortedKeys(snap) {
+		f := snap[r]
+		ch <- prometheus.MustNewConstMetric(c.requests, prometheus.GaugeValue, float64(f.Requests), r)
+		ch <- prometheus.MustNewConstMetric(c.prefill, prometheus.GaugeValue, float64(f.PrefillBlocks), r)
+		ch <- prometheus.MustNewConstMetric(c.decode, prometheus.GaugeValue, float64(f.DecodeBlocks), r)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
