@@ -1,0 +1,469 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/pkg/engine"
+	"github.com/kvroute/kvroute/pkg/engine/simtok"
+)
+
+type loraModule struct {
+	name, path string
+	id         int
+}
+
+type server struct {
+	model         string
+	maxModelLen   int
+	promptDetails bool
+	loras         []loraModule
+	d             *driver
+	pub           *publisher // nil with events disabled
+	reg           *prometheus.Registry
+	created       int64
+	log           *slog.Logger
+}
+
+func (s *server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /detokenize", s.detokenize)
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
+	mux.HandleFunc("GET /kv_event_sources", s.eventSources)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// resolveModel maps a request's model to the base model or an adapter.
+func (s *server) resolveModel(m *string) (name string, lora *loraModule, err error) {
+	if m == nil || *m == "" || *m == s.model {
+		return s.model, nil, nil
+	}
+	for i := range s.loras {
+		if s.loras[i].name == *m {
+			return *m, &s.loras[i], nil
+		}
+	}
+	return "", nil, &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
+		msg: "The model `" + *m + "` does not exist."}
+}
+
+func randomID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+type completionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
+}
+
+type chatMsg struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type chatChoice struct {
+	Index        int      `json:"index"`
+	Message      *chatMsg `json:"message,omitempty"`
+	Delta        *chatMsg `json:"delta,omitempty"`
+	Logprobs     any      `json:"logprobs"`
+	FinishReason *string  `json:"finish_reason"`
+	StopReason   any      `json:"stop_reason"`
+}
+
+type response struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices any    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	var req genRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	model, lora, err := s.resolveModel(req.Model)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var prompts [][]uint32
+	if chat {
+		var p []uint32
+		p, err = chatTokens(&req)
+		prompts = [][]uint32{p}
+	} else {
+		prompts, err = completionPrompts(&req)
+	}
+	if err == nil {
+		err = s.validate(&req, prompts, chat)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	reqs := make([]engine.Request, len(prompts))
+	total := 0
+	for i, p := range prompts {
+		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(&req, chat, len(p))}
+		if req.CacheSalt != nil {
+			reqs[i].CacheSalt = *req.CacheSalt
+		}
+		if lora != nil {
+			reqs[i].LoRAName, reqs[i].LoRAID = lora.name, lora.id
+		}
+		total += reqs[i].MaxTokens + 1
+	}
+	sk := &sink{ch: make(chan item, total)}
+	ids, err := s.d.submit(reqs, sk)
+	if err != nil {
+		writeError(w, badRequest("", "%v", err))
+		return
+	}
+	g := &generation{
+		s: s, w: w, r: r, chat: chat, model: model, reqs: reqs, sink: sk,
+		created: time.Now().Unix(),
+		fins:    make([]*engine.Finished, len(reqs)),
+		texts:   make([][]byte, len(reqs)),
+	}
+	if chat {
+		g.id = randomID("chatcmpl-")
+	} else {
+		g.id = randomID("cmpl-")
+	}
+	var done bool
+	if req.Stream {
+		inc := req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
+		cont := req.StreamOptions != nil && req.StreamOptions.ContinuousUsageStats
+		done = g.stream(inc, cont)
+	} else {
+		done = g.collect()
+	}
+	if !done {
+		s.d.abort(ids)
+	}
+}
+
+func (s *server) maxTokens(req *genRequest, chat bool, promptLen int) int {
+	switch {
+	case chat && req.MaxCompletionTokens != nil:
+		return *req.MaxCompletionTokens
+	case req.MaxTokens != nil:
+		return *req.MaxTokens
+	case chat:
+		return s.maxModelLen - promptLen
+	}
+	return 16 // vLLM's completions default
+}
+
+// validate checks a whole request before anything is queued, with vLLM's
+// messages.
+func (s *server) validate(req *genRequest, prompts [][]uint32, chat bool) error {
+	if req.N != nil && *req.N != 1 {
+		return badRequest("n", "n=%d is not supported by the simulator (only n=1)", *req.N)
+	}
+	if req.StreamOptions != nil && !req.Stream {
+		return badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+	}
+	if req.CacheSalt != nil && *req.CacheSalt == "" {
+		return badRequest("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
+	}
+	for _, p := range prompts {
+		if len(p) == 0 {
+			return badRequest("prompt", "The prompt cannot be empty.")
+		}
+		if len(p) > s.maxModelLen {
+			return badRequest("", "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", s.maxModelLen, len(p))
+		}
+		mt := s.maxTokens(req, chat, len(p))
+		if mt < 1 {
+			return badRequest("max_tokens", "max_tokens must be at least 1, got %d.", mt)
+		}
+		if len(p)+mt > s.maxModelLen {
+			return badRequest("max_tokens", "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", mt, s.maxModelLen, len(p), mt, s.maxModelLen, len(p))
+		}
+	}
+	return nil
+}
+
+// generation is one HTTP request's run: its prompts' tokens and finishes.
+type generation struct {
+	s       *server
+	w       http.ResponseWriter
+	r       *http.Request
+	chat    bool
+	id      string
+	model   string
+	created int64
+	reqs    []engine.Request
+	sink    *sink
+	fins    []*engine.Finished
+	texts   [][]byte
+	emitted int
+}
+
+func (g *generation) usage() *usage {
+	u := &usage{}
+	cached := 0
+	for i, f := range g.fins {
+		u.PromptTokens += len(g.reqs[i].Prompt)
+		if f != nil {
+			u.CompletionTokens += f.OutputTokens
+			cached += f.CachedTokens
+		}
+	}
+	if g.fins[0] == nil { // continuous stats mid-stream
+		u.CompletionTokens = g.emitted
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	if g.s.promptDetails {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: cached}
+	}
+	return u
+}
+
+// next waits for the next item; false when the client went away.
+func (g *generation) next() (item, bool) {
+	select {
+	case it := <-g.sink.ch:
+		return it, true
+	case <-g.r.Context().Done():
+		return item{}, false
+	}
+}
+
+func (g *generation) collect() bool {
+	left := len(g.reqs)
+	for left > 0 {
+		it, ok := g.next()
+		if !ok {
+			return false
+		}
+		switch {
+		case it.tok != nil:
+			g.texts[it.idx] = append(g.texts[it.idx], simtok.TokenString(it.tok.Token)...)
+		case it.fin != nil:
+			g.fins[it.idx] = it.fin
+			left--
+		}
+	}
+	length := "length"
+	resp := response{ID: g.id, Created: g.created, Model: g.model, Usage: g.usage()}
+	if g.chat {
+		resp.Object = "chat.completion"
+		resp.Choices = []chatChoice{{Message: &chatMsg{Role: "assistant", Content: string(g.texts[0])}, FinishReason: &length}}
+	} else {
+		resp.Object = "text_completion"
+		ch := make([]completionChoice, len(g.reqs))
+		for i := range ch {
+			ch[i] = completionChoice{Index: i, Text: string(g.texts[i]), FinishReason: &length}
+		}
+		resp.Choices = ch
+	}
+	writeJSON(g.w, http.StatusOK, resp)
+	return true
+}
+
+func (g *generation) stream(includeUsage, continuous bool) bool {
+	h := g.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	g.w.WriteHeader(http.StatusOK)
+	fl, _ := g.w.(http.Flusher)
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+	}
+	write := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := g.w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
+			return false
+		}
+		return true
+	}
+	flush := func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	chunk := func(choices any) response {
+		c := response{ID: g.id, Object: object, Created: g.created, Model: g.model, Choices: choices}
+		if continuous {
+			c.Usage = g.usage()
+		}
+		return c
+	}
+	if g.chat {
+		for i := range g.reqs {
+			if !write(chunk([]chatChoice{{Index: i, Delta: &chatMsg{Role: "assistant"}}})) {
+				return false
+			}
+		}
+		flush()
+	}
+	left := len(g.reqs)
+	for left > 0 {
+		it, ok := g.next()
+		if !ok {
+			return false
+		}
+		if it.fin != nil {
+			g.fins[it.idx] = it.fin
+			left--
+		} else {
+			g.emitted++
+			var fr *string
+			if it.tok.Index+1 == g.reqs[it.idx].MaxTokens {
+				length := "length"
+				fr = &length
+			}
+			text := simtok.TokenString(it.tok.Token)
+			var c response
+			if g.chat {
+				c = chunk([]chatChoice{{Index: it.idx, Delta: &chatMsg{Content: text}, FinishReason: fr}})
+			} else {
+				c = chunk([]completionChoice{{Index: it.idx, Text: text, FinishReason: fr}})
+			}
+			if !write(c) {
+				return false
+			}
+		}
+		if len(g.sink.ch) == 0 {
+			flush()
+		}
+	}
+	if includeUsage {
+		if !write(response{ID: g.id, Object: object, Created: g.created, Model: g.model, Choices: []any{}, Usage: g.usage()}) {
+			return true
+		}
+	}
+	_, _ = g.w.Write([]byte("data: [DONE]\n\n"))
+	flush()
+	return true
+}
+
+func (s *server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req genRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, _, err := s.resolveModel(req.Model); err != nil {
+		writeError(w, err)
+		return
+	}
+	var toks []uint32
+	var err error
+	switch {
+	case req.Messages != nil:
+		if req.ContinueFinalMessage && req.AddGenerationPrompt != nil && *req.AddGenerationPrompt {
+			writeError(w, badRequest("", "Cannot set both `continue_final_message` and `add_generation_prompt` to True."))
+			return
+		}
+		toks, err = chatTokens(&req)
+	default:
+		var s string
+		if e := json.Unmarshal(req.Prompt, &s); e != nil {
+			err = badRequest("prompt", "prompt must be a string")
+		} else {
+			toks = simtok.Encode(s, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		}
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var strs []string
+	if req.ReturnTokenStrs {
+		strs = make([]string, len(toks))
+		for i, t := range toks {
+			strs[i] = simtok.TokenString(t)
+		}
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"count": len(toks), "max_model_len": s.maxModelLen, "tokens": toks, "token_strs": strs,
+	})
+}
+
+func (s *server) detokenize(w http.ResponseWriter, r *http.Request) {
+	var req genRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, _, err := s.resolveModel(req.Model); err != nil {
+		writeError(w, err)
+		return
+	}
+	toks, err := tokenIDs(req.Tokens)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"prompt": simtok.Decode(toks)})
+}
+
+func (s *server) models(w http.ResponseWriter, _ *http.Request) {
+	card := func(id, root string, parent any) map[string]any {
+		return map[string]any{
+			"id": id, "object": "model", "created": s.created, "owned_by": "vllm",
+			"root": root, "parent": parent, "max_model_len": s.maxModelLen,
+		}
+	}
+	data := []any{card(s.model, s.model, nil)}
+	for _, l := range s.loras {
+		data = append(data, card(l.name, l.path, s.model))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (s *server) resetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	if !s.d.resetPrefixCache() {
+		writeError(w, &apiError{status: http.StatusConflict, typ: "ConflictError",
+			msg: "Failed to reset prefix cache: some blocks are still in use by running requests."})
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *server) eventSources(w http.ResponseWriter, _ *http.Request) {
+	sources := []any{}
+	if s.pub != nil {
+		var replay any
+		if s.pub.replayEndpoint != "" {
+			replay = s.pub.replayEndpoint
+		}
+		sources = append(sources, map[string]any{
+			"data_parallel_rank": 0, "endpoint": s.pub.endpoint,
+			"replay_endpoint": replay, "topic": s.pub.cfg.topic,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sources": sources})
+}
