@@ -1,10 +1,20 @@
 package index
 
 import (
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
+
+// chunkBlocks is how many blocks a writer applies per lock hold. A matcher
+// waits at most for one chunk (plus, rarely, one bounded sub-table rebuild).
+const chunkBlocks = 32
+
+// replicaBytes estimates a replica's fixed cost besides its engine table:
+// the replica struct, the id-map entry and the slot-table entry.
+const replicaBytes = 160
 
 // Index is the router's prefix index. It is safe for concurrent use by many
 // matchers and writers.
@@ -12,234 +22,357 @@ type Index struct {
 	cfg Config
 
 	mu       sync.RWMutex
-	keys     map[kvblock.Key]*node
-	replicas map[ReplicaID]*replicaState
-	slots    []ReplicaID
-	evicted  int64
+	env      env
+	keys     xtab // router key -> holder word
+	arena    arena
+	byID     map[ReplicaID]*replica
+	bySlot   []*replica // nil: free slot
+	freeSlot []uint32
+	holders  int
+	engine   int
+	hand     hand
+
+	unknownParent int64
+	badShape      int64
+	evicted       int64
+	noSlot        int64
 }
 
-type node struct {
-	holders map[uint32]*[NumTiers]uint32 // replica slot -> refcount per tier
-}
-
-type engEntry struct {
-	key   kvblock.Key
-	tiers uint8 // bit t set: stored in tier t
-}
-
-type replicaState struct {
-	slot   uint32
-	engine map[uint64]engEntry
+type replica struct {
+	id   ReplicaID
+	slot uint32
+	eng  xtab // engine hash (top 3 bits: tiers) -> router key
 }
 
 // New returns an empty index. It starts no goroutine.
 func New(cfg Config) *Index {
-	return &Index{
-		cfg:      cfg,
-		keys:     make(map[kvblock.Key]*node),
-		replicas: make(map[ReplicaID]*replicaState),
-	}
+	ix := &Index{cfg: cfg, byID: make(map[ReplicaID]*replica)}
+	ix.keys = newXtab(keyKind, &ix.env)
+	ix.arena.env = &ix.env
+	return ix
 }
 
-func (ix *Index) replica(r ReplicaID) *replicaState {
-	rs := ix.replicas[r]
-	if rs == nil {
-		rs = &replicaState{slot: uint32(len(ix.slots)), engine: make(map[uint64]engEntry)}
-		ix.slots = append(ix.slots, r)
-		ix.replicas[r] = rs
+// replicaFor returns r's state, creating it when create is set. Slots of
+// cleared replicas are reused.
+func (ix *Index) replicaFor(r ReplicaID, create bool) *replica {
+	rs := ix.byID[r]
+	if rs != nil || !create {
+		return rs
 	}
+	var s uint32
+	if n := len(ix.freeSlot); n > 0 {
+		s = ix.freeSlot[n-1]
+		ix.freeSlot = ix.freeSlot[:n-1]
+	} else {
+		if len(ix.bySlot) >= maxSlots {
+			return nil
+		}
+		s = uint32(len(ix.bySlot))
+		ix.bySlot = append(ix.bySlot, nil)
+	}
+	rs = &replica{id: ReplicaID(strings.Clone(string(r))), slot: s, eng: newXtab(engKind, &ix.env)}
+	ix.bySlot[s] = rs
+	ix.byID[rs.id] = rs
+	ix.env.bytes += replicaBytes + int64(len(r))
 	return rs
 }
 
-// Stored applies a BlockStored event.
+// releaseReplica forgets an empty replica and frees its slot. No key holds
+// the slot any more: every holder count comes from one of its engine entries.
+func (ix *Index) releaseReplica(rs *replica) {
+	rs.eng.release()
+	delete(ix.byID, rs.id)
+	ix.bySlot[rs.slot] = nil
+	ix.freeSlot = append(ix.freeSlot, rs.slot)
+	ix.env.bytes -= replicaBytes + int64(len(rs.id))
+}
+
+func (ix *Index) updatePressure() {
+	ix.env.pressure = ix.cfg.MaxBytes > 0 && ix.env.bytes*20 >= ix.cfg.MaxBytes*19
+}
+
+// Stored applies a BlockStored event. Its blocks are applied in chunks of
+// chunkBlocks, each under one hold of the write lock.
 func (ix *Index) Stored(ev Stored) StoreResult {
 	if ev.BlockSize <= 0 || len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+		ix.mu.Lock()
+		ix.badShape++
+		ix.mu.Unlock()
 		return StoreResult{BadShape: true}
 	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	rs := ix.replica(ev.Replica)
 	parent := ev.Root
+	ix.mu.Lock()
 	if ev.HasParent {
-		pe, ok := rs.engine[ev.ParentHash]
-		if !ok {
+		var pe *slot
+		if rs := ix.replicaFor(ev.Replica, false); rs != nil {
+			pe = rs.eng.find(ev.ParentHash)
+		}
+		if pe == nil {
+			ix.unknownParent++
+			ix.mu.Unlock()
 			return StoreResult{UnknownParent: true}
 		}
-		parent = pe.key
+		parent = kvblock.Key(pe.v)
 	}
-	// Block i of the event sits at chain position offset+i; only position
-	// 0 carries the salt. An event with a parent never starts at block 0.
-	first := 0
+	ix.mu.Unlock()
+
+	// Block i of the event sits at chain position offset+i; only position 0
+	// carries the salt, and an event with a parent never starts at block 0.
+	opts := ev.Extras
 	if ev.HasParent {
-		first = 1
+		opts.CacheSalt = ""
 	}
-	bit := uint8(1) << ev.Tier
-	for i, h := range ev.Hashes {
-		extra := ev.Extras.Extra(i)
-		if first == 1 && ev.Extras.CacheSalt != "" {
-			extra = kvblock.Options{Extras: ev.Extras.Extras}.Extra(i)
+	plain := opts.CacheSalt == "" && len(opts.Extras) == 0
+	var keys [chunkBlocks]kvblock.Key
+	for start := 0; start < len(ev.Hashes); start += chunkBlocks {
+		end := min(start+chunkBlocks, len(ev.Hashes))
+		for i := start; i < end; i++ {
+			blk := ev.Tokens[i*ev.BlockSize : (i+1)*ev.BlockSize]
+			if plain {
+				parent = kvblock.Chain(parent, blk, nil)
+			} else {
+				parent = kvblock.Chain(parent, blk, opts.Extra(i))
+			}
+			keys[i-start] = parent
 		}
-		k := kvblock.Chain(parent, ev.Tokens[i*ev.BlockSize:(i+1)*ev.BlockSize], extra)
-		parent = k
-		e, had := rs.engine[h]
-		if had && e.key != k {
-			// The engine reused a hash for other content: drop the old mapping.
-			ix.dropEngine(rs, h, e)
-			had, e = false, engEntry{}
+		ix.mu.Lock()
+		rs := ix.replicaFor(ev.Replica, true)
+		if rs == nil {
+			ix.noSlot++
+			ix.mu.Unlock()
+			return StoreResult{Blocks: start, NoSlot: true}
 		}
-		if had && e.tiers&bit != 0 {
-			continue
+		for i := start; i < end; i++ {
+			ix.storeBlock(rs, ev.Hashes[i], keys[i-start], ev.Tier)
 		}
-		e.key = k
-		e.tiers |= bit
-		rs.engine[h] = e
-		n := ix.keys[k]
-		if n == nil {
-			n = &node{holders: make(map[uint32]*[NumTiers]uint32, 1)}
-			ix.keys[k] = n
+		ix.updatePressure()
+		over := ix.overBudget()
+		ix.mu.Unlock()
+		if over {
+			ix.enforceBudget()
 		}
-		c := n.holders[rs.slot]
-		if c == nil {
-			c = new([NumTiers]uint32)
-			n.holders[rs.slot] = c
-		}
-		c[ev.Tier]++
 	}
 	return StoreResult{Blocks: len(ev.Hashes)}
 }
 
-// dropEngine removes every tier of one engine hash.
-func (ix *Index) dropEngine(rs *replicaState, h uint64, e engEntry) {
+func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier) {
+	bit := uint64(1) << (61 + uint(t))
+	es := rs.eng.find(h)
+	if es != nil && kvblock.Key(es.v) != k {
+		// The engine reused a hash for other content: drop the old mapping.
+		ix.dropEngine(rs, es)
+		es = nil
+	}
+	ks := ix.keys.find(uint64(k))
+	if es != nil && es.k&bit != 0 {
+		// Already stored on this tier. Repair the holder if eviction
+		// dropped the key meanwhile.
+		if ks != nil && ix.arena.holdsSlot(ks.v, rs.slot) {
+			ks.v |= refBit
+			return
+		}
+	} else if es != nil {
+		es.k |= bit
+	} else {
+		rs.eng.insert(h&^tierMaskK|bit, uint64(k))
+		ix.engine++
+	}
+	if ks == nil {
+		ks = ix.keys.insert(uint64(k), hInc(uint64(rs.slot), t)|refBit)
+		ix.holders++
+		return
+	}
+	if ix.arena.hold(ks, rs.slot, t) {
+		ix.holders++
+	}
+}
+
+// dropEngine removes every tier of one engine entry.
+func (ix *Index) dropEngine(rs *replica, es *slot) {
+	k, tiers := es.v, es.k>>61
+	rs.eng.remove(es, false)
+	ix.engine--
 	for t := range NumTiers {
-		if e.tiers&(1<<t) != 0 {
-			ix.unhold(rs.slot, e.key, t)
-		}
-	}
-	delete(rs.engine, h)
-}
-
-func (ix *Index) unhold(slot uint32, k kvblock.Key, t Tier) {
-	n := ix.keys[k]
-	if n == nil {
-		return
-	}
-	c := n.holders[slot]
-	if c == nil || c[t] == 0 {
-		return
-	}
-	c[t]--
-	if c[0]|c[1]|c[2] == 0 {
-		delete(n.holders, slot)
-		if len(n.holders) == 0 {
-			delete(ix.keys, k)
+		if tiers&(1<<t) != 0 {
+			ix.unhold(rs.slot, k, t)
 		}
 	}
 }
 
-// Removed applies a BlockRemoved event. Unknown hashes are ignored.
+func (ix *Index) unhold(s uint32, k uint64, t Tier) {
+	ks := ix.keys.find(k)
+	if ks == nil {
+		return
+	}
+	gone, empty := ix.arena.unhold(ks, s, t)
+	if gone {
+		ix.holders--
+	}
+	if empty {
+		ix.keys.remove(ks, false)
+	}
+}
+
+// Removed applies a BlockRemoved event. Unknown hashes, and hashes not stored
+// on the event's tier, are ignored.
 func (ix *Index) Removed(ev Removed) (removed int) {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	rs := ix.replicas[ev.Replica]
-	if rs == nil {
-		return 0
-	}
-	bit := uint8(1) << ev.Tier
-	for _, h := range ev.Hashes {
-		e, ok := rs.engine[h]
-		if !ok || e.tiers&bit == 0 {
-			continue
+	bit := uint64(1) << (61 + uint(ev.Tier))
+	for start := 0; start < len(ev.Hashes); start += chunkBlocks {
+		end := min(start+chunkBlocks, len(ev.Hashes))
+		ix.mu.Lock()
+		rs := ix.replicaFor(ev.Replica, false)
+		if rs == nil {
+			ix.mu.Unlock()
+			return removed
 		}
-		ix.unhold(rs.slot, e.key, ev.Tier)
-		e.tiers &^= bit
-		if e.tiers == 0 {
-			delete(rs.engine, h)
-		} else {
-			rs.engine[h] = e
+		for _, h := range ev.Hashes[start:end] {
+			es := rs.eng.find(h)
+			if es == nil || es.k&bit == 0 {
+				continue
+			}
+			k := es.v
+			if es.k&tierMaskK == bit {
+				rs.eng.remove(es, false)
+				ix.engine--
+			} else {
+				es.k &^= bit
+			}
+			ix.unhold(rs.slot, k, ev.Tier)
+			removed++
 		}
-		removed++
+		ix.updatePressure()
+		ix.mu.Unlock()
 	}
 	return removed
 }
 
 // Cleared forgets everything the replica holds (AllBlocksCleared, a restart,
-// a resync, or the replica leaving the set).
+// a resync, or the replica leaving the set). The replica's engine table is
+// detached at once; its keys are released in chunks. A replica left with no
+// entries gives its slot back.
 func (ix *Index) Cleared(r ReplicaID) {
 	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	rs := ix.replicas[r]
+	rs := ix.replicaFor(r, false)
 	if rs == nil {
+		ix.mu.Unlock()
 		return
 	}
-	for h, e := range rs.engine {
-		ix.dropEngine(rs, h, e)
+	old := rs.eng
+	rs.eng = newXtab(engKind, &ix.env)
+	ix.engine -= old.n
+	ix.mu.Unlock()
+
+	work := 0
+	ix.mu.Lock()
+	for di, sb := range old.dir {
+		if di&(1<<(old.gd-sb.ld)-1) != 0 {
+			continue
+		}
+		for i := range sb.s {
+			s := &sb.s[i]
+			if !old.occupied(s, s.v) {
+				continue
+			}
+			for t := range NumTiers {
+				if s.k&(1<<(61+uint(t))) != 0 {
+					ix.unhold(rs.slot, s.v, t)
+				}
+			}
+			if work++; work%256 == 0 {
+				ix.updatePressure()
+				ix.mu.Unlock()
+				ix.mu.Lock()
+			}
+		}
 	}
+	old.release()
+	if ix.byID[r] == rs && rs.eng.n == 0 {
+		ix.releaseReplica(rs)
+	}
+	ix.updatePressure()
+	ix.mu.Unlock()
 }
 
 // Match returns, appended to dst, every replica whose cache holds at least
-// the first block of keys, with its longest matched prefix. It makes one
-// descent: a replica drops out at its first missing block.
+// the first block of keys, with its longest matched prefix, in slot order. It
+// makes one descent: a replica drops out at its first missing block. It holds
+// the read lock for the whole descent, so it sees the index between two
+// writer chunks.
 func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
+	if len(keys) == 0 {
+		return dst
+	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	base := len(dst)
+	type live struct {
+		slot uint32
+		at   int32
+	}
+	var buf [32]live
+	alive := buf[:0]
+	var one [1]uint64
 	for depth, k := range keys {
-		n := ix.keys[k]
-		if n == nil {
+		ks := ix.keys.find(uint64(k))
+		if ks == nil {
 			break
 		}
+		v := atomic.LoadUint64(&ks.v)
+		if v&refBit == 0 {
+			atomic.OrUint64(&ks.v, refBit)
+		}
+		hs := ix.arena.holders(v&^refBit, &one)
 		if depth == 0 {
-			for slot, c := range n.holders {
-				m := ReplicaMatch{Replica: ix.slots[slot], Blocks: 1}
-				m.ByTier[best(c)]++
+			for _, w := range hs {
+				m := ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id, Blocks: 1}
+				m.ByTier[hBest(w)] = 1
+				alive = append(alive, live{hSlot(w), int32(len(dst))})
 				dst = append(dst, m)
 			}
 			continue
 		}
-		alive := false
-		for i := base; i < len(dst); i++ {
-			m := &dst[i]
-			if m.Blocks != depth {
-				continue
+		j, n := 0, 0
+		for _, a := range alive {
+			for j < len(hs) && hSlot(hs[j]) < a.slot {
+				j++
 			}
-			c := n.holders[ix.replicas[m.Replica].slot]
-			if c == nil {
-				continue
+			if j == len(hs) {
+				break
 			}
-			m.Blocks++
-			m.ByTier[best(c)]++
-			alive = true
+			if hSlot(hs[j]) == a.slot {
+				m := &dst[a.at]
+				m.Blocks++
+				m.ByTier[hBest(hs[j])]++
+				alive[n] = a
+				n++
+			}
 		}
-		if !alive {
+		alive = alive[:n]
+		if n == 0 {
 			break
 		}
 	}
 	return dst
 }
 
-func best(c *[NumTiers]uint32) Tier {
-	for t := range NumTiers {
-		if c[t] > 0 {
-			return t
-		}
-	}
-	return TierGPU
-}
-
 // Stats reports the index's size.
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	s := Stats{Keys: len(ix.keys), Budget: ix.cfg.MaxBytes, Evicted: ix.evicted}
-	for _, n := range ix.keys {
-		s.Holders += len(n.holders)
+	s := Stats{
+		Keys:          ix.keys.n,
+		Holders:       ix.holders,
+		Engine:        ix.engine,
+		Bytes:         ix.totalBytes(),
+		Budget:        ix.cfg.MaxBytes,
+		Evicted:       ix.evicted,
+		UnknownParent: ix.unknownParent,
+		BadShape:      ix.badShape,
+		NoSlot:        ix.noSlot,
 	}
-	for _, rs := range ix.replicas {
-		s.Engine += len(rs.engine)
-		if len(rs.engine) > 0 {
+	for _, rs := range ix.bySlot {
+		if rs != nil && rs.eng.n > 0 {
 			s.Replicas++
 		}
 	}
-	s.Bytes = int64(s.Keys)*64 + int64(s.Holders)*48 + int64(s.Engine)*32
 	return s
 }

@@ -85,6 +85,10 @@ type StoreResult struct {
 	// BadShape is set when len(Tokens) != len(Hashes)*BlockSize or the block
 	// size is not positive: nothing was indexed.
 	BadShape bool
+	// NoSlot is set when the replica could not be given a slot (more than
+	// 2^24 replicas hold entries at once): the blocks from Blocks on were
+	// not indexed.
+	NoSlot bool
 }
 
 // ReplicaMatch is one replica's longest matched prefix.
@@ -99,19 +103,29 @@ type ReplicaMatch struct {
 
 // Stats describes the index's size.
 type Stats struct {
-	Keys     int   // distinct router keys
-	Holders  int   // (key, replica) entries
-	Engine   int   // engine-hash -> key mappings over all replicas
-	Replicas int   // replicas with at least one entry
-	Bytes    int64 // estimated memory held
-	Budget   int64 // configured byte budget (0 = none)
-	Evicted  int64 // router-side key evictions since start
+	Keys     int // distinct router keys
+	Holders  int // (key, replica) entries
+	Engine   int // engine-hash -> key mappings over all replicas
+	Replicas int // replicas with at least one entry
+	// Bytes is the memory the index's structures hold: the allocated
+	// capacity of its tables and arena (Go size classes included) plus a
+	// fixed estimate per replica. It does not count garbage the Go runtime
+	// has yet to collect.
+	Bytes  int64
+	Budget int64 // configured byte budget (0 = none)
+	// Evicted counts (replica, engine hash) entries dropped by budget
+	// eviction since start.
+	Evicted       int64
+	UnknownParent int64 // stored events dropped for an unknown parent
+	BadShape      int64 // stored events dropped for a bad shape
+	NoSlot        int64 // stored events cut short for want of a replica slot
 }
 
 // Config configures an Index.
 type Config struct {
-	// MaxBytes bounds the index's estimated memory; 0 means unbounded. Over
-	// budget, router-side entries are evicted, least recently stored or
-	// matched first: eviction loses affinity, never correctness.
+	// MaxBytes bounds Stats.Bytes; 0 means unbounded. Over budget,
+	// router-side entries are evicted, least recently stored or matched
+	// first (CLOCK, see the package comment): eviction loses affinity, never
+	// correctness.
 	MaxBytes int64
 }

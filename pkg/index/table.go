@@ -1,0 +1,342 @@
+package index
+
+import (
+	"math/bits"
+	"slices"
+	"sync/atomic"
+	"unsafe"
+)
+
+// slot is one 16-byte table entry. What k and v hold, and which bits mark a
+// slot as occupied, depends on the table (see tabKind).
+type slot struct{ k, v uint64 }
+
+const (
+	slotBytes = 16
+	// subBytes is the allocation of one sub struct (40 bytes, size class 48).
+	subBytes = 48
+	// minCap is the smallest sub-table.
+	minCap = 8
+	// splitCap: a full sub-table this large splits in two instead of
+	// growing, which bounds every rehash to about a thousand entries.
+	splitCap = 1024
+)
+
+// Load factors, in tenths: a sub-table grows when an insert would take it
+// past 9/10. Normally it is rebuilt at 6/10 and shrinks below 1/4; under
+// memory pressure it is rebuilt at 8/10 and compacted (to 17/20) below 7/10,
+// so that evicted entries give their bytes back.
+const (
+	maxLoadNum, maxLoadDen = 9, 10
+)
+
+// env is what every table of one index shares: the byte count and the
+// pressure flag.
+type env struct {
+	bytes    int64
+	pressure bool
+}
+
+// tabKind says how a table reads its slots: a slot is occupied when
+// k&occK|v&occV != 0, and two entries are the same when their k&cmp agree.
+type tabKind struct {
+	occK, occV, cmp uint64
+}
+
+var (
+	// Key table: k is the router key (all 64 bits), v the holder word, which
+	// is never zero for a live key.
+	keyKind = tabKind{occK: 0, occV: ^uint64(0), cmp: ^uint64(0)}
+	// Engine table: k is the engine hash with its top 3 bits replaced by
+	// the tier bits (never zero for a live entry), v the router key.
+	engKind = tabKind{occK: tierMaskK, occV: 0, cmp: ^tierMaskK}
+)
+
+const tierMaskK = uint64(7) << 61
+
+// sub is one open-addressing table with Robin Hood linear probing and
+// backward-shift deletion (no tombstones). Positions are taken with a
+// multiply-shift range reduction, so capacities need not be powers of two.
+type sub struct {
+	s  []slot
+	n  int
+	ld uint8 // local depth: how many top hash bits all entries share
+}
+
+// xtab is an extendible hash: a directory indexed by the top gd bits of the
+// mixed hash points at sub-tables. A sub-table splits when it is large and
+// full, so no single rebuild ever rehashes more than splitCap entries: a
+// writer holding the index lock never stalls matchers behind a rehash of the
+// whole table.
+type xtab struct {
+	dir  []*sub
+	gd   uint8
+	n    int
+	kind tabKind
+	env  *env
+	own  int64 // bytes this table holds
+}
+
+func newXtab(kind tabKind, e *env) xtab {
+	t := xtab{kind: kind, env: e}
+	sb := t.newSub(minCap, 0)
+	t.dir = t.allocDir(1)
+	t.dir[0] = sb
+	return t
+}
+
+func (t *xtab) account(d int64) {
+	t.own += d
+	t.env.bytes += d
+}
+
+func (t *xtab) allocDir(n int) []*sub {
+	d := slices.Grow([]*sub(nil), n)
+	t.account(int64(cap(d)) * 8)
+	return d[:n]
+}
+
+func (t *xtab) allocSlots(n int) []slot {
+	s := slices.Grow([]slot(nil), n)
+	s = s[:cap(s)] // use the whole size class that was allocated
+	t.account(int64(len(s)) * slotBytes)
+	return s
+}
+
+func (t *xtab) newSub(capacity int, ld uint8) *sub {
+	t.account(subBytes)
+	return &sub{s: t.allocSlots(capacity), ld: ld}
+}
+
+// release gives back everything the table holds (the table is dropped).
+func (t *xtab) release() {
+	t.env.bytes -= t.own
+	t.own = 0
+	t.dir = nil
+	t.n = 0
+}
+
+// mix spreads a 64-bit value; engine hashes may be small integers.
+func mix(x uint64) uint64 {
+	x ^= x >> 32
+	x *= 0xd6e8feb86659fd93
+	x ^= x >> 32
+	x *= 0xd6e8feb86659fd93
+	x ^= x >> 32
+	return x
+}
+
+func home(h uint64, ld uint8, c int) int {
+	hi, _ := bits.Mul64(h<<ld, uint64(c))
+	return int(hi)
+}
+
+func (t *xtab) occupied(s *slot, v uint64) bool {
+	return s.k&t.kind.occK|v&t.kind.occV != 0
+}
+
+// subOf returns the sub-table for hash h and its directory index.
+func (t *xtab) subOf(h uint64) (*sub, int) {
+	di := int(h >> (64 - uint(t.gd)) & (1<<t.gd - 1))
+	if t.gd == 0 {
+		di = 0
+	}
+	return t.dir[di], di
+}
+
+// find returns the slot holding q, or nil. It may run under the read lock:
+// v is loaded atomically because matchers set the reference bit in place.
+func (t *xtab) find(q uint64) *slot {
+	q &= t.kind.cmp
+	h := mix(q)
+	sb, _ := t.subOf(h)
+	c := len(sb.s)
+	i := home(h, sb.ld, c)
+	for d := 0; ; d++ {
+		s := &sb.s[i]
+		v := atomic.LoadUint64(&s.v)
+		if !t.occupied(s, v) {
+			return nil
+		}
+		if s.k&t.kind.cmp == q {
+			return s
+		}
+		if t.disp(sb, i) < d {
+			return nil
+		}
+		if i++; i == c {
+			i = 0
+		}
+	}
+}
+
+// disp is the probe distance of the entry at position i.
+func (t *xtab) disp(sb *sub, i int) int {
+	c := len(sb.s)
+	h := home(mix(sb.s[i].k&t.kind.cmp), sb.ld, c)
+	if h <= i {
+		return i - h
+	}
+	return i + c - h
+}
+
+// insert adds an entry that is not in the table and returns its slot. The
+// pointer is valid until the next insert or delete.
+func (t *xtab) insert(k, v uint64) *slot {
+	h := mix(k & t.kind.cmp)
+	sb, di := t.subOf(h)
+	if (sb.n+1)*maxLoadDen > len(sb.s)*maxLoadNum {
+		t.grow(sb, di)
+		sb, _ = t.subOf(h)
+	}
+	t.n++
+	return t.place(sb, slot{k, v}, h)
+}
+
+// place inserts e (hash h) into sb, which has room.
+func (t *xtab) place(sb *sub, e slot, h uint64) *slot {
+	c := len(sb.s)
+	i := home(h, sb.ld, c)
+	var placed *slot
+	for d := 0; ; d++ {
+		s := &sb.s[i]
+		if !t.occupied(s, s.v) {
+			*s = e
+			sb.n++
+			if placed == nil {
+				placed = s
+			}
+			return placed
+		}
+		if sd := t.disp(sb, i); sd < d {
+			e, *s = *s, e
+			if placed == nil {
+				placed = s
+			}
+			d = sd
+		}
+		if i++; i == c {
+			i = 0
+		}
+	}
+}
+
+// grow makes room in sb (found at directory index di): split it when it is
+// large, rebuild it larger otherwise.
+func (t *xtab) grow(sb *sub, di int) {
+	target := 6 // tenths
+	if t.env.pressure {
+		target = 8
+	}
+	if len(sb.s) < splitCap || sb.ld >= 40 {
+		t.rebuild(sb, max(minCap, (sb.n+1)*10/target+1))
+		return
+	}
+	// Split on hash bit 63-ld.
+	if sb.ld == t.gd {
+		nd := t.allocDir(2 * len(t.dir))
+		for i := range nd {
+			nd[i] = t.dir[i>>1]
+		}
+		t.account(-int64(cap(t.dir)) * 8)
+		t.dir = nd
+		t.gd++
+		di <<= 1
+	}
+	span := 1 << (t.gd - sb.ld)
+	first := di &^ (span - 1)
+	var cnt [2]int
+	bit := uint(63 - sb.ld)
+	for i := range sb.s {
+		s := &sb.s[i]
+		if t.occupied(s, s.v) {
+			cnt[mix(s.k&t.kind.cmp)>>bit&1]++
+		}
+	}
+	var halves [2]*sub
+	for j := range halves {
+		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), sb.ld+1)
+	}
+	for i := range sb.s {
+		s := &sb.s[i]
+		if t.occupied(s, s.v) {
+			h := mix(s.k & t.kind.cmp)
+			t.place(halves[h>>bit&1], *s, h)
+		}
+	}
+	for i := range span {
+		t.dir[first+i] = halves[i*2/span]
+	}
+	t.account(-int64(len(sb.s))*slotBytes - subBytes)
+	sb.s = nil
+}
+
+// rebuild rehashes sb into capacity c.
+func (t *xtab) rebuild(sb *sub, c int) {
+	old := sb.s
+	sb.s = t.allocSlots(c)
+	sb.n = 0
+	for i := range old {
+		s := &old[i]
+		if t.occupied(s, s.v) {
+			t.place(sb, *s, mix(s.k&t.kind.cmp))
+		}
+	}
+	t.account(-int64(len(old)) * slotBytes)
+}
+
+// remove deletes the entry in slot s (a pointer returned by find or
+// insert). It shrinks the sub-table when it has become sparse, unless
+// keepShape is set (the eviction hand is walking it).
+func (t *xtab) remove(s *slot, keepShape bool) {
+	h := mix(s.k & t.kind.cmp)
+	sb, _ := t.subOf(h)
+	c := len(sb.s)
+	i := int((uintptr(unsafe.Pointer(s)) - uintptr(unsafe.Pointer(unsafe.SliceData(sb.s)))) / slotBytes)
+	t.removeAt(sb, i)
+	if !keepShape && c > minCap {
+		t.maybeShrink(sb)
+	}
+}
+
+// removeAt deletes the entry at position i of sb by shifting its probe
+// successors back one place.
+func (t *xtab) removeAt(sb *sub, i int) {
+	c := len(sb.s)
+	for {
+		j := i + 1
+		if j == c {
+			j = 0
+		}
+		nx := &sb.s[j]
+		if !t.occupied(nx, nx.v) || t.disp(sb, j) == 0 {
+			sb.s[i] = slot{}
+			break
+		}
+		sb.s[i] = *nx
+		i = j
+	}
+	sb.n--
+	t.n--
+}
+
+// maybeShrink rebuilds a sparse sub-table smaller: below 1/4 load normally,
+// below 7/10 under memory pressure (compaction gives evicted bytes back).
+func (t *xtab) maybeShrink(sb *sub) {
+	c := len(sb.s)
+	if c <= minCap {
+		return
+	}
+	switch {
+	case t.env.pressure && sb.n*10 < c*7:
+		nc := max(minCap, sb.n*20/17+1)
+		if nc < c {
+			t.rebuild(sb, nc)
+		}
+	case sb.n*4 < c:
+		nc := max(minCap, sb.n*10/6+1)
+		if nc < c {
+			t.rebuild(sb, nc)
+		}
+	}
+}
