@@ -1,0 +1,85 @@
+// Command kvbench drives kvroute's routing core offline: it reproduces the
+// seed document's executed experiments with the real packages and compares
+// policies side by side.
+//
+// Usage:
+//
+//	kvbench <command> [flags]
+//
+// Each subcommand lives in its own file and is registered in the commands
+// table below; `kvbench help` lists them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one kvbench subcommand.
+type command struct {
+	name    string
+	summary string
+	// run executes the subcommand with its own arguments (after the name).
+	// A flag.ErrHelp return prints nothing more and exits 0; any other
+	// error exits 1 (2 for usage errors wrapped in errUsage).
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands is the subcommand table: add an entry per subcommand file.
+var commands = []command{
+	{name: "seed", summary: "re-run the seed document's executed experiments with the real kvblock/index/policy packages", run: runSeed},
+}
+
+// errUsage marks a command-line error (exit status 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args to a subcommand and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "kvbench %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "kvbench %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "kvbench: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kvbench <command> [flags]\n\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun `kvbench <command> -h` for a command's flags.")
+}
