@@ -11,6 +11,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/zeebo/xxh3"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -374,11 +375,16 @@ func (e *Encoder) Encode(text string, addSpecial bool) ([]uint32, error) {
 
 // AppendEncode is Encode appending to dst.
 func (e *Encoder) AppendEncode(dst []uint32, text string, addSpecial bool) ([]uint32, error) {
+	return e.appendEncode(dst, text, addSpecial, nil)
+}
+
+// appendEncode encodes text, reusing and filling cache when it is not nil.
+func (e *Encoder) appendEncode(dst []uint32, text string, addSpecial bool, cache *chunkCache) ([]uint32, error) {
 	if !utf8.ValidString(text) {
 		return dst, ErrInvalidUTF8
 	}
 	if !addSpecial || len(e.post) == 0 {
-		return e.encodeText(dst, text)
+		return e.encodeText(dst, text, cache)
 	}
 	var err error
 	for _, id := range e.post {
@@ -386,15 +392,17 @@ func (e *Encoder) AppendEncode(dst []uint32, text string, addSpecial bool) ([]ui
 			dst = append(dst, id)
 			continue
 		}
-		if dst, err = e.encodeText(dst, text); err != nil {
+		if dst, err = e.encodeText(dst, text, cache); err != nil {
 			return dst, err
 		}
 	}
 	return dst, nil
 }
 
-// encodeText splits on added tokens and encodes the rest.
-func (e *Encoder) encodeText(dst []uint32, text string) ([]uint32, error) {
+// encodeText splits on added tokens and encodes the rest. Text between two
+// added tokens is encoded on its own (normalization and pre-tokenization
+// never cross an added token), which is what makes chunk reuse exact.
+func (e *Encoder) encodeText(dst []uint32, text string, cache *chunkCache) ([]uint32, error) {
 	var err error
 	last := 0
 	for i := 0; i < len(text); i++ {
@@ -414,7 +422,7 @@ func (e *Encoder) encodeText(dst []uint32, text string) ([]uint32, error) {
 			if a.rstrip {
 				end = skipSpace(text, end)
 			}
-			if dst, err = e.encodePlain(dst, text[last:start]); err != nil {
+			if dst, err = e.encodeSegment(dst, text[last:start], cache); err != nil {
 				return dst, err
 			}
 			dst = append(dst, a.id)
@@ -423,8 +431,73 @@ func (e *Encoder) encodeText(dst []uint32, text string) ([]uint32, error) {
 			break
 		}
 	}
-	return e.encodePlain(dst, text[last:])
+	return e.encodeSegment(dst, text[last:], cache)
 }
+
+// encodeSegment encodes text free of added tokens, chunk by chunk through
+// the cache when there is one.
+func (e *Encoder) encodeSegment(dst []uint32, s string, cache *chunkCache) ([]uint32, error) {
+	if cache == nil || len(s) < minCachedChunk {
+		return e.encodePlain(dst, s)
+	}
+	var err error
+	for len(s) > 0 {
+		n := e.chunkEnd(s)
+		chunk := s[:n]
+		s = s[n:]
+		if len(chunk) < minCachedChunk {
+			if dst, err = e.encodePlain(dst, chunk); err != nil {
+				return dst, err
+			}
+			continue
+		}
+		key := xxh3.HashString128(chunk)
+		if ids, ok := cache.get(key, len(chunk)); ok {
+			dst = append(dst, ids...)
+			continue
+		}
+		start := len(dst)
+		if dst, err = e.encodePlain(dst, chunk); err != nil {
+			return dst, err
+		}
+		cache.put(key, len(chunk), dst[start:])
+	}
+	return dst, nil
+}
+
+// Chunking. A long segment is cut where the pre-tokenizer splits whatever
+// follows: right after a "\n" when the next byte is an ASCII letter. For the
+// Llama-3 and Qwen2 patterns the piece holding that newline is \s*[\r\n]+,
+// which ends at the run's last newline both in the whole text and in the
+// chunk alone; no alternative lets a piece start with "\n" and continue into
+// a letter; and an ASCII letter is an NFC starter that never composes with
+// what precedes it. So encoding the chunks separately gives the same ids as
+// encoding the segment whole. GPT-2's pattern lacks the newline alternative
+// (its \s+(?!\S) keeps a trailing newline run whole only at the end of the
+// text), so GPT-2-style segments are not cut.
+const (
+	minCachedChunk = 256
+	targetChunk    = 2048
+)
+
+func (e *Encoder) chunkEnd(s string) int {
+	if e.flavor == flavorGPT2 || len(s) <= targetChunk {
+		return len(s)
+	}
+	for i := targetChunk; i+1 < len(s); i++ {
+		if s[i] == '\n' && isASCIILetter(s[i+1]) {
+			return i + 1
+		}
+		j := strings.IndexByte(s[i+1:], '\n')
+		if j < 0 {
+			break
+		}
+		i += j
+	}
+	return len(s)
+}
+
+func isASCIILetter(c byte) bool { return (c|0x20) >= 'a' && (c|0x20) <= 'z' }
 
 func trimLeftSpaceFrom(s string, floor, i int) int {
 	for i > floor {

@@ -1,0 +1,170 @@
+package tokenize
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind selects how a model's prompts are tokenized.
+type Kind string
+
+// Tokenizer kinds.
+const (
+	// KindPassthrough: prompts already are token ids (a completion prompt
+	// given as a JSON array of ints); anything else fails (or falls back).
+	KindPassthrough Kind = "passthrough"
+	// KindRemote: the replica's own POST /tokenize.
+	KindRemote Kind = "remote"
+	// KindLocal: a HuggingFace tokenizer.json and the chat template of
+	// tokenizer_config.json, in process.
+	KindLocal Kind = "local"
+	// KindApproximate: fixed byte blocks, no tokenizer; never exact.
+	KindApproximate Kind = "approximate"
+)
+
+// Fallback says what a failed tokenization turns into.
+type Fallback string
+
+// Fallbacks.
+const (
+	// FallbackApproximate answers with approximate tokens (Exact false:
+	// the router uses them for approximate affinity only).
+	FallbackApproximate Fallback = "approximate"
+	// FallbackNone returns the error (the router routes on load only).
+	FallbackNone Fallback = "none"
+)
+
+// Defaults.
+const (
+	DefaultRemoteTimeout    = 50 * time.Millisecond
+	DefaultCacheSize        = 4096
+	DefaultMaxInputBytes    = 32 << 20
+	DefaultBytesPerToken    = 4
+	DefaultBreakerFailures  = 5
+	DefaultBreakerOpenFor   = 5 * time.Second
+	DefaultPrefixCacheBytes = 64 << 20
+)
+
+// Config selects a tokenizer per model.
+type Config struct {
+	// Models maps a served model name to its tokenizer.
+	Models map[string]ModelConfig `yaml:"models"`
+	// Default, when set, serves models not listed in Models (a remote or
+	// approximate tokenizer; a local one needs per-model files).
+	Default *ModelConfig `yaml:"default"`
+}
+
+// ModelConfig is one model's tokenizer.
+type ModelConfig struct {
+	Kind Kind `yaml:"kind"`
+	// TokenizerJSON and TokenizerConfig are the local tokenizer's
+	// tokenizer.json and tokenizer_config.json (the latter only for chat).
+	TokenizerJSON   string `yaml:"tokenizer_json"`
+	TokenizerConfig string `yaml:"tokenizer_config"`
+	// Timeout bounds one remote tokenization, all candidates included
+	// (default 50ms).
+	Timeout time.Duration `yaml:"timeout"`
+	// Fallback on failure: approximate (default) or none.
+	Fallback Fallback `yaml:"fallback"`
+	// CacheSize is the remote tokenizer's LRU size in entries (default
+	// 4096; negative disables).
+	CacheSize int `yaml:"cache_size"`
+	// PrefixCacheBytes bounds the local tokenizer's multi-turn prefix cache
+	// (default 64 MiB; negative disables).
+	PrefixCacheBytes int `yaml:"prefix_cache_bytes"`
+	// MaxInputBytes rejects larger prompts (rendered chat included) with
+	// ErrInputTooLarge (default 32 MiB).
+	MaxInputBytes int `yaml:"max_input_bytes"`
+	// BytesPerToken is the approximate tokenizer's block size (default 4).
+	BytesPerToken int `yaml:"bytes_per_token"`
+	// BreakerFailures consecutive remote failures open a replica's breaker
+	// for BreakerOpenFor (defaults 5 and 5s); then one probe is let through.
+	BreakerFailures int           `yaml:"breaker_failures"`
+	BreakerOpenFor  time.Duration `yaml:"breaker_open_for"`
+}
+
+// withDefaults fills zero fields.
+func (c ModelConfig) withDefaults() ModelConfig {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultRemoteTimeout
+	}
+	if c.Fallback == "" {
+		c.Fallback = FallbackApproximate
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.PrefixCacheBytes == 0 {
+		c.PrefixCacheBytes = DefaultPrefixCacheBytes
+	}
+	if c.MaxInputBytes == 0 {
+		c.MaxInputBytes = DefaultMaxInputBytes
+	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = DefaultBytesPerToken
+	}
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = DefaultBreakerFailures
+	}
+	if c.BreakerOpenFor == 0 {
+		c.BreakerOpenFor = DefaultBreakerOpenFor
+	}
+	return c
+}
+
+// Validate reports the first problem of a model's configuration (after
+// defaults).
+func (c ModelConfig) Validate() error {
+	switch c.Kind {
+	case KindPassthrough, KindRemote, KindApproximate:
+	case KindLocal:
+		if c.TokenizerJSON == "" {
+			return errors.New("local tokenizer needs tokenizer_json")
+		}
+	case "":
+		return errors.New("kind is required (passthrough, remote, local or approximate)")
+	default:
+		return fmt.Errorf("unknown kind %q (want passthrough, remote, local or approximate)", c.Kind)
+	}
+	switch c.Fallback {
+	case FallbackApproximate, FallbackNone:
+	default:
+		return fmt.Errorf("unknown fallback %q (want approximate or none)", c.Fallback)
+	}
+	switch {
+	case c.Timeout < 0:
+		return errors.New("timeout must be positive")
+	case c.MaxInputBytes < 0:
+		return errors.New("max_input_bytes must be positive")
+	case c.BytesPerToken < 1 || c.BytesPerToken > 64:
+		return errors.New("bytes_per_token must be in [1, 64]")
+	case c.BreakerFailures < 0 || c.BreakerOpenFor < 0:
+		return errors.New("breaker settings must be positive")
+	}
+	return nil
+}
+
+// Validate checks every model's configuration.
+func (c Config) Validate() error {
+	if len(c.Models) == 0 && c.Default == nil {
+		return errors.New("tokenize: no models configured")
+	}
+	for name, m := range c.Models {
+		if name == "" {
+			return errors.New("tokenize: empty model name")
+		}
+		if err := m.withDefaults().Validate(); err != nil {
+			return fmt.Errorf("tokenize: model %q: %w", name, err)
+		}
+	}
+	if c.Default != nil {
+		if c.Default.Kind == KindLocal {
+			return errors.New("tokenize: default: a local tokenizer must be configured per model")
+		}
+		if err := c.Default.withDefaults().Validate(); err != nil {
+			return fmt.Errorf("tokenize: default: %w", err)
+		}
+	}
+	return nil
+}

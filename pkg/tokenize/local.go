@@ -1,0 +1,90 @@
+package tokenize
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// Local tokenizes in process with a model's tokenizer.json and, for chat
+// requests, its tokenizer_config.json chat template. Long text chunks are
+// remembered (bounded, least recently used out) so that a conversation's
+// history, resent every turn, is not re-encoded: see Encoder's chunking
+// rule for why the reused ids are exactly the ids full encoding gives. It
+// is safe for concurrent use.
+type Local struct {
+	enc      *Encoder
+	tmpl     *ChatTemplate // nil when no tokenizer_config is configured
+	maxBytes int
+	cache    *chunkCache // nil when disabled
+}
+
+// ErrNoChatTemplate: a chat request reached a local tokenizer configured
+// without tokenizer_config.json.
+var ErrNoChatTemplate = errors.New("tokenize: no chat template configured")
+
+// LoadLocal loads the files mc names (defaults applied by the caller or
+// here).
+func LoadLocal(mc ModelConfig) (*Local, error) {
+	mc = mc.withDefaults()
+	enc, err := LoadEncoder(mc.TokenizerJSON)
+	if err != nil {
+		return nil, err
+	}
+	l := &Local{enc: enc, maxBytes: mc.MaxInputBytes}
+	if mc.TokenizerConfig != "" {
+		if l.tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
+			return nil, err
+		}
+	}
+	if mc.PrefixCacheBytes > 0 {
+		l.cache = newChunkCache(mc.PrefixCacheBytes)
+	}
+	return l, nil
+}
+
+// NewLocal assembles a Local from loaded parts (tmpl may be nil);
+// cacheBytes <= 0 disables chunk reuse.
+func NewLocal(enc *Encoder, tmpl *ChatTemplate, maxInputBytes, cacheBytes int) *Local {
+	l := &Local{enc: enc, tmpl: tmpl, maxBytes: maxInputBytes}
+	if l.maxBytes <= 0 {
+		l.maxBytes = DefaultMaxInputBytes
+	}
+	if cacheBytes > 0 {
+		l.cache = newChunkCache(cacheBytes)
+	}
+	return l
+}
+
+// Encoder returns the underlying encoder.
+func (l *Local) Encoder() *Encoder { return l.enc }
+
+// Tokenize returns the ids the engine computes for in.
+func (l *Local) Tokenize(in route.TokenizeInput) (route.Tokens, error) {
+	text := in.Prompt
+	if in.Chat {
+		if l.tmpl == nil {
+			return route.Tokens{}, ErrNoChatTemplate
+		}
+		if len(in.Messages) > l.maxBytes {
+			return route.Tokens{}, fmt.Errorf("%w: %d bytes of messages > %d", ErrInputTooLarge, len(in.Messages), l.maxBytes)
+		}
+		var err error
+		text, err = l.tmpl.Render(ChatInput{
+			Messages: in.Messages, Tools: in.Tools, ChatTemplateKwargs: in.ChatTemplateKwargs,
+			AddGenerationPrompt: in.AddGenerationPrompt,
+		})
+		if err != nil {
+			return route.Tokens{}, err
+		}
+	}
+	if len(text) > l.maxBytes {
+		return route.Tokens{}, fmt.Errorf("%w: %d bytes > %d", ErrInputTooLarge, len(text), l.maxBytes)
+	}
+	ids, err := l.enc.appendEncode(make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)
+	if err != nil {
+		return route.Tokens{}, err
+	}
+	return route.Tokens{IDs: ids, Source: SourceLocal, Exact: true}, nil
+}

@@ -1,0 +1,304 @@
+package tokenize
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/zeebo/xxh3"
+)
+
+// Remote tokenizer errors.
+var (
+	// ErrNoEndpoint: the replica list for the model is empty.
+	ErrNoEndpoint = errors.New("tokenize: no replica to ask")
+	// ErrBreakerOpen: every candidate replica's breaker is open.
+	ErrBreakerOpen = errors.New("tokenize: circuit breaker open")
+	// ErrRemote: a replica answered /tokenize with an error or garbage.
+	ErrRemote = errors.New("tokenize: remote /tokenize failed")
+)
+
+// maxRemoteResponse bounds a /tokenize response body (a few bytes per id).
+const maxRemoteResponse = 256 << 20
+
+// remote asks a replica's POST /tokenize (vLLM's shape) for the ids.
+type remote struct {
+	model    string
+	cfg      ModelConfig
+	client   *http.Client
+	replicas func(model string) []string
+	cache    *lru
+	breakers *breakers
+	now      func() time.Time
+	hits     func()
+}
+
+type tokenizeRequest struct {
+	Model               string          `json:"model,omitempty"`
+	Prompt              *string         `json:"prompt,omitempty"`
+	Messages            json.RawMessage `json:"messages,omitempty"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
+	AddSpecialTokens    bool            `json:"add_special_tokens"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	Tools               json.RawMessage `json:"tools,omitempty"`
+}
+
+type tokenizeResponse struct {
+	Count  int      `json:"count"`
+	Tokens []uint32 `json:"tokens"`
+}
+
+func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
+	req := tokenizeRequest{Model: r.model, AddSpecialTokens: in.AddSpecialTokens}
+	if in.Chat {
+		agp := in.AddGenerationPrompt
+		req.Messages, req.AddGenerationPrompt = in.Messages, &agp
+		if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
+			req.ChatTemplateKwargs = in.ChatTemplateKwargs
+		}
+		if len(in.Tools) > 0 && string(in.Tools) != "null" {
+			req.Tools = in.Tools
+		}
+	} else {
+		p := in.Prompt
+		req.Prompt = &p
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadMessages, err)
+	}
+	return b, nil
+}
+
+func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.Tokens, error) {
+	body, err := r.body(in)
+	if err != nil {
+		return route.Tokens{}, err
+	}
+	if len(body) > r.cfg.MaxInputBytes {
+		return route.Tokens{}, fmt.Errorf("%w: %d bytes > %d", ErrInputTooLarge, len(body), r.cfg.MaxInputBytes)
+	}
+	key := xxh3.Hash128(body)
+	if r.cache != nil {
+		if ids, ok := r.cache.get(key); ok {
+			r.hits()
+			return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: SourceRemote, Exact: true}, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	urls := r.replicas(r.model)
+	if len(urls) == 0 {
+		return route.Tokens{}, ErrNoEndpoint
+	}
+	var errs []error
+	tried := 0
+	for _, base := range urls {
+		if ctx.Err() != nil {
+			break
+		}
+		if !r.breakers.allow(base) {
+			continue
+		}
+		tried++
+		ids, err := r.call(ctx, base, body)
+		r.breakers.record(base, err == nil)
+		if err == nil {
+			if r.cache != nil {
+				r.cache.put(key, ids)
+			}
+			return route.Tokens{IDs: ids, Source: SourceRemote, Exact: true}, nil
+		}
+		errs = append(errs, err)
+	}
+	if tried == 0 {
+		return route.Tokens{}, ErrBreakerOpen
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	return route.Tokens{}, errors.Join(errs...)
+}
+
+func (r *remote) call(ctx context.Context, base string, body []byte) ([]uint32, error) {
+	url := strings.TrimRight(base, "/") + "/tokenize"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, base, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
+		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrRemote, base, resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	var out tokenizeResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRemoteResponse)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("%w: %s: decode: %w", ErrRemote, base, err)
+	}
+	if out.Tokens == nil || (out.Count != 0 && out.Count != len(out.Tokens)) {
+		return nil, fmt.Errorf("%w: %s: response has count %d and %d tokens", ErrRemote, base, out.Count, len(out.Tokens))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	return out.Tokens, nil
+}
+
+// breakers keeps one circuit breaker per replica base URL: after failures
+// consecutive failures it opens for openFor, then lets one probe through
+// (half-open); the probe's outcome closes or reopens it.
+type breakers struct {
+	failures int
+	openFor  time.Duration
+	now      func() time.Time
+	onChange func(base string, state breakerState)
+
+	mu sync.Mutex
+	m  map[string]*breaker
+}
+
+type breakerState int
+
+const (
+	breakerClosed breakerState = iota
+	breakerOpen
+	breakerHalfOpen
+)
+
+func (s breakerState) String() string {
+	return [...]string{"closed", "open", "half_open"}[s]
+}
+
+type breaker struct {
+	state     breakerState
+	fails     int
+	openUntil time.Time
+	probing   bool
+}
+
+// maxBreakers bounds the per-URL map (replica sets churn); closed breakers
+// are forgotten first.
+const maxBreakers = 4096
+
+func (b *breakers) get(base string) *breaker {
+	br, ok := b.m[base]
+	if !ok {
+		if len(b.m) >= maxBreakers {
+			for k, v := range b.m {
+				if v.state == breakerClosed {
+					delete(b.m, k)
+				}
+			}
+		}
+		br = &breaker{}
+		b.m[base] = br
+	}
+	return br
+}
+
+func (b *breakers) allow(base string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	br := b.get(base)
+	switch br.state {
+	case breakerClosed:
+		return true
+	case breakerOpen:
+		if b.now().Before(br.openUntil) {
+			return false
+		}
+		br.state, br.probing = breakerHalfOpen, true
+		b.changed(base, breakerHalfOpen)
+		return true
+	default: // half-open: one probe at a time
+		if br.probing {
+			return false
+		}
+		br.probing = true
+		return true
+	}
+}
+
+func (b *breakers) record(base string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	br := b.get(base)
+	br.probing = false
+	if ok {
+		if br.state != breakerClosed {
+			b.changed(base, breakerClosed)
+		}
+		br.state, br.fails = breakerClosed, 0
+		return
+	}
+	br.fails++
+	if br.state == breakerHalfOpen || br.fails >= b.failures {
+		if br.state != breakerOpen {
+			b.changed(base, breakerOpen)
+		}
+		br.state, br.openUntil = breakerOpen, b.now().Add(b.openFor)
+	}
+}
+
+func (b *breakers) changed(base string, s breakerState) {
+	if b.onChange != nil {
+		b.onChange(base, s)
+	}
+}
+
+// lru is a bounded least-recently-used map from an input hash to ids.
+type lru struct {
+	mu    sync.Mutex
+	size  int
+	ll    *list.List
+	items map[xxh3.Uint128]*list.Element
+}
+
+type lruEntry struct {
+	key xxh3.Uint128
+	ids []uint32
+}
+
+func newLRU(size int) *lru {
+	return &lru{size: size, ll: list.New(), items: make(map[xxh3.Uint128]*list.Element, size)}
+}
+
+func (c *lru) get(k xxh3.Uint128) ([]uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.items[k]
+	if !ok {
+		return nil, false
+	}
+	c.ll.MoveToFront(e)
+	return e.Value.(*lruEntry).ids, true
+}
+
+func (c *lru) put(k xxh3.Uint128, ids []uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.items[k]; ok {
+		e.Value.(*lruEntry).ids = ids
+		c.ll.MoveToFront(e)
+		return
+	}
+	c.items[k] = c.ll.PushFront(&lruEntry{key: k, ids: ids})
+	for c.ll.Len() > c.size {
+		last := c.ll.Back()
+		c.ll.Remove(last)
+		delete(c.items, last.Value.(*lruEntry).key)
+	}
+}

@@ -1,0 +1,294 @@
+package tokenize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options are the Tokenizer's collaborators.
+type Options struct {
+	// Registerer receives the metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Replicas returns candidate base URLs ("http://10.0.0.1:8000") of
+	// healthy replicas serving model, best first; the remote tokenizer
+	// tries them in order. Required when a model is remote.
+	Replicas func(model string) []string
+	// HTTPClient overrides the remote tokenizer's pooled keep-alive client.
+	HTTPClient *http.Client
+	// Logger gets breaker state changes; nil discards.
+	Logger *slog.Logger
+	// Now is the clock (breakers); nil means time.Now.
+	Now func() time.Time
+}
+
+// Tokenizer dispatches each request to its model's tokenizer, applying the
+// model's fallback on failure. It implements route.Tokenizer and is safe for
+// concurrent use; it starts no goroutines.
+type Tokenizer struct {
+	models  map[string]*modelTokenizer
+	def     *ModelConfig
+	defOpts Options
+	metrics *metrics
+	client  *http.Client
+	ownHTTP bool
+	log     *slog.Logger
+	now     func() time.Time
+
+	defaults *modelCache
+}
+
+var _ route.Tokenizer = (*Tokenizer)(nil)
+
+// modelTokenizer is one model's configured tokenizer.
+type modelTokenizer struct {
+	name   string
+	cfg    ModelConfig
+	local  *Local
+	remote *remote
+	approx *approximate
+}
+
+// New builds the tokenizers cfg describes, loading local tokenizer files
+// now (a missing or unsupported file is an error here, not at request time).
+func New(cfg Config, opts Options) (*Tokenizer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tokenizer{
+		models:  make(map[string]*modelTokenizer, len(cfg.Models)),
+		metrics: met,
+		log:     opts.Logger,
+		now:     opts.Now,
+		client:  opts.HTTPClient,
+	}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	if t.client == nil {
+		t.client, t.ownHTTP = newHTTPClient(), true
+	}
+	for name, mc := range cfg.Models {
+		m, err := t.build(name, mc.withDefaults(), opts)
+		if err != nil {
+			return nil, fmt.Errorf("tokenize: model %q: %w", name, err)
+		}
+		t.models[name] = m
+	}
+	if cfg.Default != nil {
+		d := cfg.Default.withDefaults()
+		t.def, t.defOpts = &d, opts
+		t.defaults = &modelCache{m: map[string]*modelTokenizer{}}
+	}
+	return t, nil
+}
+
+func newHTTPClient() *http.Client {
+	tr := &http.Transport{
+		Proxy:               nil, // replicas are reached directly
+		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &http.Client{Transport: tr}
+}
+
+func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelTokenizer, error) {
+	m := &modelTokenizer{name: name, cfg: mc, approx: &approximate{bytesPerToken: mc.BytesPerToken, maxInputBytes: mc.MaxInputBytes}}
+	switch mc.Kind {
+	case KindLocal:
+		l, err := LoadLocal(mc)
+		if err != nil {
+			return nil, err
+		}
+		m.local = l
+	case KindRemote:
+		if opts.Replicas == nil {
+			return nil, errors.New("remote tokenizer needs Options.Replicas")
+		}
+		r := &remote{
+			model: name, cfg: mc, client: t.client, replicas: opts.Replicas, now: t.now,
+			hits: t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
+			breakers: &breakers{
+				failures: mc.BreakerFailures, openFor: mc.BreakerOpenFor, now: t.now, m: map[string]*breaker{},
+				onChange: func(base string, s breakerState) {
+					t.log.Warn("tokenize: remote breaker state", "model", name, "replica", base, "state", s.String())
+					t.metrics.breaker.WithLabelValues(name, s.String()).Inc()
+				},
+			},
+		}
+		if mc.CacheSize > 0 {
+			r.cache = newLRU(mc.CacheSize)
+		}
+		m.remote = r
+	}
+	return m, nil
+}
+
+// modelCache holds the tokenizers built from Config.Default, one per model
+// seen (each has its own breakers and cache).
+type modelCache struct {
+	mu sync.Mutex
+	m  map[string]*modelTokenizer
+}
+
+// maxDefaultModels bounds the models served by the default tokenizer (the
+// model name is request input).
+const maxDefaultModels = 1024
+
+func (t *Tokenizer) model(name string) (*modelTokenizer, error) {
+	if m, ok := t.models[name]; ok {
+		return m, nil
+	}
+	if t.def == nil {
+		return nil, fmt.Errorf("%w: no tokenizer for model %q", route.ErrUnknownModel, name)
+	}
+	t.defaults.mu.Lock()
+	defer t.defaults.mu.Unlock()
+	if m, ok := t.defaults.m[name]; ok {
+		return m, nil
+	}
+	if len(t.defaults.m) >= maxDefaultModels {
+		return nil, fmt.Errorf("%w: too many models on the default tokenizer", route.ErrUnknownModel)
+	}
+	m, err := t.build(name, *t.def, t.defOpts)
+	if err != nil {
+		return nil, err
+	}
+	t.defaults.m[name] = m
+	return m, nil
+}
+
+// Tokenize implements route.Tokenizer. Errors wrap route.ErrUnknownModel,
+// ErrInvalidUTF8, ErrInputTooLarge, ErrTemplate, ErrBadMessages,
+// ErrNotTokenIDs, ErrRemote, ErrBreakerOpen or context errors; with
+// fallback "approximate" a failure other than an unknown model or a
+// cancelled request is answered with approximate tokens instead, counted in
+// kvroute_tokenizer_fallbacks_total.
+func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.TokenizeInput) (route.Tokens, error) {
+	m, err := t.model(model)
+	if err != nil {
+		return route.Tokens{}, err
+	}
+	start := time.Now()
+	var toks route.Tokens
+	switch m.cfg.Kind {
+	case KindLocal:
+		toks, err = m.local.Tokenize(in)
+	case KindRemote:
+		toks, err = m.remote.tokenize(ctx, in)
+	case KindPassthrough:
+		toks, err = passthroughIDs(in)
+	case KindApproximate:
+		toks, err = m.approx.tokenize(in)
+	}
+	t.metrics.seconds.WithLabelValues(string(m.cfg.Kind)).Observe(time.Since(start).Seconds())
+	if err == nil {
+		t.metrics.requests.WithLabelValues(string(m.cfg.Kind), "ok").Inc()
+		return toks, nil
+	}
+	reason := errReason(err)
+	t.metrics.requests.WithLabelValues(string(m.cfg.Kind), reason).Inc()
+	// A caller that gave up wants nothing; an approximate answer for an
+	// approximate model's own failure would be the same failure.
+	if m.cfg.Fallback != FallbackApproximate || m.cfg.Kind == KindApproximate || errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return route.Tokens{}, err
+	}
+	toks, aerr := m.approx.tokenize(in)
+	if aerr != nil {
+		return route.Tokens{}, errors.Join(err, aerr)
+	}
+	t.metrics.fallbacks.WithLabelValues(model, string(m.cfg.Kind), reason).Inc()
+	return toks, nil
+}
+
+// errReason classifies a failure for metrics.
+func errReason(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, ErrBreakerOpen):
+		return "breaker_open"
+	case errors.Is(err, ErrNoEndpoint):
+		return "no_endpoint"
+	case errors.Is(err, ErrInputTooLarge):
+		return "too_large"
+	case errors.Is(err, ErrInvalidUTF8), errors.Is(err, ErrBadMessages), errors.Is(err, ErrNotTokenIDs):
+		return "bad_input"
+	case errors.Is(err, ErrTemplate):
+		return "template"
+	case errors.Is(err, ErrUnsupported):
+		return "unsupported"
+	case errors.Is(err, ErrRemote):
+		return "remote_error"
+	}
+	return "error"
+}
+
+// Close releases idle connections of the Tokenizer's own HTTP client.
+func (t *Tokenizer) Close() {
+	if t.ownHTTP {
+		t.client.CloseIdleConnections()
+	}
+}
+
+type metrics struct {
+	requests  *prometheus.CounterVec
+	fallbacks *prometheus.CounterVec
+	cacheHits *prometheus.CounterVec
+	breaker   *prometheus.CounterVec
+	seconds   *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_requests_total",
+			Help: "Tokenizations by tokenizer kind and result (ok or the failure reason).",
+		}, []string{"kind", "result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_fallbacks_total",
+			Help: "Failed tokenizations answered with approximate tokens, by model, kind and reason.",
+		}, []string{"model", "kind", "reason"}),
+		cacheHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_cache_hits_total",
+			Help: "Tokenizations answered from the remote tokenizer's LRU cache.",
+		}, []string{"kind"}),
+		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_breaker_transitions_total",
+			Help: "Remote tokenizer circuit breaker transitions, by model and new state.",
+		}, []string{"model", "state"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_tokenizer_seconds",
+			Help:    "Tokenization latency by tokenizer kind.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
+		}, []string{"kind"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.fallbacks, m.cacheHits, m.breaker, m.seconds} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("tokenize: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
