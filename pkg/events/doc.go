@@ -1,2 +1,134 @@
-// Package events keeps the index true.
+// Package events keeps the index true: it subscribes to every replica's
+// KV-cache event stream (vLLM or SGLang, ZMQ PUB + msgpack), decodes the
+// batches, and applies them to an index.Index in order, with gap detection,
+// replay, restart handling and resync.
+//
+// # API
+//
+//	m := events.NewManager(idx, events.Config{...}, registerer, logger)
+//	_ = m.SetSources(srcs)  // any time, also before Run; diffed by ID and settings
+//	go m.Run(ctx)           // owns every goroutine and socket; returns after joining them
+//	m.Credit(id)            // 0 while the replica's view is incomplete, else 1 (hot path, never blocks)
+//	m.NoteRouted(id, now)   // the router routed a request there (feeds the silence check)
+//	m.Status(id)            // state, last sequence, last event, silent flag, bound endpoint
+//	m.Warm()                // every source settled its first warm-up (readiness)
+//
+// The decoder is pure and usable alone: DecodeBatch (or a reusable Decoder)
+// turns a payload into a Batch of typed Events; an Applier applies a Batch
+// to an index for one Target.
+//
+// # Wire
+//
+// A message is three frames: topic, sequence number (8 bytes, unsigned,
+// big-endian), msgpack payload; other shapes are counted
+// (decode_errors{reason="frames"}) and skipped. The payload is a batch,
+// positional [ts, events, data_parallel_rank] (or the two-element form of
+// vLLM 0.9.0, or a map with those keys). Events are tagged maps ("type" key,
+// fields by name) or tagged positional arrays (tag first, then fields in
+// declaration order; shorter and longer arrays are accepted). Unknown event
+// types and keys are ignored and counted. Lengths are never trusted: a
+// container or string header that claims more than the remaining bytes is
+// an error before anything is allocated, and values are skipped without
+// recursion.
+//
+// Block hashes may be uint64, int64 (two's complement bits kept) or bytes.
+// Bytes become the last 8 bytes big-endian for vLLM (as vLLM's own integer
+// conversion does) and the first 8 for SGLang, left-padded when shorter.
+// An integer parent hash of 0 is read as "no parent", as simulators send it.
+//
+// # Applying events
+//
+// BlockStored: the index recomputes the router's keys from token_ids with
+// the event's block_size (len(token_ids) must equal blocks × block_size,
+// else the event is counted as bad_shape and skipped); the parent is found
+// through the replica's engine-hash map; medium maps to a tier
+// (index.ParseMedium, unknown mediums are counted and skipped); lora_name
+// selects the chain root kvblock.Root(model, lora_name). extra_keys are
+// turned into kvblock.Options by StoredOptions: the LoRA name is stripped,
+// a trailing string in block 0 of a parentless store is the cache salt, and
+// the rest is encoded by ExtraBytes; a request hashed with
+// kvblock.Options{CacheSalt: salt} therefore meets the keys a salted store
+// indexed. Stores whose block size differs from Source.BlockSize are
+// indexed as given, counted (block_size_mismatch_total) and logged once per
+// replica. Events of KV-cache groups whose kv_cache_spec_kind is not an
+// attention kind (sliding window, mamba) are skipped and counted
+// (skipped{reason="other_group"}): their evictions would otherwise erase
+// blocks the attention group still holds. BlockRemoved removes by engine
+// hash and medium; AllBlocksCleared clears the replica.
+//
+// # Replica IDs and data parallelism
+//
+// Each stream is one index.ReplicaID. A data-parallel engine publishes one
+// stream per rank on endpoint port + rank (replay endpoint likewise);
+// DPSources expands a replica into per-rank sources named DPReplicaID(id,
+// rank): the replica's own ID for rank 0 and "<id>#dp<rank>" above, and
+// SplitDPReplicaID maps an ID back to its replica and rank.
+//
+// # Order, gaps, replay, restarts
+//
+// One goroutine per source owns its sockets (SUB, a socket monitor, and a
+// DEALER for each replay) and the sequence state. Batches go, in sequence
+// order, to one of a fixed pool of workers chosen by hashing the replica
+// ID, so one replica's events are applied in order by one goroutine.
+// Worker queues are bounded: a live batch that finds its queue full is
+// counted (queue_overflows_total) and resyncs the replica. Replayed batches
+// wait for room instead (the replay is paced by the worker, never by the
+// router). The index handles concurrent readers, so event handling never
+// blocks routing.
+//
+// The stream expects sequence next = last + 1.
+//   - A higher sequence is a gap: the stream asks the replay endpoint for
+//     the batches from next (DEALER sending ["", start as 8 bytes]; replies
+//     [topic, seq, payload] from vLLM >= 0.26 or [seq, payload] from older
+//     vLLM and SGLang, until seq 0xFFFFFFFFFFFFFFFF). Each wait is bounded
+//     by ReplayTimeout. Live batches arriving meanwhile are buffered
+//     (ReplayBuffer) and applied after, deduplicated by sequence.
+//   - A lower sequence that is not a late copy of a batch already applied
+//     (same sequence and payload fingerprint) means the engine restarted:
+//     the replica is cleared and replayed from 0.
+//   - On connect and on every reconnect (seen by the socket monitor) the
+//     replica is cleared and replayed from 0, the oldest batch the engine
+//     buffers, so a router started after its engines learns what they hold.
+//
+// A replica is "caught up", and gets Credit 1, when one of these holds:
+// a replay from 0 started at sequence 0 and reached the live stream without
+// a hole; the live stream was observed from sequence 0 (a fresh engine);
+// or, when replay is not configured, fails, or starts later than asked (the
+// engine's buffer moved on), ResyncQuiet has passed since the replica was
+// cleared without another gap. Until then it is "resyncing": Credit 0, the
+// router treats it as cold. Clearing is ordered with the batches through
+// the worker queue (a new epoch; batches of the old epoch are skipped).
+// A batch that cannot be decoded, or an event with a malformed field,
+// clears the replica and restarts the quiet window (replaying it would
+// fetch the same bytes).
+//
+// Socket failures (bind errors, poll errors) reopen the session after a
+// capped exponential backoff with jitter (BackoffMin..BackoffMax); TCP
+// reconnects inside a session are libzmq's, with the same bounds. A source
+// removed from the set has its goroutine stopped, its sockets closed and its
+// blocks cleared; a source whose settings change is restarted.
+//
+// A replica that has been routed requests (NoteRouted) for SilentAfter
+// without publishing anything is flagged in Status and in
+// kvroute_events_silent: usually prefix caching or KV events are off on the
+// engine, or the endpoint or topic is wrong.
+//
+// # Observability
+//
+// Metrics, prefixed kvroute_events_ and labelled by replica: batches_total,
+// events_total{type}, decode_errors_total{reason}, gaps_total,
+// replays_total{result=ok|truncated|failed}, resyncs_total{reason},
+// unknown_parent_blocks_total, skipped_total{reason},
+// queue_overflows_total, block_size_mismatch_total, lag_seconds, resyncing,
+// silent; queue_depth{worker}. Logs are structured and emitted on state
+// changes only.
+//
+// # Goroutines
+//
+// NewManager starts nothing. Run starts Config.Workers workers and one
+// goroutine per source, owns a dedicated ZMQ context, and on ctx end
+// cancels the sources, joins them (each closes its own sockets; loops wake
+// every PollInterval), closes and joins the workers, and terminates the
+// context before returning. ZMQ sockets are never shared between
+// goroutines.
 package events

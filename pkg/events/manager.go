@@ -1,0 +1,598 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvroute/kvroute/pkg/index"
+)
+
+// Source is one event stream: one engine replica, or one data-parallel
+// rank of it (see DPSources).
+type Source struct {
+	// ID names the replica's cache in the index.
+	ID index.ReplicaID
+	// Model is the served model; with an event's lora_name it selects the
+	// chain root (kvblock.Root).
+	Model string
+	// Endpoint is the engine's PUB endpoint. The SUB connects to it, or,
+	// with Listen, binds it (tcp://127.0.0.1:* picks a free port; Status
+	// reports the bound one).
+	Endpoint string
+	// ReplayEndpoint is the engine's replay ROUTER (always connected to);
+	// empty disables replay.
+	ReplayEndpoint string
+	// Topic is the subscription prefix matched against frame 0.
+	Topic string
+	// Engine is "vllm" (default) or "sglang"; it selects the HashMode.
+	Engine string
+	// Listen makes the router bind Endpoint and the engine connect.
+	Listen bool
+	// DPRank is the data-parallel rank of this stream (informational).
+	DPRank int
+	// BlockSize is the block size the router hashes this model's requests
+	// with; stores with another size are indexed as given and counted. 0
+	// disables the check.
+	BlockSize int
+}
+
+func (s Source) validate() error {
+	if s.ID == "" {
+		return errors.New("source has no ID")
+	}
+	if s.Endpoint == "" {
+		return fmt.Errorf("source %q: no endpoint", s.ID)
+	}
+	if _, err := ParseEngine(s.Engine); err != nil {
+		return fmt.Errorf("source %q: %w", s.ID, err)
+	}
+	if s.DPRank < 0 || s.BlockSize < 0 {
+		return fmt.Errorf("source %q: negative rank or block size", s.ID)
+	}
+	return nil
+}
+
+// Config tunes a Manager. Zero fields take the documented defaults.
+type Config struct {
+	// Workers is the size of the apply pool (default GOMAXPROCS). A
+	// replica's events are always applied by the same worker, in order.
+	Workers int
+	// QueueSize bounds each worker's queue (default 1024 batches). A live
+	// batch that finds its queue full is counted and resyncs its replica.
+	QueueSize int
+	// ReplayTimeout bounds every wait for a replay reply (default 2s).
+	ReplayTimeout time.Duration
+	// ReplayBuffer bounds the live batches buffered while a replay runs
+	// (default 4096); overflowing it fails the replay.
+	ReplayBuffer int
+	// BackoffMin and BackoffMax bound the reconnect backoff (defaults
+	// 100ms and 10s).
+	BackoffMin, BackoffMax time.Duration
+	// SilentAfter is how long a replica may receive requests without
+	// publishing any event before it is flagged silent (default 60s).
+	SilentAfter time.Duration
+	// ResyncQuiet is the window of gap-free live events after which a
+	// replica that could not be replayed counts as caught up (default 30s).
+	ResyncQuiet time.Duration
+	// PollInterval is how often socket loops look at their context and
+	// timers (default 100ms).
+	PollInterval time.Duration
+	// MaxMessageBytes bounds one ZMQ message (default 64 MiB).
+	MaxMessageBytes int64
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.Workers <= 0 {
+		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 1024
+	}
+	if c.ReplayBuffer <= 0 {
+		c.ReplayBuffer = 4096
+	}
+	def(&c.ReplayTimeout, 2*time.Second)
+	def(&c.BackoffMin, 100*time.Millisecond)
+	def(&c.BackoffMax, 10*time.Second)
+	if c.BackoffMax < c.BackoffMin {
+		c.BackoffMax = c.BackoffMin
+	}
+	def(&c.SilentAfter, 60*time.Second)
+	def(&c.ResyncQuiet, 30*time.Second)
+	def(&c.PollInterval, 100*time.Millisecond)
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = 64 << 20
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// ReplicaStatus is a replica's event-stream state, for explain output and
+// readiness.
+type ReplicaStatus struct {
+	// Known is false for an ID that is not in the source set.
+	Known bool
+	// State is one of "connecting", "replaying", "resyncing", "live",
+	// "backoff".
+	State string
+	// CaughtUp reports the view is complete: Credit is 1.
+	CaughtUp bool
+	// Resyncing is !CaughtUp: the view is known to be incomplete.
+	Resyncing bool
+	// Settled reports that the first warm-up attempt finished (however it
+	// ended).
+	Settled bool
+	// Reason is why the replica last resynced.
+	Reason string
+	// HasSeq and LastSeq give the last sequence number accepted.
+	HasSeq  bool
+	LastSeq uint64
+	// LastEvent is when the last batch arrived (zero if never).
+	LastEvent time.Time
+	// LastRouted is when a request was last routed to the replica.
+	LastRouted time.Time
+	// Silent: requests were routed to the replica SilentAfter ago or more
+	// and it has published nothing since. Usual causes: prefix caching or
+	// KV events disabled on the engine, or a wrong endpoint or topic.
+	Silent bool
+	// Endpoint is the endpoint in use (the bound one in listen mode).
+	Endpoint string
+}
+
+// ErrRunning is returned by Run when the Manager is already running.
+var ErrRunning = errors.New("events: manager already running")
+
+// Manager subscribes to every source's event stream and keeps the index in
+// step with it. See the package documentation for the contract.
+type Manager struct {
+	idx *index.Index
+	cfg Config
+	met *metrics
+	log *slog.Logger
+
+	mu       sync.RWMutex
+	replicas map[index.ReplicaID]*replica
+	running  bool
+
+	update chan struct{}
+	monSeq atomic.Uint64
+}
+
+// NewManager returns a Manager applying events to idx. It starts nothing;
+// Run does. reg may be nil (no metrics registered); log may be nil.
+func NewManager(idx *index.Index, cfg Config, reg prometheus.Registerer, log *slog.Logger) *Manager {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{
+		idx:      idx,
+		cfg:      cfg.withDefaults(),
+		met:      newMetrics(reg),
+		log:      log,
+		replicas: make(map[index.ReplicaID]*replica),
+		update:   make(chan struct{}, 1),
+	}
+}
+
+// replica is the state of one source shared between its stream goroutine,
+// its worker and readers (Status, Credit, NoteRouted).
+type replica struct {
+	src    Source
+	mode   HashMode
+	target Target
+	shard  int
+	met    *replicaMetrics
+	log    *slog.Logger
+
+	// epoch counts resyncs; the worker skips batches of older epochs.
+	epoch        atomic.Uint64
+	caughtUp     atomic.Bool
+	settled      atomic.Bool
+	needResync   atomic.Bool // set by the worker when a batch was lost to decoding
+	sizeLogged   atomic.Bool
+	decodeLogged atomic.Bool
+	lastEventNs  atomic.Int64
+	routedNs     atomic.Int64 // first request routed since the last event; 0 if none
+	lastRouted   atomic.Int64
+
+	mu       sync.Mutex
+	state    string
+	reason   string
+	hasSeq   bool
+	lastSeq  uint64
+	endpoint string
+	silent   bool
+}
+
+func (r *replica) set(f func(r *replica)) {
+	r.mu.Lock()
+	f(r)
+	r.mu.Unlock()
+}
+
+// SetSources replaces the source set. New sources are subscribed, removed
+// ones have their sockets closed and their blocks cleared, and a source
+// whose settings changed is restarted (cleared and relearned). It is safe to
+// call at any time, including before Run; the work happens in Run. It
+// rejects the whole set, changing nothing, when a source is invalid or two
+// share an ID.
+func (m *Manager) SetSources(srcs []Source) error {
+	seen := make(map[index.ReplicaID]bool, len(srcs))
+	for _, s := range srcs {
+		if err := s.validate(); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+		if seen[s.ID] {
+			return fmt.Errorf("events: duplicate source ID %q", s.ID)
+		}
+		seen[s.ID] = true
+	}
+	m.mu.Lock()
+	next := make(map[index.ReplicaID]*replica, len(srcs))
+	for _, s := range srcs {
+		if old := m.replicas[s.ID]; old != nil && old.src == s {
+			next[s.ID] = old
+			continue
+		}
+		next[s.ID] = m.newReplica(s)
+	}
+	m.replicas = next
+	m.mu.Unlock()
+	select {
+	case m.update <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (m *Manager) newReplica(s Source) *replica {
+	mode, _ := ParseEngine(s.Engine)
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s.ID))
+	r := &replica{
+		src:    s,
+		mode:   mode,
+		target: Target{Replica: s.ID, Model: s.Model, BlockSize: s.BlockSize},
+		shard:  int(h.Sum32() % uint32(m.cfg.Workers)),
+		met:    m.met.forReplica(string(s.ID)),
+		log:    m.log.With("replica", string(s.ID)),
+		state:  "connecting",
+	}
+	r.met.resyncing.Set(1)
+	return r
+}
+
+func (m *Manager) lookup(id index.ReplicaID) *replica {
+	m.mu.RLock()
+	r := m.replicas[id]
+	m.mu.RUnlock()
+	return r
+}
+
+// Credit returns the cache credit the replica's index view deserves: 0
+// while it is resyncing or has not finished its warm-up (the view is known
+// to be incomplete, so the router treats the replica as cold), 1 otherwise.
+// Unknown replicas get 0. It never blocks on event handling.
+func (m *Manager) Credit(id index.ReplicaID) float64 {
+	if r := m.lookup(id); r != nil && r.caughtUp.Load() {
+		return 1
+	}
+	return 0
+}
+
+// Warm reports whether every source has settled its first warm-up attempt
+// (replayed, failed to, or has no replay endpoint): the readiness signal.
+// Sources that stay unreachable do not hold readiness back forever; they
+// stay at Credit 0 instead.
+func (m *Manager) Warm() bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, r := range m.replicas {
+		if !r.settled.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// NoteRouted tells the Manager a request was routed to id at now; it feeds
+// the silent-replica check. Cheap and non-blocking.
+func (m *Manager) NoteRouted(id index.ReplicaID, now time.Time) {
+	r := m.lookup(id)
+	if r == nil {
+		return
+	}
+	ns := now.UnixNano()
+	r.lastRouted.Store(ns)
+	r.routedNs.CompareAndSwap(0, ns)
+}
+
+func (r *replica) noteEvent(now time.Time) {
+	r.lastEventNs.Store(now.UnixNano())
+	r.routedNs.Store(0)
+}
+
+func (r *replica) silentAt(now time.Time, after time.Duration) bool {
+	f := r.routedNs.Load()
+	return f != 0 && now.UnixNano()-f >= int64(after)
+}
+
+// Status returns the replica's event-stream state.
+func (m *Manager) Status(id index.ReplicaID) ReplicaStatus {
+	r := m.lookup(id)
+	if r == nil {
+		return ReplicaStatus{}
+	}
+	st := ReplicaStatus{
+		Known:    true,
+		CaughtUp: r.caughtUp.Load(),
+		Settled:  r.settled.Load(),
+		Silent:   r.silentAt(m.cfg.Now(), m.cfg.SilentAfter),
+	}
+	st.Resyncing = !st.CaughtUp
+	if ns := r.lastEventNs.Load(); ns != 0 {
+		st.LastEvent = time.Unix(0, ns)
+	}
+	if ns := r.lastRouted.Load(); ns != 0 {
+		st.LastRouted = time.Unix(0, ns)
+	}
+	r.mu.Lock()
+	st.State, st.Reason, st.HasSeq, st.LastSeq, st.Endpoint = r.state, r.reason, r.hasSeq, r.lastSeq, r.endpoint
+	r.mu.Unlock()
+	return st
+}
+
+type itemKind uint8
+
+const (
+	itemBatch  itemKind = iota
+	itemReset           // clear the replica, if the epoch is still current
+	itemRemove          // clear the replica: it left the source set
+)
+
+// item is one unit of work for a worker.
+type item struct {
+	rep     *replica
+	kind    itemKind
+	epoch   uint64
+	payload []byte
+}
+
+// running is a started stream goroutine.
+type running struct {
+	rep    *replica
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run starts the worker pool and one goroutine per source, follows
+// SetSources, and returns after joining every goroutine it started once ctx
+// ends. All ZMQ sockets live in a Context owned by this call and terminated
+// before it returns.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.running {
+		m.mu.Unlock()
+		return ErrRunning
+	}
+	m.running = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+	}()
+
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("events: zmq context: %w", err)
+	}
+	queues := make([]chan item, m.cfg.Workers)
+	var workers sync.WaitGroup
+	for i := range queues {
+		queues[i] = make(chan item, m.cfg.QueueSize)
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			m.work(i, queues[i])
+		}()
+	}
+	var streams sync.WaitGroup
+	run := make(map[index.ReplicaID]*running)
+	m.reconcile(ctx, zctx, queues, run, &streams)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-m.update:
+			m.reconcile(ctx, zctx, queues, run, &streams)
+		}
+	}
+	for _, r := range run {
+		r.cancel()
+	}
+	streams.Wait()
+	for _, q := range queues {
+		close(q)
+	}
+	workers.Wait()
+	if err := zctx.Term(); err != nil {
+		m.log.Warn("zmq context did not terminate cleanly", slog.Any("error", err))
+	}
+	return nil
+}
+
+// reconcile stops streams whose replica left (or changed in) the source set,
+// clears their blocks, and starts streams for new replicas.
+func (m *Manager) reconcile(ctx context.Context, zctx *zmq.Context, queues []chan item, run map[index.ReplicaID]*running, wg *sync.WaitGroup) {
+	m.mu.RLock()
+	want := maps.Clone(m.replicas)
+	m.mu.RUnlock()
+	var stopping []*running
+	for id, r := range run {
+		if want[id] != r.rep {
+			r.cancel()
+			stopping = append(stopping, r)
+			delete(run, id)
+		}
+	}
+	for _, r := range stopping {
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return
+		}
+		// Queued after everything the stream enqueued: the worker clears
+		// the replica once its last batch is through.
+		r.rep.epoch.Add(1)
+		select {
+		case queues[r.rep.shard] <- item{rep: r.rep, kind: itemRemove}:
+		case <-ctx.Done():
+			return
+		}
+		id := r.rep.src.ID
+		if want[id] == nil {
+			m.met.forget(string(id))
+			r.rep.log.Info("event source removed")
+		}
+	}
+	for id, rep := range want {
+		if run[id] != nil {
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		r := &running{rep: rep, cancel: cancel, done: make(chan struct{})}
+		run[id] = r
+		s := &stream{m: m, rep: rep, zctx: zctx, q: queues[rep.shard], log: rep.log}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(r.done)
+			s.run(sctx)
+		}()
+	}
+}
+
+// work applies one worker's queue until it is closed.
+func (m *Manager) work(i int, q chan item) {
+	w := &worker{m: m, ap: NewApplier(m.idx), depth: m.met.queueDepth.WithLabelValues(workerLabel(i))}
+	for it := range q {
+		w.depth.Set(float64(len(q)))
+		w.handle(it)
+	}
+	w.depth.Set(0)
+}
+
+type worker struct {
+	m     *Manager
+	ap    *Applier
+	dec   Decoder
+	b     Batch
+	depth prometheus.Gauge
+}
+
+// handle applies one item; a panic is contained, counted, and resyncs the
+// replica, so one bad batch cannot stop the pool.
+func (w *worker) handle(it item) {
+	r := it.rep
+	defer func() {
+		if p := recover(); p != nil {
+			w.m.met.decodeErrors.WithLabelValues(string(r.src.ID), "panic").Inc()
+			r.log.Error("event worker recovered from a panic", slog.Any("panic", p))
+			r.needResync.Store(true)
+		}
+	}()
+	switch it.kind {
+	case itemRemove:
+		w.m.idx.Cleared(r.src.ID)
+		return
+	case itemReset:
+		if it.epoch == r.epoch.Load() {
+			w.m.idx.Cleared(r.src.ID)
+		}
+		return
+	}
+	if it.epoch != r.epoch.Load() {
+		return // superseded by a resync: the replica is being relearned
+	}
+	if err := w.dec.Decode(it.payload, r.mode, &w.b); err != nil {
+		reason := ErrorReason(err)
+		w.m.met.decodeErrors.WithLabelValues(string(r.src.ID), reason).Inc()
+		if !r.decodeLogged.Swap(true) {
+			r.log.Warn("undecodable event batch; resyncing replica", slog.String("reason", reason), slog.Any("error", err))
+		}
+		r.needResync.Store(true)
+		return
+	}
+	b := &w.b
+	if b.Invalid > 0 {
+		w.m.met.decodeErrors.WithLabelValues(string(r.src.ID), "invalid_event").Add(float64(b.Invalid))
+		if !r.decodeLogged.Swap(true) {
+			r.log.Warn("event with a malformed field; resyncing replica", slog.Int("events", b.Invalid))
+		}
+		r.needResync.Store(true)
+	}
+	if b.Unknown > 0 {
+		r.met.unkn.Add(float64(b.Unknown))
+	}
+	if b.UnknownKeys > 0 {
+		w.m.met.skipped.WithLabelValues(string(r.src.ID), "unknown_key").Add(float64(b.UnknownKeys))
+	}
+	st := w.ap.Apply(r.target, b)
+	rm := r.met
+	rm.batches.Inc()
+	if st.Stored > 0 {
+		rm.stored.Add(float64(st.Stored))
+	}
+	if st.Removed > 0 {
+		rm.removed.Add(float64(st.Removed))
+	}
+	if st.Cleared > 0 {
+		rm.cleared.Add(float64(st.Cleared))
+	}
+	if st.UnknownParentBlocks > 0 {
+		rm.unknownParent.Add(float64(st.UnknownParentBlocks))
+	}
+	if st.BadShape > 0 {
+		rm.badShape.Add(float64(st.BadShape))
+	}
+	if st.UnknownMedium > 0 {
+		rm.unknownMedium.Add(float64(st.UnknownMedium))
+	}
+	if st.OtherGroup > 0 {
+		rm.group.Add(float64(st.OtherGroup))
+	}
+	if st.BlockSizeMismatch > 0 {
+		rm.sizeMismatch.Add(float64(st.BlockSizeMismatch))
+		if !r.sizeLogged.Swap(true) {
+			r.log.Warn("engine block size differs from the configured one; requests will not match these blocks",
+				slog.Int("configured", r.src.BlockSize))
+		}
+	}
+	if b.TS > 0 {
+		lag := w.m.cfg.Now().Sub(time.Unix(0, int64(b.TS*1e9)))
+		rm.lag.Set(lag.Seconds())
+	}
+}
