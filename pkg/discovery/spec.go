@@ -107,9 +107,9 @@ type Defaults struct {
 
 // overrides are per-replica values that beat Defaults (Kubernetes).
 type overrides struct {
-	model, engine, topic                         *string
-	blockSize, eventsPort, replayPort, dpRanks   *int
-	metricsPort                                  *int
+	model, engine, topic                       *string
+	blockSize, eventsPort, replayPort, dpRanks *int
+	metricsPort                                *int
 }
 
 // newReplica builds (and validates, with path = id) a replica serving on
