@@ -1,0 +1,59 @@
+package extproc
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	decisions  *prometheus.CounterVec
+	decideDur  prometheus.Histogram
+	tokenize   *prometheus.HistogramVec
+	rejections *prometheus.CounterVec
+	streamErrs *prometheus.CounterVec
+	active     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_decisions_total",
+			Help: "Routing decisions, by chosen replica, policy, policy reason and degradation (\"\" when cache affinity was used).",
+		}, []string{"replica", "policy", "reason", "degraded"}),
+		decideDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvroute_decision_duration_seconds",
+			Help:    "Wall time of one routing decision, tokenization included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_tokenize_duration_seconds",
+			Help:    "Time spent obtaining the prompt's tokens, by token source.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"source"}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_immediate_responses_total",
+			Help: "Requests answered by the router itself instead of routed, by HTTP status and reason.",
+		}, []string{"code", "reason"}),
+		streamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_stream_errors_total",
+			Help: "ext_proc stream failures, by kind (recv, send, panic, protocol).",
+		}, []string{"kind"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_extproc_streams_active",
+			Help: "ext_proc streams currently open.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) rejected(code int, reason string) {
+	m.rejections.WithLabelValues(strconv.Itoa(code), reason).Inc()
+}

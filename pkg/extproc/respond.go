@@ -1,0 +1,156 @@
+package extproc
+
+import (
+	"encoding/json"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Builders for the ProcessingResponses the server sends. They are pure and
+// deterministic: the same inputs give byte-identical messages.
+
+func setHeader(name, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: name, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// pick is what the request-phase response carries.
+type pick struct {
+	remove   []string // client headers to strip (sorted)
+	set      []*corev3.HeaderValueOption
+	metadata *structpb.Struct // envoy.lb destination, nil without a pick
+}
+
+func (p *pick) mutation() *extprocv3.HeaderMutation {
+	if len(p.remove) == 0 && len(p.set) == 0 {
+		return nil
+	}
+	return &extprocv3.HeaderMutation{SetHeaders: p.set, RemoveHeaders: p.remove}
+}
+
+func destinationMetadata(value string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			MetadataDestinationKey: structpb.NewStringValue(value),
+		}}),
+	}}
+}
+
+// requestHeadersResponse answers the request headers, carrying the pick
+// when it is known (p.metadata set) or only the stripping otherwise.
+func requestHeadersResponse(p *pick) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{
+				HeaderMutation:  p.mutation(),
+				ClearRouteCache: p.metadata != nil,
+			},
+		}},
+		DynamicMetadata: p.metadata,
+	}
+}
+
+// requestBodyResponse answers a buffered request body, carrying the pick's
+// header mutation (the headers are still held by the proxy in that mode).
+func requestBodyResponse(p *pick) *extprocv3.ProcessingResponse {
+	r := &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+			Response: &extprocv3.CommonResponse{},
+		}},
+	}
+	if p != nil {
+		r.GetRequestBody().Response.HeaderMutation = p.mutation()
+		r.GetRequestBody().Response.ClearRouteCache = p.metadata != nil
+		r.DynamicMetadata = p.metadata
+	}
+	return r
+}
+
+// streamedBody re-sends body as streamed body mutations of at most
+// MaxStreamedChunk bytes; the last carries eos. An empty body is one empty
+// chunk.
+func streamedBody(body []byte, eos bool, request bool) []*extprocv3.ProcessingResponse {
+	var out []*extprocv3.ProcessingResponse
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), MaxStreamedChunk)
+		chunk := body[:n:n]
+		body = body[n:]
+		out = append(out, streamedChunk(chunk, eos && len(body) == 0, request))
+	}
+	return out
+}
+
+func streamedChunk(chunk []byte, eos bool, request bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos},
+		}},
+	}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+func continueResponseHeaders() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{},
+	}}
+}
+
+func continueResponseBody() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{},
+	}}
+}
+
+func trailersResponse(request bool) *extprocv3.ProcessingResponse {
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{},
+		}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{},
+	}}
+}
+
+// rejection is a request the router answers itself.
+type rejection struct {
+	code    int
+	reason  string
+	message string
+}
+
+type errorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+// immediateResponse renders r as an OpenAI-style JSON error.
+func immediateResponse(r rejection) *extprocv3.ProcessingResponse {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = r.message, statusText(r.code), r.reason
+	body, _ := json.Marshal(b) // a struct of strings always marshals
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode(r.code)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				setHeader("content-type", "application/json"),
+				setHeader(ReasonHeader, r.reason),
+			}},
+			Body:    body,
+			Details: "kvroute_" + r.reason + "_" + strconv.Itoa(r.code),
+		},
+	}}
+}

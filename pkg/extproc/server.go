@@ -1,0 +1,92 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// instrumentationName names the tracer.
+const instrumentationName = "github.com/kvroute/kvroute/pkg/extproc"
+
+// Server is the ext_proc ExternalProcessor service. It is safe for
+// concurrent use; each stream is served by the gRPC goroutine that calls
+// Process and holds only that stream's state.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg     Config
+	tracer  trace.Tracer
+	metrics *metrics
+}
+
+// New validates cfg, applies defaults and registers the request-path
+// metrics. It starts nothing.
+func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("extproc: register metrics: %w", err)
+	}
+	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m}, nil
+}
+
+// Register adds the ext_proc service to g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+}
+
+// Process serves one ext_proc stream (one HTTP request). It returns nil
+// when the proxy ends the stream (EOF or cancellation). A panic while
+// handling a message is recovered, counted, answered with a 500 immediate
+// response when possible, and ends only this stream. Whatever the exit,
+// the request's load counters are released and its span ended.
+func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err error) {
+	s.metrics.active.Inc()
+	st := newStream(s, ps.Context())
+	defer func() {
+		// Registered first, so it runs last: after panic recovery below.
+		st.close()
+		s.metrics.active.Dec()
+	}()
+	defer func() {
+		if r := recover(); r != nil {
+			s.metrics.streamErrs.WithLabelValues("panic").Inc()
+			s.cfg.Logger.Error("ext_proc stream panic", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			if !st.answered {
+				s.metrics.rejected(500, ReasonInternal)
+				_ = ps.Send(immediateResponse(rejection{code: 500, reason: ReasonInternal, message: "internal router error"}))
+			}
+			err = nil
+		}
+	}()
+	for {
+		req, rerr := ps.Recv()
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) || status.Code(rerr) == codes.Canceled {
+				return nil
+			}
+			s.metrics.streamErrs.WithLabelValues("recv").Inc()
+			return rerr
+		}
+		for _, resp := range st.handle(req) {
+			if serr := ps.Send(resp); serr != nil {
+				if status.Code(serr) != codes.Canceled {
+					s.metrics.streamErrs.WithLabelValues("send").Inc()
+				}
+				return serr
+			}
+		}
+	}
+}

@@ -1,0 +1,507 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// phase is where a stream is in the request/response exchange.
+type phase uint8
+
+const (
+	phaseHeaders  phase = iota // waiting for the request headers
+	phaseBody                  // accumulating the request body
+	phaseRouted                // pick sent; request flowing upstream
+	phaseResponse              // response headers seen
+	phaseDone                  // answered by an immediate response, or finished
+)
+
+// stream is one ext_proc stream's state. The request side keeps only what
+// routing needs; the decision and the lifecycle handle are the only things
+// carried into the response side.
+type stream struct {
+	s   *Server
+	ctx context.Context
+
+	phase      phase
+	modesKnown bool
+	reqMode    filterv3.ProcessingMode_BodySendMode
+	respMode   filterv3.ProcessingMode_BodySendMode
+	answered   bool // an immediate response is no longer possible
+
+	// Request.
+	path        string
+	contentType string
+	session     string
+	strip       []string
+	carrier     propagation.HeaderCarrier
+	subset      []string
+	subsetSet   bool
+	body        []byte
+	span        trace.Span
+	spanCtx     context.Context
+
+	// Decision and lifecycle.
+	routed   bool
+	decision route.Decision
+	life     *load.Handle
+
+	// Response.
+	respStatus int
+	sse        bool
+	parser     openai.StreamParser
+	respBody   []byte
+	respOver   bool
+	first      bool
+	finished   bool
+}
+
+func newStream(s *Server, ctx context.Context) *stream {
+	return &stream{
+		s: s, ctx: ctx, spanCtx: ctx,
+		reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode,
+		carrier: propagation.HeaderCarrier{},
+	}
+}
+
+// handle advances the state machine by one message and returns what to send.
+func (st *stream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+	if pc := req.GetProtocolConfig(); pc != nil && !st.modesKnown {
+		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+	}
+	st.modesKnown = true
+	st.readMetadata(req)
+	switch v := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.requestHeaders(v.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.requestBody(v.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.requestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return st.responseHeaders(v.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return st.responseBody(v.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.finish()
+		return []*extprocv3.ProcessingResponse{trailersResponse(false)}
+	}
+	st.s.metrics.streamErrs.WithLabelValues("protocol").Inc()
+	return nil
+}
+
+// readMetadata picks the subset hint (request side) and the served
+// endpoint (response side) out of the message's metadata context.
+func (st *stream) readMetadata(req *extprocv3.ProcessingRequest) {
+	md := req.GetMetadataContext().GetFilterMetadata()
+	if md == nil {
+		return
+	}
+	if st.phase < phaseRouted && !st.s.cfg.IgnoreSubsetHint {
+		if ns, ok := md[SubsetNamespace]; ok {
+			if v, ok := ns.GetFields()[SubsetKey]; ok {
+				st.subset, st.subsetSet = subsetList(v), true
+			}
+		}
+	}
+	if st.span != nil {
+		if v := md[MetadataNamespace].GetFields()[ServedKey]; v != nil {
+			st.span.SetAttributes(attribute.String("kvroute.served_endpoint", v.GetStringValue()))
+		}
+	}
+}
+
+func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	if st.phase != phaseHeaders {
+		st.s.metrics.streamErrs.WithLabelValues("protocol").Inc()
+		return nil
+	}
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		name := strings.ToLower(hv.GetKey())
+		val := hv.GetValue()
+		if len(hv.GetRawValue()) > 0 {
+			val = string(hv.GetRawValue())
+		}
+		switch {
+		case name == ":path":
+			st.path = val
+		case name == "content-type":
+			st.contentType = strings.ToLower(val)
+		case name == st.s.cfg.SessionHeader:
+			st.session = val
+		}
+		if st.s.cfg.isStripped(name) && !slices.Contains(st.strip, name) {
+			st.strip = append(st.strip, name)
+		}
+		if !strings.HasPrefix(name, ":") {
+			st.carrier.Set(name, val)
+		}
+	}
+	slices.Sort(st.strip)
+	parent := st.s.cfg.Propagator.Extract(st.ctx, st.carrier)
+	st.spanCtx, st.span = st.s.tracer.Start(parent, "kvroute.request",
+		trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("url.path", pathOnly(st.path))))
+
+	noBody := h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE ||
+		st.reqMode == filterv3.ProcessingMode_STREAMED || st.reqMode == filterv3.ProcessingMode_GRPC
+	if noBody {
+		// No body to read before the headers must go: route by load alone.
+		p, rej := st.route(nil)
+		if rej != nil {
+			return st.reject(*rej)
+		}
+		st.phase = phaseRouted
+		return []*extprocv3.ProcessingResponse{requestHeadersResponse(p)}
+	}
+	st.phase = phaseBody
+	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return nil // hold the headers until the body has been read
+	}
+	// BUFFERED(_PARTIAL): the proxy waits for this answer before sending the
+	// body; strip now, route in the body response.
+	return []*extprocv3.ProcessingResponse{requestHeadersResponse(&pick{remove: st.strip})}
+}
+
+func (st *stream) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+	duplex := st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	if st.phase != phaseBody {
+		// Body after a routing decision (the proxy streams it on): pass it.
+		if duplex {
+			return []*extprocv3.ProcessingResponse{streamedChunk(b.GetBody(), b.GetEndOfStream(), true)}
+		}
+		if st.phase == phaseDone {
+			return nil
+		}
+		return []*extprocv3.ProcessingResponse{requestBodyResponse(nil)}
+	}
+	if len(st.body)+len(b.GetBody()) > st.s.cfg.MaxRequestBody {
+		return st.reject(rejection{code: http.StatusRequestEntityTooLarge, reason: ReasonTooLarge,
+			message: fmt.Sprintf("request body exceeds %d bytes", st.s.cfg.MaxRequestBody)})
+	}
+	st.body = append(st.body, b.GetBody()...)
+	if duplex && !b.GetEndOfStream() {
+		return nil
+	}
+	p, rej := st.route(st.body)
+	if rej != nil {
+		return st.reject(*rej)
+	}
+	st.phase = phaseRouted
+	if !duplex {
+		return []*extprocv3.ProcessingResponse{requestBodyResponse(p)}
+	}
+	out := []*extprocv3.ProcessingResponse{requestHeadersResponse(p)}
+	out = append(out, streamedBody(st.body, true, true)...)
+	st.body = nil
+	return out
+}
+
+func (st *stream) requestTrailers() []*extprocv3.ProcessingResponse {
+	if st.phase != phaseBody || st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		if st.phase == phaseDone {
+			return nil
+		}
+		return []*extprocv3.ProcessingResponse{trailersResponse(true)}
+	}
+	// The body ended with trailers instead of an end-of-stream chunk.
+	p, rej := st.route(st.body)
+	if rej != nil {
+		return st.reject(*rej)
+	}
+	st.phase = phaseRouted
+	out := []*extprocv3.ProcessingResponse{requestHeadersResponse(p)}
+	if len(st.body) > 0 {
+		out = append(out, streamedBody(st.body, false, true)...)
+	}
+	st.body = nil
+	return append(out, trailersResponse(true))
+}
+
+func (st *stream) reject(r rejection) []*extprocv3.ProcessingResponse {
+	st.phase, st.answered = phaseDone, true
+	st.body = nil
+	st.s.metrics.rejected(r.code, r.reason)
+	if st.span != nil {
+		st.span.SetAttributes(attribute.Int("http.response.status_code", r.code), attribute.String("kvroute.reject_reason", r.reason))
+		st.span.SetStatus(codes.Error, r.reason)
+	}
+	return []*extprocv3.ProcessingResponse{immediateResponse(r)}
+}
+
+// route builds the protocol-free request, asks the Decider and turns the
+// answer into a pick or a rejection. body is nil when there is none.
+func (st *stream) route(body []byte) (*pick, *rejection) {
+	if st.subsetSet && len(st.subset) == 0 {
+		return nil, &rejection{code: http.StatusServiceUnavailable, reason: ReasonSubsetEmpty,
+			message: "the proxy's endpoint subset is empty"}
+	}
+	req := route.Request{SessionKey: st.session}
+	if st.subsetSet {
+		req.Subset = st.subset
+	}
+	if len(body) > 0 {
+		kind := openai.KindOf(st.path)
+		jsonish := st.contentType == "" || strings.Contains(st.contentType, "json")
+		switch {
+		case kind != openai.KindUnknown && jsonish:
+			parsed, err := openai.Parse(st.path, body)
+			if err != nil {
+				return nil, &rejection{code: http.StatusBadRequest, reason: ReasonBadRequest, message: err.Error()}
+			}
+			fillRequest(&req, parsed)
+		case jsonish:
+			req.Model = openai.Model(body)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
+	defer cancel()
+	ctx, span := st.s.tracer.Start(ctx, "kvroute.decide")
+	start := time.Now()
+	dec, err := st.s.cfg.Decider.Decide(ctx, req)
+	elapsed := time.Since(start)
+	st.s.metrics.decideDur.Observe(elapsed.Seconds())
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
+		return nil, st.decideError(err, req)
+	}
+	if dec.TokenSource != "" {
+		st.s.metrics.tokenize.WithLabelValues(dec.TokenSource).Observe(dec.TokenizeTime.Seconds())
+	}
+	annotate(span, dec, elapsed)
+	span.End()
+
+	st.decision, st.routed = dec, true
+	replica := string(dec.Replica)
+	st.s.metrics.decisions.WithLabelValues(replica, dec.Policy, dec.Reason, dec.Degraded).Inc()
+	st.span.SetAttributes(attribute.String("kvroute.replica", replica), attribute.String("kvroute.endpoint", dec.Address))
+	if st.s.cfg.Tracker != nil {
+		matched := dec.MatchedBlocks()
+		st.life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
+	}
+	return st.pickFor(dec), nil
+}
+
+func (st *stream) decideError(err error, req route.Request) *rejection {
+	switch {
+	case errors.Is(err, route.ErrNoReplica):
+		if req.Subset != nil {
+			return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "no eligible replica in the proxy's endpoint subset"}
+		}
+		return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "no healthy replica serves the model"}
+	case errors.Is(err, route.ErrUnknownModel):
+		return &rejection{code: http.StatusNotFound, reason: ReasonUnknownModel, message: fmt.Sprintf("the model %q does not exist", req.Model)}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return &rejection{code: http.StatusServiceUnavailable, reason: ReasonTimeout, message: "routing decision timed out"}
+	}
+	st.s.cfg.Logger.Error("routing decision failed", "error", err)
+	return &rejection{code: http.StatusInternalServerError, reason: ReasonInternal, message: "internal router error"}
+}
+
+// fillRequest copies a parsed OpenAI request into the routing request.
+// Batched prompts route by their first element.
+func fillRequest(req *route.Request, p openai.Request) {
+	req.Model, req.CacheSalt, req.MaxTokens = p.Model, p.CacheSalt, p.MaxTokens
+	switch p.Kind {
+	case openai.KindChat:
+		req.Input = route.TokenizeInput{
+			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
+		}
+	case openai.KindCompletion:
+		switch {
+		case len(p.Prompt.TokenIDs) > 0:
+			req.Tokens = p.Prompt.TokenIDs[0]
+		case len(p.Prompt.Texts) > 0:
+			req.Input = route.TokenizeInput{Prompt: p.Prompt.Texts[0], AddSpecialTokens: p.AddSpecialTokens}
+		}
+	}
+}
+
+// pickFor turns a decision into the header mutation and metadata.
+func (st *stream) pickFor(dec route.Decision) *pick {
+	cfg := &st.s.cfg
+	dest := dec.Address
+	if cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
+		dest = strings.Join(append([]string{dec.Address}, dec.Fallbacks...), ",")
+	}
+	p := &pick{remove: st.strip, metadata: destinationMetadata(dest)}
+	p.set = append(p.set, setHeader(cfg.DestinationHeader, dest))
+	if !cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
+		p.set = append(p.set, setHeader(cfg.FallbackHeader, strings.Join(dec.Fallbacks, ",")))
+	}
+	if sc := trace.SpanContextFromContext(st.spanCtx); sc.IsValid() {
+		out := propagation.MapCarrier{}
+		cfg.Propagator.Inject(st.spanCtx, out)
+		keys := out.Keys()
+		slices.Sort(keys)
+		for _, k := range keys {
+			p.set = append(p.set, setHeader(k, out[k]))
+		}
+	}
+	return p
+}
+
+func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+	st.phase, st.answered = phaseResponse, true
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		val := hv.GetValue()
+		if len(hv.GetRawValue()) > 0 {
+			val = string(hv.GetRawValue())
+		}
+		switch strings.ToLower(hv.GetKey()) {
+		case ":status":
+			st.respStatus, _ = strconv.Atoi(val)
+		case "content-type":
+			st.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(val)), "text/event-stream")
+		}
+	}
+	if st.span != nil && st.respStatus != 0 {
+		st.span.SetAttributes(attribute.Int("http.response.status_code", st.respStatus))
+	}
+	if h.GetEndOfStream() {
+		st.finish()
+	}
+	return []*extprocv3.ProcessingResponse{continueResponseHeaders()}
+}
+
+func (st *stream) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+	st.observeBody(b.GetBody())
+	if b.GetEndOfStream() {
+		st.finish()
+	}
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return []*extprocv3.ProcessingResponse{streamedChunk(b.GetBody(), b.GetEndOfStream(), false)}
+	}
+	return []*extprocv3.ProcessingResponse{continueResponseBody()}
+}
+
+// observeBody feeds response bytes to the usage readers and moves the
+// request from prefill to decode at its first output.
+func (st *stream) observeBody(chunk []byte) {
+	if len(chunk) == 0 || st.finished {
+		return
+	}
+	ok := st.respStatus == 0 || (st.respStatus >= 200 && st.respStatus < 300)
+	switch {
+	case !ok:
+	case st.sse:
+		_, _ = st.parser.Write(chunk)
+	case !st.respOver:
+		if len(st.respBody)+len(chunk) > st.s.cfg.MaxResponseBody {
+			st.respOver, st.respBody = true, nil
+		} else {
+			st.respBody = append(st.respBody, chunk...)
+		}
+	}
+	if !st.first && (!st.sse || st.parser.SawContent() || !ok) {
+		st.first = true
+		st.life.FirstToken()
+		if st.span != nil {
+			st.span.AddEvent("first_token")
+		}
+	}
+}
+
+// finish ends the response: usage is compared with the prediction and the
+// lifecycle released. It runs once.
+func (st *stream) finish() {
+	if st.finished {
+		return
+	}
+	st.finished = true
+	st.phase = phaseDone
+	defer st.life.Done()
+	if !st.routed || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
+		return
+	}
+	var (
+		u  openai.Usage
+		ok bool
+	)
+	if st.sse {
+		st.parser.Flush()
+		u, ok = st.parser.Usage()
+	} else if len(st.respBody) > 0 {
+		u, ok, _ = openai.ParseUsage(st.respBody)
+	}
+	st.respBody = nil
+	if !ok {
+		return
+	}
+	predicted := st.predictedCachedTokens(u.PromptTokens)
+	if st.span != nil {
+		st.span.SetAttributes(
+			attribute.Int("kvroute.usage.prompt_tokens", u.PromptTokens),
+			attribute.Int("kvroute.usage.completion_tokens", u.CompletionTokens),
+			attribute.Int("kvroute.cached_tokens.predicted", predicted))
+		if u.HasCachedTokens {
+			st.span.SetAttributes(attribute.Int("kvroute.cached_tokens.served", u.CachedTokens))
+		}
+	}
+	if u.HasCachedTokens && st.s.cfg.Fidelity != nil {
+		st.s.cfg.Fidelity.Observe(string(st.decision.Replica), predicted, u.CachedTokens)
+	}
+}
+
+// predictedCachedTokens converts the picked replica's matched blocks into
+// the cached tokens the engine should report. Engines always recompute
+// the prompt's last token, so a full match of a block-aligned prompt shows
+// one block less; the prediction is capped accordingly.
+func (st *stream) predictedCachedTokens(promptTokens int) int {
+	dec := st.decision
+	bs := 0
+	if st.s.cfg.BlockSize != nil {
+		bs = st.s.cfg.BlockSize(dec.Replica)
+	}
+	if bs <= 0 && dec.PromptBlocks > 0 {
+		bs = dec.PromptTokens / dec.PromptBlocks
+	}
+	if bs <= 0 {
+		return 0
+	}
+	predicted := dec.MatchedBlocks() * bs
+	if promptTokens > 0 {
+		predicted = min(predicted, (promptTokens-1)/bs*bs)
+	}
+	return max(predicted, 0)
+}
+
+// close runs when the stream ends on any path: the lifecycle is released
+// (a no-op when finish already did) and the request span ended.
+func (st *stream) close() {
+	st.life.Done()
+	if st.span != nil {
+		if !st.finished && st.phase != phaseDone {
+			st.span.SetAttributes(attribute.Bool("kvroute.stream_aborted", true))
+		}
+		st.span.End()
+	}
+}
+
+func pathOnly(p string) string {
+	if i := strings.IndexAny(p, "?#"); i >= 0 {
+		return p[:i]
+	}
+	return p
+}
