@@ -710,12 +710,20 @@ func TestDropsAndReplay(t *testing.T) {
 			if err := sub.Connect(s.info.Endpoint); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond) // let the subscription reach the PUB
-			for i := range 12 {
+			// Send until the subscriber has seen a batch (the subscription
+			// takes a moment to reach the PUB) and at least 12 were made.
+			live := map[uint64][]byte{}
+			deadline := time.Now().Add(30 * time.Second)
+			for i := 0; i < 12 || len(live) == 0; i++ {
+				if time.Now().After(deadline) {
+					t.Fatal("subscriber received nothing in 30s")
+				}
 				s.complete(t, fmt.Sprintf(`{"prompt": %q, "max_tokens": 2}`, strings.Repeat(fmt.Sprint(i), 40)))
+				if msg, ok := recvTimeout(t, sub, 10*time.Millisecond); ok {
+					live[binary.BigEndian.Uint64(msg[1])] = msg[2]
+				}
 			}
 			var all []batchRec
-			deadline := time.Now().Add(30 * time.Second)
 			for len(all) < 12 {
 				all = replayFrom(t, s.info.ReplayEndpoint, 0, legacy)
 				if time.Now().After(deadline) {
@@ -727,7 +735,6 @@ func TestDropsAndReplay(t *testing.T) {
 					t.Fatalf("replay seq %d at %d", b.seq, i)
 				}
 			}
-			live := map[uint64][]byte{}
 			for {
 				msg, ok := recvTimeout(t, sub, 300*time.Millisecond)
 				if !ok {
