@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// Config is kvroute's configuration file (YAML). It is decoded strictly
+// (unknown keys are errors), defaults are applied, then it is validated; every
+// error names its field ("replicas.static[2].address: ...").
+type Config struct {
+	Listeners ListenersConfig `yaml:"listeners"`
+	Replicas  ReplicasConfig  `yaml:"replicas"`
+	Policy    PolicyConfig    `yaml:"policy"`
+	Tokenizer TokenizerConfig `yaml:"tokenizer"`
+	Events    EventsConfig    `yaml:"events"`
+	Load      LoadConfig      `yaml:"load"`
+	Index     IndexConfig     `yaml:"index"`
+	Routing   RoutingConfig   `yaml:"routing"`
+	Telemetry TelemetryConfig `yaml:"telemetry"`
+	Readiness ReadinessConfig `yaml:"readiness"`
+}
+
+// ListenersConfig are the addresses kvroute listens on.
+type ListenersConfig struct {
+	// ExtProc is the Envoy ext_proc gRPC listener (also serves the gRPC
+	// health service Envoy checks). Default ":9002".
+	ExtProc string `yaml:"extproc"`
+	// Admin serves the admin API, gRPC and its HTTP JSON mirror on one
+	// port. Default "127.0.0.1:9003" (loopback: it can explain any prompt).
+	Admin string `yaml:"admin"`
+	// Metrics serves /metrics, /healthz and /readyz. Default ":9090".
+	Metrics string `yaml:"metrics"`
+	// DrainTimeout bounds how long in-flight ext_proc streams may finish
+	// after a shutdown signal. Default 15s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// ReplicasConfig names exactly one replica source.
+type ReplicasConfig struct {
+	// Static lists the replicas inline.
+	Static []discovery.ReplicaSpec `yaml:"static"`
+	// File is a replica file (the same list under a top-level "replicas:"
+	// key), reloaded when it changes.
+	File *FileSourceConfig `yaml:"file"`
+	// DNS resolves a name (A/AAAA or SRV) at an interval.
+	DNS *DNSSourceConfig `yaml:"dns"`
+}
+
+// FileSourceConfig configures the replica file source.
+type FileSourceConfig struct {
+	Path     string        `yaml:"path"`
+	Interval time.Duration `yaml:"interval"` // default 5s
+}
+
+// DNSSourceConfig configures the DNS replica source.
+type DNSSourceConfig struct {
+	Host       string            `yaml:"host"`
+	Port       int               `yaml:"port"`
+	SRV        bool              `yaml:"srv"`
+	SRVService string            `yaml:"srv_service"`
+	SRVProto   string            `yaml:"srv_proto"`
+	IPFamily   string            `yaml:"ip_family"`
+	Interval   time.Duration     `yaml:"interval"`
+	Timeout    time.Duration     `yaml:"timeout"`
+	Defaults   DNSDefaultsConfig `yaml:"defaults"`
+}
+
+// DNSDefaultsConfig fills what DNS cannot tell (discovery.Defaults).
+type DNSDefaultsConfig struct {
+	Model       string `yaml:"model"`
+	Engine      string `yaml:"engine"`
+	BlockSize   int    `yaml:"block_size"`
+	EventsPort  int    `yaml:"events_port"`
+	ReplayPort  int    `yaml:"replay_port"`
+	Topic       string `yaml:"topic"`
+	DPRanks     int    `yaml:"dp_ranks"`
+	MetricsPort int    `yaml:"metrics_port"`
+}
+
+// PolicyConfig picks the policy and carries every policy's knobs
+// (policy.Config, inline: blended, hardswitch, prefixaffinity, session).
+type PolicyConfig struct {
+	// Name is one of policy.Names(); default "blended".
+	Name string `yaml:"name"`
+	// Seed seeds the policies' randomness (tie breaks); 0 = random.
+	Seed          uint64 `yaml:"seed"`
+	policy.Config `yaml:",inline"`
+}
+
+// TokenizerConfig chooses how prompts are tokenized, per model.
+type TokenizerConfig struct {
+	// Default applies to models without an entry in Models.
+	Default TokenizerModelConfig `yaml:"default"`
+	// Models maps a served model name to its tokenizer.
+	Models map[string]TokenizerModelConfig `yaml:"models"`
+	// Timeout bounds one tokenization; over it the decision degrades to
+	// least loaded. Default 200ms.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// TokenizerModelConfig is one model's tokenizer.
+type TokenizerModelConfig struct {
+	// Kind is "remote" (the engine's own /tokenize), "local" (a HF
+	// tokenizer.json), or "approximate". Default "remote".
+	Kind string `yaml:"kind"`
+	// Path is the tokenizer.json for "local".
+	Path string `yaml:"path"`
+}
+
+// EventsConfig tunes the KV-event subscribers.
+type EventsConfig struct {
+	// SilenceWindow flags a replica that was routed requests but published
+	// no event for this long. Default 30s.
+	SilenceWindow time.Duration `yaml:"silence_window"`
+}
+
+// LoadConfig tunes the load view.
+type LoadConfig struct {
+	// ScrapeInterval between engine /metrics scrapes. Default 1s; 0 after
+	// defaults is impossible; set disable_scrape to turn scraping off.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	DisableScrape  bool          `yaml:"disable_scrape"`
+}
+
+// IndexConfig bounds the prefix index.
+type IndexConfig struct {
+	// MaxBytes bounds the index's estimated memory; 0 = unbounded.
+	// Default 1 GiB.
+	MaxBytes int64 `yaml:"max_bytes"`
+}
+
+// RoutingConfig holds request-path settings.
+type RoutingConfig struct {
+	// DestinationHeader is the header naming the pick. Default
+	// "x-gateway-destination-endpoint".
+	DestinationHeader string `yaml:"destination_header"`
+	// SessionHeader carries the session affinity key. Default "x-session-id".
+	SessionHeader string `yaml:"session_header"`
+	// BlockSize is the KV block size in tokens for replicas that do not set
+	// their own. Default 16 (vLLM's default).
+	BlockSize int `yaml:"block_size"`
+}
+
+// TelemetryConfig configures logs and traces. Tracing follows the standard
+// OTEL_* environment variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...).
+type TelemetryConfig struct {
+	ServiceName string `yaml:"service_name"` // default "kvroute"
+	LogLevel    string `yaml:"log_level"`    // debug|info|warn|error; default info
+	LogFormat   string `yaml:"log_format"`   // text|json; default text
+}
+
+// ReadinessConfig says when kvroute reports ready.
+type ReadinessConfig struct {
+	// WarmTimeout: kvroute is ready once every event stream is warm (its
+	// first replay or first batch applied), or after this long, whichever
+	// comes first. Default 30s; 0 after defaults is impossible, use
+	// "1ns" to be ready at once.
+	WarmTimeout time.Duration `yaml:"warm_timeout"`
+}
+
+// Defaults.
+const (
+	DefaultExtProcAddr       = ":9002"
+	DefaultAdminAddr         = "127.0.0.1:9003"
+	DefaultMetricsAddr       = ":9090"
+	DefaultDrainTimeout      = 15 * time.Second
+	DefaultPolicy            = policy.NameBlended
+	DefaultTokenizeTimeout   = 200 * time.Millisecond
+	DefaultSilenceWindow     = 30 * time.Second
+	DefaultScrapeInterval    = time.Second
+	DefaultIndexMaxBytes     = 1 << 30
+	DefaultDestinationHeader = "x-gateway-destination-endpoint"
+	DefaultSessionHeader     = "x-session-id"
+	DefaultBlockSize         = 16
+	DefaultWarmTimeout       = 30 * time.Second
+	DefaultServiceName       = "kvroute"
+)
+
+// ErrConfig classifies configuration errors.
+var ErrConfig = errors.New("config")
+
+// LoadConfigFile reads, decodes, defaults and validates a config file.
+func LoadConfigFile(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig strictly decodes one YAML document, applies defaults and
+// validates. An empty document is the defaults (and fails validation for
+// want of replicas).
+func ParseConfig(b []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: want a single YAML document", ErrConfig)
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ApplyDefaults fills every unset field with its default.
+func (c *Config) ApplyDefaults() {
+	str := func(p *string, d string) {
+		if *p == "" {
+			*p = d
+		}
+	}
+	dur := func(p *time.Duration, d time.Duration) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	str(&c.Listeners.ExtProc, DefaultExtProcAddr)
+	str(&c.Listeners.Admin, DefaultAdminAddr)
+	str(&c.Listeners.Metrics, DefaultMetricsAddr)
+	dur(&c.Listeners.DrainTimeout, DefaultDrainTimeout)
+	str(&c.Policy.Name, DefaultPolicy)
+	str(&c.Tokenizer.Default.Kind, "remote")
+	for m, t := range c.Tokenizer.Models {
+		str(&t.Kind, "remote")
+		c.Tokenizer.Models[m] = t
+	}
+	dur(&c.Tokenizer.Timeout, DefaultTokenizeTimeout)
+	dur(&c.Events.SilenceWindow, DefaultSilenceWindow)
+	dur(&c.Load.ScrapeInterval, DefaultScrapeInterval)
+	if c.Index.MaxBytes == 0 {
+		c.Index.MaxBytes = DefaultIndexMaxBytes
+	}
+	str(&c.Routing.DestinationHeader, DefaultDestinationHeader)
+	str(&c.Routing.SessionHeader, DefaultSessionHeader)
+	if c.Routing.BlockSize == 0 {
+		c.Routing.BlockSize = DefaultBlockSize
+	}
+	str(&c.Telemetry.ServiceName, DefaultServiceName)
+	str(&c.Telemetry.LogLevel, "info")
+	str(&c.Telemetry.LogFormat, "text")
+	dur(&c.Readiness.WarmTimeout, DefaultWarmTimeout)
+}
+
+// Validate checks a defaulted config; all problems are reported, joined,
+// each naming its field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...)))
+	}
+	addr := func(field, v string) {
+		if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+			bad(field, "%q is not host:port", v)
+		}
+	}
+	addr("listeners.extproc", c.Listeners.ExtProc)
+	addr("listeners.admin", c.Listeners.Admin)
+	addr("listeners.metrics", c.Listeners.Metrics)
+	if c.Listeners.DrainTimeout < 0 {
+		bad("listeners.drain_timeout", "must not be negative")
+	}
+
+	sources := 0
+	if len(c.Replicas.Static) > 0 {
+		sources++
+		if _, err := discovery.BuildReplicas("replicas.static", c.Replicas.Static); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+		}
+	}
+	if f := c.Replicas.File; f != nil {
+		sources++
+		if f.Path == "" {
+			bad("replicas.file.path", "is required")
+		}
+		if f.Interval < 0 {
+			bad("replicas.file.interval", "must not be negative")
+		}
+	}
+	if d := c.Replicas.DNS; d != nil {
+		sources++
+		if _, err := discovery.NewDNS(d.discovery()); err != nil {
+			errs = append(errs, fmt.Errorf("%w: replicas.dns: %w", ErrConfig, err))
+		}
+	}
+	switch {
+	case sources == 0:
+		bad("replicas", "one of static, file or dns is required")
+	case sources > 1:
+		bad("replicas", "set only one of static, file or dns")
+	}
+
+	if _, err := policy.New(c.Policy.Name, c.Policy.Config); err != nil {
+		errs = append(errs, fmt.Errorf("%w: policy: %w", ErrConfig, err))
+	}
+
+	tok := func(field string, t TokenizerModelConfig) {
+		switch t.Kind {
+		case "remote", "approximate":
+			if t.Path != "" {
+				bad(field+".path", "only applies to kind local")
+			}
+		case "local":
+			if t.Path == "" {
+				bad(field+".path", "is required for kind local")
+			}
+		default:
+			bad(field+".kind", "%q: want remote, local or approximate", t.Kind)
+		}
+	}
+	tok("tokenizer.default", c.Tokenizer.Default)
+	for m, t := range c.Tokenizer.Models {
+		if m == "" {
+			bad("tokenizer.models", "empty model name")
+		}
+		tok("tokenizer.models["+m+"]", t)
+	}
+	if c.Tokenizer.Timeout < 0 {
+		bad("tokenizer.timeout", "must not be negative")
+	}
+	if c.Events.SilenceWindow < 0 {
+		bad("events.silence_window", "must not be negative")
+	}
+	if c.Load.ScrapeInterval < 0 {
+		bad("load.scrape_interval", "must not be negative")
+	}
+	if c.Index.MaxBytes < 0 {
+		bad("index.max_bytes", "must not be negative")
+	}
+	if h := c.Routing.DestinationHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
+		bad("routing.destination_header", "%q must be a lower-case header name", h)
+	}
+	if h := c.Routing.SessionHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
+		bad("routing.session_header", "%q must be a lower-case header name", h)
+	}
+	if c.Routing.BlockSize <= 0 || c.Routing.BlockSize > discovery.MaxBlockSize {
+		bad("routing.block_size", "%d: must be in [1, %d]", c.Routing.BlockSize, discovery.MaxBlockSize)
+	}
+	switch c.Telemetry.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("telemetry.log_level", "%q: want debug, info, warn or error", c.Telemetry.LogLevel)
+	}
+	switch c.Telemetry.LogFormat {
+	case "text", "json":
+	default:
+		bad("telemetry.log_format", "%q: want text or json", c.Telemetry.LogFormat)
+	}
+	if c.Readiness.WarmTimeout < 0 {
+		bad("readiness.warm_timeout", "must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+func (d *DNSSourceConfig) discovery() discovery.DNSConfig {
+	return discovery.DNSConfig{
+		Host: d.Host, Port: d.Port, SRV: d.SRV, SRVService: d.SRVService, SRVProto: d.SRVProto,
+		IPFamily: d.IPFamily, Interval: d.Interval, Timeout: d.Timeout,
+		Defaults: discovery.Defaults{
+			Model: d.Defaults.Model, Engine: d.Defaults.Engine, BlockSize: d.Defaults.BlockSize,
+			EventsPort: d.Defaults.EventsPort, ReplayPort: d.Defaults.ReplayPort, Topic: d.Defaults.Topic,
+			DPRanks: d.Defaults.DPRanks, MetricsPort: d.Defaults.MetricsPort,
+		},
+	}
+}
