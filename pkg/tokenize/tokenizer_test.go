@@ -1,0 +1,374 @@
+package tokenize
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/prometheus/client_golang/prometheus"
+	"gopkg.in/yaml.v3"
+)
+
+func TestConfigYAMLAndValidation(t *testing.T) {
+	src := `
+models:
+  qwen:
+    kind: local
+    tokenizer_json: /m/tokenizer.json
+    tokenizer_config: /m/tokenizer_config.json
+  llama:
+    kind: remote
+    timeout: 80ms
+    fallback: none
+    cache_size: 100
+default:
+  kind: approximate
+`
+	var cfg Config
+	if err := yaml.Unmarshal([]byte(src), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	l := cfg.Models["llama"].withDefaults()
+	if l.Timeout != 80*time.Millisecond || l.Fallback != FallbackNone || l.CacheSize != 100 {
+		t.Errorf("llama = %+v", l)
+	}
+	q := cfg.Models["qwen"].withDefaults()
+	if q.Timeout != DefaultRemoteTimeout || q.Fallback != FallbackApproximate || q.TokenizerConfig != "/m/tokenizer_config.json" {
+		t.Errorf("qwen = %+v", q)
+	}
+	bad := []struct {
+		name string
+		cfg  Config
+	}{
+		{"empty", Config{}},
+		{"no kind", Config{Models: map[string]ModelConfig{"m": {}}}},
+		{"unknown kind", Config{Models: map[string]ModelConfig{"m": {Kind: "sentencepiece"}}}},
+		{"local without file", Config{Models: map[string]ModelConfig{"m": {Kind: KindLocal}}}},
+		{"bad fallback", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Fallback: "retry"}}}},
+		{"negative timeout", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Timeout: -1}}}},
+		{"local default", Config{Default: &ModelConfig{Kind: KindLocal, TokenizerJSON: "x"}}},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); err == nil {
+				t.Fatal("no error")
+			}
+			if _, err := New(tc.cfg, Options{}); err == nil {
+				t.Fatal("New accepted it")
+			}
+		})
+	}
+}
+
+func localConfig(t testing.TB, name string) ModelConfig {
+	tj, tc := tokenizerFiles(t, name)
+	return ModelConfig{Kind: KindLocal, TokenizerJSON: tj, TokenizerConfig: tc}
+}
+
+func TestNewRejectsMissingAndUnsupportedFiles(t *testing.T) {
+	dir := t.TempDir()
+	tj, _ := tokenizerFiles(t, "qwen3")
+	raw, err := os.ReadFile(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, mutate func(map[string]json.RawMessage)) string {
+		d := map[string]json.RawMessage{}
+		for k, v := range doc {
+			d[k] = v
+		}
+		mutate(d)
+		b, _ := json.Marshal(d)
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name string
+		path string
+		want error
+	}{
+		{"missing", filepath.Join(dir, "nope.json"), os.ErrNotExist},
+		{"wordpiece model", write("wp.json", func(d map[string]json.RawMessage) {
+			d["model"] = json.RawMessage(`{"type":"WordPiece","vocab":{"a":0}}`)
+		}), ErrUnsupported},
+		{"unknown split pattern", write("re.json", func(d map[string]json.RawMessage) {
+			d["pre_tokenizer"] = json.RawMessage(`{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\w+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}]}`)
+		}), ErrUnsupported},
+		{"lowercase normalizer", write("nl.json", func(d map[string]json.RawMessage) {
+			d["normalizer"] = json.RawMessage(`{"type":"Lowercase"}`)
+		}), ErrUnsupported},
+		{"not json", write("garbage.json", func(d map[string]json.RawMessage) { d["model"] = json.RawMessage(`7`) }), nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(Config{Models: map[string]ModelConfig{"m": {Kind: KindLocal, TokenizerJSON: tc.path}}}, Options{})
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTokenizerDispatch(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	raising := filepath.Join(t.TempDir(), "tokenizer_config.json")
+	if err := os.WriteFile(raising, []byte(`{"chat_template": "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}{{ messages[0].content }}"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	qwen := localConfig(t, "qwen3")
+	strict := qwen
+	strict.Fallback = FallbackNone
+	strict.MaxInputBytes = 1000
+	raiser := qwen
+	raiser.TokenizerConfig = raising
+	raiser.Fallback = FallbackNone
+	tok, err := New(Config{
+		Models: map[string]ModelConfig{
+			"qwen": qwen, "strict": strict, "raiser": raiser,
+			"ids": {Kind: KindPassthrough, Fallback: FallbackNone},
+		},
+	}, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fx := loadFixtures(t, "qwen3")
+	chat := fx.Chat[0]
+	tests := []struct {
+		name    string
+		model   string
+		in      route.TokenizeInput
+		want    []uint32
+		source  string
+		exact   bool
+		wantErr error
+	}{
+		{"local prompt", "qwen", route.TokenizeInput{Prompt: fx.Plain[20].Text}, fx.Plain[20].IDs, SourceLocal, true, nil},
+		{"local chat", "qwen", route.TokenizeInput{Chat: true, Messages: chat.Messages, Tools: chat.Tools, ChatTemplateKwargs: chat.Kwargs, AddGenerationPrompt: chat.AddGenerationPrompt}, chat.IDs, SourceLocal, true, nil},
+		{"invalid utf-8 falls back", "qwen", route.TokenizeInput{Prompt: "ab\xffcd"}, approxIDs("ab\xffcd", 4), SourceApproximate, false, nil},
+		{"invalid utf-8 strict", "strict", route.TokenizeInput{Prompt: "ab\xff"}, nil, "", false, ErrInvalidUTF8},
+		{"too large strict", "strict", route.TokenizeInput{Prompt: strings.Repeat("a", 1001)}, nil, "", false, ErrInputTooLarge},
+		{"malformed messages", "strict", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`{"role":"user"}`)}, nil, "", false, ErrBadMessages},
+		{"non-text content part", "strict", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`)}, nil, "", false, ErrUnsupported},
+		{"template raises", "raiser", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"a"},{"role":"user","content":"b"}]`)}, nil, "", false, ErrTemplate},
+		{"template ok", "raiser", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"Hello world"}]`)}, []uint32{9707, 1879}, SourceLocal, true, nil},
+		{"unknown model", "nope", route.TokenizeInput{Prompt: "x"}, nil, "", false, route.ErrUnknownModel},
+		{"passthrough ids", "ids", route.TokenizeInput{Prompt: "[1, 2, 70000]"}, []uint32{1, 2, 70000}, SourcePassthrough, true, nil},
+		{"passthrough text", "ids", route.TokenizeInput{Prompt: "hello"}, nil, "", false, ErrNotTokenIDs},
+		{"passthrough negative id", "ids", route.TokenizeInput{Prompt: "[-1]"}, nil, "", false, ErrNotTokenIDs},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tok.Tokenize(ctx, tc.model, tc.in)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.IDs, tc.want) || got.Source != tc.source || got.Exact != tc.exact {
+				t.Fatalf("got %v %s exact=%v, want %v %s exact=%v", head(got.IDs), got.Source, got.Exact, head(tc.want), tc.source, tc.exact)
+			}
+		})
+	}
+	if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "qwen", "local", "bad_input"); n != 1 {
+		t.Errorf("fallbacks{bad_input} = %v, want 1", n)
+	}
+}
+
+func TestDefaultTokenizerServesUnlistedModels(t *testing.T) {
+	tok, err := New(Config{Default: &ModelConfig{Kind: KindApproximate, BytesPerToken: 2}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.Tokenize(context.Background(), "any", route.TokenizeInput{Prompt: "abcde"})
+	if err != nil || len(got.IDs) != 3 || got.Exact || got.Source != SourceApproximate {
+		t.Fatalf("got %+v, %v", got, err)
+	}
+}
+
+func TestApproximateIsPrefixStable(t *testing.T) {
+	a := &approximate{bytesPerToken: 4, maxInputBytes: 1 << 20}
+	msgs := func(n int) json.RawMessage {
+		var parts []string
+		for i := 0; i < n; i++ {
+			parts = append(parts, fmt.Sprintf(`{"role":"user","content":"message number %d with some text"}`, i))
+		}
+		return json.RawMessage("[" + strings.Join(parts, ",") + "]")
+	}
+	short, err := a.tokenize(route.TokenizeInput{Chat: true, Messages: msgs(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := a.tokenize(route.TokenizeInput{Chat: true, Messages: msgs(5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// All full blocks of the shorter history are a prefix of the longer.
+	full := len(short.IDs) - 1
+	if !slices.Equal(short.IDs[:full], long.IDs[:full]) {
+		t.Fatal("approximate ids of a longer history do not extend the shorter one")
+	}
+	other, _ := a.tokenize(route.TokenizeInput{Prompt: "message number 0"})
+	if slices.Equal(other.IDs, short.IDs[:len(other.IDs)]) {
+		t.Fatal("a prompt aliases a chat history")
+	}
+	if _, err := a.tokenize(route.TokenizeInput{Chat: true, Messages: json.RawMessage(`nope`)}); !errors.Is(err, ErrBadMessages) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// longMessage is a few KB of multi-line text, so that chunking applies.
+func longMessage(rng *rand.Rand, turn int) string {
+	var b strings.Builder
+	for b.Len() < 3000+rng.IntN(3000) {
+		fmt.Fprintf(&b, "Step %d.%d: the function returned %d rows; next we check the index.\n", turn, rng.IntN(100), rng.IntN(1e6))
+		if rng.IntN(5) == 0 {
+			b.WriteString("    indented code line = value  \n\n")
+		}
+		if rng.IntN(7) == 0 {
+			b.WriteString("混合 text, émoji 🚀 and 'quotes'\n")
+		}
+	}
+	return b.String()
+}
+
+// TestChunkReuseEqualsFullEncoding drives multi-turn conversations through
+// a cached Local and checks every turn against uncached encoding of the
+// same rendered prompt; the later turns must be served mostly from cache.
+func TestChunkReuseEqualsFullEncoding(t *testing.T) {
+	for _, name := range fixtureNames {
+		t.Run(name, func(t *testing.T) {
+			enc := loadEncoder(t, name)
+			tmpl := loadTemplate(t, name)
+			local := NewLocal(enc, tmpl, 0, 8<<20)
+			rng := rand.New(rand.NewPCG(1, 2))
+			var msgs []map[string]any
+			msgs = append(msgs, map[string]any{"role": "system", "content": longMessage(rng, 0)})
+			for turn := 1; turn <= 10; turn++ {
+				msgs = append(msgs, map[string]any{"role": "user", "content": longMessage(rng, turn)})
+				raw, _ := json.Marshal(msgs)
+				in := route.TokenizeInput{Chat: true, Messages: raw, AddGenerationPrompt: true}
+				got, err := local.Tokenize(in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				text, err := tmpl.Render(ChatInput{Messages: raw, AddGenerationPrompt: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := enc.Encode(text, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got.IDs, want) {
+					t.Fatalf("turn %d: cached encoding differs from full encoding", turn)
+				}
+				msgs = append(msgs, map[string]any{"role": "assistant", "content": longMessage(rng, turn+100)})
+			}
+			hits, misses, _ := local.cache.stats()
+			if hits < 3*misses {
+				t.Errorf("chunk cache hits %d, misses %d: history is not being reused", hits, misses)
+			}
+		})
+	}
+}
+
+// TestChunkingMatchesFixtures checks the chunk rule on every fixture text,
+// concatenated to make long segments, cold and warm.
+func TestChunkingMatchesFixtures(t *testing.T) {
+	for _, name := range fixtureNames {
+		t.Run(name, func(t *testing.T) {
+			enc := loadEncoder(t, name)
+			fx := loadFixtures(t, name)
+			cache := newChunkCache(8 << 20)
+			var b strings.Builder
+			for i, f := range fx.Plain {
+				b.WriteString(f.Text)
+				b.WriteString([]string{"\n", "\nx", " ", "\n\n", "\r\nA"}[i%5])
+			}
+			text := b.String()
+			want, err := enc.Encode(text, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for round := 0; round < 2; round++ {
+				got, err := enc.appendEncode(nil, text, true, cache)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, want) {
+					t.Fatalf("round %d: chunked encoding differs", round)
+				}
+			}
+			if hits, _, _ := cache.stats(); hits == 0 {
+				t.Error("no chunk was reused on the second round")
+			}
+		})
+	}
+}
+
+func TestHugePrompt(t *testing.T) {
+	enc := loadEncoder(t, "llama3_1")
+	local := NewLocal(enc, nil, 64<<20, 0)
+	// About 1.2M tokens: words, numbers and punctuation.
+	var b strings.Builder
+	for i := 0; b.Len() < 5<<20; i++ {
+		fmt.Fprintf(&b, "item %d, value=%d; ", i%1000, i%97)
+	}
+	got, err := local.Tokenize(route.TokenizeInput{Prompt: b.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.IDs) < 1_000_000 {
+		t.Fatalf("%d tokens, want > 1M", len(got.IDs))
+	}
+	dec, err := enc.Decode(got.IDs)
+	if err != nil || dec != b.String() {
+		t.Fatalf("decode mismatch (err %v)", err)
+	}
+	small := NewLocal(enc, nil, 1<<20, 0)
+	if _, err := small.Tokenize(route.TokenizeInput{Prompt: b.String()}); !errors.Is(err, ErrInputTooLarge) {
+		t.Fatalf("err = %v, want ErrInputTooLarge", err)
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	enc := loadEncoder(t, "qwen3")
+	if _, err := enc.Decode([]uint32{1 << 30}); !errors.Is(err, ErrUnknownToken) {
+		t.Fatalf("err = %v", err)
+	}
+	id, ok := enc.TokenID("<|im_start|>")
+	if !ok || id != 151644 {
+		t.Fatalf("TokenID = %d, %v", id, ok)
+	}
+	s, err := enc.Decode([]uint32{id, 9707})
+	if err != nil || s != "<|im_start|>Hello" {
+		t.Fatalf("Decode = %q, %v", s, err)
+	}
+}
