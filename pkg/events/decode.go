@@ -798,6 +798,10 @@ func (dec *Decoder) events(b *Batch) error {
 	if err != nil {
 		return err
 	}
+	if c == msgpcode.Nil {
+		dec.seek(dec.pos() + 1)
+		return nil
+	}
 	if !isArray(c) {
 		return &DecodeError{Reason: "not_batch", Offset: dec.pos(), Err: fmt.Errorf("events is msgpack code %#x, want array", c)}
 	}
