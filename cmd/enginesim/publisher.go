@@ -60,6 +60,8 @@ type publisher struct {
 	hd  int
 
 	sent, injected, queueFull, replays atomic.Int64
+	// seqs is the number of sequence numbers consumed so far.
+	seqs atomic.Uint64
 }
 
 // shouldBind applies vLLM's rule: a PUB binds when the endpoint is a
@@ -174,6 +176,7 @@ func (p *publisher) send(evs []engine.Event) {
 	}
 	seq := p.nextSeq
 	p.nextSeq++
+	p.seqs.Store(p.nextSeq)
 	p.mu.Lock()
 	if len(p.buf) < p.cfg.bufferSteps {
 		p.buf = append(p.buf, buffered{seq, payload})

@@ -273,6 +273,18 @@ func (e *Engine) CachedPrefix(r Request) (gpu, cpu int) {
 	return gpu, cpu
 }
 
+// CachedBlocks returns the number of distinct block hashes the engine holds
+// on either tier.
+func (e *Engine) CachedBlocks() int {
+	n := len(e.pool.cached)
+	for h := range e.pool.cpuIndex {
+		if !e.pool.hasGPU(h) {
+			n++
+		}
+	}
+	return n
+}
+
 func (p *pool) hasGPU(h uint64) bool { _, ok := p.cached[h]; return ok }
 
 // extras returns block i's extra keys in vLLM's order: LoRA name, then the
