@@ -270,7 +270,9 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 			return fmt.Errorf("discovery: kubernetes: %w", err)
 		}
 		lister := inf.Lister().EndpointSlices(s.cfg.Namespace)
-		l.slices = func() ([]*discoveryv1.EndpointSlice, error) { return lister.List(labels.Everything()) }
+		// Filter again: the server applies the selector, but a cache must
+		// never hold more than it selects.
+		l.slices = func() ([]*discoveryv1.EndpointSlice, error) { return lister.List(s.sliceSel) }
 		synced = append(synced, inf.Informer().HasSynced)
 		starts = append(starts, f.Start)
 		factories = append(factories, f)
