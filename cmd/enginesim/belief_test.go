@@ -193,4 +193,3 @@ func randTokens(r *rand.Rand, n int) []uint32 {
 	}
 	return out
 }
-
