@@ -49,12 +49,15 @@ func hDec(w uint64, t Tier) uint64 { return w - 1<<(slotBits+cntBits*uint(t)) }
 
 // arena stores the holder records of keys with more than one holder. A
 // record is a header word (n | cap<<32) followed by cap holder words; cap is
-// a power of two. Records live in 512 KiB chunks (a record larger than a
-// chunk gets a chunk of its own) and are reused through per-size free lists;
-// chunks are never returned, so the arena is as large as its peak use.
+// a power of two. Records live in chunks (the first ones small, then 512 KiB
+// each) and are reused through per-size free lists; chunks are never
+// returned, so the arena is as large as its peak use. A record holds at most
+// maxHolders holders: past that, further replicas are not recorded as
+// holders of the key (affinity is lost, correctness is not).
 type arena struct {
 	chunks [][]uint64
 	used   int // words used in the last chunk
+	live   int // records in use
 	free   [32][]uint32
 	env    *env
 }
@@ -62,36 +65,53 @@ type arena struct {
 const (
 	chunkShift = 16
 	chunkWords = 1 << chunkShift
+	maxHolders = chunkWords / 2
+	maxChunks  = 1 << (32 - chunkShift)
 )
 
 func (a *arena) rec(off uint32) []uint64 {
 	return a.chunks[off>>chunkShift][off&(chunkWords-1):]
 }
 
-func (a *arena) alloc(capacity int) uint32 {
+// alloc returns a record of the given capacity, or false when the arena is
+// full (2^32 words).
+func (a *arena) alloc(capacity int) (uint32, bool) {
 	cls := bits.Len(uint(capacity)) - 1
+	a.live++
 	if fl := a.free[cls]; len(fl) > 0 {
 		off := fl[len(fl)-1]
 		a.free[cls] = fl[:len(fl)-1]
-		return off
+		return off, true
 	}
 	need := 1 + capacity
-	if need > chunkWords {
-		a.chunks = append(a.chunks, make([]uint64, need))
-		a.env.bytes += int64(need) * 8
-		return uint32(len(a.chunks)-1) << chunkShift
-	}
-	if len(a.chunks) == 0 || a.used+need > len(a.chunks[len(a.chunks)-1]) || len(a.chunks[len(a.chunks)-1]) != chunkWords {
-		a.chunks = append(a.chunks, make([]uint64, chunkWords))
-		a.env.bytes += chunkWords * 8
+	if len(a.chunks) == 0 || a.used+need > len(a.chunks[len(a.chunks)-1]) {
+		if len(a.chunks) == maxChunks {
+			a.live--
+			return 0, false
+		}
+		size := min(chunkWords, max(need, 256<<len(a.chunks)))
+		a.chunks = append(a.chunks, make([]uint64, size))
+		a.env.bytes += int64(size) * 8
 		a.used = 0
 	}
 	off := uint32(len(a.chunks)-1)<<chunkShift | uint32(a.used)
 	a.used += need
-	return off
+	return off, true
 }
 
 func (a *arena) release(off uint32) {
+	if a.live--; a.live == 0 {
+		// Nothing in use: give every chunk back.
+		for _, ch := range a.chunks {
+			a.env.bytes -= int64(len(ch)) * 8
+		}
+		for i, fl := range a.free {
+			a.env.bytes -= int64(cap(fl)) * 4
+			a.free[i] = nil
+		}
+		a.chunks, a.used = nil, 0
+		return
+	}
 	r := a.rec(off)
 	cls := bits.Len(uint(r[0]>>32)) - 1
 	before := cap(a.free[cls])
@@ -134,7 +154,10 @@ func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 			ks.v = hInc(v, t) | refBit
 			return false
 		}
-		off := a.alloc(2)
+		off, ok := a.alloc(2)
+		if !ok {
+			return false
+		}
 		r := a.rec(off)
 		lo, hi := hInc(uint64(s), t), v&^refBit
 		if s > hSlot(v) {
@@ -154,7 +177,13 @@ func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 		return false
 	}
 	if n == c {
-		noff := a.alloc(2 * c)
+		if n == maxHolders {
+			return false
+		}
+		noff, ok := a.alloc(2 * c)
+		if !ok {
+			return false
+		}
 		nr := a.rec(noff)
 		copy(nr[1:1+n], r[1:1+n])
 		a.release(off)

@@ -110,6 +110,7 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 		if pe == nil {
 			ix.unknownParent++
 			ix.mu.Unlock()
+			ix.forget(ev.Replica, ev.Hashes)
 			return StoreResult{UnknownParent: true}
 		}
 		parent = kvblock.Key(pe.v)
@@ -184,6 +185,26 @@ func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier) {
 	}
 	if ix.arena.hold(ks, rs.slot, t) {
 		ix.holders++
+	}
+}
+
+// forget drops the replica's mappings of hashes, every tier. It applies to
+// the blocks of a stored event whose parent is unknown: their keys cannot be
+// computed, so an older mapping of the same hashes can no longer be trusted.
+func (ix *Index) forget(r ReplicaID, hashes []uint64) {
+	for start := 0; start < len(hashes); start += chunkBlocks {
+		ix.mu.Lock()
+		rs := ix.replicaFor(r, false)
+		if rs == nil {
+			ix.mu.Unlock()
+			return
+		}
+		for _, h := range hashes[start:min(start+chunkBlocks, len(hashes))] {
+			if es := rs.eng.find(h); es != nil {
+				ix.dropEngine(rs, es)
+			}
+		}
+		ix.mu.Unlock()
 	}
 }
 
