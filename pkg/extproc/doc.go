@@ -1,0 +1,87 @@
+// Package extproc is the router's Envoy external-processing (ext_proc v3)
+// service, speaking the Gateway API Inference Extension's Endpoint Picker
+// protocol. It owns the per-stream state machine; the decision itself is
+// the Decider's (route.Decide), and load bookkeeping is package load's.
+//
+// # Wiring
+//
+//	srv, err := extproc.New(extproc.Config{
+//		Decider:    router,         // route.Decide's shape
+//		Tracker:    tracker,        // *load.Tracker, optional
+//		Fidelity:   fidelity,       // *load.Fidelity, optional
+//		BlockSize:  blockSizeOf,    // optional, for predicted cached tokens
+//		TracerProvider: tp, Registerer: reg, Logger: log,
+//	})
+//	health := extproc.NewHealth()   // live, not ready
+//	g := grpc.NewServer()
+//	srv.Register(g)
+//	health.Register(g)
+//	health.SetReady(true)           // once replicas and index are usable
+//	...
+//	health.Shutdown(); g.GracefulStop()
+//
+// New has no side effects beyond registering metrics; the gRPC server owns
+// the stream goroutines (one per ext_proc stream, i.e. per HTTP request),
+// and Process returns when its stream ends.
+//
+// # One stream
+//
+//	request headers -> (body accumulation) -> decide -> pick | immediate response
+//	response headers -> response body chunks -> end of stream
+//
+// Request body modes: FULL_DUPLEX_STREAMED holds the request-headers
+// answer until the body's end of stream, decides, then answers the headers
+// with the pick and re-sends the body as streamed body mutations of at most
+// 62,000 bytes. BUFFERED (and BUFFERED_PARTIAL) answers the headers at once
+// (stripping client destination headers) and carries the pick in the body
+// answer. With no body (headers end the stream, or a NONE/STREAMED body
+// mode) the pick is made at the headers by load alone. The modes are read
+// from the proxy's protocol_config on the stream's first message, else
+// taken from Config.
+//
+// The pick: header x-gateway-destination-endpoint (Config.DestinationHeader)
+// = "ip:port", dynamic metadata envoy.lb / x-gateway-destination-endpoint
+// with the same value, clear_route_cache set, and the ordered fallbacks in
+// x-gateway-destination-endpoint-fallback (or folded into the destination
+// value with Config.FallbacksInDestination, the protocol's list form). Every
+// client-sent x-gateway-destination-endpoint* header is removed, even when
+// the router then sets the same one. The caller's W3C trace context is
+// continued: a server span kvroute.request per stream, a child
+// kvroute.decide span with the decision's attributes and a bounded
+// candidate_costs event; traceparent is injected upstream.
+//
+// The subset hint (metadata_context envoy.lb.subset_hint /
+// x-gateway-destination-endpoint-subset, a list or comma-separated string
+// of ip:port) is passed as route.Request.Subset; present but empty is a
+// 503 without a decision.
+//
+// Errors are immediate responses with an OpenAI-style JSON error body and
+// header x-kvroute-reason: 400 invalid_request (unparseable body on
+// /v1/completions or /v1/chat/completions), 413 body_too_large, 404
+// unknown_model, 503 no_healthy_replica / subset_empty / decide_timeout,
+// 500 internal_error. Unknown paths, non-JSON bodies and body-less requests
+// are routed by load alone (a "model" field is still read leniently from
+// JSON bodies). Tokenization failures degrade inside the Decider. A panic
+// while handling a message is recovered, counted
+// (kvroute_extproc_stream_errors_total{kind="panic"}), answered with 500
+// when still possible, and ends only that stream.
+//
+// Response side: chunks are echoed unchanged in FULL_DUPLEX_STREAMED mode
+// and continued otherwise. On the pick the replica's in-flight counters rise
+// (Tracker.Start with the uncached prompt blocks as prefill and the prompt
+// blocks as decode footprint); the first output (first SSE event with
+// content, or the first chunk of a non-streamed body) moves prefill to
+// decode; the end of the response, or any end of the stream (client
+// disconnect, error, panic), releases them. Usage from the JSON body or the
+// last SSE usage chunk is compared with the prediction (the picked
+// replica's matched blocks x block size, capped below the prompt length
+// since engines recompute the last token) and fed to Fidelity.
+//
+// Metrics (registered on Config.Registerer): kvroute_decisions_total,
+// kvroute_decision_duration_seconds, kvroute_tokenize_duration_seconds,
+// kvroute_extproc_immediate_responses_total,
+// kvroute_extproc_stream_errors_total, kvroute_extproc_streams_active.
+//
+// Health: NewHealth serves the gRPC health protocol with the three service
+// names liveness, readiness and envoy.service.ext_proc.v3.ExternalProcessor.
+package extproc

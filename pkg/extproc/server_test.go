@@ -1,0 +1,452 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	duplex   = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	buffered = filterv3.ProcessingMode_BUFFERED
+	streamed = filterv3.ProcessingMode_STREAMED
+)
+
+const chatBody = `{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":32,"stream":true,"stream_options":{"include_usage":true},"cache_salt":"s"}`
+
+func set(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+func lbMetadata(v string) *structpb.Struct {
+	s, _ := structpb.NewStruct(map[string]any{"envoy.lb": map[string]any{"x-gateway-destination-endpoint": v}})
+	return s
+}
+
+// wantPickHeaders is the request-headers response carrying decision()'s pick.
+func wantPickHeaders(remove ...string) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{
+				HeaderMutation: &extprocv3.HeaderMutation{
+					SetHeaders: []*corev3.HeaderValueOption{
+						set("x-gateway-destination-endpoint", "10.0.0.1:8000"),
+						set("x-gateway-destination-endpoint-fallback", "10.0.0.2:8000,10.0.0.3:8000"),
+					},
+					RemoveHeaders: remove,
+				},
+				ClearRouteCache: true,
+			},
+		}},
+		DynamicMetadata: lbMetadata("10.0.0.1:8000"),
+	}
+}
+
+func wantChunk(body string, eos bool) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: []byte(body), EndOfStream: eos}},
+		}},
+	}}}
+}
+
+func diff(t *testing.T, want, got []*extprocv3.ProcessingResponse) {
+	t.Helper()
+	if d := cmp.Diff(want, got, protocmp.Transform()); d != "" {
+		t.Errorf("responses mismatch (-want +got):\n%s", d)
+	}
+}
+
+func TestRequestTranscripts(t *testing.T) {
+	chatHeaders := []string{":method", "POST", ":path", "/v1/chat/completions", "content-type", "application/json", "x-session-id", "sess-1"}
+	tests := []struct {
+		name     string
+		cfg      func(*Config)
+		msgs     []*extprocv3.ProcessingRequest
+		want     []*extprocv3.ProcessingResponse
+		wantReqs []route.Request
+	}{
+		{
+			name: "full duplex holds headers until body end",
+			msgs: []*extprocv3.ProcessingRequest{
+				withMode(reqHeaders(false, chatHeaders...), duplex, duplex),
+				reqBody(chatBody[:20], false),
+				reqBody(chatBody[20:], true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(chatBody, true)},
+			wantReqs: []route.Request{{
+				Model: "llama", CacheSalt: "s", MaxTokens: 32, SessionKey: "sess-1",
+				Input: route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`), AddGenerationPrompt: true},
+			}},
+		},
+		{
+			name: "full duplex assumed when the proxy does not announce modes",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/completions"),
+				reqBody(`{"model":"m","prompt":[1,2,3]}`, true),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(`{"model":"m","prompt":[1,2,3]}`, true)},
+			wantReqs: []route.Request{{Model: "m", Tokens: []uint32{1, 2, 3}}},
+		},
+		{
+			name: "buffered answers headers at once and routes in the body response",
+			msgs: []*extprocv3.ProcessingRequest{
+				withMode(reqHeaders(false, ":path", "/v1/completions", "X-Gateway-Destination-Endpoint", "6.6.6.6:1"), buffered, streamed),
+				reqBody(`{"model":"m","prompt":"hello"}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{
+				{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+					Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{"x-gateway-destination-endpoint"}}},
+				}}},
+				{
+					Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+						Response: &extprocv3.CommonResponse{
+							HeaderMutation: &extprocv3.HeaderMutation{
+								SetHeaders: []*corev3.HeaderValueOption{
+									set("x-gateway-destination-endpoint", "10.0.0.1:8000"),
+									set("x-gateway-destination-endpoint-fallback", "10.0.0.2:8000,10.0.0.3:8000"),
+								},
+								RemoveHeaders: []string{"x-gateway-destination-endpoint"},
+							},
+							ClearRouteCache: true,
+						},
+					}},
+					DynamicMetadata: lbMetadata("10.0.0.1:8000"),
+				},
+			},
+			wantReqs: []route.Request{{Model: "m", Input: route.TokenizeInput{Prompt: "hello", AddSpecialTokens: true}}},
+		},
+		{
+			name: "client destination headers are removed even when we set the same one",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/completions",
+					"x-gateway-destination-endpoint", "6.6.6.6:1",
+					"X-Gateway-Destination-Endpoint-Fallback", "6.6.6.6:2",
+					"x-gateway-destination-endpoint-served", "6.6.6.6:3",
+					"x-other", "kept"),
+				reqBody(`{"model":"m","prompt":"x"}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{
+				wantPickHeaders("x-gateway-destination-endpoint", "x-gateway-destination-endpoint-fallback", "x-gateway-destination-endpoint-served"),
+				wantChunk(`{"model":"m","prompt":"x"}`, true),
+			},
+			wantReqs: []route.Request{{Model: "m", Input: route.TokenizeInput{Prompt: "x", AddSpecialTokens: true}}},
+		},
+		{
+			name: "fallbacks folded into the destination value",
+			cfg:  func(c *Config) { c.FallbacksInDestination = true; c.DestinationHeader = "X-Pick" },
+			msgs: []*extprocv3.ProcessingRequest{reqHeaders(true, ":method", "GET", ":path", "/v1/models")},
+			want: []*extprocv3.ProcessingResponse{{
+				Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+					Response: &extprocv3.CommonResponse{
+						HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+							set("x-pick", "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"),
+						}},
+						ClearRouteCache: true,
+					},
+				}},
+				DynamicMetadata: lbMetadata("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"),
+			}},
+			wantReqs: []route.Request{{}},
+		},
+		{
+			name: "unknown path routes by load alone, model read leniently",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/embeddings", "x-session-id", "abc"),
+				reqBody(`{"model":"emb","input":"x"}`, true),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(`{"model":"emb","input":"x"}`, true)},
+			wantReqs: []route.Request{{Model: "emb", SessionKey: "abc"}},
+		},
+		{
+			name: "non-JSON body on an inference path routes by load alone",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/completions", "content-type", "multipart/form-data; boundary=x"),
+				reqBody(`--x--`, true),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(`--x--`, true)},
+			wantReqs: []route.Request{{}},
+		},
+		{
+			name:     "request without a body routes at the headers",
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(true, ":method", "GET", ":path", "/v1/completions")},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders()},
+			wantReqs: []route.Request{{}},
+		},
+		{
+			name: "subset hint restricts the pick",
+			msgs: []*extprocv3.ProcessingRequest{
+				withSubset(reqHeaders(false, ":path", "/v1/completions"), "10.0.0.1:8000", "10.0.0.3:8000"),
+				reqBody(`{"model":"m","prompt":"x"}`, true),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(`{"model":"m","prompt":"x"}`, true)},
+			wantReqs: []route.Request{{Model: "m", Input: route.TokenizeInput{Prompt: "x", AddSpecialTokens: true}, Subset: []string{"10.0.0.1:8000", "10.0.0.3:8000"}}},
+		},
+		{
+			name: "subset hint on the body message counts too",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/completions"),
+				withSubset(reqBody(`{"model":"m","prompt":"x"}`, true), "10.0.0.1:8000"),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(`{"model":"m","prompt":"x"}`, true)},
+			wantReqs: []route.Request{{Model: "m", Input: route.TokenizeInput{Prompt: "x", AddSpecialTokens: true}, Subset: []string{"10.0.0.1:8000"}}},
+		},
+		{
+			name: "subset hint ignored when configured",
+			cfg:  func(c *Config) { c.IgnoreSubsetHint = true },
+			msgs: []*extprocv3.ProcessingRequest{
+				withSubset(reqHeaders(true, ":path", "/v1/models")),
+			},
+			want:     []*extprocv3.ProcessingResponse{wantPickHeaders()},
+			wantReqs: []route.Request{{}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fd := &fakeDecider{dec: decision()}
+			cfg := Config{Decider: fd}
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			h := newHarness(t, cfg)
+			got := h.exchange(tc.msgs...)
+			diff(t, tc.want, got)
+			if d := cmp.Diff(tc.wantReqs, fd.requests()); d != "" {
+				t.Errorf("decider requests mismatch (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestFullDuplexRechunksLargeBody(t *testing.T) {
+	prompt := strings.Repeat("abcdefghij", 15_000) // 150,000 bytes
+	body := `{"model":"m","prompt":"` + prompt + `"}`
+	fd := &fakeDecider{dec: decision()}
+	h := newHarness(t, Config{Decider: fd})
+	// Arrival chunking unrelated to the 62,000-byte output chunking.
+	got := h.exchange(
+		reqHeaders(false, ":path", "/v1/completions"),
+		reqBody(body[:70_000], false), reqBody(body[70_000:71_000], false), reqBody(body[71_000:], true),
+	)
+	if len(got) != 4 {
+		t.Fatalf("got %d responses, want headers + 3 chunks", len(got))
+	}
+	diff(t, []*extprocv3.ProcessingResponse{wantPickHeaders()}, got[:1])
+	var rebuilt bytes.Buffer
+	for i, r := range got[1:] {
+		sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			t.Fatalf("chunk %d is not a streamed body mutation: %v", i, r)
+		}
+		if len(sr.GetBody()) > MaxStreamedChunk {
+			t.Errorf("chunk %d has %d bytes > %d", i, len(sr.GetBody()), MaxStreamedChunk)
+		}
+		if sr.GetEndOfStream() != (i == 2) {
+			t.Errorf("chunk %d end_of_stream = %v", i, sr.GetEndOfStream())
+		}
+		rebuilt.Write(sr.GetBody())
+	}
+	if rebuilt.String() != body {
+		t.Errorf("re-sent body differs from the original (%d vs %d bytes)", rebuilt.Len(), len(body))
+	}
+	if reqs := fd.requests(); len(reqs) != 1 || reqs[0].Input.Prompt != prompt {
+		t.Errorf("decider did not get the whole prompt")
+	}
+}
+
+func TestFullDuplexBodyEndingWithTrailers(t *testing.T) {
+	fd := &fakeDecider{dec: decision()}
+	h := newHarness(t, Config{Decider: fd})
+	got := h.exchange(
+		reqHeaders(false, ":path", "/v1/completions"),
+		reqBody(`{"model":"m","prompt":"x"}`, false),
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}},
+	)
+	diff(t, []*extprocv3.ProcessingResponse{
+		wantPickHeaders(),
+		wantChunk(`{"model":"m","prompt":"x"}`, false),
+		{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}},
+	}, got)
+}
+
+type errorJSON struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func TestImmediateResponses(t *testing.T) {
+	tests := []struct {
+		name       string
+		cfg        func(*Config)
+		decErr     error
+		msgs       []*extprocv3.ProcessingRequest
+		wantCode   int
+		wantReason string
+		wantMsg    string
+		wantCalls  int
+	}{
+		{
+			name:     "malformed JSON on an inference path",
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/chat/completions"), reqBody(`{"model":`, true)},
+			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: "malformed JSON",
+		},
+		{
+			name:     "wrong type on an inference path",
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x","max_tokens":"9"}`, true)},
+			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: `"max_tokens"`,
+		},
+		{
+			name:     "body over the limit",
+			cfg:      func(c *Config) { c.MaxRequestBody = 10 },
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":`, false), reqBody(`"m","prompt":"x"}`, true)},
+			wantCode: 413, wantReason: ReasonTooLarge, wantMsg: "exceeds 10 bytes",
+		},
+		{
+			name:     "empty subset hint",
+			msgs:     []*extprocv3.ProcessingRequest{withSubset(reqHeaders(false, ":path", "/v1/completions")), reqBody(`{"model":"m","prompt":"x"}`, true)},
+			wantCode: 503, wantReason: ReasonSubsetEmpty, wantMsg: "subset is empty",
+		},
+		{
+			name:     "no eligible replica in the subset",
+			decErr:   fmt.Errorf("decide: %w", route.ErrNoReplica),
+			msgs:     []*extprocv3.ProcessingRequest{withSubset(reqHeaders(true, ":path", "/x"), "9.9.9.9:1")},
+			wantCode: 503, wantReason: ReasonNoReplica, wantMsg: "subset", wantCalls: 1,
+		},
+		{
+			name:     "no healthy replica",
+			decErr:   fmt.Errorf("decide: %w", route.ErrNoReplica),
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x"}`, true)},
+			wantCode: 503, wantReason: ReasonNoReplica, wantMsg: "no healthy replica", wantCalls: 1,
+		},
+		{
+			name:     "unknown model",
+			decErr:   route.ErrUnknownModel,
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"nope","prompt":"x"}`, true)},
+			wantCode: 404, wantReason: ReasonUnknownModel, wantMsg: `"nope"`, wantCalls: 1,
+		},
+		{
+			name:     "unexpected decider error",
+			decErr:   errors.New("boom"),
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(true, ":path", "/v1/completions")},
+			wantCode: 500, wantReason: ReasonInternal, wantMsg: "internal", wantCalls: 1,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fd := &fakeDecider{dec: decision(), err: tc.decErr}
+			cfg := Config{Decider: fd}
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			h := newHarness(t, cfg)
+			got := h.exchange(tc.msgs...)
+			if len(got) != 1 {
+				t.Fatalf("got %d responses, want one immediate response: %v", len(got), got)
+			}
+			ir := got[0].GetImmediateResponse()
+			if ir == nil {
+				t.Fatalf("not an immediate response: %v", got[0])
+			}
+			if ir.GetStatus().GetCode() != typev3.StatusCode(tc.wantCode) {
+				t.Errorf("status %v, want %d", ir.GetStatus().GetCode(), tc.wantCode)
+			}
+			wantHeaders := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				set("content-type", "application/json"), set("x-kvroute-reason", tc.wantReason),
+			}}
+			if d := cmp.Diff(wantHeaders, ir.GetHeaders(), protocmp.Transform()); d != "" {
+				t.Errorf("headers mismatch (-want +got):\n%s", d)
+			}
+			var body errorJSON
+			if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
+				t.Fatalf("body %q is not JSON: %v", ir.GetBody(), err)
+			}
+			if body.Error.Code != tc.wantReason || body.Error.Type == "" || !strings.Contains(body.Error.Message, tc.wantMsg) {
+				t.Errorf("error body %+v, want code %q and message containing %q", body.Error, tc.wantReason, tc.wantMsg)
+			}
+			if n := len(fd.requests()); n != tc.wantCalls {
+				t.Errorf("decider called %d times, want %d", n, tc.wantCalls)
+			}
+			if v, ok := metricValue(t, h.reg, "kvroute_extproc_immediate_responses_total", map[string]string{"code": fmt.Sprint(tc.wantCode), "reason": tc.wantReason}); !ok || v != 1 {
+				t.Errorf("rejection metric = %v (present %v), want 1", v, ok)
+			}
+		})
+	}
+}
+
+func TestDecideTimeout(t *testing.T) {
+	fd := &fakeDecider{block: true}
+	h := newHarness(t, Config{Decider: fd, DecideTimeout: 20_000_000}) // 20ms
+	got := h.exchange(reqHeaders(true, ":path", "/v1/completions"))
+	if len(got) != 1 || got[0].GetImmediateResponse().GetStatus().GetCode() != 503 {
+		t.Fatalf("want a 503 immediate response, got %v", got)
+	}
+}
+
+func TestPanicIsContained(t *testing.T) {
+	fd := &fakeDecider{dec: decision(), panic: true}
+	tr, _ := load.NewTracker(nil)
+	h := newHarness(t, Config{Decider: fd, Tracker: tr})
+	got := h.exchange(reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x"}`, true))
+	if len(got) != 1 || got[0].GetImmediateResponse().GetStatus().GetCode() != 500 {
+		t.Fatalf("want one 500 immediate response, got %v", got)
+	}
+	if v, _ := metricValue(t, h.reg, "kvroute_extproc_stream_errors_total", map[string]string{"kind": "panic"}); v != 1 {
+		t.Errorf("panic counter = %v, want 1", v)
+	}
+	// The server keeps serving.
+	fd.mu.Lock()
+	fd.panic = false
+	fd.mu.Unlock()
+	got = h.exchange(reqHeaders(true, ":path", "/v1/models"))
+	diff(t, []*extprocv3.ProcessingResponse{wantPickHeaders()}, got)
+	eventually(t, "streams closed", func() bool {
+		v, _ := metricValue(t, h.reg, "kvroute_extproc_streams_active", nil)
+		return v == 0
+	})
+	if f := tr.Get("r1"); f != (load.InFlight{}) {
+		t.Errorf("counters leaked: %+v", f)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	fd := &fakeDecider{}
+	for name, cfg := range map[string]Config{
+		"no decider":         {},
+		"bad header name":    {Decider: fd, DestinationHeader: "x bad"},
+		"pseudo header":      {Decider: fd, SessionHeader: ":path"},
+		"same headers":       {Decider: fd, DestinationHeader: "a", FallbackHeader: "A"},
+		"negative body size": {Decider: fd, MaxRequestBody: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := New(cfg); err == nil {
+				t.Fatal("New accepted a bad config")
+			}
+		})
+	}
+}
+
+var _ = context.Background
