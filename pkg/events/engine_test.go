@@ -335,3 +335,28 @@ func matchOf(idx *index.Index, keys []kvblock.Key, id index.ReplicaID) int {
 	}
 	return 0
 }
+
+// rebind closes the PUB socket and binds a new one on the same endpoint:
+// subscribers see a disconnect and a reconnect.
+func (e *fakeEngine) rebind() {
+	e.call(func() {
+		_ = e.pub.Close()
+		var err error
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			e.pub, err = e.zctx.NewSocket(zmq.PUB)
+			if err == nil {
+				_ = e.pub.SetLinger(0)
+				if err = e.pub.Bind(e.pubEP); err == nil {
+					return
+				}
+				_ = e.pub.Close()
+			}
+			if time.Now().After(deadline) {
+				e.t.Errorf("rebind %s: %v", e.pubEP, err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}

@@ -22,12 +22,12 @@ func TestMain(m *testing.M) {
 }
 
 type harness struct {
-	t   *testing.T
-	idx *index.Index
-	reg *prometheus.Registry
-	m   *Manager
-	cfg Config
-	run chan error
+	t    *testing.T
+	idx  *index.Index
+	reg  *prometheus.Registry
+	m    *Manager
+	cfg  Config
+	run  chan error
 	stop context.CancelFunc
 }
 
@@ -502,4 +502,53 @@ func TestRunTwice(t *testing.T) {
 	if err := h.m.Run(context.Background()); err != ErrRunning {
 		t.Errorf("second Run: %v", err)
 	}
+}
+
+// A warm replay that starts later than asked (the engine's buffer moved
+// on) applies what it got but keeps the replica resyncing.
+func TestTruncatedWarmReplay(t *testing.T) {
+	e := newFakeEngine(t, engineOpts{newFraming: true, steps: 5})
+	w := newWorkload(t, 11, "r1", 10, 4)
+	for range 30 {
+		e.publish(w.next(false), false)
+	}
+	h := newHarness(t, testConfig(), source("r1", e))
+	eventually(t, "truncated replay", func() error {
+		st := h.m.Status("r1")
+		if !st.Settled || !st.HasSeq || st.LastSeq != 29 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+	if got := h.counter("kvroute_events_replays_total", "result", "truncated"); got < 1 {
+		t.Errorf("truncated replays = %v", got)
+	}
+	if st := h.m.Status("r1"); !st.Resyncing || h.m.Credit("r1") != 0 || st.Reason != "replay_truncated" {
+		t.Errorf("after a truncated warm replay: %+v credit %v", st, h.m.Credit("r1"))
+	}
+	if !h.m.Warm() {
+		t.Error("a settled source holds readiness back")
+	}
+}
+
+// A reconnect (seen by the socket monitor) clears and replays from 0.
+func TestReconnectReplays(t *testing.T) {
+	e := newFakeEngine(t, engineOpts{newFraming: true})
+	w := newWorkload(t, 12, "r1", 10, 4)
+	h := newHarness(t, testConfig(), source("r1", e))
+	for range 20 {
+		e.publish(w.next(false), false)
+	}
+	h.synced(e, w, "r1")
+	e.rebind()
+	eventually(t, "reconnect resync", func() error {
+		if h.counter("kvroute_events_resyncs_total", "reason", "reconnect") < 1 {
+			return fmt.Errorf("no reconnect resync")
+		}
+		return nil
+	})
+	for range 10 {
+		e.publish(w.next(false), false)
+	}
+	h.synced(e, w, "r1")
 }
