@@ -34,6 +34,8 @@ type driver struct {
 	speed   float64
 	start   time.Time
 	publish func([]engine.Event)
+	// onFinish, if set before run starts, sees every finished request.
+	onFinish func(engine.Finished)
 
 	mu   sync.Mutex
 	eng  *engine.Engine
@@ -157,6 +159,11 @@ func (d *driver) run(ctx context.Context) {
 func (d *driver) deliver(res engine.StepResult) {
 	if len(res.Events) > 0 {
 		d.publish(res.Events)
+	}
+	if d.onFinish != nil {
+		for _, f := range res.Finished {
+			d.onFinish(f)
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

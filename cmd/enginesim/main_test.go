@@ -429,6 +429,8 @@ func TestConcurrentStreaming(t *testing.T) {
 		`vllm:num_requests_running{engine="0",model_name="sim-model"} 0`,
 		`vllm:num_requests_waiting{engine="0",model_name="sim-model"} 0`,
 		`vllm:prefix_cache_hits_total{engine="0",model_name="sim-model"} ` + fmt.Sprint(cached),
+		`vllm:request_success_total{engine="0",finished_reason="length",model_name="sim-model"} 200`,
+		`vllm:time_to_first_token_seconds_count{engine="0",model_name="sim-model"} 200`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)

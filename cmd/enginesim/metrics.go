@@ -67,10 +67,28 @@ func newMetrics(reg prometheus.Registerer, model string, cfg engine.Config, d *d
 			}, func() float64 { return float64(pub.replays.Load()) }),
 		)
 	}
+	// Latencies are in simulated seconds: what the engine would report.
+	buckets := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640}
+	hist := func(name, help string) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+	}
+	ttft := hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+	e2e := hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.")
+	queued := hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.")
+	success := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
+	}, []string{"finished_reason"})
+	cs = append(cs, ttft, e2e, queued, success)
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
+	}
+	d.onFinish = func(f engine.Finished) {
+		ttft.Observe((f.FirstToken - f.Arrival).Seconds())
+		e2e.Observe((f.Finish - f.Arrival).Seconds())
+		queued.Observe((f.Scheduled - f.Arrival).Seconds())
+		success.WithLabelValues(f.Reason).Inc()
 	}
 	return nil
 }
