@@ -252,4 +252,3 @@ func TestNewLogger(t *testing.T) {
 		})
 	}
 }
-
