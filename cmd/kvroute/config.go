@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 // Config is kvroute's configuration file (YAML). It is decoded strictly
@@ -23,7 +24,7 @@ type Config struct {
 	Listeners ListenersConfig `yaml:"listeners"`
 	Replicas  ReplicasConfig  `yaml:"replicas"`
 	Policy    PolicyConfig    `yaml:"policy"`
-	Tokenizer TokenizerConfig `yaml:"tokenizer"`
+	Tokenizer tokenize.Config `yaml:"tokenizer"`
 	Events    EventsConfig    `yaml:"events"`
 	Load      LoadConfig      `yaml:"load"`
 	Index     IndexConfig     `yaml:"index"`
@@ -99,39 +100,41 @@ type PolicyConfig struct {
 	policy.Config `yaml:",inline"`
 }
 
-// TokenizerConfig chooses how prompts are tokenized, per model.
-type TokenizerConfig struct {
-	// Default applies to models without an entry in Models.
-	Default TokenizerModelConfig `yaml:"default"`
-	// Models maps a served model name to its tokenizer.
-	Models map[string]TokenizerModelConfig `yaml:"models"`
-	// Timeout bounds one tokenization; over it the decision degrades to
-	// least loaded. Default 200ms.
-	Timeout time.Duration `yaml:"timeout"`
-}
-
-// TokenizerModelConfig is one model's tokenizer.
-type TokenizerModelConfig struct {
-	// Kind is "remote" (the engine's own /tokenize), "local" (a HF
-	// tokenizer.json), or "approximate". Default "remote".
-	Kind string `yaml:"kind"`
-	// Path is the tokenizer.json for "local".
-	Path string `yaml:"path"`
-}
-
-// EventsConfig tunes the KV-event subscribers.
+// EventsConfig tunes the KV-event subscribers (events.Config).
 type EventsConfig struct {
-	// SilenceWindow flags a replica that was routed requests but published
-	// no event for this long. Default 30s.
-	SilenceWindow time.Duration `yaml:"silence_window"`
+	// Workers applying batches to the index; 0 = GOMAXPROCS.
+	Workers int `yaml:"workers"`
+	// QueueSize bounds each worker's queue, in batches (default 1024).
+	QueueSize int `yaml:"queue_size"`
+	// ReplayTimeout bounds each wait for a replay reply (default 2s).
+	ReplayTimeout time.Duration `yaml:"replay_timeout"`
+	// ReplayBuffer bounds live batches buffered during a replay (default 4096).
+	ReplayBuffer int `yaml:"replay_buffer"`
+	// BackoffMin and BackoffMax bound reconnect backoff (100ms, 10s).
+	BackoffMin time.Duration `yaml:"backoff_min"`
+	BackoffMax time.Duration `yaml:"backoff_max"`
+	// SilentAfter flags a replica that was routed requests but published
+	// no event for this long (default 60s).
+	SilentAfter time.Duration `yaml:"silent_after"`
+	// ResyncQuiet is the gap-free window after which a replica that could
+	// not be replayed counts as caught up (default 30s).
+	ResyncQuiet time.Duration `yaml:"resync_quiet"`
 }
 
-// LoadConfig tunes the load view.
+// LoadConfig tunes the load view: engine scrapes and cache fidelity.
 type LoadConfig struct {
-	// ScrapeInterval between engine /metrics scrapes. Default 1s; 0 after
-	// defaults is impossible; set disable_scrape to turn scraping off.
+	// ScrapeInterval between probes of one engine's /health and /metrics
+	// (default 200ms); ScrapeTimeout bounds each request (default 300ms).
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
-	DisableScrape  bool          `yaml:"disable_scrape"`
+	ScrapeTimeout  time.Duration `yaml:"scrape_timeout"`
+	// StaleAfter: older scraped figures are not used (default 2s).
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// FidelityAlpha, FidelityFloor, FidelityMinSamples tune the cache
+	// credit derived from served vs predicted cached tokens (defaults 0.1,
+	// 0.25, 8).
+	FidelityAlpha      float64 `yaml:"fidelity_alpha"`
+	FidelityFloor      float64 `yaml:"fidelity_floor"`
+	FidelityMinSamples int     `yaml:"fidelity_min_samples"`
 }
 
 // IndexConfig bounds the prefix index.
@@ -177,9 +180,6 @@ const (
 	DefaultMetricsAddr       = ":9090"
 	DefaultDrainTimeout      = 15 * time.Second
 	DefaultPolicy            = policy.NameBlended
-	DefaultTokenizeTimeout   = 200 * time.Millisecond
-	DefaultSilenceWindow     = 30 * time.Second
-	DefaultScrapeInterval    = time.Second
 	DefaultIndexMaxBytes     = 1 << 30
 	DefaultDestinationHeader = "x-gateway-destination-endpoint"
 	DefaultSessionHeader     = "x-session-id"
@@ -208,6 +208,32 @@ func LoadConfigFile(path string) (*Config, error) {
 // validates. An empty document is the defaults (and fails validation for
 // want of replicas).
 func ParseConfig(b []byte) (*Config, error) {
+	c, err := decodeConfig(b)
+	if err != nil {
+		return nil, err
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// decodeConfigFile reads and strictly decodes a file, without defaults.
+func decodeConfigFile(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	c, err := decodeConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// decodeConfig strictly decodes one YAML document.
+func decodeConfig(b []byte) (*Config, error) {
 	c := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
@@ -217,10 +243,6 @@ func ParseConfig(b []byte) (*Config, error) {
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: want a single YAML document", ErrConfig)
-	}
-	c.ApplyDefaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
@@ -242,14 +264,9 @@ func (c *Config) ApplyDefaults() {
 	str(&c.Listeners.Metrics, DefaultMetricsAddr)
 	dur(&c.Listeners.DrainTimeout, DefaultDrainTimeout)
 	str(&c.Policy.Name, DefaultPolicy)
-	str(&c.Tokenizer.Default.Kind, "remote")
-	for m, t := range c.Tokenizer.Models {
-		str(&t.Kind, "remote")
-		c.Tokenizer.Models[m] = t
+	if len(c.Tokenizer.Models) == 0 && c.Tokenizer.Default == nil {
+		c.Tokenizer.Default = &tokenize.ModelConfig{Kind: tokenize.KindRemote}
 	}
-	dur(&c.Tokenizer.Timeout, DefaultTokenizeTimeout)
-	dur(&c.Events.SilenceWindow, DefaultSilenceWindow)
-	dur(&c.Load.ScrapeInterval, DefaultScrapeInterval)
 	if c.Index.MaxBytes == 0 {
 		c.Index.MaxBytes = DefaultIndexMaxBytes
 	}
@@ -316,35 +333,32 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: policy: %w", ErrConfig, err))
 	}
 
-	tok := func(field string, t TokenizerModelConfig) {
-		switch t.Kind {
-		case "remote", "approximate":
-			if t.Path != "" {
-				bad(field+".path", "only applies to kind local")
-			}
-		case "local":
-			if t.Path == "" {
-				bad(field+".path", "is required for kind local")
-			}
-		default:
-			bad(field+".kind", "%q: want remote, local or approximate", t.Kind)
+	if err := c.Tokenizer.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: tokenizer: %w", ErrConfig, err))
+	}
+	for field, d := range map[string]time.Duration{
+		"events.replay_timeout": c.Events.ReplayTimeout, "events.backoff_min": c.Events.BackoffMin,
+		"events.backoff_max": c.Events.BackoffMax, "events.silent_after": c.Events.SilentAfter,
+		"events.resync_quiet": c.Events.ResyncQuiet, "load.scrape_interval": c.Load.ScrapeInterval,
+		"load.scrape_timeout": c.Load.ScrapeTimeout, "load.stale_after": c.Load.StaleAfter,
+	} {
+		if d < 0 {
+			bad(field, "must not be negative")
 		}
 	}
-	tok("tokenizer.default", c.Tokenizer.Default)
-	for m, t := range c.Tokenizer.Models {
-		if m == "" {
-			bad("tokenizer.models", "empty model name")
+	for field, n := range map[string]int{
+		"events.workers": c.Events.Workers, "events.queue_size": c.Events.QueueSize,
+		"events.replay_buffer": c.Events.ReplayBuffer, "load.fidelity_min_samples": c.Load.FidelityMinSamples,
+	} {
+		if n < 0 {
+			bad(field, "must not be negative")
 		}
-		tok("tokenizer.models["+m+"]", t)
 	}
-	if c.Tokenizer.Timeout < 0 {
-		bad("tokenizer.timeout", "must not be negative")
+	if a := c.Load.FidelityAlpha; !(a >= 0 && a <= 1) {
+		bad("load.fidelity_alpha", "%v: must be in (0, 1] (0 = default)", a)
 	}
-	if c.Events.SilenceWindow < 0 {
-		bad("events.silence_window", "must not be negative")
-	}
-	if c.Load.ScrapeInterval < 0 {
-		bad("load.scrape_interval", "must not be negative")
+	if f := c.Load.FidelityFloor; !(f >= 0 && f <= 1) {
+		bad("load.fidelity_floor", "%v: must be in [0, 1]", f)
 	}
 	if c.Index.MaxBytes < 0 {
 		bad("index.max_bytes", "must not be negative")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 const minimal = `
@@ -32,8 +33,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"metrics", c.Listeners.Metrics, DefaultMetricsAddr},
 		{"drain", c.Listeners.DrainTimeout, DefaultDrainTimeout},
 		{"policy", c.Policy.Name, "blended"},
-		{"tokenizer", c.Tokenizer.Default.Kind, "remote"},
-		{"tokenize timeout", c.Tokenizer.Timeout, DefaultTokenizeTimeout},
+		{"tokenizer", c.Tokenizer.Default.Kind, tokenize.KindRemote},
 		{"header", c.Routing.DestinationHeader, "x-gateway-destination-endpoint"},
 		{"session header", c.Routing.SessionHeader, "x-session-id"},
 		{"block size", c.Routing.BlockSize, 16},
@@ -58,7 +58,7 @@ policy:
   hardswitch: {cache_threshold: 0.5}
 tokenizer:
   models:
-    m: {kind: local, path: /t/tokenizer.json}
+    m: {kind: local, tokenizer_json: /t/tokenizer.json, timeout: 1s}
 readiness: {warm_timeout: 500ms}
 `))
 	if err != nil {
@@ -71,7 +71,7 @@ readiness: {warm_timeout: 500ms}
 	if c.Policy.Name != "hardswitch" || c.Policy.HardSwitch.CacheThreshold == nil || *c.Policy.HardSwitch.CacheThreshold != 0.5 {
 		t.Fatalf("policy not decoded: %+v", c.Policy)
 	}
-	if got := c.Tokenizer.Models["m"]; got.Kind != "local" || got.Path != "/t/tokenizer.json" {
+	if got := c.Tokenizer.Models["m"]; got.Kind != tokenize.KindLocal || got.TokenizerJSON != "/t/tokenizer.json" || got.Timeout != time.Second {
 		t.Fatalf("tokenizer not decoded: %+v", got)
 	}
 }
@@ -105,8 +105,11 @@ replicas:
 		{"dns without host", "replicas:\n  dns: {port: 80, defaults: {model: m}}\n", []string{"replicas.dns"}},
 		{"unknown policy", minimal + "policy: {name: fastest}\n", []string{"policy:", "fastest"}},
 		{"policy knob", minimal + "policy: {blended: {host_cache_hit_weight: 2}}\n", []string{"policy:", "host_cache_hit_weight"}},
-		{"tokenizer kind", minimal + "tokenizer: {default: {kind: magic}}\n", []string{"tokenizer.default.kind"}},
-		{"local tokenizer without path", minimal + "tokenizer: {models: {m: {kind: local}}}\n", []string{"tokenizer.models[m].path"}},
+		{"tokenizer kind", minimal + "tokenizer: {default: {kind: magic}}\n", []string{"tokenizer:", "magic"}},
+		{"local tokenizer without file", minimal + "tokenizer: {models: {m: {kind: local}}}\n", []string{"tokenizer:", "tokenizer_json"}},
+		{"unknown tokenizer key", minimal + "tokenizer: {models: {m: {kind: remote, url: x}}}\n", []string{"field url not found"}},
+		{"events", minimal + "events: {queue_size: -1}\n", []string{"events.queue_size"}},
+		{"fidelity", minimal + "load: {fidelity_floor: 2}\n", []string{"load.fidelity_floor"}},
 		{"listener", minimal + "listeners: {admin: localhost}\n", []string{"listeners.admin"}},
 		{"negative duration", minimal + "readiness: {warm_timeout: -1s}\n", []string{"readiness.warm_timeout"}},
 		{"bad duration", minimal + "readiness: {warm_timeout: soon}\n", []string{"soon"}},

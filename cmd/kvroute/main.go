@@ -1,43 +1,71 @@
 // Command kvroute is the KV-cache-aware request router: an Envoy ext_proc
 // service (serve), a client of its admin API (explain) and its version.
+//
+// serve is the composition root: it loads the config, wires every package,
+// runs them under one errgroup and owns shutdown (see router.serve).
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		usage()
+		usage(stderr)
 		return 2
 	}
+	var err error
 	switch args[0] {
+	case "serve":
+		err = runServe(ctx, args[1:], stderr)
+	case "explain":
+		err = runExplain(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
-		fmt.Println("kvroute", version)
+		fmt.Fprintln(stdout, "kvroute", version)
 		return 0
 	case "help", "-h", "--help":
-		usage()
+		usage(stdout)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "kvroute: unknown command %q\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "kvroute: unknown command %q\n", args[0])
-	usage()
-	return 2
+	fmt.Fprintln(stderr, "kvroute:", err)
+	return 1
 }
 
-func usage() {
-	fmt.Fprint(os.Stderr, `usage: kvroute <command> [flags]
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: kvroute <command> [flags]
 
 commands:
   serve    --config kvroute.yaml   run the router (flags override the file)
-  explain  -f request.json         explain a routing decision (admin API)
+  explain  -f request.json         explain a routing decision (admin API of a running kvroute)
   version                          print the version
+
+Run "kvroute <command> -h" for a command's flags.
 `)
 }

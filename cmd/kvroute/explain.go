@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
+)
+
+// runExplain is `kvroute explain`: it sends a request body to a running
+// kvroute's admin API and prints the decision.
+func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvroute explain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("f", "", "request body file (OpenAI JSON; - for stdin)")
+	addr := fs.String("addr", DefaultAdminAddr, "admin listener of the running kvroute")
+	path := fs.String("path", "", "request path (default: chat when the body has messages, else completions)")
+	session := fs.String("session", "", "session affinity key (as x-session-id would carry it)")
+	asJSON := fs.Bool("json", false, "print the raw decision as JSON")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return errors.New("explain: -f request.json is required")
+	}
+	var body []byte
+	var err error
+	if *file == "-" {
+		body, err = io.ReadAll(os.Stdin)
+	} else {
+		body, err = os.ReadFile(*file)
+	}
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := kvroutev1.NewAdminClient(cc).Explain(ctx, &kvroutev1.ExplainRequest{
+		Body: body, Path: *path, SessionKey: *session,
+	})
+	if err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	if *asJSON {
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(resp)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	}
+	return printExplain(stdout, resp)
+}
+
+// printExplain writes a decision as a header and one table row per
+// candidate.
+func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
+	fmt.Fprintf(w, "pick:     %s (%s)\n", r.GetReplica(), r.GetAddress())
+	fmt.Fprintf(w, "policy:   %s, reason %s", r.GetPolicy(), r.GetReason())
+	if r.GetDegraded() != "" {
+		fmt.Fprintf(w, ", degraded: %s", r.GetDegraded())
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "prompt:   %d tokens, %d blocks (tokens from %s in %dµs; decided in %dµs)\n",
+		r.GetPromptTokens(), r.GetPromptBlocks(), r.GetTokenSource(), r.GetTokenizeMicros(), r.GetDecideMicros())
+	if len(r.GetFallbacks()) > 0 {
+		fmt.Fprintf(w, "fallback: %s\n", strings.Join(r.GetFallbacks(), ", "))
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tREPLICA\tADDRESS\tGPU\tCPU\tDISK\tCREDIT\tPREFILL\tDECODE\tRUN\tWAIT\tKV%\tCOST\t")
+	for _, c := range r.GetCandidates() {
+		mark := ""
+		switch {
+		case c.GetPicked():
+			mark = "*"
+		case !c.GetEligible():
+			mark = "x"
+		}
+		l := c.GetLoad()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.0f\t%d\t%d\t%.0f\t%s\t\n",
+			mark, c.GetReplica(), c.GetAddress(),
+			c.GetMatched().GetGpu(), c.GetMatched().GetCpu(), c.GetMatched().GetDisk(),
+			c.GetCredit(), l.GetActivePrefillBlocks(), l.GetActiveDecodeBlocks(),
+			l.GetActiveRequests(), l.GetWaitingRequests(), 100*l.GetKvUsage(), cost(c.GetCost()))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "\n* picked   x ineligible (unhealthy, outside the subset, or another model)")
+	return err
+}
+
+func cost(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}

@@ -1,0 +1,621 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvroute/kvroute/pkg/admin"
+	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/extproc"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize"
+)
+
+// serveFlags are the command-line overrides of the config file.
+type serveFlags struct {
+	config                      string
+	extproc, adminAddr, metrics string
+	policy, logLevel, logFormat string
+	replicasFile                string
+	warmTimeout, drainTimeout   time.Duration
+}
+
+func parseServeFlags(args []string, out io.Writer) (*serveFlags, error) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("kvroute serve", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&f.config, "config", "", "config file (YAML; see examples/kvroute.yaml)")
+	fs.StringVar(&f.extproc, "extproc-addr", "", "override listeners.extproc")
+	fs.StringVar(&f.adminAddr, "admin-addr", "", "override listeners.admin")
+	fs.StringVar(&f.metrics, "metrics-addr", "", "override listeners.metrics")
+	fs.StringVar(&f.policy, "policy", "", "override policy.name")
+	fs.StringVar(&f.logLevel, "log-level", "", "override telemetry.log_level")
+	fs.StringVar(&f.logFormat, "log-format", "", "override telemetry.log_format")
+	fs.StringVar(&f.replicasFile, "replicas-file", "", "use this replica file (replaces the replicas section)")
+	fs.DurationVar(&f.warmTimeout, "warm-timeout", 0, "override readiness.warm_timeout")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "override listeners.drain_timeout")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return f, nil
+}
+
+// loadServeConfig reads the file (if any), applies flag overrides, then
+// defaults and validation.
+func loadServeConfig(f *serveFlags) (*Config, error) {
+	c := &Config{}
+	if f.config != "" {
+		var err error
+		if c, err = decodeConfigFile(f.config); err != nil {
+			return nil, err
+		}
+	}
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&c.Listeners.ExtProc, f.extproc)
+	set(&c.Listeners.Admin, f.adminAddr)
+	set(&c.Listeners.Metrics, f.metrics)
+	set(&c.Policy.Name, f.policy)
+	set(&c.Telemetry.LogLevel, f.logLevel)
+	set(&c.Telemetry.LogFormat, f.logFormat)
+	if f.replicasFile != "" {
+		c.Replicas = ReplicasConfig{File: &FileSourceConfig{Path: f.replicasFile}}
+	}
+	if f.warmTimeout != 0 {
+		c.Readiness.WarmTimeout = f.warmTimeout
+	}
+	if f.drainTimeout != 0 {
+		c.Listeners.DrainTimeout = f.drainTimeout
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func newLogger(c TelemetryConfig, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.LogLevel)) // validated
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// router is the composition root's product: every component, wired, not
+// yet running.
+type router struct {
+	cfg    *Config
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	tp     trace.TracerProvider
+	idx    *index.Index
+	events *events.Manager
+	scrape *load.Scraper
+	fid    *load.Fidelity
+	view   *load.View
+	set    *replicaSet
+	tok    *tokenize.Tokenizer
+	source discovery.Source
+	ext    *extproc.Server
+	health *extproc.Health
+	admin  *admin.Server
+
+	ready    atomic.Bool
+	applied  atomic.Bool // a first discovery snapshot was applied
+	prev     []discovery.Replica
+	prevSrcs map[index.ReplicaID]bool
+}
+
+// build wires the components. It starts nothing.
+func build(cfg *Config, log *slog.Logger, tp trace.TracerProvider) (*router, error) {
+	r := &router{cfg: cfg, log: log, tp: tp, reg: prometheus.NewRegistry()}
+	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvroute_build_info", Help: "Always 1; the version label names the build.",
+	}, []string{"version"})
+	buildInfo.WithLabelValues(version).Set(1)
+	r.reg.MustRegister(buildInfo)
+
+	var err error
+	r.idx = index.New(index.Config{MaxBytes: cfg.Index.MaxBytes})
+	r.reg.MustRegister(newIndexCollector(r.idx))
+	ec := cfg.Events
+	r.events = events.NewManager(r.idx, events.Config{
+		Workers: ec.Workers, QueueSize: ec.QueueSize, ReplayTimeout: ec.ReplayTimeout,
+		ReplayBuffer: ec.ReplayBuffer, BackoffMin: ec.BackoffMin, BackoffMax: ec.BackoffMax,
+		SilentAfter: ec.SilentAfter, ResyncQuiet: ec.ResyncQuiet,
+	}, r.reg, log.With("component", "events"))
+	tracker, err := load.NewTracker(r.reg)
+	if err != nil {
+		return nil, fmt.Errorf("load tracker: %w", err)
+	}
+	if r.scrape, err = load.NewScraper(load.ScraperConfig{
+		Interval: cfg.Load.ScrapeInterval, Timeout: cfg.Load.ScrapeTimeout,
+		Logger: log.With("component", "scraper"), Registerer: r.reg,
+	}); err != nil {
+		return nil, fmt.Errorf("load scraper: %w", err)
+	}
+	if r.fid, err = load.NewFidelity(load.FidelityConfig{
+		Alpha: cfg.Load.FidelityAlpha, Floor: cfg.Load.FidelityFloor, MinSamples: cfg.Load.FidelityMinSamples,
+	}, r.reg); err != nil {
+		return nil, fmt.Errorf("fidelity: %w", err)
+	}
+	r.view = &load.View{Tracker: tracker, Scraper: r.scrape, Fidelity: r.fid, StaleAfter: cfg.Load.StaleAfter}
+	r.set = newReplicaSet(r.view, r.events, r.fid, cfg.Routing.BlockSize)
+
+	if r.tok, err = tokenize.New(cfg.Tokenizer, tokenize.Options{
+		Registerer: r.reg, Replicas: r.set.TokenizerURLs, Logger: log.With("component", "tokenize"),
+	}); err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+
+	seed := cfg.Policy.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	pol, err := policy.New(cfg.Policy.Name, cfg.Policy.Config)
+	if err != nil {
+		return nil, err
+	}
+	// Explain gets its own policy instance, so that explaining never moves
+	// a stateful policy (a round-robin cursor) that real traffic uses.
+	explainPol, err := policy.New(cfg.Policy.Name, cfg.Policy.Config)
+	if err != nil {
+		return nil, err
+	}
+	routeOpts := route.Options{Matcher: r.idx, State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed}
+	decider := route.New(routeOpts)
+	routeOpts.Policy = explainPol
+	explainer := route.New(routeOpts)
+
+	r.health = extproc.NewHealth()
+	if r.ext, err = extproc.New(extproc.Config{
+		Decider:           notingDecider{d: decider, ev: r.events},
+		Tracker:           tracker,
+		Fidelity:          r.fid,
+		BlockSize:         r.set.BlockSize,
+		DestinationHeader: cfg.Routing.DestinationHeader,
+		SessionHeader:     cfg.Routing.SessionHeader,
+		TracerProvider:    tp,
+		Registerer:        r.reg,
+		Logger:            log.With("component", "extproc"),
+	}); err != nil {
+		return nil, fmt.Errorf("extproc: %w", err)
+	}
+	if r.admin, err = admin.New(admin.Config{
+		Explainer: explainerFunc(explainer.Decide),
+		Parse:     parseRequest,
+		Replicas:  r,
+		Index:     r.idx,
+		Logger:    log.With("component", "admin"),
+	}); err != nil {
+		return nil, err
+	}
+	if r.source, err = newSource(cfg, log, r.reg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// notingDecider tells the event manager where requests go (its silent
+// replica check) after each successful decision.
+type notingDecider struct {
+	d  *route.Router
+	ev *events.Manager
+}
+
+func (n notingDecider) Decide(ctx context.Context, req route.Request) (route.Decision, error) {
+	d, err := n.d.Decide(ctx, req)
+	if err == nil && d.Replica != "" {
+		n.ev.NoteRouted(d.Replica, clock())
+	}
+	return d, err
+}
+
+type explainerFunc func(context.Context, route.Request) (route.Decision, error)
+
+func (f explainerFunc) Explain(ctx context.Context, req route.Request) (route.Decision, error) {
+	return f(ctx, req)
+}
+
+// parseRequest is the admin API's body parser: the same OpenAI parsing and
+// request mapping ext_proc uses.
+func parseRequest(path string, body []byte) (route.Request, error) {
+	if path == "" {
+		path = "/v1/completions"
+		if strings.Contains(string(body), `"messages"`) {
+			path = "/v1/chat/completions"
+		}
+	}
+	p, err := openai.Parse(path, body)
+	if err != nil {
+		return route.Request{}, fmt.Errorf("%w: %w", admin.ErrBadRequest, err)
+	}
+	return routeRequest(p), nil
+}
+
+// routeRequest maps a parsed OpenAI request to the routing request exactly
+// as the ext_proc stream does (batched prompts route by their first
+// element), so that explain reproduces real decisions.
+func routeRequest(p openai.Request) route.Request {
+	req := route.Request{Model: p.Model, CacheSalt: p.CacheSalt, MaxTokens: p.MaxTokens}
+	switch p.Kind {
+	case openai.KindChat:
+		req.Input = route.TokenizeInput{
+			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
+		}
+	case openai.KindCompletion:
+		switch {
+		case len(p.Prompt.TokenIDs) > 0:
+			req.Tokens = p.Prompt.TokenIDs[0]
+		case len(p.Prompt.Texts) > 0:
+			req.Input = route.TokenizeInput{Prompt: p.Prompt.Texts[0], AddSpecialTokens: p.AddSpecialTokens}
+		}
+	}
+	return req
+}
+
+func newSource(cfg *Config, log *slog.Logger, reg prometheus.Registerer) (discovery.Source, error) {
+	rc := cfg.Replicas
+	switch {
+	case len(rc.Static) > 0:
+		rs, err := discovery.BuildReplicas("replicas.static", rc.Static)
+		if err != nil {
+			return nil, err
+		}
+		return discovery.Static(rs), nil
+	case rc.File != nil:
+		return discovery.NewFile(discovery.FileConfig{
+			Path: rc.File.Path, Interval: rc.File.Interval,
+			Logger: log.With("component", "discovery"), Registerer: reg,
+		})
+	case rc.DNS != nil:
+		dc := rc.DNS.discovery()
+		dc.Logger, dc.Registerer = log.With("component", "discovery"), reg
+		return discovery.NewDNS(dc)
+	}
+	return nil, errors.New("no replica source")
+}
+
+// apply makes one discovery snapshot current: event sources, scrape
+// targets, the routable set, and index entries of removed replicas.
+func (r *router) apply(snap discovery.Snapshot) {
+	rs := snap.Replicas
+	changes := discovery.Diff(r.prev, rs)
+	srcs, errs := eventSources(rs, r.set.blockSizeOf)
+	for _, err := range errs {
+		r.log.Warn("replica event source skipped", slog.Any("error", err))
+	}
+	if err := r.events.SetSources(srcs); err != nil {
+		r.log.Error("setting event sources", slog.Any("error", err))
+	}
+	targets := make([]load.Target, 0, len(rs))
+	for _, rep := range rs {
+		targets = append(targets, scrapeTarget(rep))
+	}
+	r.scrape.SetTargets(targets)
+	r.set.set(rs)
+	// Streams gone from the set (removed replicas, fewer DP ranks, an
+	// events endpoint removed) lose their index entries.
+	now := make(map[index.ReplicaID]bool, len(srcs))
+	for _, s := range srcs {
+		now[s.ID] = true
+	}
+	for id := range r.prevSrcs {
+		if !now[id] {
+			r.idx.Cleared(id)
+		}
+	}
+	for _, rep := range changes.Removed {
+		r.idx.Cleared(index.ReplicaID(rep.ID))
+		r.fid.Reset(rep.ID)
+	}
+	r.prev, r.prevSrcs = rs, now
+	if !changes.Empty() || !r.applied.Load() {
+		r.log.Info("replica set", slog.String("source", snap.Source), slog.Int("replicas", len(rs)),
+			slog.Int("added", len(changes.Added)), slog.Int("removed", len(changes.Removed)),
+			slog.Int("changed", len(changes.Changed)), slog.Int("event_streams", len(srcs)))
+	}
+	r.applied.Store(true)
+}
+
+// ReplicaInfos implements admin.ReplicaLister.
+func (r *router) ReplicaInfos() []admin.ReplicaInfo {
+	snap := r.set.snap.Load()
+	pred, served := r.fidelityTotals()
+	var out []admin.ReplicaInfo
+	for _, rep := range snap.all {
+		for rank := range max(rep.DPRanks, 1) {
+			id := events.DPReplicaID(index.ReplicaID(rep.ID), rank)
+			st := r.events.Status(id)
+			out = append(out, admin.ReplicaInfo{
+				ID: id, Address: rep.Address, Model: rep.Model, Engine: rep.Engine,
+				Load:                  r.set.Load(id),
+				EventsConfigured:      rep.EventsEndpoint != "",
+				Resyncing:             st.Known && st.Resyncing,
+				Warm:                  st.Known && st.CaughtUp,
+				LastSeq:               st.LastSeq,
+				Silent:                st.Silent,
+				Credit:                r.set.Credit(id),
+				PredictedCachedTokens: pred[string(id)],
+				ServedCachedTokens:    served[string(id)],
+			})
+		}
+	}
+	return out
+}
+
+// fidelityTotals reads the fidelity counters back from the registry (the
+// admin API reports them per replica).
+func (r *router) fidelityTotals() (pred, served map[string]int64) {
+	pred, served = map[string]int64{}, map[string]int64{}
+	fams, err := r.reg.Gather()
+	if err != nil {
+		return pred, served
+	}
+	for _, f := range fams {
+		var dst map[string]int64
+		switch f.GetName() {
+		case "kvroute_cached_tokens_predicted_total":
+			dst = pred
+		case "kvroute_cached_tokens_served_total":
+			dst = served
+		default:
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "replica" {
+					dst[l.GetValue()] = int64(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return pred, served
+}
+
+// serve runs every component under one errgroup until ctx ends or one
+// fails, then shuts down in order: stop accepting streams (health goes
+// NOT_SERVING, listeners close), drain in-flight streams for at most
+// DrainTimeout, then stop the event subscribers, scraper and discovery.
+// The caller flushes traces after serve returns.
+func (r *router) serve(ctx context.Context, lis listeners) error {
+	g, gctx := errgroup.WithContext(ctx)
+	// Background components outlive the servers' drain: they stop after it.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopBG()
+
+	extSrv := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	r.ext.Register(extSrv)
+	r.health.Register(extSrv)
+
+	adminGRPC := grpc.NewServer()
+	r.admin.Register(adminGRPC)
+	adminHTTP := &http.Server{
+		Handler:           adminHandler(adminGRPC, r.admin.Handler()),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	adminHTTP.Protocols = new(http.Protocols)
+	adminHTTP.Protocols.SetHTTP1(true)
+	adminHTTP.Protocols.SetUnencryptedHTTP2(true)
+	metricsHTTP := &http.Server{Handler: r.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+
+	updates := make(chan discovery.Snapshot)
+	g.Go(func() error {
+		defer stopBG()
+		<-gctx.Done()
+		r.ready.Store(false)
+		r.health.Shutdown()
+		r.log.Info("shutting down: draining ext_proc streams", slog.Duration("drain_timeout", r.cfg.Listeners.DrainTimeout))
+		drained := make(chan struct{})
+		go func() { extSrv.GracefulStop(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(r.cfg.Listeners.DrainTimeout):
+			r.log.Warn("drain timeout: closing remaining streams")
+			extSrv.Stop()
+			<-drained
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = adminHTTP.Shutdown(sctx)
+		adminGRPC.Stop()
+		_ = metricsHTTP.Shutdown(sctx)
+		return nil
+	})
+	g.Go(func() error {
+		if err := extSrv.Serve(lis.extproc); err != nil {
+			return fmt.Errorf("ext_proc server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return httpServe(adminHTTP, lis.admin, "admin") })
+	g.Go(func() error { return httpServe(metricsHTTP, lis.metrics, "metrics") })
+	g.Go(func() error {
+		if err := r.events.Run(bg); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := r.scrape.Run(bg); err != nil {
+			return fmt.Errorf("scraper: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := r.source.Run(bg, updates); err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		for {
+			select {
+			case <-bg.Done():
+				return nil
+			case snap := <-updates:
+				r.apply(snap)
+			}
+		}
+	})
+	g.Go(func() error { r.readiness(gctx); return nil })
+	err := g.Wait()
+	r.tok.Close()
+	return err
+}
+
+// readiness turns ready when the first replica set is applied and every
+// event stream has warmed up (or WarmTimeout has passed), then stays ready.
+func (r *router) readiness(ctx context.Context) {
+	start := clock()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !r.applied.Load() {
+			continue
+		}
+		warm := r.events.Warm()
+		if warm || clock().Sub(start) >= r.cfg.Readiness.WarmTimeout {
+			r.ready.Store(true)
+			r.health.SetReady(true)
+			r.log.Info("ready", slog.Bool("events_warm", warm), slog.Duration("after", clock().Sub(start)))
+			return
+		}
+	}
+}
+
+func httpServe(s *http.Server, ln net.Listener, name string) error {
+	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("%s server: %w", name, err)
+	}
+	return nil
+}
+
+// adminHandler serves gRPC and the HTTP JSON mirror on one port.
+func adminHandler(g *grpc.Server, mirror http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
+			g.ServeHTTP(w, req)
+			return
+		}
+		mirror.ServeHTTP(w, req)
+	})
+}
+
+func (r *router) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	return mux
+}
+
+// listeners are the bound sockets serve uses.
+type listeners struct {
+	extproc, admin, metrics net.Listener
+}
+
+func listen(c ListenersConfig) (listeners, error) {
+	var l listeners
+	var err error
+	if l.extproc, err = net.Listen("tcp", c.ExtProc); err != nil {
+		return l, fmt.Errorf("listeners.extproc: %w", err)
+	}
+	if l.admin, err = net.Listen("tcp", c.Admin); err != nil {
+		l.extproc.Close()
+		return l, fmt.Errorf("listeners.admin: %w", err)
+	}
+	if l.metrics, err = net.Listen("tcp", c.Metrics); err != nil {
+		l.extproc.Close()
+		l.admin.Close()
+		return l, fmt.Errorf("listeners.metrics: %w", err)
+	}
+	return l, nil
+}
+
+// runServe is `kvroute serve`.
+func runServe(ctx context.Context, args []string, stderr io.Writer) error {
+	f, err := parseServeFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := loadServeConfig(f)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Telemetry, stderr)
+	tp, flush, err := newTracerProvider(ctx, cfg.Telemetry.ServiceName)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := flush(fctx); err != nil {
+			log.Warn("flushing traces", slog.Any("error", err))
+		}
+	}()
+	r, err := build(cfg, log, tp)
+	if err != nil {
+		return err
+	}
+	lis, err := listen(cfg.Listeners)
+	if err != nil {
+		return err
+	}
+	log.Info("kvroute serving", slog.String("version", version),
+		slog.String("extproc", lis.extproc.Addr().String()), slog.String("admin", lis.admin.Addr().String()),
+		slog.String("metrics", lis.metrics.Addr().String()), slog.String("policy", cfg.Policy.Name))
+	err = r.serve(ctx, lis)
+	log.Info("kvroute stopped")
+	return err
+}

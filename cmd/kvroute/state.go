@@ -1,0 +1,184 @@
+package main
+
+import (
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// member is one routable stream: a replica, or one data-parallel rank of it.
+type member struct {
+	replica discovery.Replica
+	rank    int
+}
+
+// setSnapshot is one immutable replica set, swapped whole.
+type setSnapshot struct {
+	all      []discovery.Replica // every known replica, ready or not, sorted by ID
+	routable []route.Replica     // ready replicas, one entry per DP rank
+	byID     map[index.ReplicaID]member
+}
+
+// creditor is the events manager's credit, as the replica set reads it.
+type creditor interface {
+	Credit(id index.ReplicaID) float64
+}
+
+// replicaSet implements route.State over discovery snapshots, the load view,
+// the event streams' credit and cache fidelity. Readers never block: the set
+// is an atomic pointer swapped whole by the snapshot loop.
+//
+// Membership: a replica that is not Ready is not in the routable set (its
+// event stream and index entries are kept). An unhealthy replica stays in
+// the set with Load.Healthy false, so decisions (and explain) show it as
+// ineligible.
+//
+// Credit is min(events credit, fidelity credit). A replica without an
+// events endpoint has no cache view at all: credit 0, so the policy treats
+// it as cold and places requests on it by load only.
+type replicaSet struct {
+	snap      atomic.Pointer[setSnapshot]
+	view      *load.View
+	events    creditor
+	fidelity  *load.Fidelity
+	blockSize int // default for replicas that do not set theirs
+}
+
+var _ route.State = (*replicaSet)(nil)
+
+func newReplicaSet(view *load.View, ev creditor, fid *load.Fidelity, blockSize int) *replicaSet {
+	s := &replicaSet{view: view, events: ev, fidelity: fid, blockSize: blockSize}
+	s.snap.Store(&setSnapshot{byID: map[index.ReplicaID]member{}})
+	return s
+}
+
+// set publishes a new replica set (sorted by ID, as snapshots are).
+func (s *replicaSet) set(rs []discovery.Replica) {
+	n := &setSnapshot{
+		all:  rs,
+		byID: make(map[index.ReplicaID]member, len(rs)),
+	}
+	for _, r := range rs {
+		for rank := range max(r.DPRanks, 1) {
+			id := events.DPReplicaID(index.ReplicaID(r.ID), rank)
+			n.byID[id] = member{replica: r, rank: rank}
+			if !r.Ready {
+				continue
+			}
+			n.routable = append(n.routable, route.Replica{
+				ID: id, Address: r.Address, Model: r.Model, BlockSize: s.blockSizeOf(r),
+			})
+		}
+	}
+	s.snap.Store(n)
+}
+
+func (s *replicaSet) blockSizeOf(r discovery.Replica) int {
+	if r.BlockSize > 0 {
+		return r.BlockSize
+	}
+	return s.blockSize
+}
+
+// Replicas implements route.State.
+func (s *replicaSet) Replicas() []route.Replica { return s.snap.Load().routable }
+
+// Load implements route.State. Ranks above 0 share their replica's health
+// (the engine is probed once, on its HTTP address).
+func (s *replicaSet) Load(id index.ReplicaID) load.Load {
+	l := s.view.Load(string(id))
+	if base, rank := events.SplitDPReplicaID(id); rank > 0 {
+		l.Healthy = s.view.Load(string(base)).Healthy
+	}
+	return l
+}
+
+// Credit implements route.State.
+func (s *replicaSet) Credit(id index.ReplicaID) float64 {
+	m, ok := s.snap.Load().byID[id]
+	if !ok || m.replica.EventsEndpoint == "" {
+		return 0
+	}
+	c := s.events.Credit(id)
+	if s.fidelity != nil {
+		c = min(c, s.fidelity.Credit(string(id)))
+	}
+	return c
+}
+
+// BlockSize returns a stream's block size (0 when unknown).
+func (s *replicaSet) BlockSize(id index.ReplicaID) int {
+	m, ok := s.snap.Load().byID[id]
+	if !ok {
+		return 0
+	}
+	return s.blockSizeOf(m.replica)
+}
+
+// TokenizerURLs returns the base URLs of ready, healthy replicas serving
+// model, for the remote tokenizer; when none is healthy, every ready one.
+func (s *replicaSet) TokenizerURLs(model string) []string {
+	snap := s.snap.Load()
+	var healthy, all []string
+	for _, r := range snap.all {
+		if !r.Ready || r.Model != model {
+			continue
+		}
+		u := "http://" + r.Address
+		all = append(all, u)
+		if s.view.Load(r.ID).Healthy {
+			healthy = append(healthy, u)
+		}
+	}
+	if len(healthy) == 0 {
+		return all
+	}
+	return healthy
+}
+
+// scrapeTarget derives the scraper's base URL for a replica: its metrics
+// URL without the /metrics path when it has that form, else its address.
+func scrapeTarget(r discovery.Replica) load.Target {
+	base := "http://" + r.Address
+	if u, err := url.Parse(r.MetricsURL); err == nil && u.Host != "" && strings.TrimSuffix(u.Path, "/") == "/metrics" {
+		base = u.Scheme + "://" + u.Host
+	}
+	return load.Target{ID: r.ID, URL: base}
+}
+
+// eventSources expands replicas with an events endpoint into one source per
+// data-parallel rank.
+func eventSources(rs []discovery.Replica, blockSize func(discovery.Replica) int) ([]events.Source, []error) {
+	var out []events.Source
+	var errs []error
+	for _, r := range rs {
+		if r.EventsEndpoint == "" {
+			continue
+		}
+		srcs, err := events.DPSources(events.Source{
+			ID:             index.ReplicaID(r.ID),
+			Model:          r.Model,
+			Endpoint:       r.EventsEndpoint,
+			ReplayEndpoint: r.ReplayEndpoint,
+			Topic:          r.Topic,
+			Engine:         r.Engine,
+			BlockSize:      blockSize(r),
+		}, max(r.DPRanks, 1))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, srcs...)
+	}
+	return out, errs
+}
+
+// clock is time.Now, named for the one place the wiring reads the clock.
+var clock = time.Now
