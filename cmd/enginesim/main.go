@@ -1,12 +1,3 @@
-// Command enginesim is a vLLM-compatible engine simulator: it serves
-// vLLM's OpenAI HTTP API, /tokenize, /metrics and /reset_prefix_cache, and
-// publishes KV-cache events over ZeroMQ in vLLM's wire format, from the
-// cache and scheduler model of package engine run in (scaled) real time.
-//
-// Goroutines: run owns them all — the HTTP server (Serve), the driver loop
-// that steps the engine, and the publisher's PUB and replay goroutines. On
-// shutdown (SIGINT/SIGTERM) the HTTP server drains first (streams finish
-// while the driver still runs), then the driver stops, then the publisher.
 package main
 
 import (

@@ -237,7 +237,8 @@ func (g *generation) usage() *usage {
 		u.CompletionTokens = g.emitted
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	if g.s.promptDetails {
+	// Like vLLM, the details appear only when enabled and non-zero.
+	if g.s.promptDetails && cached > 0 {
 		u.PromptTokensDetails = &promptDetails{CachedTokens: cached}
 	}
 	return u

@@ -54,12 +54,14 @@ type Finished struct {
 	// hits and CPU reloads) when the request was first scheduled: full
 	// blocks only, and never the prompt's last token.
 	CachedTokens int
-	OutputTokens int
-	Preemptions  int
-	Arrival      time.Duration
-	Scheduled    time.Duration // first scheduled
-	FirstToken   time.Duration
-	Finish       time.Duration
+	// ReloadedTokens is the part of CachedTokens reloaded from the CPU tier.
+	ReloadedTokens int
+	OutputTokens   int
+	Preemptions    int
+	Arrival        time.Duration
+	Scheduled      time.Duration // first scheduled
+	FirstToken     time.Duration
+	Finish         time.Duration
 	// Reason is vLLM's finish_reason: always "length" here.
 	Reason string
 }
@@ -126,6 +128,7 @@ type request struct {
 	committed   int // leading blocks already in (or known to) the cache
 	outputs     int
 	cached      int // -1 until first scheduled
+	reloaded    int
 	preemptions int
 	arrival     time.Duration
 	scheduled   time.Duration
@@ -448,7 +451,7 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	e.st.PrefixQueries += int64(len(r.tokens))
 	e.st.PrefixHits += int64(computed)
 	if r.cached < 0 {
-		r.cached = computed
+		r.cached, r.reloaded = computed, cpuHits*bs
 		r.scheduled = now
 		e.st.PromptTokens += int64(len(r.req.Prompt))
 	}
@@ -589,7 +592,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 			delete(e.reqs, r.id)
 			e.st.Finished++
 			res.Finished = append(res.Finished, Finished{
-				ID: r.id, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached,
+				ID: r.id, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached, ReloadedTokens: r.reloaded,
 				OutputTokens: r.outputs, Preemptions: r.preemptions, Arrival: r.arrival,
 				Scheduled: r.scheduled, FirstToken: r.firstToken, Finish: end, Reason: "length",
 			})

@@ -205,6 +205,9 @@ func TestCPUTierOffloadAndReload(t *testing.T) {
 	id, _ := e.Submit(2*time.Second, a)
 	res := drain(t, e)
 	fin := finishedOf(res)[id]
+	if fin.ReloadedTokens != cpu*16 || fin.ReloadedTokens == 0 {
+		t.Errorf("reloaded tokens %d, want %d", fin.ReloadedTokens, cpu*16)
+	}
 	if fin.CachedTokens != before*16 {
 		t.Errorf("cached tokens %d, want %d (GPU + CPU hits)", fin.CachedTokens, before*16)
 	}

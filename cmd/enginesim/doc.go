@@ -1,0 +1,34 @@
+// Command enginesim is a vLLM-compatible engine simulator: it serves
+// vLLM's OpenAI HTTP API and publishes KV-cache events over ZeroMQ in vLLM's
+// wire format, from the cache and scheduler model of package engine run in
+// (scaled) real time.
+//
+// HTTP: POST /v1/completions (prompt as a string, strings, token ids or
+// lists of token ids) and /v1/chat/completions (messages rendered with
+// package simtok's chat template), both also streaming as server-sent
+// events ending with "data: [DONE]", with stream_options.include_usage and
+// continuous_usage_stats; usage.prompt_tokens_details.cached_tokens with
+// --enable-prompt-tokens-details (null when zero, as vLLM does); cache_salt;
+// LoRA adapters (--lora-modules) selected by the model name. POST /tokenize
+// and /detokenize use the same tokenizer as the engine. GET /v1/models,
+// /health, /metrics (vLLM's metric names on an own registry) and
+// /kv_event_sources (the bound endpoints); POST /reset_prefix_cache
+// (AllBlocksCleared; 409 while requests hold blocks). Errors are vLLM's body
+// {"error": {"message", "type", "param", "code"}}: malformed JSON and
+// invalid requests 400, unknown model 404.
+//
+// Events: a PUB socket sends [topic, 8-byte big-endian sequence from 0,
+// msgpack batch] per engine step that changed the cache (bind or connect by
+// vLLM's rule, port 0 binds an ephemeral port); a ROUTER socket answers
+// replay requests ["", start] with every buffered batch from start and an
+// end marker, in vLLM >= 0.26 framing or, with --kv-events-replay-legacy,
+// the older one. --kv-events-drop-rate withholds batches (their sequence
+// numbers are consumed and they stay replayable) to exercise gap handling.
+//
+// Goroutines: run owns them all — the HTTP server (Serve), the driver loop
+// that steps the engine (the engine itself is guarded by the driver's
+// mutex, which handlers take to submit and abort), and the publisher's PUB
+// and replay goroutines (each owns its socket). On shutdown (SIGINT/SIGTERM
+// or a cancelled context) the HTTP server drains first (streams finish while
+// the driver still runs), then the driver stops, then the publisher.
+package main
