@@ -526,7 +526,11 @@ func (s *stream) replayOnce(ctx context.Context, start uint64, pending *[]liveMs
 					continue
 				}
 				if seq == endSeq {
-					if first && s.have {
+					if first && !s.have {
+						// Nothing published yet: the stream starts at
+						// start, and anything later is a gap.
+						s.have, s.next = true, start
+					} else if first {
 						// Nothing is buffered from start on: what was
 						// missed is gone.
 						s.clear(ctx, "replay_truncated")
