@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -830,5 +831,81 @@ func TestFlagErrors(t *testing.T) {
 				t.Fatal("accepted")
 			}
 		})
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// A restarted simulator starts its sequence at 0 again: a subscriber that
+// stays bound across the restart sees the sequence go backwards.
+func TestRestartResetsSequence(t *testing.T) {
+	// A connect-mode PUB reaches the same bound subscriber in both lives.
+	_, sub := newSocket(t, zmq.SUB)
+	_ = sub.SetSubscribe("")
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	if err := sub.Bind(ep); err != nil {
+		t.Fatal(err)
+	}
+	lives := make([][]uint64, 2)
+	for life := range lives {
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan runInfo, 1)
+		errc := make(chan error, 1)
+		go func() {
+			errc <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--kv-events-endpoint", ep,
+				"--kv-events-replay-endpoint", "", "--seed", "1", "--speed", "50", "--log-level", "warn"},
+				io.Discard, func(i runInfo) { ready <- i })
+		}()
+		var info runInfo
+		select {
+		case info = <-ready:
+		case err := <-errc:
+			cancel()
+			t.Fatal(err)
+		}
+		s := &sim{info: info, base: "http://" + info.HTTPAddr, client: &http.Client{Timeout: time.Minute}}
+		// The first life publishes at least 30 batches; the second stops
+		// at its first received batch.
+		enough := func() bool {
+			got := lives[life]
+			return len(got) > 0 && (life == 1 || got[len(got)-1] >= 30)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for i := 0; !enough(); i++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("life %d: received %v", life, lives[life])
+			}
+			s.complete(t, fmt.Sprintf(`{"prompt": %q, "max_tokens": 1}`, strings.Repeat(fmt.Sprint(life, i), 30)))
+			for {
+				msg, ok := recvTimeout(t, sub, 20*time.Millisecond)
+				if !ok {
+					break
+				}
+				lives[life] = append(lives[life], binary.BigEndian.Uint64(msg[1]))
+			}
+		}
+		s.client.CloseIdleConnections()
+		cancel()
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for life, seqs := range lives {
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] <= seqs[i-1] {
+				t.Fatalf("life %d: sequence not increasing: %v", life, seqs)
+			}
+		}
+	}
+	if first, last := lives[1][0], lives[0][len(lives[0])-1]; first >= last {
+		t.Errorf("restart did not reset the sequence: first life ended at %d, second began at %d", last, first)
 	}
 }
