@@ -83,3 +83,8 @@ fixtures-regen: fixtures ## Regenerate pkg/tokenize/testdata from HuggingFace tr
 	python3 hack/tokenizer-fixtures/gen.py --cache $(TOKENIZER_CACHE) --out pkg/tokenize/testdata qwen3 llama3_1
 
 test-unit: fixtures
+
+.PHONY: bench-tokenize
+bench-tokenize: fixtures ## Local tokenizer throughput next to HuggingFace tokenizers (same corpus, same run), plus 100k-token and 10th-turn costs.
+	python3 hack/tokenizer-fixtures/bench.py --cache $(TOKENIZER_CACHE) --runs 5
+	$(GO) test -run '^$$' -bench 'Benchmark100kTokenPrompt|BenchmarkChatTurn10' -benchtime 10x -count 5 ./pkg/tokenize/

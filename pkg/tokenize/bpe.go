@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"container/heap"
 	"strings"
 	"sync"
 )
@@ -101,22 +100,74 @@ type candidate struct {
 	result uint32
 }
 
+// candHeap is a binary min-heap of candidates (typed, so pushes do not
+// allocate).
 type candHeap []candidate
 
-func (h candHeap) Len() int { return len(h) }
-func (h candHeap) Less(i, j int) bool {
-	if h[i].rank != h[j].rank {
-		return h[i].rank < h[j].rank
+func (c candidate) less(o candidate) bool {
+	if c.rank != o.rank {
+		return c.rank < o.rank
 	}
-	return h[i].pos < h[j].pos
+	return c.pos < o.pos
 }
-func (h candHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *candHeap) Push(x any)   { *h = append(*h, x.(candidate)) }
-func (h *candHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+
+func (h *candHeap) push(c candidate) {
+	*h = append(*h, c)
+	a := *h
+	for i := len(a) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !a[i].less(a[p]) {
+			break
+		}
+		a[i], a[p] = a[p], a[i]
+		i = p
+	}
+}
+
+func (h *candHeap) pop() candidate {
+	a := *h
+	top := a[0]
+	n := len(a) - 1
+	a[0] = a[n]
+	a = a[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && a[r].less(a[l]) {
+			m = r
+		}
+		if !a[m].less(a[i]) {
+			break
+		}
+		a[i], a[m] = a[m], a[i]
+		i = m
+	}
+	*h = a
+	return top
+}
+
+func (h *candHeap) init() {
+	a := *h
+	for i := len(a)/2 - 1; i >= 0; i-- {
+		for j := i; ; {
+			l := 2*j + 1
+			if l >= len(a) {
+				break
+			}
+			m := l
+			if r := l + 1; r < len(a) && a[r].less(a[l]) {
+				m = r
+			}
+			if !a[m].less(a[j]) {
+				break
+			}
+			a[j], a[m] = a[m], a[j]
+			j = m
+		}
+	}
 }
 
 type mergeScratch struct {
@@ -145,9 +196,9 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 			h = append(h, candidate{rank: mg.rank, pos: int32(i), right: int32(i + 1), result: mg.id})
 		}
 	}
-	heap.Init(&h)
-	for h.Len() > 0 {
-		c := heap.Pop(&h).(candidate)
+	h.init()
+	for len(h) > 0 {
+		c := h.pop()
 		l := &syms[c.pos]
 		// Stale: either side already merged away, or the pair changed.
 		if l.size == 0 || l.next != c.right {
@@ -170,13 +221,13 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 		if l.prev >= 0 {
 			p := &syms[l.prev]
 			if mg, ok := m.merges[pairKey(p.id, l.id)]; ok {
-				heap.Push(&h, candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id})
+				h.push(candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id})
 			}
 		}
 		if l.next >= 0 {
 			n := &syms[l.next]
 			if mg, ok := m.merges[pairKey(l.id, n.id)]; ok {
-				heap.Push(&h, candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id})
+				h.push(candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id})
 			}
 		}
 	}
@@ -189,7 +240,7 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 
 // maxCachedWord bounds the pre-tokens the word cache keeps: long pieces (runs
 // of white space or symbols) are rare and would crowd out common words.
-const maxCachedWord = 64
+const maxCachedWord = 256
 
 // wordCache is a bounded, sharded map from pre-token to ids. A full shard is
 // emptied rather than evicted piecemeal: the cache only saves time, and

@@ -1,0 +1,118 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// BenchmarkEncodeCorpus encodes every fixture text once per op (no special
+// tokens, no chunk cache): the figure hack/tokenizer-fixtures/bench.py puts
+// side by side with HuggingFace tokenizers on the same corpus.
+func BenchmarkEncodeCorpus(b *testing.B) {
+	for _, name := range fixtureNames {
+		b.Run(name, func(b *testing.B) {
+			enc := loadEncoder(b, name)
+			fx := loadFixtures(b, name)
+			n := 0
+			for _, f := range fx.Plain {
+				n += len(f.Text)
+			}
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			dst := make([]uint32, 0, 1<<16)
+			for b.Loop() {
+				for _, f := range fx.Plain {
+					var err error
+					if dst, err = enc.AppendEncode(dst[:0], f.Text, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// corpusText concatenates fixture texts until it holds at least n tokens.
+func corpusText(b *testing.B, enc *Encoder, fx *fixtureFile, n int) string {
+	var sb strings.Builder
+	tokens := 0
+	for tokens < n {
+		for _, f := range fx.Plain {
+			sb.WriteString(f.Text)
+			sb.WriteString("\n")
+			tokens += len(f.IDs) + 1
+			if tokens >= n {
+				break
+			}
+		}
+	}
+	return sb.String()
+}
+
+// Benchmark100kTokenPrompt: one cold (uncached) prompt of about 100k tokens.
+func Benchmark100kTokenPrompt(b *testing.B) {
+	for _, name := range fixtureNames {
+		b.Run(name, func(b *testing.B) {
+			enc := loadEncoder(b, name)
+			text := corpusText(b, enc, loadFixtures(b, name), 100_000)
+			ids, _ := enc.Encode(text, false)
+			b.ReportMetric(float64(len(ids)), "tokens")
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if _, err := enc.Encode(text, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkChatTurn10 tokenizes a conversation's 10th turn (system prompt,
+// 9 earlier exchanges of a few KB each, a new user message) after turns 1-9
+// went through the same tokenizer: "reuse" serves the history from the chunk
+// cache, "full" re-encodes everything. Each op gets a fresh final message.
+func BenchmarkChatTurn10(b *testing.B) {
+	for _, name := range fixtureNames {
+		for _, mode := range []string{"reuse", "full"} {
+			b.Run(name+"/"+mode, func(b *testing.B) {
+				enc := loadEncoder(b, name)
+				tmpl := loadTemplate(b, name)
+				cacheBytes := 0
+				if mode == "reuse" {
+					cacheBytes = 64 << 20
+				}
+				local := NewLocal(enc, tmpl, 0, cacheBytes)
+				rng := rand.New(rand.NewPCG(7, 8))
+				msgs := []map[string]any{{"role": "system", "content": longMessage(rng, 0)}}
+				input := func(last string) route.TokenizeInput {
+					all := append(msgs[:len(msgs):len(msgs)], map[string]any{"role": "user", "content": last})
+					raw, _ := json.Marshal(all)
+					return route.TokenizeInput{Chat: true, Messages: raw, AddGenerationPrompt: true}
+				}
+				for turn := 1; turn < 10; turn++ {
+					user := longMessage(rng, turn)
+					if _, err := local.Tokenize(input(user)); err != nil {
+						b.Fatal(err)
+					}
+					msgs = append(msgs, map[string]any{"role": "user", "content": user}, map[string]any{"role": "assistant", "content": longMessage(rng, turn+100)})
+				}
+				var tokens int
+				for b.Loop() {
+					b.StopTimer()
+					in := input(longMessage(rng, 10))
+					b.StartTimer()
+					got, err := local.Tokenize(in)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens = len(got.IDs)
+				}
+				b.ReportMetric(float64(tokens), "tokens")
+			})
+		}
+	}
+}
