@@ -9,7 +9,11 @@
 // events ending with "data: [DONE]", with stream_options.include_usage and
 // continuous_usage_stats; usage.prompt_tokens_details.cached_tokens with
 // --enable-prompt-tokens-details (null when zero, as vLLM does); cache_salt;
-// LoRA adapters (--lora-modules) selected by the model name. POST /tokenize
+// LoRA adapters (--lora-modules) selected by the model name. max_tokens
+// defaults as in vLLM: 16 for completions, max-model-len minus the prompt
+// for chat; the simulator never samples an end-of-sequence token, so every
+// request generates exactly max_tokens (finish_reason "length"), and n must
+// be 1. POST /tokenize
 // and /detokenize use the same tokenizer as the engine. GET /v1/models,
 // /health, /metrics (vLLM's metric names on an own registry) and
 // /kv_event_sources (the bound endpoints); POST /reset_prefix_cache
