@@ -68,7 +68,7 @@ func decision() route.Decision {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	client extprocv3.ExternalProcessorClient
 	conn   *grpc.ClientConn
 	reg    *prometheus.Registry
@@ -76,7 +76,7 @@ type harness struct {
 	health *Health
 }
 
-func newHarness(t *testing.T, cfg Config) *harness {
+func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	if cfg.Registerer == nil {
@@ -147,7 +147,7 @@ func (h *harness) open(ctx context.Context) extprocv3.ExternalProcessor_ProcessC
 	return s
 }
 
-func send(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient, msgs ...*extprocv3.ProcessingRequest) {
+func send(t testing.TB, s extprocv3.ExternalProcessor_ProcessClient, msgs ...*extprocv3.ProcessingRequest) {
 	t.Helper()
 	for _, m := range msgs {
 		if err := s.Send(m); err != nil {
@@ -156,7 +156,7 @@ func send(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient, msgs ...*ex
 	}
 }
 
-func recv(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
+func recv(t testing.TB, s extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
 	t.Helper()
 	r, err := s.Recv()
 	if err != nil {

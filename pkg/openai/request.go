@@ -305,6 +305,37 @@ func parsePrompt(msg json.RawMessage) (Prompt, error) {
 	default:
 		return Prompt{}, fmt.Errorf("%w: field \"prompt\": expected a string, an array of strings, an array of token ids or an array of such arrays", ErrInvalidRequest)
 	}
+	// Fast paths for homogeneous lists; anything irregular falls through
+	// to the element-wise walk, which names the offending element.
+	switch firstByte(bytes.Trim(msg, " \t\r\n")[1:]) {
+	case '"':
+		var texts []string
+		if json.Unmarshal(msg, &texts) == nil && len(texts) > 0 {
+			return Prompt{Texts: texts}, nil
+		}
+	case '[':
+		var lists [][]int64
+		if json.Unmarshal(msg, &lists) == nil && len(lists) > 0 {
+			ids := make([][]uint32, len(lists))
+			ok := true
+			for i, l := range lists {
+				if ids[i], ok = convertIDs(l); !ok || len(l) == 0 {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				return Prompt{TokenIDs: ids}, nil
+			}
+		}
+	case ']':
+	default:
+		v, err := tokenIDs(msg, "prompt")
+		if err != nil {
+			return Prompt{}, err
+		}
+		return Prompt{TokenIDs: [][]uint32{v}}, nil
+	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(msg, &elems); err != nil {
 		return Prompt{}, fmt.Errorf("%w: field \"prompt\": %v", ErrInvalidRequest, err)
@@ -350,18 +381,34 @@ func parsePrompt(msg json.RawMessage) (Prompt, error) {
 }
 
 func tokenIDs(msg json.RawMessage, field string) ([]uint32, error) {
+	if out, ok := scanIDs(msg); ok {
+		return out, nil
+	}
 	var ids []int64
 	if err := json.Unmarshal(msg, &ids); err != nil {
 		return nil, fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, field)
 	}
+	out, ok := convertIDs(ids)
+	if !ok {
+		for i, id := range ids {
+			if id < 0 || id > math.MaxUint32 {
+				return nil, fmt.Errorf("%w: field \"%s[%d]\": token id %d out of range", ErrInvalidRequest, field, i, id)
+			}
+		}
+	}
+	return out, nil
+}
+
+// convertIDs narrows token ids to uint32; ok is false if one is out of range.
+func convertIDs(ids []int64) ([]uint32, bool) {
 	out := make([]uint32, len(ids))
 	for i, id := range ids {
 		if id < 0 || id > math.MaxUint32 {
-			return nil, fmt.Errorf("%w: field \"%s[%d]\": token id %d out of range", ErrInvalidRequest, field, i, id)
+			return nil, false
 		}
 		out[i] = uint32(id)
 	}
-	return out, nil
+	return out, true
 }
 
 // firstByte is the first non-space byte of a JSON value, 0 when none.
@@ -399,4 +446,51 @@ func Model(body []byte) string {
 		return ""
 	}
 	return s
+}
+
+// scanIDs reads a JSON array of non-negative integers that fit in uint32
+// (the common pre-tokenized prompt) without reflection. ok is false for
+// anything else, which the caller then decodes the slow way for a precise
+// error.
+func scanIDs(b []byte) (out []uint32, ok bool) {
+	b = bytes.Trim(b, " \t\r\n")
+	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
+		return nil, false
+	}
+	b = b[1 : len(b)-1]
+	out = make([]uint32, 0, len(b)/4+1)
+	i, n := 0, len(b)
+	skip := func() {
+		for i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i == n {
+		return out, true // []
+	}
+	for {
+		start := i
+		var v uint64
+		for i < n && b[i] >= '0' && b[i] <= '9' {
+			v = v*10 + uint64(b[i]-'0')
+			if v > math.MaxUint32 {
+				return nil, false
+			}
+			i++
+		}
+		if i == start || (b[start] == '0' && i-start > 1) {
+			return nil, false // not a plain integer (sign, fraction, leading zero)
+		}
+		out = append(out, uint32(v))
+		skip()
+		if i == n {
+			return out, true
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i++
+		skip()
+	}
 }

@@ -271,3 +271,27 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func FuzzScanIDs(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[]`, `[01]`, `[1,]`, `[-1]`, `[1.0]`, `[4294967296]`, "[\n1\t]"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := scanIDs(b)
+		if !ok {
+			return
+		}
+		var want []int64
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("scanIDs accepted %q, encoding/json rejects it: %v", b, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %d ids, want %d", b, len(got), len(want))
+		}
+		for i := range got {
+			if int64(got[i]) != want[i] {
+				t.Fatalf("%q: id %d = %d, want %d", b, i, got[i], want[i])
+			}
+		}
+	})
+}
