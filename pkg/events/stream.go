@@ -317,7 +317,6 @@ func (s *stream) clear(ctx context.Context, reason string) {
 	e := s.rep.epoch.Add(1)
 	s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
 	s.have = false
-	s.ring = [ringSize]ringEntry{}
 	s.quietSince = time.Time{}
 	if s.rep.caughtUp.Swap(false) {
 		s.log.Info("replica resyncing", slog.String("reason", reason))

@@ -302,19 +302,21 @@ func TestOverflowResyncs(t *testing.T) {
 	if m.Credit("r") != 1 {
 		t.Fatal("not caught up from seq 0")
 	}
-	var got []item
-	var wg sync.WaitGroup
-	wg.Add(1)
+	// The queue is full: seq 1 overflows, and the reset then waits for
+	// room, which is only made once the overflow has been counted.
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
-		for range 2 {
-			got = append(got, <-q)
-		}
+		defer close(done)
+		s.live(ctx, liveMsg{1, []byte{2}}, false)
 	}()
-	// The queue is full until the reader runs: seq 1 overflows, the reset
-	// waits for room.
-	s.live(ctx, liveMsg{1, []byte{2}}, false)
-	wg.Wait()
+	eventually(t, "overflow counted", func() error {
+		if gather(t, reg, "kvroute_events_queue_overflows_total") != 1 {
+			return fmt.Errorf("no overflow yet")
+		}
+		return nil
+	})
+	got := []item{<-q, <-q}
+	<-done
 	if len(got) != 2 || got[0].kind != itemBatch || got[1].kind != itemReset || got[1].epoch != rep.epoch.Load() {
 		t.Fatalf("queue saw %+v", got)
 	}
