@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -133,9 +134,11 @@ type router struct {
 	admin  *admin.Server
 
 	ready    atomic.Bool
+	stopping atomic.Bool
 	applied  atomic.Bool // a first discovery snapshot was applied
-	prev     []discovery.Replica
-	prevSrcs map[index.ReplicaID]bool
+	// Owned by the snapshot loop goroutine.
+	prev []discovery.Replica
+	srcs []events.Source
 }
 
 // build wires the components. It starts nothing.
@@ -310,46 +313,92 @@ func newSource(cfg *Config, log *slog.Logger, reg prometheus.Registerer) (discov
 	return nil, errors.New("no replica source")
 }
 
-// apply makes one discovery snapshot current: event sources, scrape
-// targets, the routable set, and index entries of removed replicas.
+// apply makes one discovery snapshot current: scrape targets, the
+// routable set, and index entries of removed replicas. Event sources follow
+// in syncSources.
 func (r *router) apply(snap discovery.Snapshot) {
 	rs := snap.Replicas
 	changes := discovery.Diff(r.prev, rs)
-	srcs, errs := eventSources(rs, r.set.blockSizeOf)
-	for _, err := range errs {
-		r.log.Warn("replica event source skipped", slog.Any("error", err))
-	}
-	if err := r.events.SetSources(srcs); err != nil {
-		r.log.Error("setting event sources", slog.Any("error", err))
-	}
 	targets := make([]load.Target, 0, len(rs))
 	for _, rep := range rs {
 		targets = append(targets, scrapeTarget(rep))
 	}
 	r.scrape.SetTargets(targets)
 	r.set.set(rs)
-	// Streams gone from the set (removed replicas, fewer DP ranks, an
-	// events endpoint removed) lose their index entries.
+	for _, rep := range changes.Removed {
+		for rank := range max(rep.DPRanks, 1) {
+			r.idx.Cleared(events.DPReplicaID(index.ReplicaID(rep.ID), rank))
+		}
+		r.fid.Reset(rep.ID)
+	}
+	r.prev = rs
+	if !changes.Empty() || !r.applied.Load() {
+		r.log.Info("replica set", slog.String("source", snap.Source), slog.Int("replicas", len(rs)),
+			slog.Int("added", len(changes.Added)), slog.Int("removed", len(changes.Removed)),
+			slog.Int("changed", len(changes.Changed)))
+	}
+	r.applied.Store(true)
+}
+
+// syncSources subscribes to the event streams of the replicas that are in
+// the set and pass their health probes. A replica that fails them (a dead
+// or restarting engine) loses its subscription, and with it its index
+// entries: its cache is gone or unknowable. When it passes again it is
+// resubscribed and relearned from its replay buffer (credit 0 until then).
+func (r *router) syncSources() {
+	var healthy []discovery.Replica
+	for _, rep := range r.prev {
+		if rep.EventsEndpoint != "" && r.view.Load(rep.ID).Healthy {
+			healthy = append(healthy, rep)
+		}
+	}
+	srcs, errs := eventSources(healthy, r.set.blockSizeOf)
+	if slices.Equal(srcs, r.srcs) {
+		return
+	}
+	for _, err := range errs {
+		r.log.Warn("replica event source skipped", slog.Any("error", err))
+	}
+	if err := r.events.SetSources(srcs); err != nil {
+		r.log.Error("setting event sources", slog.Any("error", err))
+		return
+	}
+	// Streams that left the set lose their index entries (the events
+	// manager clears them too; this also covers a source it never ran).
 	now := make(map[index.ReplicaID]bool, len(srcs))
 	for _, s := range srcs {
 		now[s.ID] = true
 	}
-	for id := range r.prevSrcs {
-		if !now[id] {
-			r.idx.Cleared(id)
+	for _, s := range r.srcs {
+		if !now[s.ID] {
+			r.idx.Cleared(s.ID)
 		}
 	}
-	for _, rep := range changes.Removed {
-		r.idx.Cleared(index.ReplicaID(rep.ID))
-		r.fid.Reset(rep.ID)
+	r.log.Info("event streams", slog.Int("subscribed", len(srcs)))
+	r.srcs = srcs
+}
+
+// checkReady turns ready once the first replica set is applied, every
+// replica has been probed once, and every subscribed event stream has
+// warmed up; or once WarmTimeout has passed. It stays ready until shutdown.
+func (r *router) checkReady(start time.Time) {
+	if r.ready.Load() || r.stopping.Load() || !r.applied.Load() {
+		return
 	}
-	r.prev, r.prevSrcs = rs, now
-	if !changes.Empty() || !r.applied.Load() {
-		r.log.Info("replica set", slog.String("source", snap.Source), slog.Int("replicas", len(rs)),
-			slog.Int("added", len(changes.Added)), slog.Int("removed", len(changes.Removed)),
-			slog.Int("changed", len(changes.Changed)), slog.Int("event_streams", len(srcs)))
+	probed := true
+	for _, rep := range r.prev {
+		if s, ok := r.scrape.Get(rep.ID); !ok || s.ProbedAt.IsZero() {
+			probed = false
+			break
+		}
 	}
-	r.applied.Store(true)
+	warm := probed && r.events.Warm()
+	if !warm && clock().Sub(start) < r.cfg.Readiness.WarmTimeout {
+		return
+	}
+	r.ready.Store(true)
+	r.health.SetReady(true)
+	r.log.Info("ready", slog.Bool("events_warm", warm), slog.Duration("after", clock().Sub(start)))
 }
 
 // ReplicaInfos implements admin.ReplicaLister.
@@ -439,6 +488,7 @@ func (r *router) serve(ctx context.Context, lis listeners) error {
 	g.Go(func() error {
 		defer stopBG()
 		<-gctx.Done()
+		r.stopping.Store(true)
 		r.ready.Store(false)
 		r.health.Shutdown()
 		r.log.Info("shutting down: draining ext_proc streams", slog.Duration("drain_timeout", r.cfg.Listeners.DrainTimeout))
@@ -485,44 +535,24 @@ func (r *router) serve(ctx context.Context, lis listeners) error {
 		return nil
 	})
 	g.Go(func() error {
+		start := clock()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
 		for {
 			select {
 			case <-bg.Done():
 				return nil
 			case snap := <-updates:
 				r.apply(snap)
+			case <-t.C:
 			}
+			r.syncSources()
+			r.checkReady(start)
 		}
 	})
-	g.Go(func() error { r.readiness(gctx); return nil })
 	err := g.Wait()
 	r.tok.Close()
 	return err
-}
-
-// readiness turns ready when the first replica set is applied and every
-// event stream has warmed up (or WarmTimeout has passed), then stays ready.
-func (r *router) readiness(ctx context.Context) {
-	start := clock()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if !r.applied.Load() {
-			continue
-		}
-		warm := r.events.Warm()
-		if warm || clock().Sub(start) >= r.cfg.Readiness.WarmTimeout {
-			r.ready.Store(true)
-			r.health.SetReady(true)
-			r.log.Info("ready", slog.Bool("events_warm", warm), slog.Duration("after", clock().Sub(start)))
-			return
-		}
-	}
 }
 
 func httpServe(s *http.Server, ln net.Listener, name string) error {

@@ -1,0 +1,116 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// prompt returns a deterministic text of about n words, distinct per tag.
+func prompt(tag string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "%s-%d ", tag, i%97)
+	}
+	return b.String()
+}
+
+// TestClientDestinationHeaderIgnored: a client cannot pick its upstream.
+// The header is stripped before ext_proc and kvroute sets its own.
+func TestClientDestinationHeaderIgnored(t *testing.T) {
+	c := newCluster(t, clusterOpts{})
+	ctx := t.Context()
+	msgs := []message{{Role: "user", Content: prompt("pinned", 300)}}
+
+	// Warm one replica with the prompt, through Envoy.
+	first := c.chat(ctx, msgs, 4, nil)
+	if first.err != nil || first.status != 200 {
+		t.Fatalf("warm-up: %d %v %s", first.status, first.err, first.body)
+	}
+	holder := first.upstream
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "messages": msgs, "max_tokens": 4})
+	waitFor(t, 20*time.Second, "the index to learn the warm-up prompt", func() bool {
+		m, err := c.matched(body)
+		return err == nil && m[holder] > 0
+	})
+	var other string
+	for _, e := range c.engines {
+		if e.addr() != holder {
+			other = e.addr()
+			break
+		}
+	}
+
+	tests := []struct {
+		name, header, value string
+	}{
+		{"another replica", "x-gateway-destination-endpoint", other},
+		{"an address that is not a replica", "x-gateway-destination-endpoint", "127.0.0.1:1"},
+		{"fallback header", "x-gateway-destination-endpoint-fallback", "127.0.0.1:1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := c.chat(ctx, msgs, 4, map[string]string{tt.header: tt.value})
+			if r.err != nil || r.status != 200 {
+				t.Fatalf("request with %s: %s: %d %v %s", tt.header, tt.value, r.status, r.err, r.body)
+			}
+			if r.upstream != holder {
+				t.Fatalf("landed on %s, want the cache holder %s (the client asked for %s)", r.upstream, holder, tt.value)
+			}
+			if r.cached == 0 {
+				t.Fatalf("no cached tokens on the holder: %s", r.body)
+			}
+		})
+	}
+}
+
+// TestMalformedBody: a bad body gets a 400 with a JSON error from kvroute,
+// and the router keeps serving.
+func TestMalformedBody(t *testing.T) {
+	c := newCluster(t, clusterOpts{})
+	ctx := t.Context()
+	bad := []struct {
+		name, path, body string
+	}{
+		{"truncated JSON", "/v1/chat/completions", `{"model": "sim-model", "messages": [`},
+		{"messages not an array", "/v1/chat/completions", `{"model": "sim-model", "messages": "hi"}`},
+		{"prompt of the wrong type", "/v1/completions", `{"model": "sim-model", "prompt": {"a": 1}}`},
+		{"not JSON at all", "/v1/completions", `model=sim-model&prompt=hi`},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			r := c.post(ctx, tt.path, []byte(tt.body), nil)
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if r.status != 400 {
+				t.Fatalf("status %d, want 400: %s", r.status, r.body)
+			}
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(r.body, &e); err != nil || e.Error.Message == "" {
+				t.Fatalf("body is not a JSON error (%v): %s", err, r.body)
+			}
+			if r.upstream != "" {
+				t.Fatalf("a malformed request reached upstream %s", r.upstream)
+			}
+		})
+	}
+	// Still serving.
+	for i := range 4 {
+		r := c.chat(ctx, []message{{Role: "user", Content: prompt(fmt.Sprint("after", i), 50)}}, 4, nil)
+		if r.err != nil || r.status != 200 {
+			t.Fatalf("request after the bad ones: %d %v %s", r.status, r.err, r.body)
+		}
+	}
+	if !c.kv.running() {
+		t.Fatal("kvroute exited")
+	}
+}
