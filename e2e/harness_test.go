@@ -206,12 +206,12 @@ func httpGet(url string) (int, []byte, error) {
 
 // engine is one enginesim replica.
 type engine struct {
-	id                 int
-	port               int
-	events, replay     string // ipc:// endpoints (engine binds, kvroute connects)
-	seed               int
-	proc               *proc
-	extra              []string
+	id             int
+	port           int
+	events, replay string // ipc:// endpoints (engine binds, kvroute connects)
+	seed           int
+	proc           *proc
+	extra          []string
 }
 
 func (e *engine) addr() string { return "127.0.0.1:" + strconv.Itoa(e.port) }
