@@ -20,6 +20,13 @@
 //	...
 //	health.Shutdown(); g.GracefulStop()
 //
+// The gRPC server's receive limit must admit the largest message the proxy
+// sends: in BUFFERED mode the whole body arrives in one message, so set
+// grpc.MaxRecvMsgSize above Config.MaxRequestBody (gRPC's default is 4 MiB).
+// For the subset hint and the served endpoint to arrive, the proxy must
+// forward the metadata namespaces envoy.lb.subset_hint and envoy.lb
+// (ext_proc metadata_options.forwarding_namespaces.untyped).
+//
 // New has no side effects beyond registering metrics; the gRPC server owns
 // the stream goroutines (one per ext_proc stream, i.e. per HTTP request),
 // and Process returns when its stream ends.
