@@ -48,6 +48,14 @@
 // tokenizers, still tokenize exactly but reuse less (only repeated whole
 // spans). Tests compare cached and full encodings turn by turn.
 //
+// Known limits of the local chat path: the Jinja engine (ardanlabs/jinja
+// v1.8.0) prints tojson(indent=N) through Go's encoder, which sorts object
+// keys and escapes <, > and &, unlike Python; templates that use it (Meta's
+// full Llama-3.1 tool-calling template) render tool schemas differently, so
+// serve such models with the remote tokenizer. Multimodal content parts are
+// refused (ErrUnsupported). The fixtures cover the templates shipped with the
+// Qwen3 and Llama-3.1 tokenizer files used in tests.
+//
 // Concurrency: everything is safe for concurrent use. The package starts no
 // goroutines; the remote tokenizer's HTTP client owns its idle connections,
 // released by Tokenizer.Close. Caches are bounded (remote LRU entries, chunk

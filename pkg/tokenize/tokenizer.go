@@ -44,6 +44,7 @@ type Tokenizer struct {
 	now     func() time.Time
 
 	defaults *modelCache
+	encoders map[string]*Encoder // by tokenizer.json path
 }
 
 var _ route.Tokenizer = (*Tokenizer)(nil)
@@ -83,6 +84,7 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 	if t.client == nil {
 		t.client, t.ownHTTP = newHTTPClient(), true
 	}
+	t.encoders = map[string]*Encoder{}
 	for name, mc := range cfg.Models {
 		m, err := t.build(name, mc.withDefaults(), opts)
 		if err != nil {
@@ -114,11 +116,23 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 	m := &modelTokenizer{name: name, cfg: mc, approx: &approximate{bytesPerToken: mc.BytesPerToken, maxInputBytes: mc.MaxInputBytes}}
 	switch mc.Kind {
 	case KindLocal:
-		l, err := LoadLocal(mc)
-		if err != nil {
-			return nil, err
+		// Models sharing a tokenizer.json share one loaded encoder.
+		enc, ok := t.encoders[mc.TokenizerJSON]
+		if !ok {
+			var err error
+			if enc, err = LoadEncoder(mc.TokenizerJSON); err != nil {
+				return nil, err
+			}
+			t.encoders[mc.TokenizerJSON] = enc
 		}
-		m.local = l
+		var tmpl *ChatTemplate
+		if mc.TokenizerConfig != "" {
+			var err error
+			if tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
+				return nil, err
+			}
+		}
+		m.local = NewLocal(enc, tmpl, mc.MaxInputBytes, mc.PrefixCacheBytes)
 	case KindRemote:
 		if opts.Replicas == nil {
 			return nil, errors.New("remote tokenizer needs Options.Replicas")

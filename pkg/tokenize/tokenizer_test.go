@@ -79,15 +79,7 @@ func localConfig(t testing.TB, name string) ModelConfig {
 
 func TestNewRejectsMissingAndUnsupportedFiles(t *testing.T) {
 	dir := t.TempDir()
-	tj, _ := tokenizerFiles(t, "qwen3")
-	raw, err := os.ReadFile(tj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := minimalTokenizerJSON(t)
 	write := func(name string, mutate func(map[string]json.RawMessage)) string {
 		d := map[string]json.RawMessage{}
 		for k, v := range doc {
@@ -116,6 +108,9 @@ func TestNewRejectsMissingAndUnsupportedFiles(t *testing.T) {
 		{"lowercase normalizer", write("nl.json", func(d map[string]json.RawMessage) {
 			d["normalizer"] = json.RawMessage(`{"type":"Lowercase"}`)
 		}), ErrUnsupported},
+		{"merge of unknown tokens", write("merge.json", func(d map[string]json.RawMessage) {
+			d["model"] = json.RawMessage(`{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a c"]}`)
+		}), nil},
 		{"not json", write("garbage.json", func(d map[string]json.RawMessage) { d["model"] = json.RawMessage(`7`) }), nil},
 	}
 	for _, tc := range tests {
@@ -371,4 +366,37 @@ func TestDecodeErrors(t *testing.T) {
 	if err != nil || s != "<|im_start|>Hello" {
 		t.Fatalf("Decode = %q, %v", s, err)
 	}
+}
+
+// minimalTokenizerJSON is a valid byte-level BPE tokenizer.json with the 256
+// byte tokens, one merge and one special token (a small stand-in for the
+// real files where only structure matters).
+func minimalTokenizerJSON(t *testing.T) map[string]json.RawMessage {
+	t.Helper()
+	vocab := map[string]int{}
+	for b := 0; b < 256; b++ {
+		vocab[string(byteLevelAlphabet[b])] = b
+	}
+	vocab["ab"] = 256
+	model, _ := json.Marshal(map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{"a b"}})
+	pre, _ := json.Marshal(map[string]any{"type": "Sequence", "pretokenizers": []any{
+		map[string]any{"type": "Split", "pattern": map[string]string{"Regex": patternQwen2}, "behavior": "Isolated", "invert": false},
+		map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+	}})
+	doc := map[string]json.RawMessage{
+		"added_tokens":  json.RawMessage(`[{"id":257,"content":"<|x|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}]`),
+		"normalizer":    json.RawMessage(`{"type":"NFC"}`),
+		"pre_tokenizer": pre,
+		"model":         model,
+	}
+	b, _ := json.Marshal(doc)
+	enc, err := ParseEncoder(b)
+	if err != nil {
+		t.Fatalf("minimal tokenizer.json: %v", err)
+	}
+	ids, err := enc.Encode("xab<|x|>", false)
+	if err != nil || !slices.Equal(ids, []uint32{'x', 256, 257}) {
+		t.Fatalf("minimal tokenizer: %v, %v", ids, err)
+	}
+	return doc
 }
