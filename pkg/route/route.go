@@ -59,7 +59,9 @@ type scratch struct {
 	keys    []kvblock.Key
 	matches []index.ReplicaMatch
 	cands   []policy.Candidate
-	sizes   []int
+	sizes   []int // distinct block sizes
+	idx     []int // candidate -> index into the replica set
+	bs      []int // candidate -> block size
 }
 
 // New returns a Router. State is required (New panics without it: a wiring
@@ -125,8 +127,12 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 	start := r.opts.Now()
 	d := Decision{Policy: r.opts.Policy.Name()}
 
+	sc := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(sc)
+
 	reps := r.opts.State.Replicas()
-	cands, err := candidates(reps, req)
+	cands, err := candidates(reps, req, sc.idx[:0])
+	sc.idx = cands
 	if err != nil {
 		return d, err
 	}
@@ -158,9 +164,6 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 	if match && !toks.Exact {
 		d.Degraded, match = DegradedApproximate, false
 	}
-
-	sc := r.scratch.Get().(*scratch)
-	defer r.scratch.Put(sc)
 
 	// The policy's block size: the first candidate's. Matches of replicas
 	// with another block size are converted to it (in tokens, rounded down).
@@ -228,11 +231,10 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 
 // candidates returns the indexes into reps of the replicas serving the
 // request's model (all when it names none) and admitted by its subset.
-func candidates(reps []Replica, req Request) ([]int, error) {
+func candidates(reps []Replica, req Request, out []int) ([]int, error) {
 	if len(reps) == 0 {
-		return nil, fmt.Errorf("%w: the replica set is empty", ErrNoReplica)
+		return out, fmt.Errorf("%w: the replica set is empty", ErrNoReplica)
 	}
-	out := make([]int, 0, len(reps))
 	served := false
 	for i, rep := range reps {
 		if req.Model != "" && rep.Model != req.Model {
@@ -245,10 +247,10 @@ func candidates(reps []Replica, req Request) ([]int, error) {
 		out = append(out, i)
 	}
 	if !served {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, req.Model)
+		return out, fmt.Errorf("%w: %q", ErrUnknownModel, req.Model)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: the subset admits none of model %q's replicas", ErrNoReplica, req.Model)
+		return out, fmt.Errorf("%w: the subset admits none of model %q's replicas", ErrNoReplica, req.Model)
 	}
 	return out, nil
 }
@@ -260,12 +262,13 @@ func candidates(reps []Replica, req Request) ([]int, error) {
 func (r *Router) match(sc *scratch, req Request, tokens []uint32, reps []Replica, cands []int, raw []Candidate, primary int) {
 	root := kvblock.Root(req.Model, req.LoRA)
 	opts := kvblock.Options{CacheSalt: req.CacheSalt}
-	sc.sizes = sc.sizes[:0]
+	sc.sizes, sc.bs = sc.sizes[:0], sc.bs[:0]
 	for _, i := range cands {
 		bs := reps[i].BlockSize
 		if bs <= 0 {
 			bs = kvblock.DefaultBlockSize
 		}
+		sc.bs = append(sc.bs, bs)
 		if !slices.Contains(sc.sizes, bs) {
 			sc.sizes = append(sc.sizes, bs)
 		}
@@ -277,12 +280,8 @@ func (r *Router) match(sc *scratch, req Request, tokens []uint32, reps []Replica
 		}
 		sc.matches = r.opts.Matcher.Match(sc.keys, sc.matches[:0])
 		for _, m := range sc.matches {
-			for k, i := range cands {
-				rbs := reps[i].BlockSize
-				if rbs <= 0 {
-					rbs = kvblock.DefaultBlockSize
-				}
-				if rbs != bs || reps[i].ID != m.Replica {
+			for k := range sc.cands {
+				if sc.bs[k] != bs || sc.cands[k].Replica != m.Replica {
 					continue
 				}
 				raw[k].Matched = m.ByTier
