@@ -15,6 +15,7 @@ type ApplyStats struct {
 	UnknownMedium            int // events with a medium that maps to no tier
 	OtherGroup               int // stores of non-attention KV-cache groups, skipped
 	BlockSizeMismatch        int // stores whose block size differs from the expected one
+	NoSlot                   int // stores cut short: the index had no replica slot left
 }
 
 // Applier applies decoded batches of one replica to an index. It keeps
@@ -111,6 +112,9 @@ func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
 		st.UnknownParentBlocks += len(ev.Hashes)
 	case res.BadShape:
 		st.BadShape++
+	case res.NoSlot:
+		st.NoSlot++
+		st.StoredBlocks += res.Blocks
 	default:
 		st.Stored++
 		st.StoredBlocks += res.Blocks

@@ -97,8 +97,9 @@ type Event struct {
 	LoRAName  string
 	// Medium is the engine's medium string; empty when absent or nil.
 	Medium string
-	// ExtraKeys has one entry per block when the event carries extra_keys;
-	// an entry is nil for a block without extras.
+	// ExtraKeys has one entry per block when some block of the event
+	// carries extra keys (an entry is nil for a block without); it is nil
+	// when extra_keys is absent, nil, or has no extras for any block.
 	ExtraKeys [][]ExtraKey
 	// CacheSalt is an explicit salt (SGLang's cache_salt field or metadata
 	// map); vLLM carries the salt inside ExtraKeys instead.
@@ -626,6 +627,21 @@ func (dec *Decoder) tokens(dst []uint32) ([]uint32, error) {
 			dec.seek(pos)
 			return dst, io.ErrUnexpectedEOF
 		}
+		// The codes token ids use, inline.
+		switch c := p[pos]; {
+		case c <= msgpcode.PosFixedNumHigh:
+			dst = append(dst, uint32(c))
+			pos++
+			continue
+		case c == msgpcode.Uint16 && len(p)-pos >= 3:
+			dst = append(dst, uint32(binary.BigEndian.Uint16(p[pos+1:])))
+			pos += 3
+			continue
+		case c == msgpcode.Uint32 && len(p)-pos >= 5:
+			dst = append(dst, binary.BigEndian.Uint32(p[pos+1:]))
+			pos += 5
+			continue
+		}
 		v, end, ok := uintAt(p, pos)
 		if end > len(p) {
 			dec.seek(len(p))
@@ -1095,7 +1111,7 @@ func (dec *Decoder) extraKeys() ([][]ExtraKey, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]ExtraKey, n)
+	var out [][]ExtraKey // allocated at the first block with extras
 	for i := range n {
 		c, err := dec.peek()
 		if err != nil {
@@ -1111,6 +1127,9 @@ func (dec *Decoder) extraKeys() ([][]ExtraKey, error) {
 			k, err := dec.extraKey()
 			if err != nil {
 				return nil, err
+			}
+			if out == nil {
+				out = make([][]ExtraKey, n)
 			}
 			out[i] = []ExtraKey{k}
 			continue
@@ -1129,6 +1148,9 @@ func (dec *Decoder) extraKeys() ([][]ExtraKey, error) {
 				return nil, err
 			}
 			keys = append(keys, k)
+		}
+		if out == nil {
+			out = make([][]ExtraKey, n)
 		}
 		out[i] = keys
 	}

@@ -39,7 +39,7 @@ var cmpEvents = cmpopts.EquateEmpty()
 func TestDecodeGolden(t *testing.T) {
 	stored := Event{
 		Type: EventBlockStored, Hashes: []uint64{h1, h2}, Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8},
-		BlockSize: 4, Medium: "GPU", ExtraKeys: [][]ExtraKey{nil, nil}, GroupIdx: 0, SpecKind: "full_attention",
+		BlockSize: 4, Medium: "GPU", GroupIdx: 0, SpecKind: "full_attention",
 	}
 	removed := Event{Type: EventBlockRemoved, Hashes: []uint64{h2}, Medium: "GPU", GroupIdx: 0}
 	removed090 := Event{Type: EventBlockRemoved, Hashes: []uint64{h2}, GroupIdx: -1}

@@ -581,6 +581,9 @@ func (w *worker) handle(it item) {
 	if st.UnknownMedium > 0 {
 		rm.unknownMedium.Add(float64(st.UnknownMedium))
 	}
+	if st.NoSlot > 0 {
+		w.m.met.skipped.WithLabelValues(string(r.src.ID), "no_slot").Add(float64(st.NoSlot))
+	}
 	if st.OtherGroup > 0 {
 		rm.group.Add(float64(st.OtherGroup))
 	}
