@@ -311,8 +311,20 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 	for _, start := range starts {
 		start(ctx.Done())
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return nil // ctx ended before the caches synced
+	for {
+		// Waits in rounds so a source that cannot sync (RBAC, wrong
+		// namespace) says so instead of hanging silently.
+		wctx, wcancel := context.WithTimeout(ctx, syncWarnAfter)
+		ok := cache.WaitForCacheSync(wctx.Done(), synced...)
+		wcancel()
+		if ok {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("discovery: kubernetes caches not synced yet; check the API server and RBAC (list/watch endpointslices, pods, inferencepools)",
+			"source", s.cfg.Name, "namespace", s.cfg.Namespace, "waited", syncWarnAfter)
 	}
 	s.log.Info("discovery: kubernetes caches synced", "source", s.cfg.Name, "namespace", s.cfg.Namespace)
 
@@ -366,6 +378,10 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 
 var errPoolNotFound = errors.New("not found")
 
+// syncWarnAfter is how long Run waits for the informer caches before each
+// warning.
+const syncWarnAfter = 30 * time.Second
+
 // candidate is one endpoint on its way to a replica.
 type candidate struct {
 	r   Replica
@@ -407,21 +423,26 @@ func (s *KubernetesSource) build(l listers) (rs []Replica, invalid []string, err
 		}
 	}
 	slices.Sort(addrs)
+	drop := func(c, kept candidate) {
+		invalid = append(invalid, c.r.Address)
+		if c.err != nil {
+			errs = append(errs, c.err)
+			return
+		}
+		errs = append(errs, &FieldError{c.r.ID, fmt.Sprintf("address %s dropped: the same pod also has address %s", c.r.Address, kept.r.Address)})
+	}
 	byID := make(map[string]candidate, len(addrs))
 	for _, a := range addrs {
 		c := byAddr[a]
 		old, ok := byID[c.r.ID]
-		if !ok || better(c, old) {
-			if ok && old.err == nil {
-				invalid = append(invalid, old.r.Address)
-				errs = append(errs, &FieldError{old.r.ID, fmt.Sprintf("address %s dropped: the same pod also has address %s", old.r.Address, c.r.Address)})
-			}
+		switch {
+		case !ok:
 			byID[c.r.ID] = c
-			continue
-		}
-		if c.err == nil {
-			invalid = append(invalid, c.r.Address)
-			errs = append(errs, &FieldError{c.r.ID, fmt.Sprintf("address %s dropped: the same pod also has address %s", c.r.Address, old.r.Address)})
+		case better(c, old):
+			drop(old, c)
+			byID[c.r.ID] = c
+		default:
+			drop(c, old)
 		}
 	}
 	for _, c := range byID {

@@ -190,7 +190,7 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 	}
 
 	t.Log("second slice: one new endpoint and a stale not-ready copy of vllm-0")
-	h.createSlice(mkSlice("vllm-def", "vllm", stdPorts,
+	h.createSlice(mkSlice("vllm-aaa", "vllm", stdPorts, // sorts first
 		mkEndpoint("10.0.0.1", "vllm-0", false),
 		mkEndpoint("10.0.0.3", "", true)))
 	rs = h.until("three replicas", func(rs []Replica) bool { return len(rs) == 3 })
@@ -212,7 +212,7 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 	h.until("vllm-1 gone", func(rs []Replica) bool { _, ok := byID(rs, ns+"/vllm-1"); return !ok && len(rs) == 2 })
 
 	t.Log("all slices deleted")
-	for _, name := range []string{"vllm-abc", "vllm-def"} {
+	for _, name := range []string{"vllm-abc", "vllm-aaa"} {
 		if err := h.client.DiscoveryV1().EndpointSlices(ns).Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -228,14 +228,20 @@ func TestKubernetesInvalidEndpoints(t *testing.T) {
 		mkEndpoint("10.0.0.1", "vllm-0", true),
 		mkEndpoint("10.0.0.2", "vllm-1", true))
 	noPort := mkSlice("vllm-xyz", "vllm", []port{{"grpc", 9000}, {"other", 9001}}, mkEndpoint("10.0.0.5", "vllm-5", true))
-	h := startK8s(t, KubernetesConfig{Service: "vllm", Defaults: Defaults{Model: "m"}}, bad, good, slice, noPort)
+	// The same pod under a second address (not ready): one is kept, the
+	// ready one, and the other is reported.
+	twin := mkSlice("vllm-twin", "vllm", stdPorts, mkEndpoint("10.0.0.10", "vllm-1", false)) // sorts first
+	h := startK8s(t, KubernetesConfig{Service: "vllm", Defaults: Defaults{Model: "m"}}, bad, good, slice, noPort, twin)
 
 	snap := recvSnapshot(t, h.updates)
 	if got := ids(snap.Replicas); !cmp.Equal(got, []string{ns + "/vllm-1"}) {
 		t.Fatalf("IDs = %v, want only the valid vllm-1", got)
 	}
-	if v := testutil.ToFloat64(h.src.m.replicas.WithLabelValues("invalid")); v != 2 {
-		t.Errorf("invalid gauge = %v, want 2", v)
+	if r := snap.Replicas[0]; r.Address != "10.0.0.2:8000" || !r.Ready {
+		t.Errorf("vllm-1 = %+v, want the ready address 10.0.0.2", r)
+	}
+	if v := testutil.ToFloat64(h.src.m.replicas.WithLabelValues("invalid")); v != 3 {
+		t.Errorf("invalid gauge = %v, want 3 (bad annotation, no port, second address)", v)
 	}
 
 	bad.Annotations[AnnotationBlockSize] = "16"
@@ -244,8 +250,8 @@ func TestKubernetesInvalidEndpoints(t *testing.T) {
 	if r, _ := byID(rs, ns+"/vllm-0"); r.BlockSize != 16 {
 		t.Errorf("block size = %d, want 16", r.BlockSize)
 	}
-	if v := testutil.ToFloat64(h.src.m.replicas.WithLabelValues("invalid")); v != 1 {
-		t.Errorf("invalid gauge = %v, want 1 (the slice without an http port)", v)
+	if v := testutil.ToFloat64(h.src.m.replicas.WithLabelValues("invalid")); v != 2 {
+		t.Errorf("invalid gauge = %v, want 2 (no port, second address)", v)
 	}
 }
 
@@ -337,7 +343,7 @@ func TestKubernetesBurstCoalesced(t *testing.T) {
 	}
 }
 
-func TestKubernetesCancelBeforeSync(t *testing.T) {
+func TestKubernetesCancelWhileSending(t *testing.T) {
 	t.Parallel()
 	// Nothing receives: Run blocks in the send and must still return.
 	h := startK8s(t, KubernetesConfig{Service: "vllm", Defaults: Defaults{Model: "m"}},

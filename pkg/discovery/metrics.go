@@ -76,16 +76,11 @@ func (p *publisher) publish(ctx context.Context, updates chan<- Snapshot, replic
 	case <-ctx.Done():
 		return false
 	}
-	ready := 0
-	for _, r := range replicas {
-		if r.Ready {
-			ready++
-		}
-	}
-	if !p.sent || len(p.last) != len(replicas) || countReady(p.last) != ready {
-		p.log.Info("discovery: replica set changed", "source", p.source,
-			"replicas", len(replicas), "ready", ready)
-	}
+	ready := countReady(replicas)
+	c := Diff(p.last, replicas)
+	p.log.Info("discovery: replica set changed", "source", p.source,
+		"replicas", len(replicas), "ready", ready,
+		"added", len(c.Added), "removed", len(c.Removed), "changed", len(c.Changed))
 	p.m.snapshots.Inc()
 	p.m.replicas.WithLabelValues("ready").Set(float64(ready))
 	p.m.replicas.WithLabelValues("not_ready").Set(float64(len(replicas) - ready))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,10 +26,8 @@ var _ Source = (*StaticSource)(nil)
 // context. Its snapshots are named "static". Typical use:
 // Static(ParseReplicas(...)) for replicas inlined in the router's config.
 func Static(replicas []Replica) *StaticSource {
-	return &StaticSource{name: "static", replicas: slices0(replicas)}
+	return &StaticSource{name: "static", replicas: slices.Clone(replicas)}
 }
-
-func slices0(rs []Replica) []Replica { return append([]Replica(nil), rs...) }
 
 // Run publishes the set and blocks until ctx ends. An invalid set is
 // returned as an error matching ErrInvalid, before anything is sent.
