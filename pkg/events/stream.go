@@ -53,6 +53,7 @@ type stream struct {
 	quietSince time.Time // set while catching up by the quiet window
 	sawConnect bool
 	lost       bool
+	replied    bool // the replay endpoint answered during this session
 }
 
 func (s *stream) cfg() *Config { return &s.m.cfg }
@@ -149,7 +150,7 @@ func (s *stream) session(ctx context.Context) (err error) {
 	}
 	s.rep.set(func(r *replica) { r.endpoint = endpoint })
 	s.sub = sub
-	s.sawConnect, s.lost = false, false
+	s.sawConnect, s.lost, s.replied = false, false, false
 	s.log.Info("event stream opened", slog.String("endpoint", endpoint), slog.Bool("listen", src.Listen))
 
 	s.warm(ctx, "connect")
@@ -191,8 +192,10 @@ func (s *stream) drainMonitor(ctx context.Context, mon *zmq.Socket) {
 		case zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED:
 			first := !s.sawConnect
 			s.sawConnect = true
-			if first && !s.lost && s.rep.caughtUp.Load() {
-				continue // the warm-up at session start covered this connection
+			if first && !s.lost && (s.rep.caughtUp.Load() || s.replied) {
+				// The warm-up at session start already replayed what
+				// the engine buffers; live gaps are handled as such.
+				continue
 			}
 			reason := "reconnect"
 			if first {
@@ -519,6 +522,7 @@ func (s *stream) replayOnce(ctx context.Context, start uint64, pending *[]liveMs
 					return replayFailed, fmt.Errorf("replay receive: %w", err)
 				}
 				deadline = s.cfg().Now().Add(s.cfg().ReplayTimeout)
+				s.replied = true
 				seq, payload, ok := parseReply(frames)
 				if !ok {
 					s.m.met.decodeErrors.WithLabelValues(string(s.rep.src.ID), "replay_frames").Inc()
