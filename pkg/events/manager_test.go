@@ -35,7 +35,7 @@ func testConfig() Config {
 	return Config{
 		Workers:       2,
 		PollInterval:  10 * time.Millisecond,
-		ReplayTimeout: 3 * time.Second,
+		ReplayTimeout: 10 * time.Second,
 		BackoffMin:    20 * time.Millisecond,
 		BackoffMax:    200 * time.Millisecond,
 		ResyncQuiet:   time.Hour,
