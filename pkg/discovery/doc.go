@@ -9,14 +9,14 @@
 // Snapshot (never a delta) whenever the replica set changes and returns
 // when ctx is cancelled, with nil; it returns an error only when it cannot
 // run at all (for example a replica file that is invalid at start). The
-// caller owns the updates channel: sources never close it, so several
-// sources may share one channel, told apart by Snapshot.Source. A send
-// blocks until the receiver takes the snapshot or ctx ends; while it blocks
-// the source keeps only its latest state, so a slow receiver sees fewer,
-// fresher snapshots rather than a queue. A snapshot equal to the previous one
-// is never sent. Snapshots are sorted by ID, have unique IDs and addresses,
-// and are never mutated after the send: receivers may share them freely and
-// must not modify them.
+// caller owns the updates channel (it must not be nil): sources never close
+// it, so several sources may share one channel, told apart by
+// Snapshot.Source. A send blocks until the receiver takes the snapshot or ctx
+// ends; changes made meanwhile are folded into the next snapshot, so a slow
+// receiver sees fewer snapshots, never a queue. A snapshot equal to the
+// previous one is never sent. Snapshots are sorted by ID, have unique IDs and
+// addresses, and are never mutated after the send: receivers may share them
+// freely and must not modify them.
 //
 // Membership and readiness: a replica the source knows but that must not get
 // new requests (endpoint not ready or terminating, pod not ready, drained in
@@ -25,8 +25,9 @@
 //
 // # Goroutines
 //
-// Constructors (NewFile, NewDNS, NewKubernetes, Static) validate their
-// configuration, register metrics and start nothing. Run runs in the
+// Constructors (NewFile, NewDNS, NewKubernetes) validate their
+// configuration, register metrics and start nothing; Static validates its
+// list when Run starts. Run runs in the
 // caller's goroutine; the Kubernetes source additionally starts client-go
 // informer goroutines, which Run owns, stops and joins before it returns.
 // Run must not be called concurrently on one source; it may be called again
@@ -43,7 +44,9 @@
 // EventsEndpoint and ReplayEndpoint are endpoints the router connects to
 // (tcp://host:port or ipc://path); with DPRanks > 1 they must be tcp and rank
 // r uses port + r (OffsetEndpoint), as vLLM's data-parallel ranks do, so the
-// event and replay port ranges must not overlap.
+// event and replay port ranges must not overlap. Event endpoints and DP
+// ranks come from configuration, annotations or named ports; recent vLLM also
+// lists them at GET /kv_event_sources, which this package does not query.
 //
 // # Static list and file
 //
@@ -112,6 +115,10 @@
 // its first spec.targetPorts number, Ready when the pod's Ready condition is
 // true and it is not being deleted; named container ports and annotations
 // apply as above. A missing pool is an empty set.
+//
+// RBAC: list and watch on endpointslices (discovery.k8s.io) and pods, plus
+// inferencepools (inference.networking.k8s.io) in InferencePool mode, in
+// Namespace. Until the caches sync Run publishes nothing and warns every 30s.
 //
 // Informer events are coalesced Prometheus-style: handlers only set a
 // 1-buffered trigger, and the Run loop rebuilds at most once per
