@@ -110,6 +110,16 @@ func TestMalformedBody(t *testing.T) {
 			t.Fatalf("request after the bad ones: %d %v %s", r.status, r.err, r.body)
 		}
 	}
+	// A large body (Envoy buffers it for kvroute) is routed, not refused by
+	// Envoy's buffer limit; the engine itself rejects a prompt this long.
+	t.Run("2 MiB body", func(t *testing.T) {
+		body, _ := json.Marshal(map[string]any{"model": "sim-model", "max_tokens": 1,
+			"messages": []message{{Role: "user", Content: strings.Repeat("lorem ipsum ", 2<<20/12)}}})
+		r := c.post(ctx, "/v1/chat/completions", body, nil)
+		if r.err != nil || r.status == 413 || r.upstream == "" {
+			t.Fatalf("status %d err %v upstream %q: %.200s", r.status, r.err, r.upstream, r.body)
+		}
+	})
 	if !c.kv.running() {
 		t.Fatal("kvroute exited")
 	}
