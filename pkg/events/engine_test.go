@@ -324,6 +324,10 @@ func (w *workload) diff(idx *index.Index, id index.ReplicaID) error {
 			return fmt.Errorf("prompt %d: index matches %d blocks, engine holds %d", p, got, want)
 		}
 	}
+	// Nothing stale beyond the prefixes either (one replica per index).
+	if got, want := idx.Stats().Engine, w.oracle.Stats().Engine; got != want {
+		return fmt.Errorf("index maps %d engine hashes, engine holds %d", got, want)
+	}
 	return nil
 }
 
