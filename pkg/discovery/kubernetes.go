@@ -226,6 +226,8 @@ type listers struct {
 // publishes nothing until the caches have synced.
 func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) error {
 	ctx, cancel := context.WithCancel(ctx)
+	// Informer handlers only set this 1-buffered trigger; the loop below
+	// rebuilds from the caches.
 	trigger := make(chan struct{}, 1)
 	fire := func() {
 		select {
@@ -233,98 +235,17 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 		default:
 		}
 	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { fire() },
-		UpdateFunc: func(any, any) { fire() },
-		DeleteFunc: func(any) { fire() },
-	}
-	podHandler := cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { fire() },
-		UpdateFunc: func(oldObj, newObj any) {
-			if podChanged(oldObj, newObj) {
-				fire()
-			}
-		},
-		DeleteFunc: func(any) { fire() },
-	}
-
-	var (
-		l         listers
-		starts    []func(<-chan struct{})
-		factories []interface{ Shutdown() }
-		synced    []cache.InformerSynced
-	)
+	w, err := s.newWatch(fire)
 	defer func() {
 		cancel()
-		for _, f := range factories {
-			f.Shutdown() // joins the informer goroutines
-		}
+		w.shutdown() // joins the informer goroutines
 	}()
-
-	if s.cfg.InferencePool == "" {
-		f := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
-			informers.WithNamespace(s.cfg.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.sliceSel.String() }))
-		inf := f.Discovery().V1().EndpointSlices()
-		if _, err := inf.Informer().AddEventHandler(handler); err != nil {
-			return fmt.Errorf("discovery: kubernetes: %w", err)
-		}
-		lister := inf.Lister().EndpointSlices(s.cfg.Namespace)
-		// Filter again: the server applies the selector, but a cache must
-		// never hold more than it selects.
-		l.slices = func() ([]*discoveryv1.EndpointSlice, error) { return lister.List(s.sliceSel) }
-		synced = append(synced, inf.Informer().HasSynced)
-		starts = append(starts, f.Start)
-		factories = append(factories, f)
-	} else {
-		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.cfg.Dynamic, 0, s.cfg.Namespace,
-			func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + s.cfg.InferencePool })
-		inf := f.ForResource(InferencePoolGVR)
-		if _, err := inf.Informer().AddEventHandler(handler); err != nil {
-			return fmt.Errorf("discovery: kubernetes: %w", err)
-		}
-		l.pool = inf.Lister().ByNamespace(s.cfg.Namespace)
-		synced = append(synced, inf.Informer().HasSynced)
-		starts = append(starts, f.Start)
-		factories = append(factories, f)
+	if err != nil {
+		return err
 	}
-	if s.cfg.InferencePool != "" || !s.cfg.IgnorePods {
-		sel := s.podSel
-		if s.cfg.InferencePool != "" {
-			sel = labels.Everything() // the pool's selector may change
-		}
-		f := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
-			informers.WithNamespace(s.cfg.Namespace),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
-		inf := f.Core().V1().Pods()
-		if err := inf.Informer().SetTransform(stripPod); err != nil {
-			return fmt.Errorf("discovery: kubernetes: %w", err)
-		}
-		if _, err := inf.Informer().AddEventHandler(podHandler); err != nil {
-			return fmt.Errorf("discovery: kubernetes: %w", err)
-		}
-		l.pods = inf.Lister()
-		synced = append(synced, inf.Informer().HasSynced)
-		starts = append(starts, f.Start)
-		factories = append(factories, f)
-	}
-	for _, start := range starts {
-		start(ctx.Done())
-	}
-	for {
-		// Waits in rounds so a source that cannot sync (RBAC, wrong
-		// namespace) says so instead of hanging silently.
-		wctx, wcancel := context.WithTimeout(ctx, syncWarnAfter)
-		ok := cache.WaitForCacheSync(wctx.Done(), synced...)
-		wcancel()
-		if ok {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		s.log.Warn("discovery: kubernetes caches not synced yet; check the API server and RBAC (list/watch endpointslices, pods, inferencepools)",
-			"source", s.cfg.Name, "namespace", s.cfg.Namespace, "waited", syncWarnAfter)
+	w.start(ctx)
+	if !w.waitSynced(ctx, s) {
+		return nil // ctx ended first
 	}
 	s.log.Info("discovery: kubernetes caches synced", "source", s.cfg.Name, "namespace", s.cfg.Namespace)
 
@@ -348,7 +269,7 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 			}
 		}
 		last = time.Now()
-		rs, invalid, errs, err := s.build(l)
+		rs, invalid, errs, err := s.build(w.listers)
 		switch {
 		case errors.Is(err, errPoolNotFound):
 			// A missing (or deleted) pool selects nothing.
@@ -373,6 +294,111 @@ func (s *KubernetesSource) Run(ctx context.Context, updates chan<- Snapshot) err
 		if !pub.publish(ctx, updates, rs) {
 			return nil
 		}
+	}
+}
+
+// watch is the informers of one Run.
+type watch struct {
+	listers
+	starts    []func(<-chan struct{})
+	shutdowns []func()
+	synced    []cache.InformerSynced
+}
+
+// newWatch builds (does not start) the informers, with handlers calling
+// fire. On error the partial watch can still be shut down.
+func (s *KubernetesSource) newWatch(fire func()) (*watch, error) {
+	w := &watch{}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { fire() },
+		UpdateFunc: func(any, any) { fire() },
+		DeleteFunc: func(any) { fire() },
+	}
+	if s.cfg.InferencePool == "" {
+		f := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
+			informers.WithNamespace(s.cfg.Namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.sliceSel.String() }))
+		w.starts, w.shutdowns = append(w.starts, f.Start), append(w.shutdowns, f.Shutdown)
+		inf := f.Discovery().V1().EndpointSlices()
+		if _, err := inf.Informer().AddEventHandler(handler); err != nil {
+			return w, fmt.Errorf("discovery: kubernetes: %w", err)
+		}
+		lister := inf.Lister().EndpointSlices(s.cfg.Namespace)
+		// Filter again: the server applies the selector, but the cache must
+		// never yield more than it selects.
+		w.slices = func() ([]*discoveryv1.EndpointSlice, error) { return lister.List(s.sliceSel) }
+		w.synced = append(w.synced, inf.Informer().HasSynced)
+	} else {
+		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.cfg.Dynamic, 0, s.cfg.Namespace,
+			func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + s.cfg.InferencePool })
+		w.starts, w.shutdowns = append(w.starts, f.Start), append(w.shutdowns, f.Shutdown)
+		inf := f.ForResource(InferencePoolGVR)
+		if _, err := inf.Informer().AddEventHandler(handler); err != nil {
+			return w, fmt.Errorf("discovery: kubernetes: %w", err)
+		}
+		w.pool = inf.Lister().ByNamespace(s.cfg.Namespace)
+		w.synced = append(w.synced, inf.Informer().HasSynced)
+	}
+	if s.cfg.InferencePool == "" && s.cfg.IgnorePods {
+		return w, nil
+	}
+	sel := s.podSel
+	if s.cfg.InferencePool != "" {
+		sel = labels.Everything() // the pool's selector may change at any time
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
+		informers.WithNamespace(s.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
+	w.starts, w.shutdowns = append(w.starts, f.Start), append(w.shutdowns, f.Shutdown)
+	inf := f.Core().V1().Pods()
+	if err := inf.Informer().SetTransform(stripPod); err != nil {
+		return w, fmt.Errorf("discovery: kubernetes: %w", err)
+	}
+	podHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { fire() },
+		UpdateFunc: func(oldObj, newObj any) {
+			if podChanged(oldObj, newObj) {
+				fire()
+			}
+		},
+		DeleteFunc: func(any) { fire() },
+	}
+	if _, err := inf.Informer().AddEventHandler(podHandler); err != nil {
+		return w, fmt.Errorf("discovery: kubernetes: %w", err)
+	}
+	w.pods = inf.Lister()
+	w.synced = append(w.synced, inf.Informer().HasSynced)
+	return w, nil
+}
+
+func (w *watch) start(ctx context.Context) {
+	for _, start := range w.starts {
+		start(ctx.Done())
+	}
+}
+
+func (w *watch) shutdown() {
+	for _, shutdown := range w.shutdowns {
+		shutdown()
+	}
+}
+
+// waitSynced waits for every cache, warning every syncWarnAfter so a source
+// that cannot sync (RBAC, wrong namespace) says so instead of hanging
+// silently. It returns false when ctx ends first.
+func (w *watch) waitSynced(ctx context.Context, s *KubernetesSource) bool {
+	for {
+		wctx, wcancel := context.WithTimeout(ctx, syncWarnAfter)
+		ok := cache.WaitForCacheSync(wctx.Done(), w.synced...)
+		wcancel()
+		if ok {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		s.log.Warn("discovery: kubernetes caches not synced yet; check the API server and RBAC (list/watch endpointslices, pods, inferencepools)",
+			"source", s.cfg.Name, "namespace", s.cfg.Namespace, "waited", syncWarnAfter)
 	}
 }
 
