@@ -25,6 +25,7 @@ type fakeEngine struct {
 	topic      string
 	newFraming bool // vLLM >= 0.26: replies carry the topic frame
 	steps      int
+	holes      map[uint64]bool // replay replies dropped (a ROUTER over its HWM)
 	cmds       chan func()
 	stop       chan struct{}
 	done       chan struct{}
@@ -41,6 +42,7 @@ type engineOpts struct {
 	steps      int
 	noReplay   bool
 	connectTo  string // connect the PUB to this endpoint (router listens)
+	holes      map[uint64]bool
 }
 
 func newFakeEngine(t testing.TB, o engineOpts) *fakeEngine {
@@ -52,7 +54,7 @@ func newFakeEngine(t testing.TB, o engineOpts) *fakeEngine {
 	if o.steps == 0 {
 		o.steps = 10000
 	}
-	e := &fakeEngine{t: t, zctx: zctx, topic: "kv@test@m", newFraming: o.newFraming, steps: o.steps,
+	e := &fakeEngine{t: t, zctx: zctx, topic: "kv@test@m", newFraming: o.newFraming, steps: o.steps, holes: o.holes,
 		cmds: make(chan func()), stop: make(chan struct{}), done: make(chan struct{})}
 	must := func(err error) {
 		t.Helper()
@@ -144,7 +146,7 @@ func (e *fakeEngine) serve(frames [][]byte) {
 	id := frames[0]
 	start := binary.BigEndian.Uint64(frames[2])
 	for _, m := range e.ring {
-		if m.seq < start {
+		if m.seq < start || e.holes[m.seq] {
 			continue
 		}
 		if e.newFraming {

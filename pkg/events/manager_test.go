@@ -552,3 +552,27 @@ func TestReconnectReplays(t *testing.T) {
 	}
 	h.synced(e, w, "r1")
 }
+
+// A replay with a hole (replies lost) clears the replica, applies what
+// follows the hole, and keeps it resyncing.
+func TestReplayWithHole(t *testing.T) {
+	e := newFakeEngine(t, engineOpts{newFraming: false, holes: map[uint64]bool{5: true}})
+	w := newWorkload(t, 13, "r1", 10, 4)
+	for range 20 {
+		e.publish(w.next(false), false)
+	}
+	h := newHarness(t, testConfig(), source("r1", e))
+	eventually(t, "replayed", func() error {
+		st := h.m.Status("r1")
+		if !st.Settled || !st.HasSeq || st.LastSeq != 19 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+	if got := h.counter("kvroute_events_replays_total", "result", "truncated"); got != 1 {
+		t.Errorf("truncated replays = %v", got)
+	}
+	if st := h.m.Status("r1"); !st.Resyncing || h.m.Credit("r1") != 0 || st.Reason != "replay_truncated" {
+		t.Errorf("after a replay with a hole: %+v", st)
+	}
+}
