@@ -1,0 +1,261 @@
+package index
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+const benchBS = 16
+
+// fixture is an index of about nKeys keys: conversations of promptBlocks
+// blocks sharing a 16-block system prompt, each stored on two of the
+// replicas in events of at most 1024 blocks chained by parent hashes.
+type fixture struct {
+	ix      *Index
+	prompts [][]kvblock.Key
+}
+
+var (
+	fixMu    sync.Mutex
+	fixtures = map[string]*fixture{}
+)
+
+func getFixture(promptBlocks, nKeys, replicas int) *fixture {
+	fixMu.Lock()
+	defer fixMu.Unlock()
+	name := fmt.Sprint(promptBlocks, nKeys, replicas)
+	if f := fixtures[name]; f != nil {
+		return f
+	}
+	f := &fixture{ix: New(Config{})}
+	fill(f, f.ix, promptBlocks, nKeys, replicas, 2, 1000)
+	fixtures[name] = f
+	return f
+}
+
+// fill stores conversations until the index has nKeys distinct keys, each on
+// `copies` replicas; it keeps up to keep prompts for queries.
+func fill(f *fixture, ix *Index, promptBlocks, nKeys, replicas, copies, keep int) {
+	r := rand.New(rand.NewPCG(uint64(promptBlocks), uint64(nKeys)))
+	root := kvblock.Root("bench-model", "")
+	sys := tokens(r, 16*benchBS)
+	reps := make([]ReplicaID, replicas)
+	for i := range reps {
+		reps[i] = ReplicaID(fmt.Sprintf("replica-%02d", i))
+	}
+	toks := make([]uint32, promptBlocks*benchBS)
+	keys := make([]kvblock.Key, 0, promptBlocks)
+	hs := make([]uint64, promptBlocks)
+	for c := 0; ix.Stats().Keys < nKeys; c++ {
+		copy(toks, sys)
+		for i := len(sys); i < len(toks); i++ {
+			toks[i] = uint32(r.IntN(50000))
+		}
+		keys = kvblock.Keys(keys[:0], root, toks, benchBS, kvblock.Options{})
+		if len(f.prompts) < keep {
+			f.prompts = append(f.prompts, slices.Clone(keys))
+		}
+		for k := range copies {
+			rep := reps[(c*(k+1)+k*5)%replicas]
+			for i, key := range keys {
+				hs[i] = engineHash(rep, key, 0)
+			}
+			for start := 0; start < promptBlocks; start += 1024 {
+				end := min(promptBlocks, start+1024)
+				ev := Stored{Replica: rep, Root: root, Hashes: hs[start:end], Tokens: toks[start*benchBS : end*benchBS], BlockSize: benchBS}
+				if start > 0 {
+					ev.HasParent, ev.ParentHash = true, hs[start-1]
+				}
+				ix.Stored(ev)
+			}
+		}
+	}
+}
+
+// timeMatches times every call and reports p50 and p99 in ns.
+func timeMatches(b *testing.B, ix *Index, prompts [][]kvblock.Key) {
+	lat := make([]time.Duration, 0, 1<<16)
+	dst := make([]ReplicaMatch, 0, 64)
+	matched := 0
+	i := 0
+	b.ResetTimer()
+	for b.Loop() {
+		q := prompts[i%len(prompts)]
+		i++
+		t0 := time.Now()
+		dst = ix.Match(q, dst[:0])
+		lat = append(lat, time.Since(t0))
+		for _, m := range dst {
+			matched = max(matched, m.Blocks)
+		}
+	}
+	b.StopTimer()
+	if matched != len(prompts[0]) {
+		b.Fatalf("deepest match %d, want %d", matched, len(prompts[0]))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// BenchmarkMatch: 16 replicas, about 1M keys, 1000 distinct prompts queried
+// in turn.
+func BenchmarkMatch(b *testing.B) {
+	for _, blocks := range []int{256, 8192} {
+		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
+			f := getFixture(blocks, 1_000_000, 16)
+			b.ReportMetric(float64(f.ix.Stats().Keys), "keys")
+			timeMatches(b, f.ix, f.prompts)
+		})
+	}
+}
+
+// BenchmarkMatchDuringWrites: as BenchmarkMatch with 256-block prompts,
+// while one writer goroutine applies 10,000-block stored events (and removes
+// them again) as fast as it can.
+func BenchmarkMatchDuringWrites(b *testing.B) {
+	f := getFixture(256, 1_000_000, 16)
+	r := rand.New(rand.NewPCG(99, 99))
+	root := kvblock.Root("bench-model", "")
+	const n = 10_000
+	toks := tokens(r, n*benchBS)
+	keys := kvblock.Keys(nil, root, toks, benchBS, kvblock.Options{})
+	hs := make([]uint64, n)
+	for i, k := range keys {
+		hs[i] = engineHash("writer", k, 0)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	events := 0
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			f.ix.Stored(Stored{Replica: "writer", Root: root, Hashes: hs, Tokens: toks, BlockSize: benchBS})
+			f.ix.Removed(Removed{Replica: "writer", Hashes: hs})
+			events += 2
+		}
+	})
+	timeMatches(b, f.ix, f.prompts)
+	close(stop)
+	wg.Wait()
+	f.ix.Cleared("writer")
+	b.ReportMetric(float64(events)/b.Elapsed().Seconds(), "writer-events/s")
+}
+
+// BenchmarkApply measures stored+removed block events per second on one
+// goroutine: 16 replicas, 64-block conversations stored as four 16-block
+// events chained by parents, removed again once 1M entries are live.
+func BenchmarkApply(b *testing.B) {
+	const convBlocks, evBlocks, live = 64, 16, 1_000_000
+	r := rand.New(rand.NewPCG(7, 7))
+	root := kvblock.Root("bench-model", "")
+	sys := tokens(r, 16*benchBS)
+	// A pool of conversations, reused with a fresh tail token so that keys
+	// keep changing without generating tokens in the timed loop.
+	const pool = 256
+	convToks := make([][]uint32, pool)
+	for i := range convToks {
+		convToks[i] = append(slices.Clone(sys), tokens(r, (convBlocks-16)*benchBS)...)
+	}
+	ix := New(Config{})
+	type conv struct {
+		rep ReplicaID
+		hs  []uint64
+	}
+	var ring []conv
+	hsBuf := make([]uint64, convBlocks)
+	blocks := 0
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		toks := convToks[i%pool]
+		toks[len(toks)-1] = uint32(i) // a new last block: a new conversation end
+		toks[16*benchBS] = uint32(i)  // and new keys after the system prompt
+		rep := ReplicaID(fmt.Sprintf("replica-%02d", i%16))
+		keys := kvblock.Keys(nil, root, toks, benchBS, kvblock.Options{})
+		hs := hsBuf[:0]
+		for _, k := range keys {
+			hs = append(hs, engineHash(rep, k, 0))
+		}
+		hs = slices.Clone(hs)
+		for s := 0; s < convBlocks; s += evBlocks {
+			ev := Stored{Replica: rep, Root: root, Hashes: hs[s : s+evBlocks], Tokens: toks[s*benchBS : (s+evBlocks)*benchBS], BlockSize: benchBS}
+			if s > 0 {
+				ev.HasParent, ev.ParentHash = true, hs[s-1]
+			}
+			ix.Stored(ev)
+		}
+		blocks += convBlocks
+		ring = append(ring, conv{rep, hs})
+		if len(ring)*convBlocks > live {
+			old := ring[0]
+			ring = ring[1:]
+			ix.Removed(Removed{Replica: old.rep, Hashes: old.hs})
+			blocks += convBlocks
+		}
+	}
+	b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "block-events/s")
+}
+
+func heapAfterGC() uint64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkMemory10M fills an index with 10M (block, replica) entries and
+// reports the heap it takes per entry (runtime.MemStats after GC) next to
+// the index's own estimate. copies=1 is the worst case (one holder per key);
+// copies=2 stores every conversation on two of 16 replicas. It runs once per
+// -count and needs about 1 GiB.
+func BenchmarkMemory10M(b *testing.B) {
+	for _, copies := range []int{1, 2} {
+		b.Run(fmt.Sprintf("copies=%d", copies), func(b *testing.B) {
+			for range b.N {
+				before := heapAfterGC()
+				f := &fixture{ix: New(Config{})}
+				fill(f, f.ix, 256, 10_000_000/copies, 16, copies, 0)
+				after := heapAfterGC()
+				s := f.ix.Stats()
+				entries := float64(s.Holders)
+				b.ReportMetric(float64(after-before)/entries, "heap-B/entry")
+				b.ReportMetric(float64(s.Bytes)/entries, "stats-B/entry")
+				b.ReportMetric(float64(s.Bytes)/float64(after-before), "stats/heap")
+				b.ReportMetric(entries, "entries")
+				runtime.KeepAlive(f)
+			}
+		})
+	}
+}
+
+// BenchmarkBudget stores twice a 256 MiB budget's worth of entries and
+// reports how the index and the heap compare with the budget.
+func BenchmarkBudget(b *testing.B) {
+	for range b.N {
+		const budget = 256 << 20
+		before := heapAfterGC()
+		f := &fixture{ix: New(Config{MaxBytes: budget})}
+		fill(f, f.ix, 256, 12_000_000, 16, 1, 0)
+		after := heapAfterGC()
+		s := f.ix.Stats()
+		if s.Evicted == 0 {
+			b.Fatal("budget never bit")
+		}
+		b.ReportMetric(float64(s.Bytes)/budget, "stats/budget")
+		b.ReportMetric(float64(after-before)/budget, "heap/budget")
+		b.ReportMetric(float64(s.Holders), "entries")
+		runtime.KeepAlive(f)
+	}
+}
