@@ -34,6 +34,7 @@ type command struct {
 // commands is the subcommand table: add an entry per subcommand file.
 var commands = []command{
 	{name: "seed", summary: "re-run the seed document's executed experiments with the real kvblock/index/policy packages", run: runSeed},
+	{name: "sim", summary: "simulate a fleet in simulated time and compare routing policies on traces and synthetic workloads", run: runSim},
 }
 
 // errUsage marks a command-line error (exit status 2).

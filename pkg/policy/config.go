@@ -16,12 +16,14 @@ const (
 	NameRoundRobin     = "roundrobin"
 	NameRandom         = "random"
 	NamePureAffinity   = "pureaffinity"
+	NameWeighted       = "weighted"
+	NameKVRoute        = "kvroute"
 )
 
 // Names lists every policy New accepts.
 func Names() []string {
 	return []string{NameBlended, NameHardSwitch, NamePrefixAffinity, NameSession,
-		NameLeastLoad, NameRoundRobin, NameRandom, NamePureAffinity}
+		NameLeastLoad, NameRoundRobin, NameRandom, NamePureAffinity, NameWeighted, NameKVRoute}
 }
 
 // ErrConfig classifies configuration errors (an unknown policy name, an out
@@ -35,6 +37,8 @@ type Config struct {
 	HardSwitch     HardSwitchConfig     `yaml:"hardswitch"`
 	PrefixAffinity PrefixAffinityConfig `yaml:"prefixaffinity"`
 	Session        SessionConfig        `yaml:"session"`
+	Weighted       WeightedConfig       `yaml:"weighted"`
+	KVRoute        KVRouteConfig        `yaml:"kvroute"`
 }
 
 // BlendedConfig are NVIDIA Dynamo's router knobs, with Dynamo's names and
@@ -125,6 +129,12 @@ func (c Config) Validate() error {
 	if _, err := c.Session.resolve(); err != nil {
 		return err
 	}
+	if _, err := c.Weighted.resolve(); err != nil {
+		return err
+	}
+	if _, err := c.KVRoute.resolve(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -148,6 +158,10 @@ func New(name string, cfg Config) (Policy, error) {
 		return Random{}, nil
 	case NamePureAffinity:
 		return PureAffinity{}, nil
+	case NameWeighted:
+		return NewWeighted(cfg.Weighted)
+	case NameKVRoute:
+		return NewKVRoute(cfg.KVRoute)
 	}
 	return nil, fmt.Errorf("%w: policy %q: unknown (want one of %v)", ErrConfig, name, Names())
 }
@@ -182,4 +196,6 @@ var (
 	_ Policy = (*RoundRobin)(nil)
 	_ Policy = Random{}
 	_ Policy = PureAffinity{}
+	_ Policy = (*Weighted)(nil)
+	_ Policy = (*KVRoute)(nil)
 )

@@ -1,0 +1,578 @@
+package bench
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/engine"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// DefaultModel is the model name the simulated fleet serves.
+const DefaultModel = "sim-model"
+
+// DefaultEngine is one replica of the simulated fleet: an 8B-class dense
+// model (Llama-3.1-8B shape: 32 layers, 8 KV heads of 128 dims, bf16, so
+// 128 KiB of KV per token) on one 80 GB H100 at 0.9 memory utilisation.
+// About 50 GB is left for the KV cache: 24,576 blocks of 16 tokens (393K
+// tokens). Prefill runs at 16,000 uncached tokens/s (about 16 GFLOP a
+// token at ~40% of the GPU's dense bf16 peak, attention included); a decode
+// step costs 8 ms plus 0.08 ms per sequence in the batch (weights read once
+// a step, KV per sequence). vLLM's chunked-prefill budget of 8,192 tokens
+// and 256 sequences. The context is extended to 192K tokens so that every
+// request of the Mooncake trace (up to 191K prompt tokens) fits. Evicted
+// blocks are offloaded to a CPU tier of 131,072 blocks (2M tokens, 256 GiB
+// of host memory: a DGX H100's 2 TB shared by its 8 GPUs), as vLLM's
+// offloading connector or LMCache provide, and reloaded at ten times the
+// prefill speed (20 GB/s over PCIe).
+func DefaultEngine() engine.Config {
+	return engine.Config{
+		BlockSize:           16,
+		NumGPUBlocks:        24576,
+		MaxModelLen:         196608,
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		NumCPUBlocks:        131072,
+		PrefillTokensPerSec: 16000,
+		StepTime:            8 * time.Millisecond,
+		StepTimePerSeq:      80 * time.Microsecond,
+		Model:               DefaultModel,
+	}
+}
+
+// FleetConfig describes the simulated fleet and the router's view of it.
+type FleetConfig struct {
+	// Replicas is the number of engines (default 8).
+	Replicas int
+	// Engine configures every replica (zero: DefaultEngine).
+	Engine engine.Config
+	// EventDelay is how long a published KV-event batch takes to reach the
+	// router's index.
+	EventDelay time.Duration
+	// EventLoss is the probability in [0, 1) that a published batch never
+	// arrives (no replay: the index stays stale until later events).
+	EventLoss float64
+	// ScrapeInterval is the age bound of the engines' scraped figures
+	// (running, waiting, KV usage) the router sees (default 200 ms, the
+	// scraper's default).
+	ScrapeInterval time.Duration
+	// BinWidth is the width of the per-replica load-over-time bins
+	// (default 5 s).
+	BinWidth time.Duration
+	// NoFidelity turns the closed-loop cache credit off (Credit always 1).
+	NoFidelity bool
+	// Seed seeds the router's tie-breaks and the event loss.
+	Seed uint64
+}
+
+func (c FleetConfig) withDefaults() (FleetConfig, error) {
+	if c.Replicas == 0 {
+		c.Replicas = 8
+	}
+	if c.Engine == (engine.Config{}) {
+		c.Engine = DefaultEngine()
+	}
+	c.Engine = c.Engine.Defaults()
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 200 * time.Millisecond
+	}
+	if c.BinWidth == 0 {
+		c.BinWidth = 5 * time.Second
+	}
+	switch {
+	case c.Replicas < 1:
+		return c, fmt.Errorf("%w: replicas %d must be at least 1", ErrSim, c.Replicas)
+	case !(c.EventLoss >= 0 && c.EventLoss < 1):
+		return c, fmt.Errorf("%w: event loss %v must be in [0, 1)", ErrSim, c.EventLoss)
+	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0:
+		return c, fmt.Errorf("%w: delays and widths must not be negative", ErrSim)
+	}
+	if err := c.Engine.Validate(); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrSim, err)
+	}
+	return c, nil
+}
+
+// ErrSim classifies simulation setup errors.
+var ErrSim = errors.New("sim")
+
+// RequestResult is one finished request.
+type RequestResult struct {
+	Session, Turn int
+	Replica       int
+	Arrival       time.Duration
+	TTFT, E2E     time.Duration
+	PromptTokens  int
+	// CachedTokens were served from the engine's prefix cache.
+	CachedTokens int
+	// PredictedTokens are the cached tokens the router's index predicted
+	// on the picked replica.
+	PredictedTokens int
+	// CeilingTokens would have been cached by one infinite cache that saw
+	// every earlier prompt and output.
+	CeilingTokens int
+	OutputTokens  int
+	Preemptions   int
+	// Truncated is set when the prompt was cut to fit MaxModelLen.
+	Truncated bool
+	Reason    string
+}
+
+// ReplicaResult is one replica's totals.
+type ReplicaResult struct {
+	ID            string
+	Requests      int
+	Busy          time.Duration
+	PrefillTokens int64
+	DecodeTokens  int64
+	Preemptions   int64
+	// BusyBins is the busy fraction of each BinWidth-wide bin of time.
+	BusyBins []float64
+}
+
+// Run is one policy's simulation of one workload.
+type Run struct {
+	Policy   string
+	Workload string
+	// Requests are in finish order.
+	Requests []RequestResult
+	Replicas []ReplicaResult
+	BinWidth time.Duration
+	// Makespan is the last finish time.
+	Makespan time.Duration
+	// EventsApplied and EventsLost count KV-event batches.
+	EventsApplied, EventsLost int
+}
+
+type evKind uint8
+
+// Same-time order: a step's results, then index deliveries, then arrivals
+// (so a decision sees everything that happened at that instant), then new
+// steps (which see the arrivals).
+const (
+	evDone evKind = iota
+	evDeliver
+	evArrival
+	evStep
+)
+
+type event struct {
+	at      time.Duration
+	kind    evKind
+	seq     uint64
+	replica int
+	res     *engine.StepResult
+	sess    int
+	turn    int
+}
+
+type evHeap []*event
+
+func (h evHeap) Len() int { return len(h) }
+func (h evHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.seq < b.seq
+}
+func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *evHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *evHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// live is an in-flight request.
+type live struct {
+	sess, turn int
+	replica    int
+	prompt     []uint32
+	outputs    []uint32 // collected only when a later turn needs them
+	keepOut    bool
+	handle     *load.Handle
+	predicted  int
+	ceiling    int
+	truncated  bool
+	reason     string
+}
+
+type replica struct {
+	id       string
+	eng      *engine.Engine
+	stepping bool // a step is running (its done event is queued)
+	queued   bool // a step start is queued
+	res      ReplicaResult
+	scraped  engine.Stats
+	scrapeAt time.Duration
+	scrapeOK bool
+}
+
+type sim struct {
+	cfg     FleetConfig
+	w       *Workload
+	now     time.Duration
+	q       evHeap
+	seq     uint64
+	reps    []*replica
+	routes  []route.Replica
+	ids     map[index.ReplicaID]int
+	idx     *index.Index
+	tracker *load.Tracker
+	fid     *load.Fidelity
+	router  *route.Router
+	loss    *rand.Rand
+	root    kvblock.Key
+	live    []map[engine.ReqID]*live
+	history [][]uint32 // per session: the last prompt plus its outputs
+	seen    map[kvblock.Key]struct{}
+	keys    []kvblock.Key
+	run     *Run
+}
+
+// Simulate runs w through a fleet of engines in simulated time, with pol
+// deciding through route.Decide over a real index fed by the engines' KV
+// events. It is deterministic: the same workload, policy (freshly built)
+// and config give the same Run. ctx cancels a long run.
+func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig) (*Run, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &sim{
+		cfg:     cfg,
+		w:       w,
+		ids:     make(map[index.ReplicaID]int),
+		idx:     index.New(index.Config{}),
+		loss:    rand.New(rand.NewPCG(cfg.Seed, 0x6c6f7373)),
+		root:    kvblock.Root(cfg.Engine.Model, ""),
+		history: make([][]uint32, len(w.Sessions)),
+		seen:    make(map[kvblock.Key]struct{}),
+		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth},
+	}
+	s.tracker, err = load.NewTracker(nil)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.NoFidelity {
+		s.fid, err = load.NewFidelity(load.FidelityConfig{}, nil)
+		if err != nil {
+			return nil, err
+		}
+	}
+	for i := range cfg.Replicas {
+		// Every replica shares one engine seed, as a fleet started with a
+		// fixed PYTHONHASHSEED does: generated text then depends only on
+		// the prompt, so every policy sees the same conversations.
+		e, err := engine.New(cfg.Engine, 1)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSim, err)
+		}
+		id := "r" + strconv.Itoa(i)
+		s.reps = append(s.reps, &replica{id: id, eng: e, res: ReplicaResult{ID: id}})
+		s.routes = append(s.routes, route.Replica{ID: index.ReplicaID(id), Address: id, Model: cfg.Engine.Model, BlockSize: cfg.Engine.BlockSize})
+		s.ids[index.ReplicaID(id)] = i
+		s.live = append(s.live, make(map[engine.ReqID]*live))
+	}
+	s.router = route.New(route.Options{
+		Matcher:   s.idx,
+		State:     (*simState)(s),
+		Policy:    pol,
+		Seed:      cfg.Seed,
+		Fallbacks: -1,
+		Now:       func() time.Time { return time.Unix(0, int64(s.now)) },
+	})
+	for i, ss := range w.Sessions {
+		if len(ss.Turns) == 0 {
+			continue
+		}
+		s.push(&event{at: ss.Start + ss.Turns[0].Gap, kind: evArrival, sess: i})
+	}
+	steps := 0
+	for s.q.Len() > 0 {
+		ev := heap.Pop(&s.q).(*event)
+		s.now = ev.at
+		switch ev.kind {
+		case evArrival:
+			if err := s.arrive(ctx, ev.sess, ev.turn); err != nil {
+				return nil, err
+			}
+		case evStep:
+			s.step(ev.replica)
+			steps++
+			if steps%4096 == 0 && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+		case evDone:
+			s.done(ev.replica, ev.res)
+		case evDeliver:
+			s.apply(ev.replica, ev.res.Events)
+		}
+	}
+	for _, r := range s.reps {
+		st := r.eng.Stats()
+		r.res.Preemptions = st.Preemptions
+		s.run.Replicas = append(s.run.Replicas, r.res)
+	}
+	return s.run, nil
+}
+
+func (s *sim) push(ev *event) {
+	s.seq++
+	ev.seq = s.seq
+	heap.Push(&s.q, ev)
+}
+
+// prompt builds the prompt of a session's turn.
+func (s *sim) prompt(sess, turn int) []uint32 {
+	t := s.w.Sessions[sess].Turns[turn]
+	if t.TraceIDs != nil {
+		return kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, kvblock.TraceBlockTokens)
+	}
+	p := s.history[sess]
+	s.history[sess] = nil
+	return Expand(p, t.Append)
+}
+
+func (s *sim) arrive(ctx context.Context, sess, turn int) error {
+	t := s.w.Sessions[sess].Turns[turn]
+	prompt := s.prompt(sess, turn)
+	out := t.Output
+	maxLen := s.cfg.Engine.MaxModelLen
+	truncated := false
+	if out >= maxLen {
+		out = maxLen / 2
+	}
+	if len(prompt)+out > maxLen {
+		prompt = prompt[:maxLen-out]
+		truncated = true
+	}
+	if len(prompt) == 0 || out < 1 {
+		return fmt.Errorf("%w: session %d turn %d: empty prompt or output", ErrSim, sess, turn)
+	}
+	dec, err := s.router.Decide(ctx, route.Request{
+		Model:      s.cfg.Engine.Model,
+		Tokens:     prompt,
+		SessionKey: s.w.Sessions[sess].Key,
+		MaxTokens:  out,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: session %d turn %d: %w", ErrSim, sess, turn, err)
+	}
+	ri := s.ids[dec.Replica]
+	r := s.reps[ri]
+	id, err := r.eng.Submit(s.now, engine.Request{Prompt: prompt, MaxTokens: out})
+	if err != nil {
+		return fmt.Errorf("%w: session %d turn %d: %w", ErrSim, sess, turn, err)
+	}
+	bs := s.cfg.Engine.BlockSize
+	matched := dec.MatchedBlocks()
+	predicted := min(matched*bs, (len(prompt)-1)/bs*bs)
+	lv := &live{
+		sess: sess, turn: turn, replica: ri, prompt: prompt,
+		keepOut:   turn+1 < len(s.w.Sessions[sess].Turns),
+		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
+		predicted: predicted,
+		ceiling:   s.ceiling(prompt),
+		truncated: truncated,
+		reason:    dec.Reason,
+	}
+	s.live[ri][id] = lv
+	r.res.Requests++
+	if !r.stepping && !r.queued {
+		at, _ := r.eng.NextEventTime()
+		r.queued = true
+		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
+	}
+	return nil
+}
+
+// ceiling counts the prompt's tokens one infinite cache would serve (full
+// blocks seen in any earlier prompt or output, never the last token), then
+// remembers the prompt's blocks.
+func (s *sim) ceiling(prompt []uint32) int {
+	bs := s.cfg.Engine.BlockSize
+	s.keys = kvblock.Keys(s.keys[:0], s.root, prompt, bs, kvblock.Options{})
+	limit := (len(prompt) - 1) / bs
+	hit := 0
+	for _, k := range s.keys {
+		if _, ok := s.seen[k]; !ok || hit >= limit {
+			break
+		}
+		hit++
+	}
+	for _, k := range s.keys {
+		s.seen[k] = struct{}{}
+	}
+	return hit * bs
+}
+
+func (s *sim) step(ri int) {
+	r := s.reps[ri]
+	r.queued = false
+	res := r.eng.Step(s.now)
+	if res.Idle {
+		return
+	}
+	r.stepping = true
+	s.push(&event{at: res.End, kind: evDone, replica: ri, res: &res})
+}
+
+func (s *sim) done(ri int, res *engine.StepResult) {
+	r := s.reps[ri]
+	r.stepping = false
+	s.busy(r, res.Start, res.End)
+	r.res.PrefillTokens += int64(res.PrefillTokens)
+	r.res.DecodeTokens += int64(res.DecodeTokens)
+	lives := s.live[ri]
+	for _, tk := range res.Tokens {
+		lv := lives[tk.ID]
+		if lv == nil {
+			continue
+		}
+		if tk.Index == 0 {
+			lv.handle.FirstToken()
+		}
+		if lv.keepOut {
+			lv.outputs = append(lv.outputs, tk.Token)
+		}
+	}
+	for _, f := range res.Finished {
+		lv := lives[f.ID]
+		if lv == nil {
+			continue
+		}
+		delete(lives, f.ID)
+		lv.handle.Done()
+		if s.fid != nil {
+			s.fid.Observe(r.id, lv.predicted, f.CachedTokens)
+		}
+		s.run.Requests = append(s.run.Requests, RequestResult{
+			Session: lv.sess, Turn: lv.turn, Replica: ri, Arrival: f.Arrival,
+			TTFT: f.FirstToken - f.Arrival, E2E: f.Finish - f.Arrival,
+			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
+			PredictedTokens: lv.predicted, CeilingTokens: lv.ceiling,
+			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
+			Truncated: lv.truncated, Reason: lv.reason,
+		})
+		s.run.Makespan = max(s.run.Makespan, f.Finish)
+		if lv.keepOut {
+			hist := append(lv.prompt, lv.outputs...)
+			// The infinite cache also holds the computed output blocks
+			// (every output token but the last).
+			s.keys = kvblock.Keys(s.keys[:0], s.root, hist[:len(hist)-1], s.cfg.Engine.BlockSize, kvblock.Options{})
+			for _, k := range s.keys {
+				s.seen[k] = struct{}{}
+			}
+			s.history[lv.sess] = hist
+			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
+			s.push(&event{at: f.Finish + next.Gap, kind: evArrival, sess: lv.sess, turn: lv.turn + 1})
+		}
+	}
+	if len(res.Events) > 0 {
+		switch {
+		case s.cfg.EventLoss > 0 && s.loss.Float64() < s.cfg.EventLoss:
+			s.run.EventsLost++
+		case s.cfg.EventDelay == 0:
+			s.apply(ri, res.Events)
+		default:
+			s.push(&event{at: res.End + s.cfg.EventDelay, kind: evDeliver, replica: ri, res: res})
+		}
+	}
+	if at, busy := r.eng.NextEventTime(); busy && !r.queued {
+		r.queued = true
+		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
+	}
+}
+
+// apply converts an engine's published batch into index updates, as the
+// events package does with decoded wire batches.
+func (s *sim) apply(ri int, evs []engine.Event) {
+	s.run.EventsApplied++
+	rid := index.ReplicaID(s.reps[ri].id)
+	for i := range evs {
+		ev := &evs[i]
+		tier, ok := index.ParseMedium(ev.Medium)
+		if !ok {
+			continue
+		}
+		switch ev.Kind {
+		case engine.BlockStored:
+			s.idx.Stored(index.Stored{
+				Replica: rid, Root: kvblock.Root(s.cfg.Engine.Model, ev.LoRAName),
+				HasParent: ev.HasParent, ParentHash: ev.Parent,
+				Hashes: ev.Hashes, Tokens: ev.Tokens, BlockSize: ev.BlockSize, Tier: tier,
+			})
+		case engine.BlockRemoved:
+			s.idx.Removed(index.Removed{Replica: rid, Hashes: ev.Hashes, Tier: tier})
+		case engine.AllBlocksCleared:
+			s.idx.Cleared(rid)
+		}
+	}
+}
+
+// busy adds [from, to) to the replica's busy time and bins.
+func (s *sim) busy(r *replica, from, to time.Duration) {
+	r.res.Busy += to - from
+	w := s.cfg.BinWidth
+	for from < to {
+		b := int(from / w)
+		end := min(to, time.Duration(b+1)*w)
+		for len(r.res.BusyBins) <= b {
+			r.res.BusyBins = append(r.res.BusyBins, 0)
+		}
+		r.res.BusyBins[b] += float64(end-from) / float64(w)
+		from = end
+	}
+}
+
+// simState is the router's view of the simulated fleet: its own in-flight
+// tracker plus engine figures scraped at most ScrapeInterval ago, combined
+// as load.View combines them; cache credit from load.Fidelity.
+type simState sim
+
+func (st *simState) Replicas() []route.Replica { return st.routes }
+
+func (st *simState) Load(id index.ReplicaID) load.Load {
+	s := (*sim)(st)
+	i, ok := s.ids[id]
+	if !ok {
+		return load.Load{}
+	}
+	r := s.reps[i]
+	if !r.scrapeOK || s.now-r.scrapeAt >= s.cfg.ScrapeInterval {
+		r.scraped, r.scrapeAt, r.scrapeOK = r.eng.Stats(), s.now, true
+	}
+	local := s.tracker.Get(r.id)
+	reqs := max(local.Requests, r.scraped.Running+r.scraped.Waiting)
+	return load.Load{
+		ActivePrefillBlocks: float64(local.PrefillBlocks),
+		ActiveDecodeBlocks:  float64(local.DecodeBlocks),
+		ActiveRequests:      reqs - r.scraped.Waiting,
+		WaitingRequests:     r.scraped.Waiting,
+		KVUsage:             r.scraped.KVUsage,
+		Healthy:             true,
+	}
+}
+
+func (st *simState) Credit(id index.ReplicaID) float64 {
+	s := (*sim)(st)
+	if s.fid == nil {
+		return 1
+	}
+	return s.fid.Credit(string(id))
+}
