@@ -704,12 +704,13 @@ func (dec *Decoder) float() (float64, error) {
 		dec.seek(dec.pos() + 1)
 		return 0, nil
 	}
-	if v, isNil, err := dec.intVal(); err == nil && !isNil {
-		return float64(v), nil
-	} else if err != nil {
-		return 0, err
+	// An integer timestamp is taken as is; any other value is skipped and
+	// leaves the timestamp unknown (0): it only feeds the lag gauge.
+	v, _, err := dec.intVal()
+	if errors.Is(err, errBadField) {
+		return 0, nil
 	}
-	return 0, nil
+	return float64(v), err
 }
 
 func (dec *Decoder) batch(b *Batch) error {

@@ -178,6 +178,16 @@ func TestDecodeTolerance(t *testing.T) {
 				}
 			},
 		},
+		{name: "string ts", v: []any{"later", []any{[]any{"AllBlocksCleared"}}, 0}, events: 1, check: func(t *testing.T, b Batch) {
+			if b.TS != 0 {
+				t.Errorf("ts %v", b.TS)
+			}
+		}},
+		{name: "integer ts", v: []any{1757500000, []any{}, 0}, check: func(t *testing.T, b Batch) {
+			if b.TS != 1757500000 {
+				t.Errorf("ts %v", b.TS)
+			}
+		}},
 		{name: "nil rank", v: []any{ts, []any{}, nil}, check: func(t *testing.T, b Batch) {
 			if b.DPRank != -1 {
 				t.Errorf("rank %d", b.DPRank)
