@@ -551,6 +551,15 @@ func TestReconnectReplays(t *testing.T) {
 		e.publish(w.next(false), false)
 	}
 	h.synced(e, w, "r1")
+
+	// A real restart: the sockets go away and the sequence starts over.
+	e.restart()
+	w.reset()
+	e.rebind()
+	for range 10 {
+		e.publish(w.next(false), false)
+	}
+	h.synced(e, w, "r1")
 }
 
 // A replay with a hole (replies lost) clears the replica, applies what
