@@ -1,0 +1,364 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/trace/noop"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
+
+	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeEngine answers the engine endpoints kvroute calls: /health, /metrics
+// (vLLM names) and /tokenize (one token per byte).
+func fakeEngine(t *testing.T, running int) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} %d\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n"+
+			"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", running)
+	})
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt string `json:"prompt"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		toks := make([]uint32, len(req.Prompt))
+		for i := range req.Prompt {
+			toks[i] = uint32(req.Prompt[i])
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": toks, "count": len(toks), "max_model_len": 4096})
+	})
+	s := httptest.NewServer(mux)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func listenLocal(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// TestServeEndToEnd runs the composition root in process against two fake
+// engines without event streams: readiness, the admin API over gRPC (the
+// explain command) and HTTP, metrics, and a clean, leak-free shutdown.
+func TestServeEndToEnd(t *testing.T) {
+	e1, e2 := fakeEngine(t, 3), fakeEngine(t, 0)
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`
+listeners: {drain_timeout: 2s}
+replicas:
+  static:
+  - {id: busy, address: %q, model: m}
+  - {id: idle, address: %q, model: m}
+policy: {seed: 7}
+tokenizer: {default: {kind: remote, timeout: 2s}}
+load: {scrape_interval: 20ms}
+readiness: {warm_timeout: 5s}
+`, host(e1), host(e2))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), noop.NewTracerProvider())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.serve(ctx, lis) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not return after cancel")
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	}()
+
+	metrics := "http://" + lis.metrics.Addr().String()
+	waitUntil(t, "ready", func() bool {
+		resp, err := http.Get(metrics + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	// Both replicas probed healthy; the busy one's scraped load is visible.
+	waitUntil(t, "scraped load", func() bool { return r.set.Load("busy").ActiveRequests == 3 })
+
+	// explain over gRPC, as the CLI does.
+	req := filepath.Join(t.TempDir(), "req.json")
+	if err := os.WriteFile(req, []byte(`{"model":"m","prompt":"hello there, a prompt of a few blocks at least"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run(t.Context(), []string{"explain", "-f", req, "--addr", lis.admin.Addr().String()}, &out, &errOut); code != 0 {
+		t.Fatalf("explain exit %d: %s", code, errOut.String())
+	}
+	table := out.String()
+	for _, want := range []string{"pick:     idle", "tokens from remote", "busy"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("explain output lacks %q:\n%s", want, table)
+		}
+	}
+	marked := false
+	for _, l := range strings.Split(table, "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "*" && f[1] == "idle" {
+			marked = true
+		}
+	}
+	if !marked {
+		t.Errorf("the picked row is not marked:\n%s", table)
+	}
+	out.Reset()
+	if code := run(t.Context(), []string{"explain", "-f", req, "--json", "--addr", lis.admin.Addr().String()}, &out, &errOut); code != 0 {
+		t.Fatalf("explain --json exit %d: %s", code, errOut.String())
+	}
+	var js struct {
+		Replica    string `json:"replica"`
+		Candidates []struct {
+			Credit float64 `json:"credit"`
+		} `json:"candidates"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &js); err != nil || js.Replica != "idle" || len(js.Candidates) != 2 {
+		t.Fatalf("explain --json: %v %+v\n%s", err, js, out.String())
+	}
+	for _, c := range js.Candidates {
+		if c.Credit != 0 {
+			t.Errorf("a replica without an events endpoint has credit %v, want 0", c.Credit)
+		}
+	}
+
+	// HTTP mirror on the same port.
+	admin := "http://" + lis.admin.Addr().String()
+	resp, err := http.Get(admin + "/debug/replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps kvroutev1.ReplicasResponse
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err := protojson.Unmarshal(b, &reps); err != nil || len(reps.Replicas) != 2 || reps.Replicas[0].GetLoad().GetActiveRequests() != 3 {
+		t.Fatalf("GET /debug/replicas: %v\n%s", err, b)
+	}
+	// Metrics.
+	resp, err = http.Get(metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"kvroute_index_keys", "kvroute_build_info", "kvroute_replica_healthy"} {
+		if !strings.Contains(string(b), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type fakeCredit map[index.ReplicaID]float64
+
+func (f fakeCredit) Credit(id index.ReplicaID) float64 { return f[id] }
+
+func TestReplicaSet(t *testing.T) {
+	fid, err := load.NewFidelity(load.FidelityConfig{MinSamples: 1, Alpha: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := fakeCredit{"a": 1, "b": 1, "c": 0, "d": 1, "d#dp1": 1}
+	s := newReplicaSet(&load.View{}, ev, fid, 16)
+	rs, err := discovery.BuildReplicas("r", []discovery.ReplicaSpec{
+		{ID: "a", Address: "10.0.0.1:80", Model: "m", EventsEndpoint: "tcp://10.0.0.1:5557"},
+		{ID: "b", Address: "10.0.0.2:80", Model: "m"},
+		{ID: "c", Address: "10.0.0.3:80", Model: "m", EventsEndpoint: "tcp://10.0.0.3:5557", BlockSize: 32},
+		{ID: "d", Address: "10.0.0.4:80", Model: "m", EventsEndpoint: "tcp://10.0.0.4:5557", DPRanks: 2},
+		{ID: "e", Address: "10.0.0.5:80", Model: "m", Ready: new(bool)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.set(rs)
+	fid.Observe("d", 100, 50) // served half of what was predicted
+
+	var ids []string
+	for _, r := range s.Replicas() {
+		ids = append(ids, string(r.ID))
+	}
+	if got, want := strings.Join(ids, ","), "a,b,c,d,d#dp1"; got != want {
+		t.Errorf("routable = %s, want %s (not-ready e excluded, d expanded per rank)", got, want)
+	}
+	credits := []struct {
+		id   index.ReplicaID
+		want float64
+	}{
+		{"a", 1},      // events caught up, fidelity full
+		{"b", 0},      // no events endpoint: no cache view
+		{"c", 0},      // resyncing
+		{"d", 0.5},    // min(events 1, fidelity 0.5)
+		{"d#dp1", 1},  // rank 1 has its own fidelity
+		{"zz", 0},     // unknown
+	}
+	for _, c := range credits {
+		if got := s.Credit(c.id); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("Credit(%s) = %v, want %v", c.id, got, c.want)
+		}
+	}
+	if s.BlockSize("c") != 32 || s.BlockSize("a") != 16 || s.BlockSize("zz") != 0 {
+		t.Errorf("block sizes: c %d a %d zz %d", s.BlockSize("c"), s.BlockSize("a"), s.BlockSize("zz"))
+	}
+	if got := s.TokenizerURLs("m"); len(got) != 4 {
+		t.Errorf("TokenizerURLs = %v, want the 4 ready replicas", got)
+	}
+	srcs, errs := eventSources(rs, s.blockSizeOf)
+	if len(errs) != 0 || len(srcs) != 4 {
+		t.Fatalf("eventSources = %v %v, want a, c, d, d#dp1", srcs, errs)
+	}
+	if srcs[3].ID != "d#dp1" || srcs[3].Endpoint != "tcp://10.0.0.4:5558" {
+		t.Errorf("rank 1 source = %+v", srcs[3])
+	}
+}
+
+func TestScrapeTarget(t *testing.T) {
+	tests := []struct {
+		metrics, want string
+	}{
+		{"http://10.0.0.1:8000/metrics", "http://10.0.0.1:8000"},
+		{"http://10.0.0.1:9100/metrics/", "http://10.0.0.1:9100"},
+		{"http://10.0.0.1:9100/custom", "http://10.0.0.1:8000"},
+	}
+	for _, tt := range tests {
+		got := scrapeTarget(discovery.Replica{ID: "x", Address: "10.0.0.1:8000", MetricsURL: tt.metrics})
+		if got.URL != tt.want || got.ID != "x" {
+			t.Errorf("scrapeTarget(%s) = %+v, want %s", tt.metrics, got, tt.want)
+		}
+	}
+}
+
+func TestRunCommands(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"version", []string{"version"}, 0, "kvroute dev", ""},
+		{"no command", nil, 2, "", "usage:"},
+		{"unknown", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{"serve without replicas", []string{"serve"}, 1, "", "replicas: one of static, file or dns is required"},
+		{"serve with a bad flag", []string{"serve", "--nope"}, 1, "", "flag provided but not defined"},
+		{"serve with a missing file", []string{"serve", "--config", "/nonexistent/kvroute.yaml"}, 1, "", "no such file"},
+		{"explain without a file", []string{"explain"}, 1, "", "-f request.json is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(t.Context(), tt.args, &out, &errOut)
+			if code != tt.code || !strings.Contains(out.String(), tt.stdout) || !strings.Contains(errOut.String(), tt.stderr) {
+				t.Fatalf("exit %d (want %d)\nstdout: %s\nstderr: %s", code, tt.code, out.String(), errOut.String())
+			}
+		})
+	}
+}
+
+func TestServeFlagsOverrideFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.yaml")
+	if err := os.WriteFile(path, []byte(minimal+"policy: {name: leastload}\nlisteners: {admin: '127.0.0.1:1111'}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := parseServeFlags([]string{"--config", path, "--policy", "roundrobin", "--metrics-addr", "127.0.0.1:2222"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := loadServeConfig(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy.Name != "roundrobin" || c.Listeners.Metrics != "127.0.0.1:2222" || c.Listeners.Admin != "127.0.0.1:1111" {
+		t.Fatalf("policy %s metrics %s admin %s", c.Policy.Name, c.Listeners.Metrics, c.Listeners.Admin)
+	}
+	// An override is validated like the file.
+	f.policy = "fastest"
+	if _, err := loadServeConfig(f); err == nil || !strings.Contains(err.Error(), "fastest") {
+		t.Fatalf("bad override accepted: %v", err)
+	}
+}
+
+func TestPrintExplainMarksPickAndIneligible(t *testing.T) {
+	var b bytes.Buffer
+	err := printExplain(&b, &kvroutev1.ExplainResponse{
+		Replica: "r1", Address: "a1", Policy: "blended", Reason: "cost", Degraded: "cold_index",
+		Candidates: []*kvroutev1.Candidate{
+			{Replica: "r0", Address: "a0", Matched: &kvroutev1.TierBlocks{Gpu: 3}, Cost: math.NaN(), Load: &kvroutev1.Load{}},
+			{Replica: "r1", Address: "a1", Matched: &kvroutev1.TierBlocks{Gpu: 5, Cpu: 2}, Cost: 1.5, Eligible: true, Picked: true, Load: &kvroutev1.Load{}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")
+	var r0, r1 string
+	for _, l := range lines {
+		switch {
+		case strings.Contains(l, " r0 "):
+			r0 = l
+		case strings.Contains(l, " r1 "):
+			r1 = l
+		}
+	}
+	if !strings.HasPrefix(strings.TrimSpace(r0), "x") || !strings.HasSuffix(strings.TrimSpace(r0), "-") {
+		t.Errorf("ineligible row %q: want an x mark and - for a NaN cost", r0)
+	}
+	if !strings.HasPrefix(strings.TrimSpace(r1), "*") || !strings.Contains(r1, "1.50") {
+		t.Errorf("picked row %q", r1)
+	}
+	if !strings.Contains(b.String(), "degraded: cold_index") {
+		t.Errorf("no degraded reason:\n%s", b.String())
+	}
+}
