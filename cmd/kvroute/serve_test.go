@@ -237,12 +237,12 @@ func TestReplicaSet(t *testing.T) {
 		id   index.ReplicaID
 		want float64
 	}{
-		{"a", 1},      // events caught up, fidelity full
-		{"b", 0},      // no events endpoint: no cache view
-		{"c", 0},      // resyncing
-		{"d", 0.5},    // min(events 1, fidelity 0.5)
-		{"d#dp1", 1},  // rank 1 has its own fidelity
-		{"zz", 0},     // unknown
+		{"a", 1},     // events caught up, fidelity full
+		{"b", 0},     // no events endpoint: no cache view
+		{"c", 0},     // resyncing
+		{"d", 0.5},   // min(events 1, fidelity 0.5)
+		{"d#dp1", 1}, // rank 1 has its own fidelity
+		{"zz", 0},    // unknown
 	}
 	for _, c := range credits {
 		if got := s.Credit(c.id); math.Abs(got-c.want) > 1e-9 {
