@@ -86,9 +86,14 @@
 //   - A lower sequence that is not a late copy of a batch already applied
 //     (same sequence and payload fingerprint) means the engine restarted:
 //     the replica is cleared and replayed from 0.
-//   - On connect and on every reconnect (seen by the socket monitor) the
-//     replica is cleared and replayed from 0, the oldest batch the engine
-//     buffers, so a router started after its engines learns what they hold.
+//   - When the connection to the engine is established, and on every
+//     reconnect (both seen by the socket monitor), the replica is cleared
+//     and replayed from 0, the oldest batch the engine buffers, so a router
+//     started after its engines learns what they hold. Waiting for the
+//     connection before replaying means nothing published between the
+//     replay and the subscription is missed. An engine that does not
+//     connect within ReplayTimeout stops holding readiness back (Warm) and
+//     stays at Credit 0.
 //
 // A replica is "caught up", and gets Credit 1, when one of these holds:
 // a replay from 0 started at sequence 0 and reached the live stream without

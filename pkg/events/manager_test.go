@@ -585,3 +585,23 @@ func TestReplayWithHole(t *testing.T) {
 		t.Errorf("after a replay with a hole: %+v", st)
 	}
 }
+
+// An engine that never connects does not hold readiness back, and its
+// replica stays cold.
+func TestUnreachableEngineSettles(t *testing.T) {
+	cfg := testConfig()
+	cfg.ReplayTimeout = 200 * time.Millisecond
+	cfg.ResyncQuiet = 50 * time.Millisecond
+	ep := deadEndpoint(t)
+	h := newHarness(t, cfg, Source{ID: "r1", Model: "m", Endpoint: ep, ReplayEndpoint: ep})
+	eventually(t, "settled", func() error {
+		if !h.m.Warm() {
+			return fmt.Errorf("not warm: %+v", h.m.Status("r1"))
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // longer than the quiet window
+	if st := h.m.Status("r1"); h.m.Credit("r1") != 0 || st.State != "connecting" || !st.Settled {
+		t.Errorf("unreachable engine: credit %v, %+v", h.m.Credit("r1"), st)
+	}
+}

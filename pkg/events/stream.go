@@ -51,9 +51,12 @@ type stream struct {
 	next       uint64 // the sequence number expected next
 	ring       [ringSize]ringEntry
 	quietSince time.Time // set while catching up by the quiet window
-	sawConnect bool
-	lost       bool
-	replied    bool // the replay endpoint answered during this session
+	// awaiting is set from session start until the first connection: the
+	// warm replay waits for it, so that nothing published between the
+	// replay and the subscription taking effect is missed.
+	awaiting      bool
+	awaitDeadline time.Time
+	lost          bool
 }
 
 func (s *stream) cfg() *Config { return &s.m.cfg }
@@ -150,13 +153,16 @@ func (s *stream) session(ctx context.Context) (err error) {
 	}
 	s.rep.set(func(r *replica) { r.endpoint = endpoint })
 	s.sub = sub
-	s.sawConnect, s.lost, s.replied = false, false, false
+	s.lost = false
 	s.log.Info("event stream opened", slog.String("endpoint", endpoint), slog.Bool("listen", src.Listen))
 
-	s.warm(ctx, "connect")
+	// Until the engine is connected the view is empty and incomplete.
+	s.reset(ctx)
+	s.awaiting, s.awaitDeadline = true, s.cfg().Now().Add(s.cfg().ReplayTimeout)
+	s.setState("connecting")
 	poller := zmq.NewPoller()
+	poller.Add(mon, zmq.POLLIN) // connection events first
 	poller.Add(sub, zmq.POLLIN)
-	poller.Add(mon, zmq.POLLIN)
 	for ctx.Err() == nil {
 		polled, err := poller.Poll(s.cfg().PollInterval)
 		if err != nil {
@@ -190,18 +196,14 @@ func (s *stream) drainMonitor(ctx context.Context, mon *zmq.Socket) {
 				s.log.Warn("event stream disconnected")
 			}
 		case zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED:
-			first := !s.sawConnect
-			s.sawConnect = true
-			if first && !s.lost && (s.rep.caughtUp.Load() || s.replied) {
-				// The warm-up at session start already replayed what
-				// the engine buffers; live gaps are handled as such.
-				continue
-			}
 			reason := "reconnect"
-			if first {
+			switch {
+			case s.awaiting:
 				reason = "connect"
+			case !s.lost:
+				continue // another connection without a loss: nothing missed
 			}
-			s.lost = false
+			s.awaiting, s.lost = false, false
 			s.warm(ctx, reason)
 		}
 	}
@@ -317,16 +319,22 @@ func (s *stream) send(ctx context.Context, it item) bool {
 // clear starts a new epoch: queued batches of the old one are skipped and
 // the worker clears the replica. The view is incomplete until caught up.
 func (s *stream) clear(ctx context.Context, reason string) {
+	s.reset(ctx)
+	if s.rep.caughtUp.Swap(false) {
+		s.log.Info("replica resyncing", slog.String("reason", reason))
+	}
+	s.m.met.resyncs.WithLabelValues(string(s.rep.src.ID), reason).Inc()
+	s.rep.set(func(r *replica) { r.reason, r.state = reason, "resyncing" })
+}
+
+// reset starts a new, empty epoch without counting a resync.
+func (s *stream) reset(ctx context.Context) {
 	e := s.rep.epoch.Add(1)
 	s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
 	s.have = false
 	s.quietSince = time.Time{}
-	if s.rep.caughtUp.Swap(false) {
-		s.log.Info("replica resyncing", slog.String("reason", reason))
-	}
+	s.rep.caughtUp.Store(false)
 	s.rep.met.resyncing.Set(1)
-	s.m.met.resyncs.WithLabelValues(string(s.rep.src.ID), reason).Inc()
-	s.rep.set(func(r *replica) { r.reason, r.state = reason, "resyncing" })
 }
 
 func (s *stream) caughtUp(how string) {
@@ -522,7 +530,6 @@ func (s *stream) replayOnce(ctx context.Context, start uint64, pending *[]liveMs
 					return replayFailed, fmt.Errorf("replay receive: %w", err)
 				}
 				deadline = s.cfg().Now().Add(s.cfg().ReplayTimeout)
-				s.replied = true
 				seq, payload, ok := parseReply(frames)
 				if !ok {
 					s.m.met.decodeErrors.WithLabelValues(string(s.rep.src.ID), "replay_frames").Inc()
@@ -615,6 +622,12 @@ func (s *stream) bufferLive(pending *[]liveMsg) error {
 // window, and the silence flag.
 func (s *stream) tick(ctx context.Context) {
 	now := s.cfg().Now()
+	if s.awaiting && !s.rep.settled.Load() && !now.Before(s.awaitDeadline) {
+		// The engine is not reachable: do not hold readiness back. The
+		// replica stays at Credit 0 until it connects.
+		s.rep.settled.Store(true)
+		s.log.Warn("engine not connected; replica stays cold until it is", slog.Duration("waited", s.cfg().ReplayTimeout))
+	}
 	if s.rep.needResync.Swap(false) {
 		s.fallback(ctx, "decode_error")
 	}
