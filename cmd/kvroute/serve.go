@@ -16,9 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
@@ -32,6 +29,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/policy"
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/telemetry"
 	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
@@ -104,23 +102,13 @@ func loadServeConfig(f *serveFlags) (*Config, error) {
 	return c, nil
 }
 
-func newLogger(c TelemetryConfig, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.LogLevel)) // validated
-	opts := &slog.HandlerOptions{Level: level}
-	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 // router is the composition root's product: every component, wired, not
 // yet running.
 type router struct {
 	cfg    *Config
 	log    *slog.Logger
 	reg    *prometheus.Registry
-	tp     trace.TracerProvider
+	tr     *telemetry.Tracing
 	idx    *index.Index
 	events *events.Manager
 	scrape *load.Scraper
@@ -142,9 +130,8 @@ type router struct {
 }
 
 // build wires the components. It starts nothing.
-func build(cfg *Config, log *slog.Logger, tp trace.TracerProvider) (*router, error) {
-	r := &router{cfg: cfg, log: log, tp: tp, reg: prometheus.NewRegistry()}
-	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error) {
+	r := &router{cfg: cfg, log: log, tr: tr, reg: telemetry.NewRegistry()}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvroute_build_info", Help: "Always 1; the version label names the build.",
 	}, []string{"version"})
@@ -211,7 +198,8 @@ func build(cfg *Config, log *slog.Logger, tp trace.TracerProvider) (*router, err
 		BlockSize:         r.set.BlockSize,
 		DestinationHeader: cfg.Routing.DestinationHeader,
 		SessionHeader:     cfg.Routing.SessionHeader,
-		TracerProvider:    tp,
+		TracerProvider:    tr.Provider,
+		Propagator:        tr.Propagator,
 		Registerer:        r.reg,
 		Logger:            log.With("component", "extproc"),
 	}); err != nil {
@@ -575,7 +563,7 @@ func adminHandler(g *grpc.Server, mirror http.Handler) http.Handler {
 
 func (r *router) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.Handle("GET /metrics", telemetry.MetricsHandler(r.reg))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
@@ -622,19 +610,23 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.Telemetry, stderr)
-	tp, flush, err := newTracerProvider(ctx, cfg.Telemetry.ServiceName)
+	log, err := telemetry.NewLogger(stderr, cfg.Telemetry.LogLevel, cfg.Telemetry.LogFormat)
 	if err != nil {
 		return err
 	}
+	tr, err := telemetry.NewTracing(ctx, telemetry.TracingConfig{ServiceName: cfg.Telemetry.ServiceName, ServiceVersion: version})
+	if err != nil {
+		return err
+	}
+	// Flushed last, after every component has stopped.
 	defer func() {
 		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := flush(fctx); err != nil {
+		if err := tr.Shutdown(fctx); err != nil {
 			log.Warn("flushing traces", slog.Any("error", err))
 		}
 	}()
-	r, err := build(cfg, log, tp)
+	r, err := build(cfg, log, tr)
 	if err != nil {
 		return err
 	}
@@ -644,7 +636,8 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.Info("kvroute serving", slog.String("version", version),
 		slog.String("extproc", lis.extproc.Addr().String()), slog.String("admin", lis.admin.Addr().String()),
-		slog.String("metrics", lis.metrics.Addr().String()), slog.String("policy", cfg.Policy.Name))
+		slog.String("metrics", lis.metrics.Addr().String()), slog.String("policy", cfg.Policy.Name),
+		slog.String("traces", tr.Exporter))
 	err = r.serve(ctx, lis)
 	log.Info("kvroute stopped")
 	return err

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/telemetry"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -87,7 +89,7 @@ readiness: {warm_timeout: 5s}
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), noop.NewTracerProvider())
+	r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
 	if err != nil {
 		t.Fatal(err)
 	}
