@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -332,7 +333,23 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	var buf [32]live
 	alive := buf[:0]
 	var one [1]uint64
+	// Prefetch ahead of the descent: the home slot of the key matchAhead
+	// places on, and the holder record of the key half as far (its slot is
+	// in cache by then), so that cache misses overlap.
+	for _, k := range keys[:min(len(keys), matchAhead)] {
+		ix.keys.prefetch(uint64(k))
+	}
 	for depth, k := range keys {
+		if depth+matchAhead < len(keys) {
+			ix.keys.prefetch(uint64(keys[depth+matchAhead]))
+		}
+		if depth+matchAhead/2 < len(keys) {
+			if ks := ix.keys.find(uint64(keys[depth+matchAhead/2])); ks != nil {
+				if v := atomic.LoadUint64(&ks.v); v&spillBit != 0 {
+					prefetch(unsafe.Pointer(&ix.arena.rec(uint32(v))[0]))
+				}
+			}
+		}
 		ks := ix.keys.find(uint64(k))
 		if ks == nil {
 			break
@@ -374,6 +391,9 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	}
 	return dst
 }
+
+// matchAhead is how many keys ahead Match touches.
+const matchAhead = 32
 
 // Stats reports the index's size.
 func (ix *Index) Stats() Stats {

@@ -170,6 +170,14 @@ func (t *xtab) find(q uint64) *slot {
 	}
 }
 
+// prefetch starts fetching the home slot of q, so that a later find of q
+// hits the cache.
+func (t *xtab) prefetch(q uint64) {
+	h := mix(q & t.kind.cmp)
+	sb, _ := t.subOf(h)
+	prefetch(unsafe.Pointer(&sb.s[home(h, sb.ld, len(sb.s))]))
+}
+
 // disp is the probe distance of the entry at position i.
 func (t *xtab) disp(sb *sub, i int) int {
 	c := len(sb.s)

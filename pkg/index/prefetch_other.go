@@ -1,0 +1,7 @@
+//go:build !amd64 && !arm64
+
+package index
+
+import "unsafe"
+
+func prefetch(unsafe.Pointer) {}
