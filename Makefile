@@ -88,3 +88,7 @@ test-unit: fixtures
 bench-tokenize: fixtures ## Local tokenizer throughput next to HuggingFace tokenizers (same corpus, same run), plus 100k-token and 10th-turn costs.
 	python3 hack/tokenizer-fixtures/bench.py --cache $(TOKENIZER_CACHE) --runs 5
 	$(GO) test -run '^$$' -bench 'Benchmark100kTokenPrompt|BenchmarkChatTurn10' -benchtime 10x -count 5 ./pkg/tokenize/
+
+.PHONY: helm-test
+helm-test: ## Helm chart: lint, schema, rendered objects and Envoy validate (Helm Go SDK, no helm binary).
+	$(GO) test -race -count=1 ./test/helm/
