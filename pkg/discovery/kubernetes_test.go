@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -183,19 +185,24 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 	h.updateSlice(slice)
 	h.until("vllm-1 ready", field(ns+"/vllm-1", func(r Replica) any { return r.Ready }, true))
 
-	t.Log("pod annotation change")
+	t.Log("irrelevant pod change, then an annotation change")
+	pod1.Annotations = map[string]string{"other.io/note": "x"}
+	pod1.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "vllm", RestartCount: 1}}
+	h.updatePod(pod1)
 	pod1.Annotations = map[string]string{AnnotationModel: "qwen", AnnotationEngine: EngineSGLang}
 	h.updatePod(pod1)
-	rs := h.until("vllm-1 model qwen", field(ns+"/vllm-1", func(r Replica) any { return r.Model }, "qwen"))
-	if r, _ := byID(rs, ns+"/vllm-1"); r.Engine != EngineSGLang {
-		t.Errorf("engine = %q, want sglang", r.Engine)
+	// Snapshots equal to the last one are never sent, so the next snapshot
+	// already carries the annotation change.
+	snap = recvSnapshot(t, h.updates)
+	if r, _ := byID(snap.Replicas, ns+"/vllm-1"); r.Model != "qwen" || r.Engine != EngineSGLang {
+		t.Errorf("vllm-1 = %+v, want model qwen on sglang", r)
 	}
 
 	t.Log("second slice: one new endpoint and a stale not-ready copy of vllm-0")
 	h.createSlice(mkSlice("vllm-aaa", "vllm", stdPorts, // sorts first
 		mkEndpoint("10.0.0.1", "vllm-0", false),
 		mkEndpoint("10.0.0.3", "", true)))
-	rs = h.until("three replicas", func(rs []Replica) bool { return len(rs) == 3 })
+	rs := h.until("three replicas", func(rs []Replica) bool { return len(rs) == 3 })
 	if got := ids(rs); !cmp.Equal(got, []string{"10.0.0.3:8000", ns + "/vllm-0", ns + "/vllm-1"}) {
 		t.Errorf("IDs = %v", got)
 	}
@@ -351,6 +358,37 @@ func TestKubernetesCancelWhileSending(t *testing.T) {
 	h := startK8s(t, KubernetesConfig{Service: "vllm", Defaults: Defaults{Model: "m"}},
 		mkSlice("vllm-abc", "vllm", stdPorts, mkEndpoint("10.0.0.1", "vllm-0", true)))
 	h.cancel()
+}
+
+// TestKubernetesNeverSynced: an API server that refuses the list (RBAC)
+// leaves the caches unsynced; Run publishes nothing and still returns
+// promptly on cancel.
+func TestKubernetesNeverSynced(t *testing.T) {
+	t.Parallel()
+	client := fake.NewClientset()
+	refused := make(chan struct{})
+	var once sync.Once
+	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		once.Do(func() { close(refused) })
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", errors.New("rbac"))
+	})
+	src, err := NewKubernetes(KubernetesConfig{Client: client, Namespace: ns, Service: "vllm", IgnorePods: true, Defaults: Defaults{Model: "m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	updates := make(chan Snapshot, 1)
+	done := runSource(ctx, src, updates)
+	select {
+	case <-refused:
+	case <-time.After(waitLimit):
+		t.Fatal("the informer never listed")
+	}
+	cancel()
+	if err := waitDone(t, done); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+	expectNoSnapshot(t, updates)
 }
 
 func TestNewKubernetesConfig(t *testing.T) {

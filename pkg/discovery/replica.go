@@ -48,7 +48,9 @@ func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
 type Replica struct {
 	// ID is stable for the replica's lifetime: "namespace/pod" for
 	// Kubernetes endpoints backed by a pod, the address otherwise (DNS, and
-	// static entries without an explicit id).
+	// static entries without an explicit id). A pod recreated under the same
+	// name (StatefulSet) keeps its ID with a new Address: consumers should
+	// treat an Address change as a new engine (fresh index, resubscribe).
 	ID string
 	// Address is the ip:port Envoy connects to (the OpenAI HTTP port). It is
 	// always an IP literal: Envoy's ORIGINAL_DST cluster does not resolve names.
