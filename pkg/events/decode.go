@@ -897,7 +897,7 @@ func (dec *Decoder) arrayEvent(b *Batch, ev *Event) error {
 	tag, _, err := dec.rawStr()
 	if err != nil {
 		if errors.Is(err, errBadField) {
-			if _, err := skipRest(dec, n-1); err != nil {
+			if err := skipN(dec, n-1); err != nil {
 				return err
 			}
 		}
@@ -938,13 +938,13 @@ func (dec *Decoder) arrayEvent(b *Batch, ev *Event) error {
 	return nil
 }
 
-func skipRest(dec *Decoder, n int) (int, error) {
+func skipN(dec *Decoder, n int) error {
 	for range n {
 		if err := dec.skip(); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return n, nil
+	return nil
 }
 
 func (dec *Decoder) mapEvent(b *Batch, ev *Event) error {
