@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/engine"
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// smallFleet is a fast fleet for tests: 4 replicas with small caches.
+func smallFleet() FleetConfig {
+	e := DefaultEngine()
+	e.NumGPUBlocks = 4096
+	e.NumCPUBlocks = 0
+	e.MaxModelLen = 32768
+	return FleetConfig{Replicas: 4, Engine: e, Seed: 9}
+}
+
+func mustPolicy(t *testing.T, name string) policy.Policy {
+	t.Helper()
+	p, err := policy.New(name, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustGen(t *testing.T, name string, size float64) *Workload {
+	t.Helper()
+	w, err := Generate(name, GenOptions{Seed: 5, SizeScale: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestSimulateEndToEnd(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.04) // 60 requests
+	for _, name := range []string{policy.NameRoundRobin, policy.NamePureAffinity, policy.NameKVRoute} {
+		t.Run(name, func(t *testing.T) {
+			r, err := Simulate(context.Background(), w, mustPolicy(t, name), smallFleet())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Requests) != w.Requests() {
+				t.Fatalf("%d of %d requests finished", len(r.Requests), w.Requests())
+			}
+			for _, q := range r.Requests {
+				if q.TTFT <= 0 || q.E2E < q.TTFT || q.CachedTokens > q.PromptTokens || q.OutputTokens != w.Sessions[q.Session].Turns[0].Output {
+					t.Fatalf("implausible request %+v", q)
+				}
+			}
+			s := Summarize(r)
+			if s.HitRate > s.Ceiling+1e-9 {
+				t.Fatalf("hit rate %v above the ceiling %v", s.HitRate, s.Ceiling)
+			}
+			// Every prompt after the first shares the 2K system prompt: the
+			// ceiling is the shared part.
+			if s.Ceiling < 0.2 {
+				t.Fatalf("ceiling %v, want the shared system prompt's share", s.Ceiling)
+			}
+			var placed []int
+			for _, rep := range r.Replicas {
+				placed = append(placed, rep.Requests)
+			}
+			switch name {
+			case policy.NamePureAffinity:
+				// Herding: once the system prompt is indexed on a replica,
+				// every request goes there (the first few, sent before any
+				// event arrived, spread on load).
+				if slices.Max(placed) < len(r.Requests)*8/10 {
+					t.Errorf("pure affinity placement %v: no herding", placed)
+				}
+			default:
+				for i, n := range placed {
+					if n < len(r.Requests)/8 {
+						t.Errorf("%s placed %v: replica %d starved", name, placed, i)
+					}
+				}
+				if s.HitRate < 0.5*s.Ceiling {
+					t.Errorf("%s hit rate %v, ceiling %v", name, s.HitRate, s.Ceiling)
+				}
+			}
+		})
+	}
+}
+
+// Same workload, policy and seed: the same run, to the last request.
+func TestSimulateDeterministic(t *testing.T) {
+	w := mustGen(t, GenChat, 0.03)
+	a, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), smallFleet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), smallFleet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("two runs with the same seed differ")
+	}
+}
+
+// Multi-turn sessions resend their history, engine outputs included: with
+// session affinity most of every later turn is a cache hit.
+func TestSimulateMultiTurnHistory(t *testing.T) {
+	w := mustGen(t, GenAgentic, 0.05) // 3 sessions of 10-20 turns
+	r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameSession), smallFleet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(r)
+	if s.Ceiling < 0.6 || s.HitRate < 0.9*s.Ceiling {
+		t.Fatalf("hit rate %v, ceiling %v: history not reused", s.HitRate, s.Ceiling)
+	}
+	// Turns of a session run strictly one after another.
+	last := map[int]time.Duration{}
+	for _, q := range r.Requests {
+		if q.Arrival < last[q.Session] {
+			t.Fatalf("session %d turn %d arrived at %v before the previous turn finished (%v)", q.Session, q.Turn, q.Arrival, last[q.Session])
+		}
+		last[q.Session] = q.Arrival + q.E2E
+	}
+}
+
+// Lost events leave the index blind: the router predicts fewer hits than
+// with every event delivered.
+func TestSimulateEventLoss(t *testing.T) {
+	w := mustGen(t, GenChat, 0.03)
+	run := func(loss float64, delay time.Duration) Summary {
+		cfg := smallFleet()
+		cfg.EventLoss, cfg.EventDelay = loss, delay
+		r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loss > 0 && r.EventsLost == 0 {
+			t.Fatalf("loss %v lost no batch", loss)
+		}
+		return Summarize(r)
+	}
+	clean, lossy, late := run(0, 0), run(0.9, 0), run(0, 30*time.Second)
+	if lossy.PredictedHitRate >= clean.PredictedHitRate || late.PredictedHitRate >= clean.PredictedHitRate {
+		t.Fatalf("predicted hit rate clean %v, 90%% loss %v, 30 s delay %v: staleness not visible",
+			clean.PredictedHitRate, lossy.PredictedHitRate, late.PredictedHitRate)
+	}
+}
+
+func TestSimulateBadConfig(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.01)
+	bad := []FleetConfig{
+		{Replicas: -1},
+		{EventLoss: 1},
+		{EventDelay: -time.Second},
+		{Engine: engine.Config{NumGPUBlocks: 1, MaxModelLen: 4096}},
+	}
+	for i, cfg := range bad {
+		if _, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRandom), cfg); !errors.Is(err, ErrSim) {
+			t.Errorf("config %d: %v, want ErrSim", i, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Simulate(ctx, mustGen(t, GenAgentic, 0.05), mustPolicy(t, policy.NameRandom), smallFleet()); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
+}
+
+func TestQuantileAndCV(t *testing.T) {
+	xs := []float64{1, 2, 3, 4}
+	if q := Quantile(xs, 0.5); q != 2.5 {
+		t.Errorf("median %v", q)
+	}
+	if q := Quantile(xs, 1); q != 4 {
+		t.Errorf("max %v", q)
+	}
+	if Quantile(nil, 0.5) != 0 || CV(nil) != 0 || CV([]float64{0, 0}) != 0 {
+		t.Error("empty cases")
+	}
+	if cv := CV([]float64{1, 1, 1}); cv != 0 {
+		t.Errorf("cv of equal values %v", cv)
+	}
+	if cv := CV([]float64{0, 2}); cv != 1 {
+		t.Errorf("cv %v, want 1", cv)
+	}
+}

@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReadTrace(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, 8]}
+
+{"timestamp": 1500, "input_length": 512, "output_length": 1, "hash_ids": [7], "extra": "ignored"}
+`
+	w, err := ReadTrace(strings.NewReader(in), TraceOptions{RateScale: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Session{
+		{Key: "t7", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 8}, TraceLen: 600, Output: 5}}},
+		{Key: "t7", Start: 750 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7}, TraceLen: 512, Output: 1}}},
+	}
+	if !reflect.DeepEqual(w.Sessions, want) {
+		t.Fatalf("sessions %+v, want %+v", w.Sessions, want)
+	}
+	lim, err := ReadTrace(strings.NewReader(in), TraceOptions{Limit: 1})
+	if err != nil || len(lim.Sessions) != 1 {
+		t.Fatalf("limit 1: %v sessions, err %v", lim, err)
+	}
+}
+
+func TestReadTraceBadLines(t *testing.T) {
+	good := `{"timestamp": 10, "input_length": 100, "output_length": 5, "hash_ids": [1]}` + "\n"
+	tests := []struct {
+		name, line string
+		want       string // substring of the error
+	}{
+		{"not json", `{"timestamp": 0,`, "line 2:"},
+		{"missing timestamp", `{"input_length": 100, "output_length": 5, "hash_ids": [1]}`, "line 2: missing timestamp"},
+		{"missing input", `{"timestamp": 20, "output_length": 5, "hash_ids": [1]}`, "line 2: missing input_length"},
+		{"missing output", `{"timestamp": 20, "input_length": 100, "hash_ids": [1]}`, "line 2: missing output_length"},
+		{"negative timestamp", `{"timestamp": -1, "input_length": 100, "output_length": 5, "hash_ids": [1]}`, "line 2: timestamp -1"},
+		{"time goes back", `{"timestamp": 5, "input_length": 100, "output_length": 5, "hash_ids": [1]}`, "line 2: timestamp 5 is before"},
+		{"zero input", `{"timestamp": 20, "input_length": 0, "output_length": 5, "hash_ids": []}`, "line 2: input_length 0"},
+		{"zero output", `{"timestamp": 20, "input_length": 100, "output_length": 0, "hash_ids": [1]}`, "line 2: output_length 0"},
+		{"too few ids", `{"timestamp": 20, "input_length": 1000, "output_length": 5, "hash_ids": [1]}`, "line 2: 1 hash_ids for input_length 1000"},
+		{"too many ids", `{"timestamp": 20, "input_length": 10, "output_length": 5, "hash_ids": [1, 2]}`, "line 2: 2 hash_ids"},
+		{"wrong type", `{"timestamp": "x", "input_length": 10, "output_length": 5, "hash_ids": [1]}`, "line 2:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ReadTrace(strings.NewReader(good+tt.line+"\n"+good), TraceOptions{})
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q, want ErrTrace containing %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := ReadTrace(strings.NewReader("\n\n"), TraceOptions{}); !errors.Is(err, ErrTrace) {
+		t.Errorf("empty trace: %v, want ErrTrace", err)
+	}
+	if _, err := ReadTrace(strings.NewReader(good), TraceOptions{RateScale: -1}); !errors.Is(err, ErrTrace) {
+		t.Errorf("negative rate scale: %v, want ErrTrace", err)
+	}
+	if _, err := ReadTraceFile("/nonexistent/trace.jsonl", TraceOptions{}); !errors.Is(err, ErrTrace) {
+		t.Errorf("missing file: %v, want ErrTrace", err)
+	}
+}
+
+func TestGenerateDeterministic(t *testing.T) {
+	for _, name := range Generators() {
+		t.Run(name, func(t *testing.T) {
+			opt := GenOptions{Seed: 3, SizeScale: 0.1}
+			a, err := Generate(name, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := Generate(name, opt)
+			if !reflect.DeepEqual(a, b) {
+				t.Fatal("same seed, different workloads")
+			}
+			opt.Seed = 4
+			c, _ := Generate(name, opt)
+			if reflect.DeepEqual(a, c) {
+				t.Fatal("different seeds, same workload")
+			}
+			if a.Requests() == 0 {
+				t.Fatal("no requests")
+			}
+		})
+	}
+	if _, err := Generate("nope", GenOptions{}); !errors.Is(err, ErrGenerator) {
+		t.Errorf("unknown generator: %v", err)
+	}
+	if _, err := Generate(GenChat, GenOptions{RateScale: -2}); !errors.Is(err, ErrGenerator) {
+		t.Errorf("negative rate: %v", err)
+	}
+}
+
+// The RL workload has Anyscale's shape: steps of 8 rollouts sharing a 2K
+// task prompt, 10 turns of 1K output, two 8K stragglers a step.
+func TestGenerateRLShape(t *testing.T) {
+	w, err := Generate(GenRL, GenOptions{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions)%8 != 0 {
+		t.Fatalf("%d rollouts, not whole steps of 8", len(w.Sessions))
+	}
+	for st := 0; st < len(w.Sessions); st += 8 {
+		stragglers := 0
+		task := w.Sessions[st].Turns[0].Append[0]
+		for _, s := range w.Sessions[st : st+8] {
+			if len(s.Turns) != 10 || s.Turns[0].Append[0] != task || task.Len != 2048 {
+				t.Fatalf("rollout %s: %d turns, first segment %+v (step task %+v)", s.Key, len(s.Turns), s.Turns[0].Append[0], task)
+			}
+			for k, tu := range s.Turns {
+				switch {
+				case k == 9 && tu.Output == 8192:
+					stragglers++
+				case tu.Output != 1024:
+					t.Fatalf("rollout %s turn %d output %d", s.Key, k, tu.Output)
+				}
+			}
+		}
+		if stragglers != 2 {
+			t.Fatalf("step %d has %d stragglers, want 2", st/8, stragglers)
+		}
+	}
+}
+
+func TestExpand(t *testing.T) {
+	a := Expand(nil, []Segment{{ID: 1, Len: 40}, {ID: 2, Len: 8}})
+	b := Expand(nil, []Segment{{ID: 1, Len: 40}, {ID: 3, Len: 8}})
+	if len(a) != 48 || !reflect.DeepEqual(a[:40], b[:40]) || reflect.DeepEqual(a[40:], b[40:]) {
+		t.Fatalf("expansion does not share exactly the common segment: %v / %v", a, b)
+	}
+}
