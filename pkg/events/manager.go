@@ -211,6 +211,7 @@ type replica struct {
 	settled      atomic.Bool
 	needResync   atomic.Bool // set by the worker when a batch was lost to decoding
 	sizeLogged   atomic.Bool
+	rankLogged   atomic.Bool
 	decodeLogged atomic.Bool
 	lastEventNs  atomic.Int64
 	routedNs     atomic.Int64 // first request routed since the last event; 0 if none
@@ -559,6 +560,13 @@ func (w *worker) handle(it item) {
 	}
 	if b.UnknownKeys > 0 {
 		w.m.met.skipped.WithLabelValues(string(r.src.ID), "unknown_key").Add(float64(b.UnknownKeys))
+	}
+	if b.DPRank >= 0 && b.DPRank != r.src.DPRank {
+		w.m.met.decodeErrors.WithLabelValues(string(r.src.ID), "dp_rank_mismatch").Inc()
+		if !r.rankLogged.Swap(true) {
+			r.log.Warn("batch names another data-parallel rank than the source; check endpoint port offsets",
+				slog.Int("batch_rank", b.DPRank), slog.Int("source_rank", r.src.DPRank))
+		}
 	}
 	st := w.ap.Apply(r.target, b)
 	rm := r.met

@@ -605,3 +605,17 @@ func TestUnreachableEngineSettles(t *testing.T) {
 		t.Errorf("unreachable engine: credit %v, %+v", h.m.Credit("r1"), st)
 	}
 }
+
+// A batch naming another data-parallel rank is applied, counted and logged.
+func TestDPRankMismatchCounted(t *testing.T) {
+	e := newFakeEngine(t, engineOpts{newFraming: true})
+	w := newWorkload(t, 14, "r1", 4, 4)
+	h := newHarness(t, testConfig(), source("r1", e))
+	p := enc(t, []any{ts, []any{w.storeEvent(0, 2)}, 2})
+	w.apply(p)
+	e.publish(p, false)
+	h.synced(e, w, "r1")
+	if got := h.counter("kvroute_events_decode_errors_total", "reason", "dp_rank_mismatch"); got != 1 {
+		t.Errorf("dp rank mismatches = %v, want 1", got)
+	}
+}

@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		batches:       counter("batches_total", "Event batches applied.", "replica"),
 		events:        counter("events_total", "Events applied, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown).", "replica", "type"),
-		decodeErrors:  counter("decode_errors_total", "Messages or events that could not be decoded, by reason (frames, replay_frames, truncated, too_long, not_batch, bad_value, invalid_event, panic).", "replica", "reason"),
+		decodeErrors:  counter("decode_errors_total", "Messages or events that could not be decoded, by reason (frames, replay_frames, truncated, too_long, not_batch, bad_value, invalid_event, dp_rank_mismatch, panic). A dp_rank_mismatch batch is still applied.", "replica", "reason"),
 		gaps:          counter("gaps_total", "Sequence gaps detected on the live stream (one per gap, not per missing batch).", "replica"),
 		replays:       counter("replays_total", "Replay requests, by result (ok, truncated, failed).", "replica", "result"),
 		resyncs:       counter("resyncs_total", "Times the replica's view was cleared and relearned, by reason.", "replica", "reason"),
