@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/google/go-cmp/cmp"
@@ -903,6 +904,32 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		}
 	})
 
+	t.Run("shutdown", func(t *testing.T) {
+		delay := intValue(t, vals, 20, "envoy", "shutdownDelaySeconds")
+		drain, err := time.ParseDuration(listeners["drain_timeout"].(string))
+		if err != nil {
+			t.Fatalf("listeners.drain_timeout: %v", err)
+		}
+		for _, d := range o.deployments {
+			grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
+			if grace == nil || time.Duration(*grace)*time.Second <= time.Duration(delay)*time.Second+drain {
+				t.Errorf("%s: terminationGracePeriodSeconds %v does not cover the %ds delay and the %v drain", d.Name, grace, delay, drain)
+			}
+			for _, c := range d.Spec.Template.Spec.Containers {
+				if delay == 0 {
+					if c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
+						t.Errorf("%s/%s: preStop %+v with no shutdown delay", d.Name, c.Name, c.Lifecycle.PreStop)
+					}
+					continue
+				}
+				if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil ||
+					c.Lifecycle.PreStop.Sleep.Seconds != int64(delay) {
+					t.Errorf("%s/%s: preStop %+v, want a %ds sleep", d.Name, c.Name, c.Lifecycle, delay)
+				}
+			}
+		}
+	})
+
 	t.Run("envoy validates", func(t *testing.T) {
 		envoyValidate(t, o.configData(t, release+"-envoy", "envoy.yaml"))
 	})
@@ -1141,7 +1168,7 @@ engines: {namespace: models}
 			vals: func(t *testing.T) map[string]any {
 				return values(t, `
 kvroute: {ports: {extproc: 7002, metrics: 7090, admin: 7003}}
-envoy: {ports: {inference: 7081, readiness: 7001, admin: 7901}, mode: service}
+envoy: {ports: {inference: 7081, readiness: 7001, admin: 7901}, mode: service, shutdownDelaySeconds: 0}
 config: {routing: {destination_header: x-kv-pick}}
 `)
 			},

@@ -167,10 +167,6 @@ podAntiAffinity:
   - --log-level
   - {{ .Values.envoy.logLevel }}
   - --disable-hot-restart
-  - --drain-strategy
-  - immediate
-  - --drain-time-s
-  - {{ .Values.envoy.drainTimeSeconds | quote }}
   {{- range .Values.envoy.extraArgs }}
   - {{ . | quote }}
   {{- end }}
@@ -181,6 +177,7 @@ podAntiAffinity:
   - name: envoy-ready
     containerPort: {{ .Values.envoy.ports.readiness }}
     protocol: TCP
+  {{- include "kvroute.preStop" . | nindent 2 }}
   readinessProbe:
     httpGet:
       path: /ready
@@ -204,4 +201,14 @@ podAntiAffinity:
     readOnly: true
   - name: envoy-tmp
     mountPath: /tmp
+{{- end }}
+
+{{/* preStop delay shared by kvroute and Envoy (see envoy.shutdownDelaySeconds). */}}
+{{- define "kvroute.preStop" -}}
+{{- if gt (int .Values.envoy.shutdownDelaySeconds) 0 }}
+lifecycle:
+  preStop:
+    sleep:
+      seconds: {{ .Values.envoy.shutdownDelaySeconds }}
+{{- end }}
 {{- end }}
