@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/policy"
@@ -57,6 +59,40 @@ type ReplicasConfig struct {
 	File *FileSourceConfig `yaml:"file"`
 	// DNS resolves a name (A/AAAA or SRV) at an interval.
 	DNS *DNSSourceConfig `yaml:"dns"`
+	// Kubernetes watches EndpointSlices (of a Service, or by selector) or
+	// an InferencePool's Pods.
+	Kubernetes *KubernetesSourceConfig `yaml:"kubernetes"`
+}
+
+// KubernetesSourceConfig configures the Kubernetes replica source
+// (discovery.KubernetesConfig). The API client is in-cluster, or from
+// $KUBECONFIG outside a cluster.
+type KubernetesSourceConfig struct {
+	// Namespace of the engines; default $POD_NAMESPACE.
+	Namespace string `yaml:"namespace"`
+	// Exactly one of Service, Selector and InferencePool.
+	Service       string `yaml:"service"`
+	Selector      string `yaml:"selector"`
+	InferencePool string `yaml:"inference_pool"`
+	// PortName of the serving port in EndpointSlices (default "http").
+	PortName string `yaml:"port_name"`
+	// AddressType IPv4 (default) or IPv6.
+	AddressType string `yaml:"address_type"`
+	// IgnorePods: do not read pod annotations (no RBAC on pods).
+	IgnorePods  bool   `yaml:"ignore_pods"`
+	PodSelector string `yaml:"pod_selector"`
+	// MinInterval coalesces bursts of changes (default 1s).
+	MinInterval time.Duration `yaml:"min_interval"`
+	// Defaults for what annotations and named ports do not give.
+	Defaults DNSDefaultsConfig `yaml:"defaults"`
+}
+
+func (k *KubernetesSourceConfig) discovery() discovery.KubernetesConfig {
+	return discovery.KubernetesConfig{
+		Namespace: k.Namespace, Service: k.Service, Selector: k.Selector, InferencePool: k.InferencePool,
+		PortName: k.PortName, AddressType: k.AddressType, IgnorePods: k.IgnorePods, PodSelector: k.PodSelector,
+		MinInterval: k.MinInterval, Defaults: k.Defaults.discovery(),
+	}
 }
 
 // FileSourceConfig configures the replica file source.
@@ -263,6 +299,9 @@ func (c *Config) ApplyDefaults() {
 	str(&c.Listeners.Admin, DefaultAdminAddr)
 	str(&c.Listeners.Metrics, DefaultMetricsAddr)
 	dur(&c.Listeners.DrainTimeout, DefaultDrainTimeout)
+	if k := c.Replicas.Kubernetes; k != nil {
+		str(&k.Namespace, os.Getenv("POD_NAMESPACE"))
+	}
 	str(&c.Policy.Name, DefaultPolicy)
 	if len(c.Tokenizer.Models) == 0 && c.Tokenizer.Default == nil {
 		c.Tokenizer.Default = &tokenize.ModelConfig{Kind: tokenize.KindRemote}
@@ -322,11 +361,20 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%w: replicas.dns: %w", ErrConfig, err))
 		}
 	}
+	if k := c.Replicas.Kubernetes; k != nil {
+		sources++
+		// Validated with placeholder clients: NewKubernetes makes no call.
+		kc := k.discovery()
+		kc.Client, kc.Dynamic = &kubernetes.Clientset{}, &dynamic.DynamicClient{}
+		if _, err := discovery.NewKubernetes(kc); err != nil {
+			errs = append(errs, fmt.Errorf("%w: replicas.%w", ErrConfig, err))
+		}
+	}
 	switch {
 	case sources == 0:
-		bad("replicas", "one of static, file or dns is required")
+		bad("replicas", "one of static, file, dns or kubernetes is required")
 	case sources > 1:
-		bad("replicas", "set only one of static, file or dns")
+		bad("replicas", "set only one of static, file, dns or kubernetes")
 	}
 
 	if _, err := policy.New(c.Policy.Name, c.Policy.Config); err != nil {
@@ -392,10 +440,14 @@ func (d *DNSSourceConfig) discovery() discovery.DNSConfig {
 	return discovery.DNSConfig{
 		Host: d.Host, Port: d.Port, SRV: d.SRV, SRVService: d.SRVService, SRVProto: d.SRVProto,
 		IPFamily: d.IPFamily, Interval: d.Interval, Timeout: d.Timeout,
-		Defaults: discovery.Defaults{
-			Model: d.Defaults.Model, Engine: d.Defaults.Engine, BlockSize: d.Defaults.BlockSize,
-			EventsPort: d.Defaults.EventsPort, ReplayPort: d.Defaults.ReplayPort, Topic: d.Defaults.Topic,
-			DPRanks: d.Defaults.DPRanks, MetricsPort: d.Defaults.MetricsPort,
-		},
+		Defaults: d.Defaults.discovery(),
+	}
+}
+
+func (d DNSDefaultsConfig) discovery() discovery.Defaults {
+	return discovery.Defaults{
+		Model: d.Model, Engine: d.Engine, BlockSize: d.BlockSize,
+		EventsPort: d.EventsPort, ReplayPort: d.ReplayPort, Topic: d.Topic,
+		DPRanks: d.DPRanks, MetricsPort: d.MetricsPort,
 	}
 }

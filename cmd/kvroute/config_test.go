@@ -82,7 +82,7 @@ func TestParseConfigErrors(t *testing.T) {
 		yaml string
 		want []string // substrings the error must contain
 	}{
-		{"empty", ``, []string{"replicas: one of static, file or dns is required"}},
+		{"empty", ``, []string{"replicas: one of static, file, dns or kubernetes is required"}},
 		{"unknown top-level key", minimal + "bogus: 1\n", []string{"field bogus not found"}},
 		{"unknown nested key", minimal + "listeners: {extprocc: ':1'}\n", []string{"field extprocc not found"}},
 		{"unknown replica key", "replicas:\n  static:\n  - {address: 127.0.0.1:1, model: m, port: 3}\n", []string{"field port not found"}},
@@ -103,6 +103,9 @@ replicas:
 		{"two sources", minimal + "  file: {path: /x}\n", []string{"replicas: set only one"}},
 		{"file without path", "replicas:\n  file: {interval: 1s}\n", []string{"replicas.file.path"}},
 		{"dns without host", "replicas:\n  dns: {port: 80, defaults: {model: m}}\n", []string{"replicas.dns"}},
+		{"kubernetes without namespace", "replicas:\n  kubernetes: {service: vllm, defaults: {model: m}}\n", []string{"replicas.kubernetes.namespace"}},
+		{"kubernetes with two modes", "replicas:\n  kubernetes: {namespace: ns, service: vllm, selector: app=vllm, defaults: {model: m}}\n", []string{"replicas.kubernetes.service", "exactly one"}},
+		{"kubernetes bad address type", "replicas:\n  kubernetes: {namespace: ns, service: vllm, address_type: v5, defaults: {model: m}}\n", []string{"replicas.kubernetes.address_type"}},
 		{"unknown policy", minimal + "policy: {name: fastest}\n", []string{"policy:", "fastest"}},
 		{"policy knob", minimal + "policy: {blended: {host_cache_hit_weight: 2}}\n", []string{"policy:", "host_cache_hit_weight"}},
 		{"tokenizer kind", minimal + "tokenizer: {default: {kind: magic}}\n", []string{"tokenizer:", "magic"}},
@@ -134,6 +137,38 @@ replicas:
 				}
 			}
 		})
+	}
+}
+
+// TestChartShapedConfig parses the configuration the Helm chart renders
+// (charts/kvroute/templates/_helpers.tpl, kvroute.config) with its
+// default values.
+func TestChartShapedConfig(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "inference")
+	c, err := ParseConfig([]byte(`
+listeners:
+  admin: 127.0.0.1:9003
+  drain_timeout: 15s
+  extproc: :9002
+  metrics: :9090
+replicas:
+  kubernetes:
+    address_type: IPv4
+    defaults:
+      block_size: 16
+      engine: vllm
+      events_port: 5557
+      model: meta-llama/Llama-3.1-8B-Instruct
+      replay_port: 5558
+    min_interval: 1s
+    port_name: http
+    service: vllm
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := c.Replicas.Kubernetes; k.Namespace != "inference" || k.Service != "vllm" || k.MinInterval != time.Second || k.Defaults.EventsPort != 5557 {
+		t.Fatalf("kubernetes source = %+v", k)
 	}
 }
 

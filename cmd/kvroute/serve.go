@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -19,6 +20,10 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/pkg/admin"
 	"github.com/kvroute/kvroute/pkg/discovery"
@@ -297,8 +302,34 @@ func newSource(cfg *Config, log *slog.Logger, reg prometheus.Registerer) (discov
 		dc := rc.DNS.discovery()
 		dc.Logger, dc.Registerer = log.With("component", "discovery"), reg
 		return discovery.NewDNS(dc)
+	case rc.Kubernetes != nil:
+		kc := rc.Kubernetes.discovery()
+		rest, err := kubeConfig()
+		if err != nil {
+			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
+		}
+		if kc.Client, err = kubernetes.NewForConfig(rest); err != nil {
+			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
+		}
+		if kc.Dynamic, err = dynamic.NewForConfig(rest); err != nil {
+			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
+		}
+		kc.Logger, kc.Registerer = log.With("component", "discovery"), reg
+		return discovery.NewKubernetes(kc)
 	}
 	return nil, errors.New("no replica source")
+}
+
+// kubeConfig is the in-cluster API config, or $KUBECONFIG's outside one.
+func kubeConfig() (*rest.Config, error) {
+	c, err := rest.InClusterConfig()
+	if err == nil {
+		return c, nil
+	}
+	if path := os.Getenv("KUBECONFIG"); path != "" {
+		return clientcmd.BuildConfigFromFlags("", path)
+	}
+	return nil, fmt.Errorf("not in a cluster and KUBECONFIG is unset: %w", err)
 }
 
 // apply makes one discovery snapshot current: scrape targets, the

@@ -293,7 +293,7 @@ func TestRunCommands(t *testing.T) {
 		{"version", []string{"version"}, 0, "kvroute dev", ""},
 		{"no command", nil, 2, "", "usage:"},
 		{"unknown", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
-		{"serve without replicas", []string{"serve"}, 1, "", "replicas: one of static, file or dns is required"},
+		{"serve without replicas", []string{"serve"}, 1, "", "replicas: one of static, file, dns or kubernetes is required"},
 		{"serve with a bad flag", []string{"serve", "--nope"}, 1, "", "flag provided but not defined"},
 		{"serve with a missing file", []string{"serve", "--config", "/nonexistent/kvroute.yaml"}, 1, "", "no such file"},
 		{"explain without a file", []string{"explain"}, 1, "", "-f request.json is required"},
