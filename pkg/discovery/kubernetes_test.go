@@ -499,7 +499,7 @@ func mkPool(name string, match map[string]any, port int64) *unstructured.Unstruc
 		"spec": map[string]any{
 			"selector":          map[string]any{"matchLabels": match},
 			"targetPorts":       []any{map[string]any{"number": port}},
-			"endpointPickerRef": map[string]any{"name": "kvroute", "port": map[string]any{"number": int64(9002)}},
+			"endpointPickerRef": map[string]any{"name": "kvroute", "portNumber": int64(9002)},
 		},
 	}}
 }
@@ -536,6 +536,11 @@ func TestKubernetesInferencePool(t *testing.T) {
 	h.updatePod(pending)
 	h.until("three replicas, all ready", func(rs []Replica) bool { return len(rs) == 3 && countReady(rs) == 3 })
 
+	t.Log("pod being deleted")
+	p0.DeletionTimestamp = ptr(metav1.Now())
+	h.updatePod(p0)
+	h.until("vllm-0 not ready", field(ns+"/vllm-0", func(r Replica) any { return r.Ready }, false))
+
 	t.Log("pool selector and port change")
 	pool = mkPool("llama", map[string]any{"app": "web"}, 8080)
 	if _, err := dyn.Resource(InferencePoolGVR).Namespace(ns).Update(t.Context(), pool, metav1.UpdateOptions{}); err != nil {
@@ -545,6 +550,14 @@ func TestKubernetesInferencePool(t *testing.T) {
 	if rs[0].Address != "10.0.0.9:8080" || rs[0].Model != "fallback" {
 		t.Errorf("web-0 = %+v", rs[0])
 	}
+
+	t.Log("invalid pool spec keeps the last set")
+	bad := mkPool("llama", map[string]any{}, 8080)
+	if _, err := dyn.Resource(InferencePoolGVR).Namespace(ns).Update(t.Context(), bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCounter(t, h.src.m.errors, 1)
+	expectNoSnapshot(t, h.updates)
 
 	t.Log("pool deleted")
 	if err := dyn.Resource(InferencePoolGVR).Namespace(ns).Delete(t.Context(), "llama", metav1.DeleteOptions{}); err != nil {
@@ -588,5 +601,52 @@ func BenchmarkKubernetesBuild(b *testing.B) {
 		if err != nil || len(rs) != slicesN*perSlice {
 			b.Fatalf("build = %d replicas, %v", len(rs), err)
 		}
+	}
+}
+
+func TestPoolSpec(t *testing.T) {
+	t.Parallel()
+	spec := func(sel, ports any) *unstructured.Unstructured {
+		u := mkPool("p", nil, 1)
+		spec := u.Object["spec"].(map[string]any)
+		spec["selector"] = sel
+		spec["targetPorts"] = ports
+		return u
+	}
+	match := map[string]any{"matchLabels": map[string]any{"app": "vllm"}}
+	tests := []struct {
+		name     string
+		u        *unstructured.Unstructured
+		wantSel  string
+		wantPort int
+		wantErr  string
+	}{
+		{"valid", spec(match, []any{map[string]any{"number": int64(8000)}}), "app=vllm", 8000, ""},
+		{"no selector", spec(nil, []any{map[string]any{"number": int64(8000)}}), "", 0, "matchLabels is empty"},
+		{"empty matchLabels", spec(map[string]any{"matchLabels": map[string]any{}}, []any{map[string]any{"number": int64(8000)}}), "", 0, "matchLabels is empty"},
+		{"bad label value", spec(map[string]any{"matchLabels": map[string]any{"app": "a b"}}, []any{map[string]any{"number": int64(8000)}}), "", 0, "matchLabels"},
+		{"non-string label", spec(map[string]any{"matchLabels": map[string]any{"app": int64(1)}}, []any{map[string]any{"number": int64(8000)}}), "", 0, "matchLabels"},
+		{"no ports", spec(match, []any{}), "", 0, "targetPorts is empty"},
+		{"port not an object", spec(match, []any{"8000"}), "", 0, "not an object"},
+		{"port out of range", spec(match, []any{map[string]any{"number": int64(70000)}}), "", 0, "not a port"},
+		{"port missing", spec(match, []any{map[string]any{}}), "", 0, "not a port"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			sel, port, err := poolSpec(tt.u)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("poolSpec error = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sel.String() != tt.wantSel || port != tt.wantPort {
+				t.Errorf("poolSpec = %q, %d; want %q, %d", sel, port, tt.wantSel, tt.wantPort)
+			}
+		})
 	}
 }
