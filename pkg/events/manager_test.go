@@ -619,3 +619,36 @@ func TestDPRankMismatchCounted(t *testing.T) {
 		t.Errorf("dp rank mismatches = %v, want 1", got)
 	}
 }
+
+// A session that cannot open (the listen port is taken) is retried with
+// backoff until it can.
+func TestBindFailureBacksOff(t *testing.T) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = zctx.Term() }()
+	squat, err := zctx.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = squat.SetLinger(0)
+	if err := squat.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := squat.GetLastEndpoint()
+	h := newHarness(t, testConfig(), Source{ID: "l1", Model: "m", Endpoint: ep, Listen: true})
+	eventually(t, "backoff", func() error {
+		if st := h.m.Status("l1"); st.State != "backoff" {
+			return fmt.Errorf("state %q", st.State)
+		}
+		return nil
+	})
+	_ = squat.Close()
+	eventually(t, "bound after the port freed", func() error {
+		if st := h.m.Status("l1"); st.State != "connecting" || st.Endpoint != ep {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+}
