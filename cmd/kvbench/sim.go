@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -127,6 +128,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	out := fs.String("out", "", "directory for figures (default cmd/kvbench/out under the repository root)")
 	noPlots := fs.Bool("no-plots", false, "write no figures")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	knobs := fs.String("knobs", "", "policy knobs, comma-separated policy.knob=value (as kvbench tune names them)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return err
@@ -137,8 +139,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	names := splitList(*policies)
+	pcfg, err := parseKnobs(*knobs)
+	if err != nil {
+		return err
+	}
 	for _, n := range names {
-		if _, err := policy.New(n, policy.Config{}); err != nil {
+		if _, err := policy.New(n, pcfg); err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}
@@ -161,7 +167,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	rep := SimReport{Replicas: sf.replicas, Seed: sf.seed, Rate: sf.rate}
 	for _, w := range ws {
 		started := time.Now()
-		runs, err := bench.Compare(ctx, w, names, policy.Config{}, sf.fleet(), func(r *bench.Run) {
+		runs, err := bench.Compare(ctx, w, names, pcfg, sf.fleet(), func(r *bench.Run) {
 			if !*quiet {
 				s := bench.Summarize(r)
 				fmt.Fprintf(stderr, "%s/%s: ttft mean %.3fs p99 %.3fs hit %.3f/%.3f cv %.3f (%.1fs)\n",
@@ -192,6 +198,33 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		writeTable(stdout, t)
 	}
 	return nil
+}
+
+// parseKnobs reads "policy.knob=value,..." into a policy config.
+func parseKnobs(s string) (policy.Config, error) {
+	var cfg policy.Config
+	for _, kv := range splitList(s) {
+		name, val, ok := strings.Cut(kv, "=")
+		pol, knob, ok2 := strings.Cut(name, ".")
+		if !ok || !ok2 {
+			return cfg, fmt.Errorf("%w: knob %q: want policy.knob=value", errUsage, kv)
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return cfg, fmt.Errorf("%w: knob %q: %w", errUsage, kv, err)
+		}
+		found := false
+		for _, k := range bench.Knobs(pol) {
+			if k.Name == knob {
+				k.Set(&cfg, v)
+				found = true
+			}
+		}
+		if !found {
+			return cfg, fmt.Errorf("%w: knob %q: policy %q has no knob %q", errUsage, kv, pol, knob)
+		}
+	}
+	return cfg, cfg.Validate()
 }
 
 func splitList(s string) []string {

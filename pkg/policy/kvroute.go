@@ -32,13 +32,14 @@ import (
 // stops attracting traffic on them. Ties go to the less loaded candidate,
 // then at random. KVRoute holds no state.
 type KVRoute struct {
-	credit, decodeWeight, requestWeight float64
-	tierWeight                          [index.NumTiers]float64
+	credit, backlogWeight, decodeWeight, requestWeight float64
+	tierWeight                                         [index.NumTiers]float64
 }
 
 func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	k := &KVRoute{
 		credit:        orDefault(c.OverlapCredit, DefaultKVRouteOverlapCredit),
+		backlogWeight: orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
 		decodeWeight:  orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
 		requestWeight: orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
 	}
@@ -50,6 +51,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		v    float64
 	}{
 		{"kvroute.overlap_credit", k.credit},
+		{"kvroute.backlog_weight", k.backlogWeight},
 		{"kvroute.decode_weight", k.decodeWeight},
 		{"kvroute.request_weight", k.requestWeight},
 	} {
@@ -85,7 +87,7 @@ func (k *KVRoute) CreditBlocks(c Candidate) float64 {
 // Cost is the candidate's cost for this request.
 func (k *KVRoute) Cost(req Request, c Candidate) float64 {
 	own := math.Max(0, float64(req.PromptBlocks)-k.CreditBlocks(c))
-	return c.Load.ActivePrefillBlocks + own +
+	return k.backlogWeight*c.Load.ActivePrefillBlocks + own +
 		k.decodeWeight*c.Load.ActiveDecodeBlocks +
 		k.requestWeight*float64(c.Load.Requests())
 }
@@ -130,6 +132,8 @@ type KVRouteConfig struct {
 	// OverlapCredit scales the cache credit (default 1; 0 turns cache
 	// awareness off).
 	OverlapCredit *float64 `yaml:"overlap_credit"`
+	// BacklogWeight weighs the active prefill blocks queued ahead.
+	BacklogWeight *float64 `yaml:"backlog_weight"`
 	// DecodeWeight charges blocks per active decode block.
 	DecodeWeight *float64 `yaml:"decode_weight"`
 	// RequestWeight charges blocks per running or waiting request.
@@ -143,6 +147,7 @@ type KVRouteConfig struct {
 // kvroute's defaults.
 const (
 	DefaultKVRouteOverlapCredit = 1.0
-	DefaultKVRouteDecodeWeight  = 0.05
-	DefaultKVRouteRequestWeight = 4.0
+	DefaultKVRouteBacklogWeight = 1.0
+	DefaultKVRouteDecodeWeight  = 0.0
+	DefaultKVRouteRequestWeight = 0.0
 )

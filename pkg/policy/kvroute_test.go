@@ -1,0 +1,159 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/index"
+)
+
+func TestWeightedScores(t *testing.T) {
+	w, err := NewWeighted(WeightedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := withReqs(cand("a", 8, 0, 0), 0, 4) // full match, longest queue
+	a.Load.KVUsage = 0.5
+	b := withReqs(cand("b", 2, 0, 0), 0, 0) // quarter match, empty queue
+	b.Load.KVUsage = 0.9
+	c := withReqs(cand("c", 0, 0, 0), 0, 2)
+	c.Load.KVUsage = 0
+	got := w.Scores(Request{PromptBlocks: 8}, []Candidate{a, b, c})
+	// prefix*3 + queue*2 + (1-kv)*2, each scorer normalised to [0, 1].
+	want := []float64{3*1 + 2*0 + 2*0.5, 3*0.25 + 2*1 + 2*0.1, 3*0 + 2*0.5 + 2*1}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-9 {
+			t.Errorf("score[%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+	res := w.Pick(Request{PromptBlocks: 8}, []Candidate{a, b, c}, seeded(1))
+	if res.Pick != 0 || res.Reason != ReasonScore || res.Costs[0] != -want[0] {
+		t.Errorf("pick %+v, want 0 with the highest score", res)
+	}
+	// All queues equal: the queue scorer gives everyone 1 and no longer
+	// separates them.
+	eq := w.Scores(Request{PromptBlocks: 8}, []Candidate{withReqs(cand("a", 0, 0, 0), 0, 3), withReqs(cand("b", 0, 0, 0), 0, 3)})
+	if eq[0] != 4 || eq[1] != 4 {
+		t.Errorf("equal queues scored %v, want 2*1 + 2*1 each", eq)
+	}
+	// Weights are knobs.
+	w2, _ := NewWeighted(WeightedConfig{PrefixWeight: Float(0), QueueWeight: Float(1), KVUtilizationWeight: Float(0)})
+	if res := w2.Pick(Request{PromptBlocks: 8}, []Candidate{a, b, c}, seeded(1)); res.Pick != 1 {
+		t.Errorf("queue-only pick %d, want the empty queue (1)", res.Pick)
+	}
+}
+
+func TestKVRouteCost(t *testing.T) {
+	k, err := NewKVRoute(KVRouteConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{PromptBlocks: 10}
+	tests := []struct {
+		name string
+		c    Candidate
+		want float64
+	}{
+		{"idle, cold", cand("a", 0, 0, 0), 10},
+		{"idle, 6 matched", cand("a", 6, 0, 0), 4},
+		{"backlog is never cancelled by credit", cand("a", 10, 30, 0), 30},
+		{"credit beyond the prompt is clamped", cand("a", 12, 5, 0), 5},
+		{"resyncing replica earns no credit", func() Candidate { c := cand("a", 10, 0, 0); c.Credit = 0; return c }(), 10},
+		{"half fidelity halves the credit", func() Candidate { c := cand("a", 10, 0, 0); c.Credit = 0.5; return c }(), 5},
+		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), 10 - 2 - 3},
+		{"decode footprint is free by default", cand("a", 0, 0, 1000), 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := k.Cost(req, tt.c); math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("cost %v, want %v", got, tt.want)
+			}
+		})
+	}
+	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(0.5), DecodeWeight: Float(0.1), RequestWeight: Float(2), OverlapCredit: Float(0.5)})
+	c := withReqs(cand("a", 8, 20, 100), 3, 1)
+	if got, want := k2.Cost(req, c), 0.5*20+(10-0.5*8)+0.1*100+2*4; math.Abs(got-want) > 1e-9 {
+		t.Errorf("knobbed cost %v, want %v", got, want)
+	}
+}
+
+func TestKVRoutePicks(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 10}
+	tests := []struct {
+		name   string
+		cands  []Candidate
+		pick   int
+		reason string
+	}{
+		{"cache wins between idle replicas", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 0, 0)}, 1, ReasonCost},
+		{"cache wins over a small backlog", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 5, 0)}, 1, ReasonCost},
+		{"a backlog larger than the saving loses", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 9, 0)}, 0, ReasonCost},
+		{"cold index: least prefill backlog", []Candidate{cand("a", 0, 7, 0), cand("b", 0, 3, 50), cand("c", 0, 9, 0)}, 1, ReasonColdIndex},
+		{"equal cost: fewer load blocks", []Candidate{cand("a", 0, 0, 40), cand("b", 0, 0, 10)}, 1, ReasonColdIndex},
+		{"unhealthy best is skipped", []Candidate{unhealthy(cand("a", 10, 0, 0)), cand("b", 0, 4, 0)}, 1, ReasonColdIndex},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := p.Pick(req, tt.cands, seeded(3))
+			if res.Pick != tt.pick || res.Reason != tt.reason {
+				t.Fatalf("pick %d (%s), want %d (%s); costs %v", res.Pick, res.Reason, tt.pick, tt.reason, res.Costs)
+			}
+		})
+	}
+}
+
+// The seed's herding batch: one replica holds the system prompt; kvroute
+// spreads the batch instead of herding it, like blended.
+func TestKVRouteNoHerding(t *testing.T) {
+	cs := make([]Candidate, 4)
+	for i := range cs {
+		cs[i] = cand(fmt.Sprint("r", i), 0, 0, 0)
+	}
+	cs[0].Matched[index.TierGPU] = 4
+	p := mustNew(t, NameKVRoute, Config{})
+	env := seeded(8)
+	var placed [4]int
+	for range 40 {
+		res := p.Pick(Request{PromptBlocks: 10}, cs, env)
+		placed[res.Pick]++
+		cs[res.Pick].Load.ActivePrefillBlocks += float64(10 - cs[res.Pick].Matched[0])
+	}
+	for i, n := range placed {
+		if n < 7 || n > 14 {
+			t.Errorf("kvroute placed %d of 40 on replica %d (%v), want a spread", n, i, placed)
+		}
+	}
+}
+
+func TestKVRouteWeightedConfigErrors(t *testing.T) {
+	bad := []struct {
+		name  string
+		cfg   Config
+		field string
+	}{
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{OverlapCredit: Float(-1)}}, "kvroute.overlap_credit"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{BacklogWeight: Float(math.NaN())}}, "kvroute.backlog_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{DecodeWeight: Float(math.Inf(1))}}, "kvroute.decode_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{RequestWeight: Float(-2)}}, "kvroute.request_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{HostCacheHitWeight: Float(2)}}, "kvroute.host_cache_hit_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{DiskCacheHitWeight: Float(-1)}}, "kvroute.disk_cache_hit_weight"},
+		{NameWeighted, Config{Weighted: WeightedConfig{PrefixWeight: Float(-1)}}, "weighted.prefix_weight"},
+		{NameWeighted, Config{Weighted: WeightedConfig{QueueWeight: Float(math.NaN())}}, "weighted.queue_weight"},
+		{NameWeighted, Config{Weighted: WeightedConfig{KVUtilizationWeight: Float(math.Inf(1))}}, "weighted.kv_utilization_weight"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.field, func(t *testing.T) {
+			_, err := New(tt.name, tt.cfg)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("New: %v, want ErrConfig naming %s", err, tt.field)
+			}
+			if err := tt.cfg.Validate(); !errors.Is(err, ErrConfig) {
+				t.Fatalf("Validate: %v, want ErrConfig", err)
+			}
+		})
+	}
+}
