@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +45,7 @@ func testConfig() Config {
 func newHarness(t *testing.T, cfg Config, srcs ...Source) *harness {
 	t.Helper()
 	h := &harness{t: t, idx: index.New(index.Config{}), reg: prometheus.NewRegistry(), cfg: cfg, run: make(chan error, 1)}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	h.m = NewManager(h.idx, cfg, h.reg, log)
 	if err := h.m.SetSources(srcs); err != nil {
 		t.Fatal(err)
@@ -55,6 +55,15 @@ func newHarness(t *testing.T, cfg Config, srcs ...Source) *harness {
 	go func() { h.run <- h.m.Run(ctx) }()
 	t.Cleanup(h.shutdown)
 	return h
+}
+
+// testWriter sends log lines to the test's log (shown on failure or -v).
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 func (h *harness) shutdown() {
