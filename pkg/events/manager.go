@@ -160,6 +160,9 @@ type ReplicaStatus struct {
 	Endpoint string
 }
 
+// maxSockets is the ZMQ context's socket limit.
+const maxSockets = 1 << 16
+
 // ErrRunning is returned by Run when the Manager is already running.
 var ErrRunning = errors.New("events: manager already running")
 
@@ -408,6 +411,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return fmt.Errorf("events: zmq context: %w", err)
+	}
+	// Each source holds about four sockets (SUB, its monitor pair, a
+	// replay DEALER): lift libzmq's default cap of 1023 for large fleets.
+	if err := zctx.SetMaxSockets(maxSockets); err != nil {
+		m.log.Warn("could not raise the zmq socket limit", slog.Any("error", err))
 	}
 	queues := make([]chan item, m.cfg.Workers)
 	var workers sync.WaitGroup

@@ -661,3 +661,48 @@ func TestBindFailureBacksOff(t *testing.T) {
 		return nil
 	})
 }
+
+// Several replicas share the worker pool and one index; each one's view is
+// exact and independent.
+func TestManyReplicas(t *testing.T) {
+	const n = 6
+	var engines []*fakeEngine
+	var loads []*workload
+	var srcs []Source
+	for i := range n {
+		e := newFakeEngine(t, engineOpts{newFraming: i%2 == 0})
+		id := index.ReplicaID(fmt.Sprintf("r%d", i))
+		engines = append(engines, e)
+		loads = append(loads, newWorkload(t, uint64(100+i), id, 8, 4))
+		srcs = append(srcs, source(id, e))
+	}
+	h := newHarness(t, testConfig(), srcs...)
+	for round := range 15 {
+		for i, e := range engines {
+			e.publish(loads[i].next(true), round%4 == 1)
+		}
+	}
+	for i, e := range engines {
+		e.publish(loads[i].next(false), false)
+	}
+	for i, e := range engines {
+		id := srcs[i].ID
+		last := e.lastSeq()
+		w := loads[i]
+		eventually(t, string(id), func() error {
+			st := h.m.Status(id)
+			if !st.HasSeq || st.LastSeq != last || !st.CaughtUp {
+				return fmt.Errorf("status %+v, want last %d", st, last)
+			}
+			// Compare per-prompt matches only: the index is shared.
+			root := kvblock.Root(w.model, "")
+			for p, toks := range w.prompts {
+				keys := kvblock.Keys(nil, root, toks, w.bs, kvblock.Options{})
+				if got, want := matchOf(h.idx, keys, id), matchOf(w.oracle, keys, id); got != want {
+					return fmt.Errorf("prompt %d: %d blocks, engine holds %d", p, got, want)
+				}
+			}
+			return nil
+		})
+	}
+}
