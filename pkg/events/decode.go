@@ -169,7 +169,10 @@ func DecodeBatch(payload []byte, mode HashMode) (Batch, error) {
 }
 
 // Decoder decodes batches, reusing its own state and the Batch it is given.
-// A Decoder is not safe for concurrent use.
+// It streams over the payload with a msgpack.Decoder for headers and
+// scalars; the bulk (token-id arrays) and skipped values are read straight
+// from the payload bytes, iteratively, with every length checked against
+// what remains. A Decoder is not safe for concurrent use.
 type Decoder struct {
 	br   bytes.Reader
 	d    *msgpack.Decoder
