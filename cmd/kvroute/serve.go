@@ -159,6 +159,8 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 	if r.scrape, err = load.NewScraper(load.ScraperConfig{
 		Interval: cfg.Load.ScrapeInterval, Timeout: cfg.Load.ScrapeTimeout,
 		Logger: log.With("component", "scraper"), Registerer: r.reg,
+		// Sampled at each scrape: View tells other routers' requests from ours.
+		Tracker: tracker,
 	}); err != nil {
 		return nil, fmt.Errorf("load scraper: %w", err)
 	}

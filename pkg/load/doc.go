@@ -9,7 +9,9 @@
 //     Handle; Handle.FirstToken moves the request from prefill to decode;
 //     Handle.Done releases it. Both are idempotent and safe on every path
 //     (cancel, error, panic recovery), so counters never leak. Per-replica
-//     atomics: readers never wait.
+//     atomics: readers never wait. MeanRequest gives the mean request size
+//     (exponentially weighted), which View uses to size other routers'
+//     requests.
 //   - Scraper: polls each target's /metrics (Prometheus text format, parsed
 //     with expfmt; vLLM vllm:num_requests_running, vllm:num_requests_waiting,
 //     vllm:kv_cache_usage_perc falling back to vllm:gpu_cache_usage_perc;
@@ -19,10 +21,16 @@
 //     row, and is readmitted by the next good one. NewScraper has no side
 //     effects; Run(ctx) owns one goroutine per target, starts and stops them
 //     as SetTargets changes the set, and joins them all before returning.
+//     Given the Tracker, it samples the router's own in-flight count around
+//     each scrape, so that View can tell other routers' requests in the
+//     engine's figures from its own.
 //   - Fidelity: compares predicted and served prefix-cache hits per replica
 //     and derives the cache credit the router gives the replica's index view
 //     (an EWMA of served/predicted, clamped to [Floor, 1]; see Fidelity).
-//   - View: combines the three into Load; its comment gives the formula.
+//   - View: combines the three into Load; its comment gives the formula,
+//     including the estimate of other routers' load (exact for this
+//     router's own requests, one scrape old and sized by this router's mean
+//     request for the others').
 //
 // Metrics are registered on the prometheus.Registerer each constructor is
 // given (nil: none). Only the Scraper logs, and only on health changes.

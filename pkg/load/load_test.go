@@ -4,7 +4,6 @@ import (
 	"math"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -199,61 +198,5 @@ func TestFidelityMetrics(t *testing.T) {
 		if got, ok := gathered(t, reg, name, "r1"); !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
 		}
-	}
-}
-
-func TestViewCombines(t *testing.T) {
-	now := time.Unix(1000, 0)
-	fresh, stale := now.Add(-time.Second), now.Add(-3*time.Second)
-	tests := []struct {
-		name    string
-		local   InFlight // started as one request per Requests with the blocks split on the first
-		scraped *Scraped // nil: not a scrape target
-		want    Load
-	}{
-		{"local only", InFlight{PrefillBlocks: 4, DecodeBlocks: 8, Requests: 2}, nil,
-			Load{ActivePrefillBlocks: 4, ActiveDecodeBlocks: 8, ActiveRequests: 2, Healthy: true}},
-		{"engine reports more than we routed", InFlight{PrefillBlocks: 1, DecodeBlocks: 2, Requests: 1},
-			&Scraped{Healthy: true, Running: 5, Waiting: 3, KVUsage: 0.6, MetricsAt: fresh},
-			Load{ActivePrefillBlocks: 1, ActiveDecodeBlocks: 2, ActiveRequests: 5, WaitingRequests: 3, KVUsage: 0.6, Healthy: true}},
-		{"we routed more than the engine reported yet", InFlight{Requests: 6},
-			&Scraped{Healthy: true, Running: 2, Waiting: 1, KVUsage: 0.1, MetricsAt: fresh},
-			Load{ActiveRequests: 5, WaitingRequests: 1, KVUsage: 0.1, Healthy: true}},
-		{"stale figures ignored, health kept", InFlight{Requests: 1},
-			&Scraped{Healthy: false, Running: 9, Waiting: 9, KVUsage: 0.9, MetricsAt: stale},
-			Load{ActiveRequests: 1}},
-		{"target not yet probed is unhealthy", InFlight{}, &Scraped{}, Load{}},
-		{"healthy without metrics", InFlight{Requests: 2}, &Scraped{Healthy: true},
-			Load{ActiveRequests: 2, Healthy: true}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			tr, _ := NewTracker(nil)
-			for i := range tc.local.Requests {
-				p, d := 0, 0
-				if i == 0 {
-					p, d = tc.local.PrefillBlocks, tc.local.DecodeBlocks
-				}
-				defer tr.Start("r", p, d).Done()
-			}
-			sc, err := NewScraper(ScraperConfig{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.scraped != nil {
-				injectState(sc, "r", *tc.scraped)
-			}
-			v := &View{Tracker: tr, Scraper: sc, Now: func() time.Time { return now }}
-			if d := cmp.Diff(tc.want, v.Load("r")); d != "" {
-				t.Errorf("Load mismatch (-want +got):\n%s", d)
-			}
-		})
-	}
-	var empty View
-	if got := empty.Load("x"); got != (Load{Healthy: true}) {
-		t.Errorf("empty view Load = %+v", got)
-	}
-	if empty.Credit("x") != 1 {
-		t.Error("empty view credit != 1")
 	}
 }

@@ -38,6 +38,14 @@ type Scraped struct {
 	Running, Waiting int
 	KVUsage          float64
 	MetricsAt        time.Time
+	// LocalRequests is the router's own in-flight request count to the
+	// replica (Tracker) around the scrape that produced Running and
+	// Waiting: the larger of the counts just before the request and just
+	// after the answer. LocalKnown is false when no Tracker was configured.
+	// View subtracts it from the engine's count to find other routers'
+	// requests without counting its own twice.
+	LocalRequests int
+	LocalKnown    bool
 	// ProbedAt is the time of the last probe, successful or not.
 	ProbedAt time.Time
 }
@@ -63,6 +71,9 @@ type ScraperConfig struct {
 	SuccessThreshold int
 	// MaxBodyBytes bounds a metrics response. Default 8 MiB.
 	MaxBodyBytes int64
+	// Tracker, when set, is sampled around each metrics scrape
+	// (Scraped.LocalRequests).
+	Tracker *Tracker
 	// Client is the HTTP client; nil means a dedicated client with
 	// keep-alives.
 	Client *http.Client
@@ -270,6 +281,7 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 		cur.ProbedAt = time.Now()
 		if mErr == nil {
 			cur.Engine, cur.Running, cur.Waiting, cur.KVUsage = m.engine, m.running, m.waiting, m.kvUsage
+			cur.LocalRequests, cur.LocalKnown = m.local, m.localKnown
 			cur.MetricsAt = cur.ProbedAt
 		}
 		if healthy {
@@ -301,6 +313,8 @@ type engineMetrics struct {
 	engine           string
 	running, waiting int
 	kvUsage          float64
+	local            int // Tracker's in-flight requests around the scrape
+	localKnown       bool
 }
 
 // errUnreachable marks a failure to talk to the engine at all (as opposed to
@@ -371,7 +385,13 @@ func (s *Scraper) health(ctx context.Context, t Target) error {
 	return nil
 }
 
+// metrics scrapes t's load figures. With a Tracker it samples the
+// router's own in-flight count just before the request and just after the
+// answer and keeps the larger: the engine's figures are a snapshot taken in
+// between, so a request of ours it may have counted is never mistaken for
+// another router's (see View).
 func (s *Scraper) metrics(ctx context.Context, t Target) (engineMetrics, error) {
+	before := s.localRequests(t.ID)
 	resp, cancel, err := s.get(ctx, t.URL+s.cfg.MetricsPath, "text/plain;version=0.0.4")
 	if err != nil {
 		return engineMetrics{}, err
@@ -382,7 +402,18 @@ func (s *Scraper) metrics(ctx context.Context, t Target) (engineMetrics, error) 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return engineMetrics{}, fmt.Errorf("load: %s%s: %w %d", t.URL, s.cfg.MetricsPath, errStatus, resp.StatusCode)
 	}
-	return s.parse(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
+	m, err := s.parse(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
+	if err == nil && s.cfg.Tracker != nil {
+		m.local, m.localKnown = max(before, s.localRequests(t.ID)), true
+	}
+	return m, err
+}
+
+func (s *Scraper) localRequests(id string) int {
+	if s.cfg.Tracker == nil {
+		return 0
+	}
+	return s.cfg.Tracker.Get(id).Requests
 }
 
 // parse reads engine load figures from a Prometheus text exposition.

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -27,12 +28,64 @@ type InFlight struct {
 // Snapshot) touch only per-replica atomics: a reader never waits for a
 // writer. Each figure is individually exact; a reader racing a writer may
 // see one figure updated before another.
+//
+// The tracker also keeps the mean size of the requests it starts, per
+// replica and over all replicas (MeanRequest): View uses it to put a size
+// on requests other routers sent, which it sees only as counts.
 type Tracker struct {
 	replicas sync.Map // string -> *inflight
+	// Router-wide mean request size, over every replica.
+	meanPrefill, meanDecode ewma
 }
 
 type inflight struct {
 	prefill, decode, requests atomic.Int64
+	meanPrefill, meanDecode   ewma
+}
+
+// RequestSize is a mean request's size in blocks.
+type RequestSize struct {
+	// PrefillBlocks are its uncached prompt blocks (what Start was given as
+	// prefillBlocks).
+	PrefillBlocks float64
+	// DecodeBlocks are the KV blocks it holds while in flight (Start's
+	// decodeBlocks).
+	DecodeBlocks float64
+}
+
+// meanWeight is the weight of one request in the tracker's mean request
+// size: the mean follows roughly the last 32 requests.
+const meanWeight = 1.0 / 32
+
+// ewma is a lock-free exponentially weighted mean of non-negative values.
+// Its zero value holds no sample: a mean of exactly 0 is stored as -0.0,
+// whose bits are not zero.
+type ewma struct{ bits atomic.Uint64 }
+
+func (e *ewma) observe(x float64) {
+	for {
+		old := e.bits.Load()
+		next := x
+		if old != 0 {
+			m := math.Float64frombits(old)
+			next = m + meanWeight*(x-m)
+		}
+		if next == 0 {
+			next = math.Copysign(0, -1)
+		}
+		if e.bits.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// mean returns the mean (never -0.0) and whether there was any sample.
+func (e *ewma) mean() (float64, bool) {
+	b := e.bits.Load()
+	if b == 0 {
+		return 0, false
+	}
+	return math.Abs(math.Float64frombits(b)), true
 }
 
 // NewTracker returns an empty tracker and registers its gauges
@@ -67,7 +120,32 @@ func (t *Tracker) Start(replica string, prefillBlocks, decodeBlocks int) *Handle
 	c.prefill.Add(h.prefill)
 	c.decode.Add(h.decode)
 	c.requests.Add(1)
+	c.meanPrefill.observe(float64(h.prefill))
+	c.meanDecode.observe(float64(h.decode))
+	t.meanPrefill.observe(float64(h.prefill))
+	t.meanDecode.observe(float64(h.decode))
 	return h
+}
+
+// MeanRequest returns the mean size of the requests started on replica
+// (an exponentially weighted mean over roughly the last 32), or, when none
+// was, over every replica; ok is false when the tracker has started
+// nothing at all. The two figures are read independently.
+func (t *Tracker) MeanRequest(replica string) (size RequestSize, ok bool) {
+	if v, found := t.replicas.Load(replica); found {
+		c := v.(*inflight)
+		p, okP := c.meanPrefill.mean()
+		d, okD := c.meanDecode.mean()
+		if okP && okD {
+			return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, true
+		}
+	}
+	p, okP := t.meanPrefill.mean()
+	d, okD := t.meanDecode.mean()
+	if okP && okD {
+		return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, true
+	}
+	return RequestSize{}, false
 }
 
 // Get returns replica's in-flight figures (zero for an unknown replica).

@@ -6,26 +6,52 @@ import "time"
 // stops using them.
 const DefaultStaleAfter = 2 * time.Second
 
+// DefaultRequestBlocks is the size, in blocks, View gives another router's
+// request while this router has started none of its own to measure (512
+// tokens at vLLM's default block size of 16).
+const DefaultRequestBlocks = 32
+
 // View combines the router's in-flight view (Tracker), the engines' scraped
 // figures and health (Scraper) and cache fidelity (Fidelity) into one Load
 // per replica. Every part may be nil; a View is safe for concurrent use and
 // never blocks.
 //
-// How the figures combine, for replica r with local in-flight requests L
-// and scraped running R and waiting W (fresh, i.e. younger than StaleAfter):
+// How the figures combine, for replica r. Local: this router's in-flight
+// requests L, prefill blocks P and decode blocks D (exact, updated at
+// once). Scraped (fresh, i.e. younger than StaleAfter): the engine's running
+// R and waiting W, which count every router's requests, and B, this
+// router's own in-flight count sampled around that scrape
+// (Scraped.LocalRequests; L when it was not sampled):
 //
-//	Requests()          = max(L, R+W)  (the engine's totals include other routers' load;
-//	                                    ours covers what it has not reported yet)
-//	WaitingRequests     = W
-//	ActiveRequests      = max(L, R+W) - W
-//	ActivePrefillBlocks = the tracker's prefill blocks (only this router knows them)
-//	ActiveDecodeBlocks  = the tracker's decode blocks
-//	KVUsage             = scraped usage
-//	Healthy             = the prober's verdict; true when r is not a scrape target
+//	U (others' requests)  = max(0, R+W - B)   as of the scrape
+//	Requests()            = L + U
+//	WaitingRequests       = min(W, L + U)
+//	ActiveRequests        = L + U - WaitingRequests
+//	ActivePrefillBlocks   = P + U·W/(R+W) · mean prefill blocks
+//	ActiveDecodeBlocks    = D + U·R/(R+W) · mean decode blocks
+//	KVUsage               = scraped usage
+//	Healthy               = the prober's verdict; true when r is not a scrape target
 //
-// With stale or missing scraped figures, requests are L and waiting and KV
-// usage are 0. A scrape target's health never goes stale: the prober keeps
-// deciding it, and a target not yet probed is unhealthy.
+// U is what the engine reported beyond this router's own requests at the
+// time, so a request this router routed is never counted twice: not while
+// the engine has yet to report it, and not after it finished while the
+// engine's figure still shows it. Without a sampled B it falls back to the
+// current L, and Requests() to max(L, R+W). Other routers' requests reach
+// the view only as counts; they are sized with this router's mean request
+// at r (Tracker.MeanRequest: uncached prompt blocks for the waiting share,
+// held KV blocks for the running share, split in the engine's own
+// waiting:running proportion), else its mean over all replicas, else
+// DefaultRequestBlocks (RequestBlocks when set) for both. The estimate is
+// off by how much other routers' requests differ from this router's (other
+// clients, other cache hit rates), counts running requests that are still
+// prefilling (chunked prefill) as decode only, and lags by the scrape age:
+// requests other routers sent since are missing, those finished since are
+// still counted.
+//
+// With stale or missing scraped figures, the load is the local view alone
+// and waiting and KV usage are 0. A scrape target's health never goes
+// stale: the prober keeps deciding it, and a target not yet probed is
+// unhealthy.
 type View struct {
 	Tracker  *Tracker
 	Scraper  *Scraper
@@ -33,6 +59,9 @@ type View struct {
 	// StaleAfter bounds the age of usable scraped figures; 0 means
 	// DefaultStaleAfter.
 	StaleAfter time.Duration
+	// RequestBlocks sizes other routers' requests before the Tracker has a
+	// mean; 0 means DefaultRequestBlocks.
+	RequestBlocks float64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -60,11 +89,37 @@ func (v *View) Load(replica string) Load {
 	if s.MetricsAt.IsZero() || v.now().Sub(s.MetricsAt) > v.staleAfter() {
 		return l
 	}
-	total := max(local.Requests, s.Running+s.Waiting)
-	l.WaitingRequests = s.Waiting
-	l.ActiveRequests = total - s.Waiting
 	l.KVUsage = s.KVUsage
+	base := local.Requests
+	if s.LocalKnown {
+		base = s.LocalRequests
+	}
+	engine := max(s.Running, 0) + max(s.Waiting, 0)
+	unseen := max(0, engine-base)
+	total := local.Requests + unseen
+	l.WaitingRequests = min(max(s.Waiting, 0), total)
+	l.ActiveRequests = total - l.WaitingRequests
+	if unseen > 0 {
+		size := v.meanRequest(replica)
+		waitShare := float64(max(s.Waiting, 0)) / float64(engine)
+		l.ActivePrefillBlocks += float64(unseen) * waitShare * size.PrefillBlocks
+		l.ActiveDecodeBlocks += float64(unseen) * (1 - waitShare) * size.DecodeBlocks
+	}
 	return l
+}
+
+// meanRequest sizes a request of another router at replica.
+func (v *View) meanRequest(replica string) RequestSize {
+	if v.Tracker != nil {
+		if size, ok := v.Tracker.MeanRequest(replica); ok {
+			return size
+		}
+	}
+	b := v.RequestBlocks
+	if !(b > 0) {
+		b = DefaultRequestBlocks
+	}
+	return RequestSize{PrefillBlocks: b, DecodeBlocks: b}
 }
 
 // Credit returns replica's cache credit from Fidelity (1 without one).
