@@ -52,6 +52,8 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	e := bench.DefaultEngine()
 	if f.gpuBlocks > 0 {
 		e.NumGPUBlocks = f.gpuBlocks
+		// A smaller cache also bounds the context: one request must fit.
+		e.MaxModelLen = min(e.MaxModelLen, e.NumGPUBlocks*e.BlockSize)
 	}
 	if f.cpuBlocks >= 0 {
 		e.NumCPUBlocks = f.cpuBlocks

@@ -1,0 +1,19 @@
+// Package live drives a running OpenAI-compatible stack (Envoy + kvroute +
+// engines, or anything serving /v1/completions) with a workload from
+// package bench and measures, from the client, time to first token,
+// inter-token latency and end-to-end latency of streamed completions.
+//
+// Sessions start open loop (at their workload start times, scaled, or as
+// a seeded Poisson process at Options.Rate); the turns of one session are
+// closed loop, each sent its think time after the previous one finished,
+// with the previous prompt and the text actually generated prepended, as
+// a chat client resends its history. Prompts are text: every token of the
+// workload becomes one lower-case letter, so a one-token-per-byte
+// tokenizer (enginesim's) sees prompts of the workload's lengths, and
+// equal prefixes stay equal.
+//
+// Run owns one goroutine per started session; all stop when ctx is done or
+// the workload is finished, and Run returns only after every one has
+// returned. Options.MaxInFlight bounds concurrent requests; a session
+// start that finds the bound reached waits (counted in Report.Delayed).
+package live

@@ -1,0 +1,196 @@
+package live
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvroute/kvroute/pkg/bench"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeEngine streams max_tokens one-letter chunks, then a usage chunk
+// claiming half the prompt cached, and records what it was sent.
+type fakeEngine struct {
+	mu       sync.Mutex
+	prompts  map[string][]string // session key -> prompts in order
+	status   int
+	gap      time.Duration
+	released chan struct{} // when not nil, responses wait for it
+}
+
+func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || !req.Stream {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.prompts[r.Header.Get("x-session-id")] = append(f.prompts[r.Header.Get("x-session-id")], req.Prompt)
+	status := f.status
+	f.mu.Unlock()
+	if status != 0 {
+		http.Error(w, "overloaded", status)
+		return
+	}
+	if f.released != nil {
+		select {
+		case <-f.released:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for range req.MaxTokens {
+		time.Sleep(f.gap)
+		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"z\"}]}\n\n")
+		fl.Flush()
+	}
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+		len(req.Prompt), req.MaxTokens, len(req.Prompt)/2)
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+func newFake() *fakeEngine { return &fakeEngine{prompts: map[string][]string{}} }
+
+func workload(t *testing.T, name string, size float64) *bench.Workload {
+	t.Helper()
+	w, err := bench.Generate(name, bench.GenOptions{Seed: 2, SizeScale: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestRunMeasures(t *testing.T) {
+	f := newFake()
+	f.gap = time.Millisecond
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	w := workload(t, bench.GenAgentic, 0.02) // one session, 10-20 turns
+	for i := range w.Sessions {              // short outputs keep the test fast
+		for k := range w.Sessions[i].Turns {
+			w.Sessions[i].Turns[k].Output = 4
+			w.Sessions[i].Turns[k].Gap = 0
+		}
+	}
+	rep, err := Run(context.Background(), Options{URL: srv.URL, Model: "m", Workload: w, Speed: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Client().CloseIdleConnections()
+	if len(rep.Requests) != w.Requests() {
+		t.Fatalf("%d requests measured, want %d", len(rep.Requests), w.Requests())
+	}
+	for _, q := range rep.Requests {
+		if q.Err != "" || q.TTFT <= 0 || q.E2E < q.TTFT || len(q.ITLs) != 3 || q.OutputChunks != 4 ||
+			q.PromptTokens != q.PromptChars || q.CachedTokens != q.PromptChars/2 {
+			t.Fatalf("request %+v", q)
+		}
+	}
+	// Each turn resends the previous prompt and the generated text.
+	ps := f.prompts[w.Sessions[0].Key]
+	if len(ps) != len(w.Sessions[0].Turns) {
+		t.Fatalf("server saw %d prompts for the session, want %d", len(ps), len(w.Sessions[0].Turns))
+	}
+	for k := 1; k < len(ps); k++ {
+		if !strings.HasPrefix(ps[k], ps[k-1]+"zzzz") {
+			t.Fatalf("turn %d does not resend turn %d's prompt and output", k, k-1)
+		}
+	}
+	if len(ps[0]) != w.Sessions[0].Turns[0].Append[0].Len+w.Sessions[0].Turns[0].Append[1].Len {
+		t.Fatalf("first prompt has %d chars", len(ps[0]))
+	}
+	s := Summarize(rep)
+	if s.Requests != w.Requests() || s.Errors != 0 || s.TTFTP99 < s.TTFTP50 || s.HitRate < 0.45 || s.HitRate > 0.55 || s.Throughput <= 0 {
+		t.Fatalf("summary %+v", s)
+	}
+}
+
+func TestRunSaltChangesText(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	w := workload(t, bench.GenHerding, 0.002) // 3 requests
+	for _, salt := range []uint64{0, 1} {
+		if _, err := Run(context.Background(), Options{URL: srv.URL, Workload: w, Speed: 1000, Salt: salt}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := w.Sessions[0].Key
+	if len(f.prompts[k]) != 2 || f.prompts[k][0] == f.prompts[k][1] || len(f.prompts[k][0]) != len(f.prompts[k][1]) {
+		t.Fatalf("salted runs sent %d prompts; equal: %v", len(f.prompts[k]), len(f.prompts[k]) == 2 && f.prompts[k][0] == f.prompts[k][1])
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	f := newFake()
+	f.status = http.StatusServiceUnavailable
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	w := workload(t, bench.GenChat, 0.005) // 2 multi-turn sessions
+	rep, err := Run(context.Background(), Options{URL: srv.URL, Workload: w, Speed: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A failed turn ends its session: one request per session.
+	if len(rep.Requests) != len(w.Sessions) {
+		t.Fatalf("%d requests, want one per session (%d)", len(rep.Requests), len(w.Sessions))
+	}
+	for _, q := range rep.Requests {
+		if q.Status != http.StatusServiceUnavailable || !strings.Contains(q.Err, "503") {
+			t.Fatalf("request %+v, want a 503 error", q)
+		}
+	}
+	if s := Summarize(rep); s.Errors != len(w.Sessions) {
+		t.Fatalf("summary %+v", s)
+	}
+	if _, err := Run(context.Background(), Options{Workload: w}); !errors.Is(err, ErrOptions) {
+		t.Errorf("no URL: %v", err)
+	}
+	if _, err := Run(context.Background(), Options{URL: srv.URL, Workload: w, Speed: -1}); !errors.Is(err, ErrOptions) {
+		t.Errorf("negative speed: %v", err)
+	}
+	if rep, err := Run(context.Background(), Options{URL: "http://127.0.0.1:1", Workload: w, Speed: 1000, MaxSessions: 1}); err != nil || len(rep.Requests) != 1 || rep.Requests[0].Err == "" {
+		t.Errorf("unreachable server: %+v, %v", rep, err)
+	}
+}
+
+// Cancelling the context stops every session and Run returns promptly,
+// with the context's error and no goroutine left behind.
+func TestRunCancel(t *testing.T) {
+	f := newFake()
+	f.released = make(chan struct{}) // responses never start
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, Options{URL: srv.URL, Workload: workload(t, bench.GenHerding, 0.01), Speed: 1000, MaxInFlight: 4})
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run: %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
