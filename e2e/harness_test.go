@@ -569,6 +569,24 @@ func (c *cluster) matched(body []byte) (map[string]int, error) {
 	return m, nil
 }
 
+// waitPick waits until kvroute's own decision for body (explain) is addr.
+// Tests call it before a request whose landing they assert, so that what
+// they check is the routing, not how fast the load view forgets the
+// previous request (the engines' scraped figures lag the router's own
+// view by up to one scrape interval).
+func (c *cluster) waitPick(t testing.TB, body []byte, addr string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "kvroute to pick "+addr, func() bool {
+		resp, err := httpc.Post(fmt.Sprintf("http://127.0.0.1:%d/debug/explain", c.adminPort), "application/json", bytes.NewReader(body))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var e explainOut
+		return json.NewDecoder(resp.Body).Decode(&e) == nil && e.Address == addr
+	})
+}
+
 // logLines returns the lines of a process log containing substr.
 func logLines(p *proc, substr string) []string {
 	f, err := os.Open(p.log)

@@ -54,6 +54,7 @@ func TestClientDestinationHeaderIgnored(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			c.waitPick(t, body, holder)
 			r := c.chat(ctx, msgs, 4, map[string]string{tt.header: tt.value})
 			if r.err != nil || r.status != 200 {
 				t.Fatalf("request with %s: %s: %d %v %s", tt.header, tt.value, r.status, r.err, r.body)

@@ -260,6 +260,7 @@ func TestReplicaRestartRelearned(t *testing.T) {
 		m, err := c.matched(body)
 		return err == nil && m[e.addr()] > 0
 	})
+	c.waitPick(t, body, e.addr())
 	r := c.post(t.Context(), "/v1/chat/completions", body, nil)
 	if r.err != nil || r.status != 200 || r.upstream != e.addr() || r.cached == 0 {
 		t.Fatalf("through Envoy: status %d err %v upstream %s (want %s) cached %d", r.status, r.err, r.upstream, e.addr(), r.cached)
@@ -307,6 +308,7 @@ func TestFailOpenAndResume(t *testing.T) {
 	}
 	sort.Strings(keys)
 	for i := range 4 {
+		c.waitPick(t, body, holder)
 		r := c.chat(ctx, msgs, 4, nil)
 		if r.err != nil || r.status != 200 {
 			t.Fatalf("request %d after the restart: %d %v %s", i, r.status, r.err, r.body)

@@ -85,13 +85,16 @@ func TestDecisionSpansExported(t *testing.T) {
 	ctx := t.Context()
 	msgs := []message{{Role: "user", Content: prompt("traced", 120)}}
 	var last result
+	body := fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":%q}]}`, msgs[0].Content)
 	for i := range 2 { // the second one hits the first one's blocks
+		if i == 1 {
+			c.waitPick(t, body, last.upstream)
+		}
 		last = c.chat(ctx, msgs, 4, nil)
 		if last.err != nil || last.status != 200 {
 			t.Fatalf("request %d: %d %v %s", i, last.status, last.err, last.body)
 		}
 		if i == 0 {
-			body := fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":%q}]}`, msgs[0].Content)
 			waitFor(t, 20*time.Second, "the first request's blocks indexed", func() bool {
 				m, err := c.matched(body)
 				return err == nil && m[last.upstream] > 0
