@@ -118,7 +118,9 @@ func startProc(t testing.TB, name string, env []string, bin string, args ...stri
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Own process group (killed as a group); SIGKILLed if this process dies
+	// without running its cleanups (a test timeout).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatalf("starting %s: %v", name, err)
