@@ -1,0 +1,342 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestActiveActiveRouters measures two kvroute replicas behind one Envoy
+// against a single kvroute, on the same fleet shape (4 simulated engines)
+// and the multi-turn workload of TestMultiTurnSessionsStick (its 11
+// sessions, prompts and 5 turns), with the sessions running side by side so
+// that there is load for the routers to see, repeated for several rounds
+// with new prompts. Each router subscribes to every engine's events and
+// holds the full index; Envoy spreads the ext_proc streams over both with
+// LEAST_REQUEST. Load sent by the other router reaches each one only
+// through the engines' scraped metrics.
+//
+// "Within 10 % of a single router", as asserted:
+//
+//	stickiness_aa >= 0.9 × stickiness_single
+//	CV_aa         <= CV_single + 0.10
+//
+// stickiness is the share of later turns served by the replica that served
+// the session's previous turn, over all rounds. CV is the coefficient of
+// variation (standard deviation / mean) of the requests each engine served
+// in a round, averaged over the rounds; CV is already relative to the mean
+// load, so the bound lets the spread grow by 10 % of the mean load. A round
+// placed round-robin has a CV near 0.05, sessions placed at random one
+// near 0.5, and two routers sending the same burst to one engine 0.3 or
+// more. Both routers must have made decisions (kvroute_decisions_total),
+// together one per request, or the run proves nothing.
+func TestActiveActiveRouters(t *testing.T) {
+	c := newCluster(t, clusterOpts{})
+	single := runRounds(t, c.chat, "single", addrs(c.engines))
+	// Free the cores for the second run.
+	for _, p := range []*proc{c.envoy, c.kv} {
+		p.kill()
+	}
+	for _, e := range c.engines {
+		e.proc.kill()
+	}
+
+	aa := newActiveActive(t, 2)
+	aaStats := runRounds(t, aa.front.chat, "aa", addrs(aa.engines))
+	var perRouter []float64
+	for _, r := range aa.routers {
+		n, err := decisions(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perRouter = append(perRouter, n)
+	}
+
+	t.Logf("single router: stickiness %.3f (%d/%d), load CV %.3f (mean of %d rounds), requests per replica %v",
+		single.stickiness(), single.stuck, single.later, single.meanCV(), rounds, single.counts())
+	t.Logf("active-active: stickiness %.3f (%d/%d), load CV %.3f (mean of %d rounds), requests per replica %v, decisions per router %v",
+		aaStats.stickiness(), aaStats.stuck, aaStats.later, aaStats.meanCV(), rounds, aaStats.counts(), perRouter)
+	for i, n := range perRouter {
+		if n == 0 {
+			t.Errorf("router %d made no decision: Envoy did not spread the streams", i)
+		}
+	}
+	if total := perRouter[0] + perRouter[1]; total < float64(aaStats.requests) {
+		t.Errorf("the routers made %v decisions for %d requests: some bypassed kvroute", total, aaStats.requests)
+	}
+	if got, min := aaStats.stickiness(), 0.9*single.stickiness(); got < min {
+		t.Errorf("active-active stickiness %.3f < 0.9 × single %.3f", got, single.stickiness())
+	}
+	if got, max := aaStats.meanCV(), single.meanCV()+0.10; got > max {
+		t.Errorf("active-active load CV %.3f > single %.3f + 0.10", got, single.meanCV())
+	}
+}
+
+// workloadStats summarises one multi-turn run.
+type workloadStats struct {
+	requests, later, stuck int
+	perReplica             map[string]int // requests served, by engine address
+	replicas               []string       // every engine, served or not
+	roundCVs               []float64      // cv of each round (runRounds)
+}
+
+// meanCV is the mean of the rounds' CVs.
+func (s workloadStats) meanCV() float64 {
+	var sum float64
+	for _, v := range s.roundCVs {
+		sum += v
+	}
+	return sum / float64(max(len(s.roundCVs), 1))
+}
+
+func (s workloadStats) stickiness() float64 {
+	if s.later == 0 {
+		return 0
+	}
+	return float64(s.stuck) / float64(s.later)
+}
+
+func (s workloadStats) counts() []int {
+	out := make([]int, len(s.replicas))
+	for i, r := range s.replicas {
+		out[i] = s.perReplica[r]
+	}
+	return out
+}
+
+// cv is the coefficient of variation of requests per engine (population
+// standard deviation over the mean), engines that served nothing included.
+func (s workloadStats) cv() float64 {
+	c := s.counts()
+	var sum float64
+	for _, n := range c {
+		sum += float64(n)
+	}
+	mean := sum / float64(len(c))
+	if mean == 0 {
+		return 0
+	}
+	var ss float64
+	for _, n := range c {
+		ss += (float64(n) - mean) * (float64(n) - mean)
+	}
+	return math.Sqrt(ss/float64(len(c))) / mean
+}
+
+func addrs(es []*engine) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.addr()
+	}
+	return out
+}
+
+// rounds of the workload per setup: one round's 44 later turns give a
+// stickiness and a CV whose run-to-run spread is wider than the band
+// asserted.
+const rounds = 8
+
+// runRounds runs the session workload rounds times, one round after the
+// other, each with new prompts, and sums the figures.
+func runRounds(t *testing.T, chat chatFunc, tag string, replicas []string) workloadStats {
+	t.Helper()
+	sum := workloadStats{perReplica: map[string]int{}, replicas: replicas}
+	for i := range rounds {
+		r := runSessions(t, chat, fmt.Sprintf("%s%d", tag, i), replicas)
+		t.Logf("%s round %d: stickiness %.3f, CV %.3f, %v", tag, i, r.stickiness(), r.cv(), r.counts())
+		sum.roundCVs = append(sum.roundCVs, r.cv())
+		sum.requests += r.requests
+		sum.later += r.later
+		sum.stuck += r.stuck
+		for k, v := range r.perReplica {
+			sum.perReplica[k] += v
+		}
+	}
+	return sum
+}
+
+type chatFunc func(ctx context.Context, msgs []message, maxTokens int, hdr map[string]string) result
+
+// runSessions runs TestMultiTurnSessionsStick's workload, its 11 sessions
+// side by side (each one's turns in order), with the session tags prefixed
+// by tag so that runs on one fleet never share a prompt.
+func runSessions(t *testing.T, chat chatFunc, tag string, replicas []string) workloadStats {
+	t.Helper()
+	const sessions, turns = 11, 5
+	st := workloadStats{perReplica: map[string]int{}, replicas: replicas}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions)
+	for s := range sessions {
+		wg.Go(func() {
+			hist := []message{{Role: "system", Content: prompt(fmt.Sprintf("%s-agent%d", tag, s), 40)}}
+			var last string
+			for turn := range turns {
+				hist = append(hist, message{Role: "user", Content: prompt(fmt.Sprintf("%s-s%d-t%d", tag, s, turn), 25)})
+				r := chat(t.Context(), hist, 8, nil)
+				if r.err != nil || r.status != 200 {
+					errs <- fmt.Errorf("%s session %d turn %d: %d %v %s", tag, s, turn, r.status, r.err, r.body)
+					return
+				}
+				mu.Lock()
+				st.requests++
+				st.perReplica[r.upstream]++
+				if turn > 0 {
+					st.later++
+					if r.upstream == last {
+						st.stuck++
+					}
+				}
+				mu.Unlock()
+				last = r.upstream
+				hist = append(hist, message{Role: "assistant", Content: r.text})
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// activeActive is n kvroute replicas, each subscribed to every engine,
+// behind one Envoy whose ext_proc cluster lists them all.
+type activeActive struct {
+	engines []*engine
+	routers []*cluster // one per kvroute: its ports, config and process
+	front   *cluster   // Envoy's ports and process
+}
+
+func newActiveActive(t *testing.T, n int) *activeActive {
+	t.Helper()
+	dir, err := os.MkdirTemp(sockDir, "aa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	aa := &activeActive{}
+	for i := range 4 {
+		aa.engines = append(aa.engines, &engine{
+			id: i, port: freePort(t), seed: 100 + i,
+			events: fmt.Sprintf("ipc://%s/ev%d", dir, i),
+			replay: fmt.Sprintf("ipc://%s/rp%d", dir, i),
+		})
+	}
+	var wg sync.WaitGroup
+	for _, e := range aa.engines {
+		wg.Go(func() { e.start(t) })
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	extprocPorts := make([]int, n)
+	for i := range n {
+		r := &cluster{t: t, engines: aa.engines}
+		r.extprocPort, r.adminPort, r.metricsPort = freePort(t), freePort(t), freePort(t)
+		r.kvConfig = filepath.Join(t.TempDir(), fmt.Sprintf("kvroute-%d.yaml", i))
+		if err := os.WriteFile(r.kvConfig, []byte(r.kvrouteYAML()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		extprocPorts[i] = r.extprocPort
+		aa.routers = append(aa.routers, r)
+	}
+	// Both start together: each replays every engine and turns ready warm.
+	for i, r := range aa.routers {
+		r.kv = startProc(t, fmt.Sprintf("kvroute-%d", i), nil, filepath.Join(binDir, "kvroute"), "serve", "--config", r.kvConfig)
+	}
+	for _, r := range aa.routers {
+		waitFor(t, 30*time.Second, "kvroute ready", func() bool {
+			code, _, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", r.metricsPort))
+			return err == nil && code == 200
+		})
+	}
+
+	f := &cluster{t: t, engines: aa.engines, extprocPort: extprocPorts[0]}
+	f.listenPort, f.envoyAdminPort = freePort(t), freePort(t)
+	cfg, err := envoyYAMLRouters(f.listenPort, f.envoyAdminPort, extprocPorts, f.enginePorts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.envoyConfig = filepath.Join(t.TempDir(), "envoy-aa.yaml")
+	if err := os.WriteFile(f.envoyConfig, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.envoy = startProc(t, "envoy-aa", nil, envoyPath, "-c", f.envoyConfig,
+		"--disable-hot-restart", "--concurrency", "1", "--log-level", "warn")
+	waitFor(t, 60*time.Second, "Envoy ready", func() bool {
+		code, _, err := httpGet(f.envoyAdmin("/ready"))
+		return err == nil && code == 200
+	})
+	for _, p := range extprocPorts {
+		f.extprocPort = p
+		f.waitExtProcHealthy(true)
+	}
+	aa.front = f
+	return aa
+}
+
+// envoyYAMLRouters is the e2e Envoy config (envoyYAML) with the
+// kvroute_extproc cluster listing every router; the envoy/envoy.yaml
+// cluster's LEAST_REQUEST policy and gRPC health check apply to all.
+func envoyYAMLRouters(listen, admin int, extproc []int, engines []int) (string, error) {
+	s, err := envoyYAML(listen, extproc[0], admin, engines)
+	if err != nil {
+		return "", err
+	}
+	i := strings.Index(s, "  - name: kvroute_extproc\n")
+	if i < 0 {
+		return "", fmt.Errorf("envoy/envoy.yaml: no kvroute_extproc cluster")
+	}
+	if !strings.Contains(s[i:], "lb_policy: LEAST_REQUEST") {
+		return "", fmt.Errorf("envoy/envoy.yaml: the kvroute_extproc cluster is not LEAST_REQUEST")
+	}
+	line := fmt.Sprintf("        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", extproc[0])
+	j := strings.Index(s[i:], line)
+	if j < 0 {
+		return "", fmt.Errorf("envoy/envoy.yaml: kvroute_extproc endpoint line not found")
+	}
+	at := i + j + len(line)
+	var more strings.Builder
+	for _, p := range extproc[1:] {
+		fmt.Fprintf(&more, "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", p)
+	}
+	return s[:at] + more.String() + s[at:], nil
+}
+
+// decisions sums kvroute_decisions_total on a router's /metrics.
+func decisions(r *cluster) (float64, error) {
+	code, b, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metricsPort))
+	if err != nil {
+		return 0, err
+	}
+	if code != 200 {
+		return 0, fmt.Errorf("GET /metrics: %d", code)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	if f, ok := fams["kvroute_decisions_total"]; ok {
+		for _, m := range f.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n, nil
+}
