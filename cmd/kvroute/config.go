@@ -378,7 +378,7 @@ func (c *Config) Validate() error {
 	}
 
 	if _, err := policy.New(c.Policy.Name, c.Policy.Config); err != nil {
-		errs = append(errs, fmt.Errorf("%w: policy: %w", ErrConfig, err))
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err)) // "policy: invalid config: blended.<knob>: ..."
 	}
 
 	if err := c.Tokenizer.Validate(); err != nil {
