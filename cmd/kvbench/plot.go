@@ -19,7 +19,7 @@ import (
 // plotRuns writes one workload's figures to dir, each as PNG and SVG:
 // <workload>-ttft-cdf (TTFT CDF per policy), <workload>-hit (hit rate per
 // policy against the infinite-cache ceiling) and <workload>-load-<policy>
-// (per-replica busy fraction over time).
+// (per-replica compute-time fraction over time).
 func plotRuns(dir, workload string, runs []*bench.Run) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -134,24 +134,28 @@ func hitChart(workload string, runs []*bench.Run) (*plot.Plot, error) {
 	}
 	p.Legend.Top = true
 	p.Y.Min = 0
-	p.Y.Max = math.Max(1.05*ceiling, 0.05)
+	// Head room above the ceiling for the legend.
+	p.Y.Max = math.Max(1.4*ceiling, 0.05)
 	return p, nil
 }
 
 func loadChart(r *bench.Run) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s / %s: per-replica busy fraction over time (%s bins)", r.Workload, r.Policy, r.BinWidth)
+	p.Title.Text = fmt.Sprintf("%s / %s: per-replica load (compute-time fraction) over time (%s bins)", r.Workload, r.Policy, r.BinWidth)
 	p.X.Label.Text = "simulated time (s)"
-	p.Y.Label.Text = "busy fraction"
-	p.Y.Min, p.Y.Max = 0, 1.05
+	p.Y.Label.Text = "compute-time fraction"
+	// The legend sits in the head room above 1.
+	p.Y.Min, p.Y.Max = 0, 1.75
+	p.Y.Tick.Marker = plot.ConstantTicks([]plot.Tick{{Value: 0, Label: "0"}, {Value: 0.25}, {Value: 0.5, Label: "0.5"}, {Value: 0.75}, {Value: 1, Label: "1"}})
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = true
 	p.Legend.Left = true
-	p.Legend.Padding = vg.Points(2)
+	p.Legend.Padding = vg.Points(0)
+	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	w := r.BinWidth.Seconds()
 	for i, rep := range r.Replicas {
-		pts := make(plotter.XYs, len(rep.BusyBins))
-		for b, v := range rep.BusyBins {
+		pts := make(plotter.XYs, len(rep.WorkBins))
+		for b, v := range rep.WorkBins {
 			pts[b] = plotter.XY{X: (float64(b) + 0.5) * w, Y: v}
 		}
 		if len(pts) == 0 {

@@ -29,8 +29,8 @@ type Summary struct {
 	HitOverCeiling float64 `json:"hit_over_ceiling"`
 	// PredictedHitRate is what the router's index predicted on the picks.
 	PredictedHitRate float64 `json:"predicted_hit_rate"`
-	// LoadCV is the coefficient of variation of the replicas' busy time
-	// (population standard deviation over mean).
+	// LoadCV is the coefficient of variation of the replicas' work time
+	// (ReplicaResult.Work; population standard deviation over mean).
 	LoadCV      float64 `json:"load_cv"`
 	Makespan    float64 `json:"makespan_s"`
 	Preemptions int64   `json:"preemptions"`
@@ -74,7 +74,7 @@ func Summarize(r *Run) Summary {
 	}
 	busy := make([]float64, len(r.Replicas))
 	for i, rep := range r.Replicas {
-		busy[i] = rep.Busy.Seconds()
+		busy[i] = rep.Work.Seconds()
 		s.Preemptions += rep.Preemptions
 	}
 	s.LoadCV = CV(busy)

@@ -130,13 +130,18 @@ type RequestResult struct {
 // ReplicaResult is one replica's totals.
 type ReplicaResult struct {
 	ID            string
-	Requests      int
+	Requests int
+	// Busy is the time the replica spent in steps; Work is the part of it
+	// that depends on what was batched (prefill, reloads and per-sequence
+	// decode time: the step time minus its fixed cost), the replica's
+	// share of the fleet's compute.
 	Busy          time.Duration
+	Work          time.Duration
 	PrefillTokens int64
 	DecodeTokens  int64
 	Preemptions   int64
-	// BusyBins is the busy fraction of each BinWidth-wide bin of time.
-	BusyBins []float64
+	// WorkBins is Work's fraction of each BinWidth-wide bin of time.
+	WorkBins []float64
 }
 
 // Run is one policy's simulation of one workload.
@@ -435,7 +440,8 @@ func (s *sim) step(ri int) {
 func (s *sim) done(ri int, res *engine.StepResult) {
 	r := s.reps[ri]
 	r.stepping = false
-	s.busy(r, res.Start, res.End)
+	r.res.Busy += res.End - res.Start
+	s.work(r, res.Start, res.End-s.cfg.Engine.StepTime)
 	r.res.PrefillTokens += int64(res.PrefillTokens)
 	r.res.DecodeTokens += int64(res.DecodeTokens)
 	lives := s.live[ri]
@@ -525,17 +531,20 @@ func (s *sim) apply(ri int, evs []engine.Event) {
 	}
 }
 
-// busy adds [from, to) to the replica's busy time and bins.
-func (s *sim) busy(r *replica, from, to time.Duration) {
-	r.res.Busy += to - from
+// work adds [from, to) to the replica's work time and bins.
+func (s *sim) work(r *replica, from, to time.Duration) {
+	if to <= from {
+		return
+	}
+	r.res.Work += to - from
 	w := s.cfg.BinWidth
 	for from < to {
 		b := int(from / w)
 		end := min(to, time.Duration(b+1)*w)
-		for len(r.res.BusyBins) <= b {
-			r.res.BusyBins = append(r.res.BusyBins, 0)
+		for len(r.res.WorkBins) <= b {
+			r.res.WorkBins = append(r.res.WorkBins, 0)
 		}
-		r.res.BusyBins[b] += float64(end-from) / float64(w)
+		r.res.WorkBins[b] += float64(end-from) / float64(w)
 		from = end
 	}
 }

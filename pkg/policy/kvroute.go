@@ -8,15 +8,24 @@ import (
 
 // KVRoute is kvroute's own policy and the router's default: an estimate,
 // in prefill blocks, of how long the request would wait for its first
-// token on each candidate, plus a small charge for the decode work already
-// there. Lowest wins:
+// token on each candidate, plus a small charge per request already there.
+// Lowest wins:
 //
 //	credit   = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight)
 //	           * overlap_credit * Candidate.Credit
 //	own      = max(0, prompt_blocks - credit)     the request's own uncached prefill
 //	backlog  = active_prefill_blocks              uncached prefill queued ahead of it
-//	cost     = backlog + own + decode_weight*active_decode_blocks
+//	cost     = backlog_weight*backlog + own + decode_weight*active_decode_blocks
 //	           + request_weight*(running + waiting requests)
+//
+// Defaults: overlap_credit 1, backlog_weight 0.5, decode_weight 0,
+// request_weight 2. The router charges a request's uncached blocks to the
+// replica's active prefill until its first token, so on average half of
+// the charged backlog is already computed when the next request looks:
+// backlog_weight 0.5 is that expectation. The per-request charge spreads
+// sessions that start on a cold index (sibling rollouts, fan-out) and
+// evens out the decode work they bring, without outweighing a cache hit of
+// more than a couple of blocks.
 //
 // It differs from Dynamo's blended cost (see Blended) in two ways that
 // matter under load. The overlap credit only discounts the request's own
@@ -147,7 +156,7 @@ type KVRouteConfig struct {
 // kvroute's defaults.
 const (
 	DefaultKVRouteOverlapCredit = 1.0
-	DefaultKVRouteBacklogWeight = 1.0
+	DefaultKVRouteBacklogWeight = 0.5
 	DefaultKVRouteDecodeWeight  = 0.0
-	DefaultKVRouteRequestWeight = 0.0
+	DefaultKVRouteRequestWeight = 2.0
 )
