@@ -364,3 +364,92 @@ func TestPrintExplainMarksPickAndIneligible(t *testing.T) {
 		t.Errorf("no degraded reason:\n%s", b.String())
 	}
 }
+
+// TestServeReplicaFileReload: a watched replica file drives the routable
+// set: replicas added and removed by editing it, ready: false leaving the
+// routable set but not the listing.
+func TestServeReplicaFileReload(t *testing.T) {
+	e1, e2 := fakeEngine(t, 0), fakeEngine(t, 0)
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	dir := t.TempDir()
+	file := filepath.Join(dir, "replicas.yaml")
+	write := func(body string) {
+		t.Helper()
+		// Write then rename, as a ConfigMap update does.
+		tmp := filepath.Join(dir, "tmp.yaml")
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fmt.Sprintf("replicas:\n- {id: one, address: %q, model: m}\n", host(e1)))
+	cfg, err := ParseConfig(fmt.Appendf(nil, `
+replicas: {file: {path: %q, interval: 20ms}}
+load: {scrape_interval: 20ms}
+readiness: {warm_timeout: 5s}
+`, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := build(cfg, slog.New(slog.DiscardHandler), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.serve(ctx, lis) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	ids := func() (listed, routable string) {
+		var l, rt []string
+		for _, ri := range r.ReplicaInfos() {
+			l = append(l, string(ri.ID))
+		}
+		for _, rep := range r.set.Replicas() {
+			rt = append(rt, string(rep.ID))
+		}
+		return strings.Join(l, ","), strings.Join(rt, ",")
+	}
+	want := func(listed, routable string) {
+		t.Helper()
+		waitUntil(t, fmt.Sprintf("listed %q routable %q", listed, routable), func() bool {
+			l, rt := ids()
+			return l == listed && rt == routable
+		})
+	}
+	want("one", "one")
+	write(fmt.Sprintf("replicas:\n- {id: one, address: %q, model: m}\n- {id: two, address: %q, model: m}\n", host(e1), host(e2)))
+	want("one,two", "one,two")
+	write(fmt.Sprintf("replicas:\n- {id: one, address: %q, model: m, ready: false}\n- {id: two, address: %q, model: m}\n", host(e1), host(e2)))
+	want("one,two", "two")
+	// A bad edit keeps the last good set.
+	write("replicas:\n- {id: three, address: not-an-address, model: m}\n")
+	waitUntil(t, "the bad edit to be seen and refused", func() bool {
+		fams, err := r.reg.Gather()
+		if err != nil {
+			return false
+		}
+		for _, f := range fams {
+			if f.GetName() == "kvroute_discovery_refresh_errors_total" {
+				for _, m := range f.GetMetric() {
+					if m.GetCounter().GetValue() > 0 {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	})
+	if l, rt := ids(); l != "one,two" || rt != "two" {
+		t.Fatalf("after a bad edit: listed %q routable %q", l, rt)
+	}
+	write(fmt.Sprintf("replicas:\n- {id: two, address: %q, model: m}\n", host(e2)))
+	want("two", "two")
+}
