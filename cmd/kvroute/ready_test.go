@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/pkg/extproc"
+	"github.com/kvroute/kvroute/pkg/telemetry"
+)
+
+// TestReadinessWaitsForWarmIndex: with a healthy replica whose event stream
+// never connects (so the index cannot warm up), kvroute stays not ready,
+// on /readyz and on the gRPC readiness service, until
+// readiness.warm_timeout passes; then it turns ready and says the events
+// were not warm. (Turning ready warm, before the timeout, is covered end to
+// end in e2e TestActiveActiveRouters.)
+func TestReadinessWaitsForWarmIndex(t *testing.T) {
+	tests := []struct {
+		name        string
+		warmTimeout time.Duration
+		wantReady   bool
+	}{
+		{"cold stream holds readiness back", time.Minute, false},
+		{"warm timeout releases it", 300 * time.Millisecond, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := fakeEngine(t, 0)
+			nowhere := "ipc://" + filepath.Join(t.TempDir(), "nobody-binds-this")
+			cfg, err := ParseConfig(fmt.Appendf(nil, `
+listeners: {drain_timeout: 2s}
+replicas:
+  static:
+  - {id: a, address: %q, model: m, events_endpoint: %q}
+tokenizer: {default: {kind: remote, timeout: 2s}}
+load: {scrape_interval: 20ms}
+events: {replay_timeout: 1m}
+readiness: {warm_timeout: %s}
+`, strings.TrimPrefix(e.URL, "http://"), nowhere, tc.warmTimeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- r.serve(ctx, lis) }()
+			defer func() {
+				cancel()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("serve: %v", err)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatal("serve did not return after cancel")
+				}
+				if t.Failed() {
+					t.Logf("logs:\n%s", logs.String())
+				}
+			}()
+			conn, err := grpc.NewClient("passthrough:///"+lis.extproc.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			hc := healthpb.NewHealthClient(conn)
+			grpcReady := func() bool {
+				rctx, rcancel := context.WithTimeout(t.Context(), 2*time.Second)
+				defer rcancel()
+				resp, err := hc.Check(rctx, &healthpb.HealthCheckRequest{Service: extproc.HealthReadiness})
+				return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+			}
+			httpReady := func() bool {
+				resp, err := http.Get("http://" + lis.metrics.Addr().String() + "/readyz")
+				if err != nil {
+					return false
+				}
+				resp.Body.Close()
+				return resp.StatusCode == http.StatusOK
+			}
+
+			// The replica is probed healthy and its stream subscribed, so
+			// only the cold stream can hold readiness back.
+			waitUntil(t, "replica probed healthy", func() bool { return r.set.Load("a").Healthy })
+			waitUntil(t, "event stream subscribed", func() bool { return r.events.Status("a").Known })
+			if tc.wantReady {
+				waitUntil(t, "ready after the warm timeout", func() bool { return httpReady() && grpcReady() })
+				if !strings.Contains(logs.String(), "events_warm=false") {
+					t.Errorf("ready log does not say the events were cold:\n%s", logs.String())
+				}
+				return
+			}
+			deadline := time.Now().Add(1500 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				if httpReady() || grpcReady() {
+					t.Fatal("ready while the only event stream is cold and the warm timeout is a minute away")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if r.events.Warm() {
+				t.Fatal("the events manager reports warm for a stream that never connected: the test proves nothing")
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
