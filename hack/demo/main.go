@@ -47,7 +47,7 @@ func main() {
 	flag.IntVar(&o.turns, "turns", 6, "turns per session")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "sessions running at once")
 	flag.Float64Var(&o.speed, "speed", 1, "engine simulation speed (1 = real time)")
-	flag.StringVar(&o.policy, "policy", "blended", "kvroute policy")
+	flag.StringVar(&o.policy, "policy", "", "kvroute policy (default: kvroute's own default)")
 	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -228,7 +228,10 @@ func run(ctx context.Context, o options) error {
 	for i, p := range c.engines {
 		fmt.Fprintf(&kv, "  - {address: \"127.0.0.1:%d\", model: sim-model, events_endpoint: \"ipc://%s/ev%d\", replay_endpoint: \"ipc://%s/rp%d\"}\n", p, dir, i, dir, i)
 	}
-	fmt.Fprintf(&kv, "policy: {name: %s}\ntokenizer: {default: {kind: remote, timeout: 1s}}\n", o.policy)
+	if o.policy != "" {
+		fmt.Fprintf(&kv, "policy: {name: %s}\n", o.policy)
+	}
+	kv.WriteString("tokenizer: {default: {kind: remote, timeout: 1s}}\n")
 	if err := os.WriteFile(c.kvConfig, []byte(kv.String()), 0o644); err != nil {
 		return err
 	}
@@ -251,7 +254,11 @@ func run(ctx context.Context, o options) error {
 	}
 
 	fmt.Printf("workload: %d agent sessions x %d turns, %d at a time, streamed, through Envoy\n", o.sessions, o.turns, o.concurrency)
-	fmt.Printf("run 1: routed by kvroute (policy %s) ...\n", o.policy)
+	label := "kvroute (default policy)"
+	if o.policy != "" {
+		label = "kvroute (" + o.policy + ")"
+	}
+	fmt.Printf("run 1: routed by %s ...\n", label)
 	routed, err := drive(ctx, c.listen, o)
 	if err != nil {
 		return err
@@ -266,7 +273,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	report(os.Stdout, c.engines, []string{"kvroute (" + o.policy + ")", "round robin"}, []*stats{routed, rr})
+	report(os.Stdout, c.engines, []string{label, "round robin"}, []*stats{routed, rr})
 	return nil
 }
 
