@@ -89,7 +89,10 @@ func (a *arena) alloc(capacity int) (uint32, bool) {
 			a.live--
 			return 0, false
 		}
-		size := min(chunkWords, max(need, 256<<len(a.chunks)))
+		size := chunkWords
+		if len(a.chunks) < chunkShift-8 {
+			size = max(need, 256<<len(a.chunks))
+		}
 		a.chunks = append(a.chunks, make([]uint64, size))
 		a.env.bytes += int64(size) * 8
 		a.used = 0

@@ -145,6 +145,10 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 			return StoreResult{Blocks: start, NoSlot: true}
 		}
 		for i := start; i < end; i++ {
+			rs.eng.prefetch(ev.Hashes[i])
+			ix.keys.prefetch(uint64(keys[i-start]))
+		}
+		for i := start; i < end; i++ {
 			ix.storeBlock(rs, ev.Hashes[i], keys[i-start], ev.Tier)
 		}
 		ix.updatePressure()
@@ -248,6 +252,14 @@ func (ix *Index) Removed(ev Removed) (removed int) {
 			return removed
 		}
 		for _, h := range ev.Hashes[start:end] {
+			rs.eng.prefetch(h)
+		}
+		for _, h := range ev.Hashes[start:end] {
+			if es := rs.eng.find(h); es != nil {
+				ix.keys.prefetch(es.v)
+			}
+		}
+		for _, h := range ev.Hashes[start:end] {
 			es := rs.eng.find(h)
 			if es == nil || es.k&bit == 0 {
 				continue
@@ -333,24 +345,35 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	var buf [32]live
 	alive := buf[:0]
 	var one [1]uint64
-	// Prefetch ahead of the descent: the home slot of the key matchAhead
-	// places on, and the holder record of the key half as far (its slot is
-	// in cache by then), so that cache misses overlap.
-	for _, k := range keys[:min(len(keys), matchAhead)] {
-		ix.keys.prefetch(uint64(k))
+	// Prefetch ahead of the descent so that cache misses overlap: the home
+	// slot of the key matchAhead places on, and, once that slot is cached
+	// (half as far on), the key is found and its holder record fetched. The
+	// slots found are kept in a ring until the descent reaches them.
+	const half = matchAhead / 2
+	var ring [half]*slot
+	lookahead := func(d int) {
+		ks := ix.keys.find(uint64(keys[d]))
+		ring[d%half] = ks
+		if ks != nil {
+			if v := atomic.LoadUint64(&ks.v); v&spillBit != 0 {
+				prefetch(unsafe.Pointer(&ix.arena.rec(uint32(v))[0]))
+			}
+		}
 	}
-	for depth, k := range keys {
+	for d := range min(len(keys), matchAhead) {
+		ix.keys.prefetch(uint64(keys[d]))
+	}
+	for d := range min(len(keys), half) {
+		lookahead(d)
+	}
+	for depth := range keys {
+		ks := ring[depth%half]
+		if depth+half < len(keys) {
+			lookahead(depth + half)
+		}
 		if depth+matchAhead < len(keys) {
 			ix.keys.prefetch(uint64(keys[depth+matchAhead]))
 		}
-		if depth+matchAhead/2 < len(keys) {
-			if ks := ix.keys.find(uint64(keys[depth+matchAhead/2])); ks != nil {
-				if v := atomic.LoadUint64(&ks.v); v&spillBit != 0 {
-					prefetch(unsafe.Pointer(&ix.arena.rec(uint32(v))[0]))
-				}
-			}
-		}
-		ks := ix.keys.find(uint64(k))
 		if ks == nil {
 			break
 		}

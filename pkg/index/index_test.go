@@ -806,3 +806,26 @@ func TestConcurrent(t *testing.T) {
 	checkStats(t, ix, m, 0)
 	checkInvariants(t, ix)
 }
+
+// TestArenaChunks allocates millions of small holder records: chunks stay
+// full-sized and the offsets stay distinct.
+func TestArenaChunks(t *testing.T) {
+	var e env
+	a := arena{env: &e}
+	const n = 1 << 21
+	seen := make(map[uint32]bool, n)
+	for range n {
+		off, ok := a.alloc(2)
+		if !ok || seen[off] {
+			t.Fatalf("alloc: %d ok=%v dup=%v", off, ok, seen[off])
+		}
+		seen[off] = true
+	}
+	words := n * 3
+	if maxChunks := words/chunkWords + chunkShift; len(a.chunks) > maxChunks {
+		t.Fatalf("%d chunks for %d words", len(a.chunks), words)
+	}
+	if e.bytes < int64(words)*8 || e.bytes > int64(words)*8+2*chunkWords*8 {
+		t.Fatalf("arena accounts %d bytes for %d words", e.bytes, words)
+	}
+}
