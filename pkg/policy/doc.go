@@ -12,6 +12,11 @@
 //   - leastload, roundrobin, random.
 //   - pureaffinity: longest match only, ties to the lowest index. For
 //     experiments only: it herds (see the seed reproduction in kvbench).
+//   - weighted: llm-d's scorers (prefix 3, queue 2, KV utilisation 2, each
+//     normalised to [0, 1]) and a max-score picker.
+//   - kvroute: the router's default; the request's own uncached prefill
+//     plus the replica's prefill backlog and a per-request charge (see
+//     KVRoute and kvroute benchmarks in docs/benchmarks.md).
 //
 // Rules every policy follows:
 //   - Only eligible candidates (Load.Healthy) are picked; with none,

@@ -1,0 +1,37 @@
+// Package bench measures routing quality offline: workloads (Mooncake
+// traces and seeded generators), a discrete-event simulation of a fleet of
+// pkg/engine replicas routed by the real route, index and policy packages,
+// the summaries kvbench prints, and a coordinate search over a policy's
+// knobs.
+//
+// # Workloads
+//
+// A Workload is a list of sessions; a session is a sequence of turns sent
+// one after another (the next turn arrives its think time after the
+// previous one finished, with the previous prompt and the tokens the engine
+// generated prepended). ReadTrace turns a Mooncake-format trace into
+// single-turn sessions, expanding its 512-token hash ids with
+// kvblock.ExpandTrace; a bad line is an ErrTrace error naming the line.
+// Generate builds the synthetic workloads (chat, agentic, rl, herding,
+// fanout) from a seed: the same options give the same workload.
+//
+// # Simulation
+//
+// Simulate runs a workload through FleetConfig.Replicas engines in
+// simulated time: an event queue orders step completions, index
+// deliveries, arrivals and step starts (in that order at equal times), so
+// a run is deterministic for a given workload, freshly built policy and
+// config. Decisions go through route.Decide over a State fed by a
+// load.Tracker (the router's in-flight view), engine figures scraped at
+// most ScrapeInterval ago and load.Fidelity's cache credit. The engines'
+// cache events are applied to an index.Index after EventDelay, and lost
+// whole with probability EventLoss. Each finished request records its
+// TTFT, E2E, cached, predicted and ceiling tokens (the ceiling being one
+// infinite cache that saw every earlier prompt and output).
+//
+// # Concurrency
+//
+// Nothing in this package starts a goroutine (package live, below it,
+// does); Simulate, Compare and Tune run on the caller's goroutine and
+// honour ctx between steps. Values are not shared between calls.
+package bench
