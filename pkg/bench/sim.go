@@ -129,7 +129,7 @@ type RequestResult struct {
 
 // ReplicaResult is one replica's totals.
 type ReplicaResult struct {
-	ID            string
+	ID       string
 	Requests int
 	// Busy is the time the replica spent in steps; Work is the part of it
 	// that depends on what was batched (prefill, reloads and per-sequence
