@@ -30,12 +30,10 @@ type InFlight struct {
 // see one figure updated before another.
 //
 // The tracker also keeps the mean size of the requests it starts, per
-// replica and over all replicas (MeanRequest): View uses it to put a size
-// on requests other routers sent, which it sees only as counts.
+// replica (MeanRequest): View uses it to put a size on requests other
+// routers sent, which it sees only as counts.
 type Tracker struct {
 	replicas sync.Map // string -> *inflight
-	// Router-wide mean request size, over every replica.
-	meanPrefill, meanDecode ewma
 }
 
 type inflight struct {
@@ -122,30 +120,40 @@ func (t *Tracker) Start(replica string, prefillBlocks, decodeBlocks int) *Handle
 	c.requests.Add(1)
 	c.meanPrefill.observe(float64(h.prefill))
 	c.meanDecode.observe(float64(h.decode))
-	t.meanPrefill.observe(float64(h.prefill))
-	t.meanDecode.observe(float64(h.decode))
 	return h
 }
 
 // MeanRequest returns the mean size of the requests started on replica
 // (an exponentially weighted mean over roughly the last 32), or, when none
-// was, over every replica; ok is false when the tracker has started
-// nothing at all. The two figures are read independently.
+// was, the average of the other replicas' means; ok is false when the
+// tracker has started nothing at all. The two figures are read
+// independently.
 func (t *Tracker) MeanRequest(replica string) (size RequestSize, ok bool) {
 	if v, found := t.replicas.Load(replica); found {
-		c := v.(*inflight)
-		p, okP := c.meanPrefill.mean()
-		d, okD := c.meanDecode.mean()
-		if okP && okD {
-			return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, true
+		if size, ok := v.(*inflight).meanRequest(); ok {
+			return size, true
 		}
 	}
-	p, okP := t.meanPrefill.mean()
-	d, okD := t.meanDecode.mean()
-	if okP && okD {
-		return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, true
+	var sum RequestSize
+	n := 0
+	t.replicas.Range(func(_, v any) bool {
+		if s, ok := v.(*inflight).meanRequest(); ok {
+			sum.PrefillBlocks += s.PrefillBlocks
+			sum.DecodeBlocks += s.DecodeBlocks
+			n++
+		}
+		return true
+	})
+	if n == 0 {
+		return RequestSize{}, false
 	}
-	return RequestSize{}, false
+	return RequestSize{PrefillBlocks: sum.PrefillBlocks / float64(n), DecodeBlocks: sum.DecodeBlocks / float64(n)}, true
+}
+
+func (c *inflight) meanRequest() (RequestSize, bool) {
+	p, okP := c.meanPrefill.mean()
+	d, okD := c.meanDecode.mean()
+	return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, okP && okD
 }
 
 // Get returns replica's in-flight figures (zero for an unknown replica).

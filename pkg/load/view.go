@@ -40,7 +40,8 @@ const DefaultRequestBlocks = 32
 // the view only as counts; they are sized with this router's mean request
 // at r (Tracker.MeanRequest: uncached prompt blocks for the waiting share,
 // held KV blocks for the running share, split in the engine's own
-// waiting:running proportion), else its mean over all replicas, else
+// waiting:running proportion), else the average of its means at the
+// other replicas, else
 // DefaultRequestBlocks (RequestBlocks when set) for both. The estimate is
 // off by how much other routers' requests differ from this router's (other
 // clients, other cache hit rates), counts running requests that are still

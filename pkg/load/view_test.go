@@ -64,8 +64,8 @@ func TestViewCombines(t *testing.T) {
 		{"others' requests sized by our mean request there", []started{{"r", 4, 10, false, false}},
 			&Scraped{Healthy: true, Running: 3, Waiting: 1, MetricsAt: fresh, LocalRequests: 1, LocalKnown: true},
 			0, Load{ActivePrefillBlocks: 7, ActiveDecodeBlocks: 32.5, ActiveRequests: 3, WaitingRequests: 1, Healthy: true}},
-		// Nothing started on r: the mean over every replica (q's request), all running.
-		{"no sample on the replica: router-wide mean", []started{{"q", 6, 12, true, true}},
+		// Nothing started on r: the other replicas' mean (q's request), all running.
+		{"no sample on the replica: other replicas' mean", []started{{"q", 6, 12, true, true}},
 			&Scraped{Healthy: true, Running: 2, MetricsAt: fresh, LocalKnown: true},
 			0, Load{ActiveDecodeBlocks: 24, ActiveRequests: 2, Healthy: true}},
 		{"no sample at all: default size", nil,
@@ -291,7 +291,7 @@ func TestTrackerMeanRequest(t *testing.T) {
 	}{
 		{"first sample is the mean", "r", 8, 16, "r", RequestSize{8, 16}},
 		{"weighted 1/32", "r", 40, 48, "r", RequestSize{9, 17}},
-		{"unknown replica takes the router-wide mean", "q", 0, 0, "z", RequestSize{9 - 9.0/32, 17 - 17.0/32}},
+		{"unknown replica takes the average of the replicas' means", "q", 0, 0, "z", RequestSize{4.5, 8.5}},
 		{"a zero mean is a sample", "q", 0, 0, "q", RequestSize{0, 0}},
 		{"negative blocks count as 0", "p", -4, -4, "p", RequestSize{0, 0}},
 	}
@@ -319,6 +319,22 @@ func TestTrackerMeanRequestConcurrent(t *testing.T) {
 	for _, r := range []string{"r0", "r1", "none"} {
 		if got, ok := tr.MeanRequest(r); !ok || got != (RequestSize{10, 20}) {
 			t.Errorf("MeanRequest(%s) = %+v, %v; want exactly {10 20}", r, got, ok)
+		}
+	}
+}
+
+// BenchmarkViewLoadOthers is Load with fresh engine figures that include
+// other routers' requests (the estimate's path).
+func BenchmarkViewLoadOthers(b *testing.B) {
+	tr, _ := NewTracker(nil)
+	defer tr.Start("r1", 4, 8).Done()
+	sc, _ := NewScraper(ScraperConfig{})
+	injectState(sc, "r1", Scraped{Healthy: true, Running: 3, Waiting: 2, MetricsAt: time.Now(), LocalRequests: 1, LocalKnown: true})
+	v := &View{Tracker: tr, Scraper: sc, StaleAfter: time.Hour}
+	b.ReportAllocs()
+	for b.Loop() {
+		if v.Load("r1").Requests() != 5 {
+			b.Fatal("wrong load")
 		}
 	}
 }
