@@ -111,7 +111,7 @@ func TestDecisionSpansExported(t *testing.T) {
 		t.Errorf("service.name = %q, want kvroute-e2e (OTEL_SERVICE_NAME)", sp.service)
 	}
 	checks := map[string]func(*commonpb.AnyValue) bool{
-		"kvroute.policy":                func(v *commonpb.AnyValue) bool { return v.GetStringValue() == "blended" },
+		"kvroute.policy":                func(v *commonpb.AnyValue) bool { return v.GetStringValue() == "kvroute" },
 		"kvroute.endpoint":              func(v *commonpb.AnyValue) bool { return v.GetStringValue() == last.upstream },
 		"kvroute.prompt_tokens":         func(v *commonpb.AnyValue) bool { return v.GetIntValue() == int64(last.prompt) },
 		"kvroute.prompt_blocks":         func(v *commonpb.AnyValue) bool { return v.GetIntValue() > 0 },

@@ -129,7 +129,7 @@ type DNSDefaultsConfig struct {
 // PolicyConfig picks the policy and carries every policy's knobs
 // (policy.Config, inline: blended, hardswitch, prefixaffinity, session).
 type PolicyConfig struct {
-	// Name is one of policy.Names(); default "blended".
+	// Name is one of policy.Names(); default "kvroute".
 	Name string `yaml:"name"`
 	// Seed seeds the policies' randomness (tie breaks); 0 = random.
 	Seed          uint64 `yaml:"seed"`
@@ -215,7 +215,7 @@ const (
 	DefaultAdminAddr         = "127.0.0.1:9003"
 	DefaultMetricsAddr       = ":9090"
 	DefaultDrainTimeout      = 15 * time.Second
-	DefaultPolicy            = policy.NameBlended
+	DefaultPolicy            = policy.NameKVRoute
 	DefaultIndexMaxBytes     = 1 << 30
 	DefaultDestinationHeader = "x-gateway-destination-endpoint"
 	DefaultSessionHeader     = "x-session-id"

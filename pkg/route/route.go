@@ -65,14 +65,14 @@ type scratch struct {
 }
 
 // New returns a Router. State is required (New panics without it: a wiring
-// bug). A nil Policy means blended with Dynamo's defaults; a nil Matcher
+// bug). A nil Policy means kvroute's default policy (policy.NameKVRoute); a nil Matcher
 // matches nothing (every decision sees a cold index).
 func New(opts Options) *Router {
 	if opts.State == nil {
 		panic("route.New: Options.State is nil")
 	}
 	if opts.Policy == nil {
-		p, err := policy.New(policy.NameBlended, policy.Config{})
+		p, err := policy.New(policy.NameKVRoute, policy.Config{})
 		if err != nil {
 			panic(err) // the defaults are valid; covered by tests
 		}

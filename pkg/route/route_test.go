@@ -389,7 +389,7 @@ func TestDecideConcurrent(t *testing.T) {
 
 func TestNewDefaults(t *testing.T) {
 	rt := New(Options{State: fleet(2)})
-	if rt.Policy().Name() != policy.NameBlended {
+	if rt.Policy().Name() != policy.NameKVRoute {
 		t.Fatalf("default policy %s", rt.Policy().Name())
 	}
 	d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(64, 1)})
