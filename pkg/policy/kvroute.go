@@ -6,7 +6,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/index"
 )
 
-// KVRoute is kvroute's own policy and the router's default: an estimate,
+// KVRoute is kvroute's own policy: an estimate,
 // in prefill blocks, of how long the request would wait for its first
 // token on each candidate, plus a small charge per request already there.
 // Lowest wins:
@@ -18,8 +18,10 @@ import (
 //	cost     = backlog_weight*backlog + own + decode_weight*active_decode_blocks
 //	           + request_weight*(running + waiting requests)
 //
-// Defaults: overlap_credit 1, backlog_weight 0.5, decode_weight 0,
-// request_weight 2. The router charges a request's uncached blocks to the
+// Defaults: overlap_credit 1.25, backlog_weight 0.5, decode_weight 0,
+// request_weight 2. A matched block is worth a little more than the block
+// of prefill it saves: keeping a conversation where its history is cached
+// also saves its next turns the prefill. The router charges a request's uncached blocks to the
 // replica's active prefill until its first token, so on average half of
 // the charged backlog is already computed when the next request looks:
 // backlog_weight 0.5 is that expectation. The per-request charge spreads
@@ -138,7 +140,7 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 
 // KVRouteConfig are the kvroute policy's knobs (see KVRoute).
 type KVRouteConfig struct {
-	// OverlapCredit scales the cache credit (default 1; 0 turns cache
+	// OverlapCredit scales the cache credit (default 1.25; 0 turns cache
 	// awareness off).
 	OverlapCredit *float64 `yaml:"overlap_credit"`
 	// BacklogWeight weighs the active prefill blocks queued ahead.
@@ -155,7 +157,7 @@ type KVRouteConfig struct {
 
 // kvroute's defaults.
 const (
-	DefaultKVRouteOverlapCredit = 1.0
+	DefaultKVRouteOverlapCredit = 1.25
 	DefaultKVRouteBacklogWeight = 0.5
 	DefaultKVRouteDecodeWeight  = 0.0
 	DefaultKVRouteRequestWeight = 2.0

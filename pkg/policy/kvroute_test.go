@@ -58,13 +58,13 @@ func TestKVRouteCost(t *testing.T) {
 		want float64
 	}{
 		{"idle, cold", cand("a", 0, 0, 0), 10},
-		{"idle, 6 matched", cand("a", 6, 0, 0), 4},
+		{"idle, 6 matched at credit 1.25", cand("a", 6, 0, 0), 10 - 7.5},
 		{"backlog is never cancelled by credit", cand("a", 10, 30, 0), 15},
 		{"credit beyond the prompt is clamped", cand("a", 12, 5, 0), 2.5},
 		{"two blocks per request", withReqs(cand("a", 0, 0, 0), 3, 1), 10 + 2*4},
 		{"resyncing replica earns no credit", func() Candidate { c := cand("a", 10, 0, 0); c.Credit = 0; return c }(), 10},
-		{"half fidelity halves the credit", func() Candidate { c := cand("a", 10, 0, 0); c.Credit = 0.5; return c }(), 5},
-		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), 10 - 2 - 3},
+		{"half fidelity halves the credit", func() Candidate { c := cand("a", 4, 0, 0); c.Credit = 0.5; return c }(), 10 - 2.5},
+		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), 10 - 1.25*(2+3)},
 		{"decode footprint is free by default", cand("a", 0, 0, 1000), 10},
 	}
 	for _, tt := range tests {
@@ -92,7 +92,7 @@ func TestKVRoutePicks(t *testing.T) {
 	}{
 		{"cache wins between idle replicas", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 0, 0)}, 1, ReasonCost},
 		{"cache wins over a small backlog", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 10, 0)}, 1, ReasonCost},
-		{"a backlog larger than the saving loses", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 18, 0)}, 0, ReasonCost},
+		{"a backlog larger than the saving loses", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 22, 0)}, 0, ReasonCost},
 		{"requests already there count", []Candidate{withReqs(cand("a", 0, 0, 0), 5, 0), withReqs(cand("b", 0, 4, 0), 0, 0)}, 1, ReasonColdIndex},
 		{"cold index: least prefill backlog", []Candidate{cand("a", 0, 7, 0), cand("b", 0, 3, 50), cand("c", 0, 9, 0)}, 1, ReasonColdIndex},
 		{"equal cost: fewer load blocks", []Candidate{cand("a", 0, 0, 40), cand("b", 0, 0, 10)}, 1, ReasonColdIndex},
