@@ -14,7 +14,7 @@
 //     experiments only: it herds (see the seed reproduction in kvbench).
 //   - weighted: llm-d's scorers (prefix 3, queue 2, KV utilisation 2, each
 //     normalised to [0, 1]) and a max-score picker.
-//   - kvroute: kvroute's own cost: the request's own uncached prefill
+//   - kvroute: the router's default; the request's own uncached prefill
 //     plus the replica's prefill backlog and a per-request charge (see
 //     KVRoute and kvroute benchmarks in docs/benchmarks.md).
 //

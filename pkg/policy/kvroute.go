@@ -6,7 +6,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/index"
 )
 
-// KVRoute is kvroute's own policy: an estimate,
+// KVRoute is kvroute's own policy and the router's default: an estimate,
 // in prefill blocks, of how long the request would wait for its first
 // token on each candidate, plus a small charge per request already there.
 // Lowest wins:
