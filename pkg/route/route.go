@@ -23,7 +23,10 @@ const (
 	DegradedTokenizeTimeout = "tokenize_timeout"
 	DegradedNoTokenizer     = "no_tokenizer"
 	DegradedApproximate     = "approximate_tokens"
-	DegradedColdIndex       = "cold_index"
+	// DegradedApproximateIndex: approximate tokens were matched against the
+	// dispatch-learned index (Options.Approx) for replicas without events.
+	DegradedApproximateIndex = "approximate_index"
+	DegradedColdIndex        = "cold_index"
 )
 
 // DefaultFallbacks is how many next-best addresses a Decision carries.
@@ -41,10 +44,25 @@ type Options struct {
 	// Fallbacks is how many next-best addresses to return (default 2; a
 	// negative value returns none).
 	Fallbacks int
-	// Now reads the clock for TokenizeTime and DecideTime; nil means
-	// time.Now.
+	// Now reads the clock for TokenizeTime and DecideTime, and the
+	// approximate index's expiries; nil means time.Now.
 	Now func() time.Time
+	// Approx, when not nil, is the approximate mode's dispatch-learned
+	// index, for replicas without an event stream (State's EventFeeds
+	// says which): their candidates are matched against it instead of the
+	// Matcher, with credit ApproxCredit, whether the tokens are exact or
+	// not, and Decide records every pick of such a replica there. Event-fed
+	// replicas never use it, and approximate tokens never reach the
+	// Matcher. Routers may share one ApproxIndex.
+	Approx *ApproxIndex
+	// ApproxCredit is the credit of a match in Approx, in (0, 1]; 0 means
+	// DefaultApproxCredit.
+	ApproxCredit float64
 }
+
+// DefaultApproxCredit is Options.ApproxCredit's default: a dispatch-learned
+// match is credited in full (the TTL bounds how stale it may be).
+const DefaultApproxCredit = 1.0
 
 // Router makes routing decisions. It is safe for concurrent use; it starts
 // no goroutine and owns none.
@@ -62,7 +80,17 @@ type scratch struct {
 	sizes   []int // distinct block sizes
 	idx     []int // candidate -> index into the replica set
 	bs      []int // candidate -> block size
+	src     []source
 }
+
+// source is where a candidate's match comes from.
+type source uint8
+
+const (
+	srcNone   source = iota // not matched (approximate tokens, event-fed replica)
+	srcEvents               // the Matcher (engine events)
+	srcApprox               // the dispatch-learned ApproxIndex
+)
 
 // New returns a Router. State is required (New panics without it: a wiring
 // bug). A nil Policy means kvroute's default policy (policy.NameKVRoute); a nil Matcher
@@ -86,6 +114,9 @@ func New(opts Options) *Router {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if !(opts.ApproxCredit > 0 && opts.ApproxCredit <= 1) {
+		opts.ApproxCredit = DefaultApproxCredit
 	}
 	r := &Router{
 		opts: opts,
@@ -117,13 +148,26 @@ func (s *lockedSource) Uint64() uint64 {
 // Policy returns the router's policy.
 func (r *Router) Policy() policy.Policy { return r.opts.Policy }
 
-// Decide picks a replica for req. Errors: ErrNoReplica when the set is
+// Decide picks a replica for req and, when the pick is a replica without
+// events and Options.Approx is set, records the request's keys for it there.
+// Errors: ErrNoReplica when the set is
 // empty, the subset admits none of the model's replicas, or none of them is
 // healthy; ErrUnknownModel when replicas exist but none serves req.Model;
 // the context's error when ctx is cancelled while tokenizing. A tokenizer
 // failure or timeout is not an error: the decision is made on load alone
 // and Decision.Degraded says why.
 func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
+	return r.decide(ctx, req, true)
+}
+
+// Explain is Decide without side effects on the router: it records nothing
+// in Options.Approx. (The policy is still asked to pick: give an explaining
+// Router its own instance of a stateful policy.)
+func (r *Router) Explain(ctx context.Context, req Request) (Decision, error) {
+	return r.decide(ctx, req, false)
+}
+
+func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision, error) {
 	start := r.opts.Now()
 	d := Decision{Policy: r.opts.Policy.Name()}
 
@@ -160,10 +204,7 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.TokenSource = toks.Source
 	d.PromptTokens = len(toks.IDs)
-	match := d.Degraded == "" && len(toks.IDs) > 0
-	if match && !toks.Exact {
-		d.Degraded, match = DegradedApproximate, false
-	}
+	hasIDs := d.Degraded == "" && len(toks.IDs) > 0
 
 	// The policy's block size: the first candidate's. Matches of replicas
 	// with another block size are converted to it (in tokens, rounded down).
@@ -173,14 +214,38 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.PromptBlocks = kvblock.NumBlocks(len(toks.IDs), primary)
 
-	sc.cands = sc.cands[:0]
+	// Each candidate's source of matches: approximate tokens are never
+	// matched against engine events (an event-fed replica gets credit 0),
+	// replicas without events use the dispatch-learned index when there
+	// is one.
+	feeds, _ := r.opts.State.(EventFeeds)
+	useApprox := false
+	sc.cands, sc.src, sc.bs = sc.cands[:0], sc.src[:0], sc.bs[:0]
 	for _, i := range cands {
 		rep := reps[i]
-		sc.cands = append(sc.cands, policy.Candidate{
-			Replica: rep.ID,
-			Credit:  r.opts.State.Credit(rep.ID),
-			Load:    r.opts.State.Load(rep.ID),
-		})
+		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID)}
+		src := srcEvents
+		switch {
+		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
+			src, c.Credit, useApprox = srcApprox, r.opts.ApproxCredit, true
+		case hasIDs && !toks.Exact:
+			src = srcNone
+		default:
+			c.Credit = r.opts.State.Credit(rep.ID)
+		}
+		bs := rep.BlockSize
+		if bs <= 0 {
+			bs = kvblock.DefaultBlockSize
+		}
+		sc.cands = append(sc.cands, c)
+		sc.src = append(sc.src, src)
+		sc.bs = append(sc.bs, bs)
+	}
+	if hasIDs && !toks.Exact {
+		d.Degraded = DegradedApproximate
+		if useApprox {
+			d.Degraded = DegradedApproximateIndex
+		}
 	}
 	healthy := false
 	for _, c := range sc.cands {
@@ -191,8 +256,13 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 	}
 
 	raw := make([]Candidate, len(cands)) // the decision's own copy
-	if match {
-		r.match(sc, req, toks.IDs, reps, cands, raw, primary)
+	kopts := kvblock.Options{CacheSalt: req.CacheSalt}
+	if hasIDs && toks.Exact {
+		r.match(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, srcEvents, r.opts.Matcher, raw, primary)
+	}
+	if useApprox {
+		root := approxRoot(req.Model, req.LoRA, toks.Exact)
+		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start}, raw, primary)
 	}
 
 	res := r.opts.Policy.Pick(policy.Request{
@@ -212,6 +282,7 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 		raw[k].Credit = c.Credit
 		raw[k].Load = c.Load
 		raw[k].Eligible = c.Load.Healthy
+		raw[k].Approximate = useApprox && sc.src[k] == srcApprox
 		raw[k].Cost = math.NaN()
 		if res.Costs != nil {
 			raw[k].Cost = res.Costs[k]
@@ -225,6 +296,11 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 		d.Degraded = DegradedColdIndex
 	}
 	d.Fallbacks = fallbacks(raw, res.Pick, r.opts.Fallbacks)
+	if learn && useApprox && sc.src[res.Pick] == srcApprox {
+		root := approxRoot(req.Model, req.LoRA, toks.Exact)
+		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
+		r.opts.Approx.Record(sc.keys, d.Replica, start)
+	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil
 }
@@ -255,21 +331,14 @@ func candidates(reps []Replica, req Request, out []int) ([]int, error) {
 	return out, nil
 }
 
-// match computes the request's keys per distinct block size, matches them
-// and fills each candidate's matched blocks: raw (in the replica's own
-// blocks) for the decision, converted to the primary block size for the
-// policy.
-func (r *Router) match(sc *scratch, req Request, tokens []uint32, reps []Replica, cands []int, raw []Candidate, primary int) {
-	root := kvblock.Root(req.Model, req.LoRA)
-	opts := kvblock.Options{CacheSalt: req.CacheSalt}
-	sc.sizes, sc.bs = sc.sizes[:0], sc.bs[:0]
-	for _, i := range cands {
-		bs := reps[i].BlockSize
-		if bs <= 0 {
-			bs = kvblock.DefaultBlockSize
-		}
-		sc.bs = append(sc.bs, bs)
-		if !slices.Contains(sc.sizes, bs) {
+// match computes the request's keys (from root) per distinct block size of
+// the candidates whose source is src, matches them with m and fills those
+// candidates' matched blocks: raw (in the replica's own blocks) for the
+// decision, converted to the primary block size for the policy.
+func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, src source, m Matcher, raw []Candidate, primary int) {
+	sc.sizes = sc.sizes[:0]
+	for k, bs := range sc.bs {
+		if sc.src[k] == src && !slices.Contains(sc.sizes, bs) {
 			sc.sizes = append(sc.sizes, bs)
 		}
 	}
@@ -278,23 +347,33 @@ func (r *Router) match(sc *scratch, req Request, tokens []uint32, reps []Replica
 		if len(sc.keys) == 0 {
 			continue
 		}
-		sc.matches = r.opts.Matcher.Match(sc.keys, sc.matches[:0])
-		for _, m := range sc.matches {
+		sc.matches = m.Match(sc.keys, sc.matches[:0])
+		for _, mt := range sc.matches {
 			for k := range sc.cands {
-				if sc.bs[k] != bs || sc.cands[k].Replica != m.Replica {
+				if sc.src[k] != src || sc.bs[k] != bs || sc.cands[k].Replica != mt.Replica {
 					continue
 				}
-				raw[k].Matched = m.ByTier
+				raw[k].Matched = mt.ByTier
 				if bs == primary {
-					sc.cands[k].Matched = m.ByTier
+					sc.cands[k].Matched = mt.ByTier
 				} else {
-					for t := range m.ByTier {
-						sc.cands[k].Matched[t] = m.ByTier[t] * bs / primary
+					for t := range mt.ByTier {
+						sc.cands[k].Matched[t] = mt.ByTier[t] * bs / primary
 					}
 				}
 			}
 		}
 	}
+}
+
+// approxMatcher matches against an ApproxIndex at a fixed time.
+type approxMatcher struct {
+	x   *ApproxIndex
+	now time.Time
+}
+
+func (a approxMatcher) Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch {
+	return a.x.Match(keys, a.now, dst)
 }
 
 // expectedOutputBlocks converts max_tokens to blocks (0 when unknown).

@@ -96,6 +96,14 @@ type State interface {
 	Credit(id index.ReplicaID) float64
 }
 
+// EventFeeds is an optional interface of a State: whether a replica's cache
+// view comes from an engine event stream. Only replicas that are not
+// event-fed take part in the approximate mode (Options.Approx); a State
+// without this method has every replica event-fed.
+type EventFeeds interface {
+	EventFed(id index.ReplicaID) bool
+}
+
 // Candidate is one replica's part in a decision.
 type Candidate struct {
 	Replica  index.ReplicaID
@@ -105,6 +113,9 @@ type Candidate struct {
 	Load     load.Load
 	Cost     float64 // the policy's score; NaN when it has none
 	Eligible bool    // healthy, in the subset, serving the model
+	// Approximate is set when Matched and Credit come from the
+	// dispatch-learned index (Options.Approx), not from engine events.
+	Approximate bool
 }
 
 // Decision is the outcome of Decide: the pick and everything needed to
@@ -116,7 +127,9 @@ type Decision struct {
 	Policy    string
 	Reason    string
 	// Degraded says why cache affinity was not used ("tokenize_error",
-	// "tokenize_timeout", "approximate_tokens", "cold_index", ...), if so.
+	// "tokenize_timeout", "approximate_tokens", "cold_index", ...), if so;
+	// "approximate_index" when approximate tokens were matched against the
+	// dispatch-learned index.
 	Degraded     string
 	PromptTokens int
 	PromptBlocks int

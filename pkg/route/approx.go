@@ -1,0 +1,210 @@
+package route
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+// Defaults of ApproxConfig.
+const (
+	DefaultApproxTTL        = 2 * time.Minute
+	DefaultApproxMaxEntries = 1 << 18
+)
+
+// ApproxConfig configures an ApproxIndex.
+type ApproxConfig struct {
+	// TTL is how long a dispatch is remembered after the last request that
+	// carried the block went to the replica (default 2m).
+	TTL time.Duration
+	// MaxEntries bounds the (block key, replica) entries (default 1<<18);
+	// past it the least recently dispatched are evicted.
+	MaxEntries int
+}
+
+// ApproxStats describes an ApproxIndex.
+type ApproxStats struct {
+	Keys    int   // distinct block keys
+	Entries int   // (block key, replica) entries, expired ones not yet dropped included
+	Evicted int64 // entries dropped for MaxEntries since start
+	Expired int64 // entries dropped after their TTL since start
+}
+
+// ApproxIndex is the dispatch-learned prefix index of the approximate mode:
+// block key -> replicas that were sent a request carrying it, each with an
+// expiry. It knows nothing of engine state: a replica is assumed to hold a
+// block for TTL after it was last sent it, unless the entry is evicted for
+// size first. Entries form one list in dispatch order (least recent last),
+// which with a single TTL is also expiry order: expired entries are dropped
+// from the tail on every Record, and the tail is what MaxEntries evicts. A
+// request's blocks are recorded deepest first, so block 0 is the most recent
+// and a prefix loses its tail before its head (an interior hole would cut
+// the match short anyway).
+//
+// It is safe for concurrent use (one RWMutex: Match reads, Record writes).
+// It reads no clock: callers pass now. It starts no goroutine.
+type ApproxIndex struct {
+	ttl int64
+	max int
+
+	mu      sync.RWMutex
+	keys    map[kvblock.Key][]*approxEntry
+	lru     approxEntry // sentinel: lru.next is the most recent entry
+	n       int
+	evicted int64
+	expired int64
+}
+
+type approxEntry struct {
+	key        kvblock.Key
+	replica    index.ReplicaID
+	expires    int64 // unix nanoseconds
+	prev, next *approxEntry
+}
+
+// NewApproxIndex returns an empty index; zero or negative fields of cfg take
+// their defaults.
+func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultApproxTTL
+	}
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = DefaultApproxMaxEntries
+	}
+	x := &ApproxIndex{ttl: int64(cfg.TTL), max: cfg.MaxEntries, keys: map[kvblock.Key][]*approxEntry{}}
+	x.lru.next, x.lru.prev = &x.lru, &x.lru
+	return x
+}
+
+// Match appends to dst, for every replica, the longest prefix of keys it
+// holds unexpired at now, in one descent: a replica drops out at its first
+// missing or expired block. Replicas matching nothing are not reported.
+// Matched blocks are counted on the GPU tier.
+func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.ReplicaMatch) []index.ReplicaMatch {
+	t := now.UnixNano()
+	start := len(dst)
+	x.mu.RLock()
+	for i, k := range keys {
+		hs := x.keys[k]
+		if i == 0 {
+			for _, h := range hs {
+				if h.expires > t {
+					dst = append(dst, index.ReplicaMatch{Replica: h.replica, Blocks: 1})
+				}
+			}
+			if len(dst) == start {
+				break
+			}
+			continue
+		}
+		alive := false
+		for j := start; j < len(dst); j++ {
+			if dst[j].Blocks != i {
+				continue // dropped out earlier
+			}
+			for _, h := range hs {
+				if h.replica == dst[j].Replica && h.expires > t {
+					dst[j].Blocks++
+					alive = true
+					break
+				}
+			}
+		}
+		if !alive {
+			break
+		}
+	}
+	x.mu.RUnlock()
+	for j := start; j < len(dst); j++ {
+		dst[j].ByTier[index.TierGPU] = dst[j].Blocks
+	}
+	return dst
+}
+
+// Record notes that a request carrying keys was sent to replica at now:
+// each (key, replica) entry expires TTL after now and becomes the most
+// recent. Expired entries are dropped, then the least recent ones while
+// over MaxEntries.
+func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now time.Time) {
+	t := now.UnixNano()
+	exp := t + x.ttl
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for e := x.lru.prev; e != &x.lru && e.expires <= t; e = x.lru.prev {
+		x.remove(e)
+		x.expired++
+	}
+	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
+		hs := x.keys[k]
+		var e *approxEntry
+		for _, h := range hs {
+			if h.replica == replica {
+				e = h
+				break
+			}
+		}
+		if e == nil {
+			e = &approxEntry{key: k, replica: replica}
+			x.keys[k] = append(hs, e)
+			x.n++
+		} else {
+			e.prev.next, e.next.prev = e.next, e.prev // unlink
+		}
+		e.expires = exp
+		e.prev, e.next = &x.lru, x.lru.next // push front
+		x.lru.next.prev = e
+		x.lru.next = e
+	}
+	for x.n > x.max {
+		x.remove(x.lru.prev)
+		x.evicted++
+	}
+}
+
+// remove unlinks e and drops it from its key's holders. Callers hold mu.
+func (x *ApproxIndex) remove(e *approxEntry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+	hs := x.keys[e.key]
+	for i, h := range hs {
+		if h == e {
+			last := len(hs) - 1
+			hs[i] = hs[last]
+			hs[last] = nil
+			hs = hs[:last]
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(x.keys, e.key)
+	} else {
+		x.keys[e.key] = hs
+	}
+	x.n--
+}
+
+// Stats returns the index's size and drop counts.
+func (x *ApproxIndex) Stats() ApproxStats {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return ApproxStats{Keys: len(x.keys), Entries: x.n, Evicted: x.evicted, Expired: x.expired}
+}
+
+// approxRoot is the chain seed of the approximate mode's keys: distinct
+// from every kvblock.Root (the LoRA adapter is prefixed too, since
+// kvblock.Root ignores the model when an adapter is named), and distinct
+// between approximate ids and exact token ids, so that neither can ever
+// match the other or a key learned from engine events.
+func approxRoot(model, lora string, exact bool) kvblock.Key {
+	p := "kvroute/approx\x00"
+	if exact {
+		p = "kvroute/dispatch\x00"
+	}
+	if lora != "" {
+		return kvblock.Root("", p+lora)
+	}
+	return kvblock.Root(p+model, "")
+}
