@@ -1,0 +1,236 @@
+package route
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func approxKeys(n int, base uint32) []kvblock.Key {
+	return kvblock.Keys(nil, approxRoot(model, "", false), seq(n*16, base), 16, kvblock.Options{})
+}
+
+// matchMap runs Match and returns replica -> blocks, checking ByTier.
+func matchMap(t *testing.T, x *ApproxIndex, keys []kvblock.Key, now time.Time) map[index.ReplicaID]int {
+	t.Helper()
+	out := map[index.ReplicaID]int{}
+	for _, m := range x.Match(keys, now, nil) {
+		if _, dup := out[m.Replica]; dup {
+			t.Fatalf("replica %s reported twice", m.Replica)
+		}
+		if m.Blocks <= 0 || m.ByTier[index.TierGPU] != m.Blocks || m.ByTier[index.TierCPU]+m.ByTier[index.TierDisk] != 0 {
+			t.Fatalf("match %+v", m)
+		}
+		out[m.Replica] = m.Blocks
+	}
+	return out
+}
+
+func TestApproxIndexLongestPrefix(t *testing.T) {
+	keys := approxKeys(6, 1)
+	tests := []struct {
+		name   string
+		record map[index.ReplicaID][]kvblock.Key
+		want   map[index.ReplicaID]int
+	}{
+		{"empty", nil, map[index.ReplicaID]int{}},
+		{"whole and partial prefixes", map[index.ReplicaID][]kvblock.Key{
+			"a": keys, "b": keys[:2], "c": keys[:1],
+		}, map[index.ReplicaID]int{"a": 6, "b": 2, "c": 1}},
+		{"interior hole truncates", map[index.ReplicaID][]kvblock.Key{
+			"a": {keys[0], keys[1], keys[3], keys[4]},
+		}, map[index.ReplicaID]int{"a": 2}},
+		{"no block 0 matches nothing", map[index.ReplicaID][]kvblock.Key{
+			"a": keys[1:], "b": keys[:3],
+		}, map[index.ReplicaID]int{"b": 3}},
+		{"other prompts do not match", map[index.ReplicaID][]kvblock.Key{
+			"a": approxKeys(6, 500),
+		}, map[index.ReplicaID]int{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := NewApproxIndex(ApproxConfig{})
+			for r, ks := range tt.record {
+				x.Record(ks, r, t0)
+			}
+			if got := matchMap(t, x, keys, t0.Add(time.Second)); !mapsEqual(got, tt.want) {
+				t.Fatalf("match %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func mapsEqual(a, b map[index.ReplicaID]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestApproxIndexMatchesBruteForce checks the one-descent match against a
+// per-replica scan over random records.
+func TestApproxIndexMatchesBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	keys := approxKeys(12, 1)
+	x := NewApproxIndex(ApproxConfig{})
+	held := map[index.ReplicaID]map[kvblock.Key]bool{}
+	for i := range 200 {
+		r := index.ReplicaID(fmt.Sprint("r", rng.IntN(6)))
+		var ks []kvblock.Key
+		for _, k := range keys {
+			if rng.IntN(5) > 0 {
+				ks = append(ks, k)
+			}
+		}
+		x.Record(ks, r, t0)
+		if held[r] == nil {
+			held[r] = map[kvblock.Key]bool{}
+		}
+		for _, k := range ks {
+			held[r][k] = true
+		}
+		want := map[index.ReplicaID]int{}
+		for r, h := range held {
+			n := 0
+			for n < len(keys) && h[keys[n]] {
+				n++
+			}
+			if n > 0 {
+				want[r] = n
+			}
+		}
+		if got := matchMap(t, x, keys, t0); !mapsEqual(got, want) {
+			t.Fatalf("record %d: match %v, want %v", i, got, want)
+		}
+	}
+}
+
+func TestApproxIndexTTL(t *testing.T) {
+	keys := approxKeys(4, 1)
+	const ttl = 2 * time.Minute
+	t.Run("expires after the TTL", func(t *testing.T) {
+		x := NewApproxIndex(ApproxConfig{TTL: ttl})
+		x.Record(keys, "a", t0)
+		if got := matchMap(t, x, keys, t0.Add(ttl-time.Nanosecond)); got["a"] != 4 {
+			t.Fatalf("before expiry: %v", got)
+		}
+		if got := matchMap(t, x, keys, t0.Add(ttl)); len(got) != 0 {
+			t.Fatalf("at expiry: %v", got)
+		}
+	})
+	t.Run("a new dispatch renews only its blocks", func(t *testing.T) {
+		x := NewApproxIndex(ApproxConfig{TTL: ttl})
+		x.Record(keys, "a", t0)
+		x.Record(keys[:2], "a", t0.Add(time.Minute))
+		if got := matchMap(t, x, keys, t0.Add(ttl+time.Second)); got["a"] != 2 {
+			t.Fatalf("after the first expiry: %v, want a:2", got)
+		}
+		if got := matchMap(t, x, keys, t0.Add(time.Minute+ttl)); len(got) != 0 {
+			t.Fatalf("after the second expiry: %v", got)
+		}
+	})
+	t.Run("record drops expired entries", func(t *testing.T) {
+		x := NewApproxIndex(ApproxConfig{TTL: ttl})
+		x.Record(keys, "a", t0)
+		x.Record(keys[:1], "b", t0.Add(time.Minute))
+		if st := x.Stats(); st.Entries != 5 || st.Keys != 4 || st.Expired != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		x.Record(keys[:1], "c", t0.Add(ttl+time.Second)) // a's entries are past their TTL
+		if st := x.Stats(); st.Entries != 2 || st.Keys != 1 || st.Expired != 4 || st.Evicted != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		if got := matchMap(t, x, keys, t0.Add(ttl+time.Second)); !mapsEqual(got, map[index.ReplicaID]int{"b": 1, "c": 1}) {
+			t.Fatalf("match %v", got)
+		}
+	})
+	t.Run("defaults", func(t *testing.T) {
+		x := NewApproxIndex(ApproxConfig{TTL: -1, MaxEntries: -1})
+		if x.ttl != int64(DefaultApproxTTL) || x.max != DefaultApproxMaxEntries {
+			t.Fatalf("ttl %v max %d", time.Duration(x.ttl), x.max)
+		}
+	})
+}
+
+func TestApproxIndexBounded(t *testing.T) {
+	x := NewApproxIndex(ApproxConfig{MaxEntries: 10})
+	a, b := approxKeys(8, 1), approxKeys(8, 900)
+	x.Record(a, "a", t0)
+	x.Record(b, "b", t0.Add(time.Second))
+	st := x.Stats()
+	if st.Entries != 10 || st.Keys != 10 || st.Evicted != 6 || st.Expired != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// a's deepest blocks went first: its prefix survives, shortened.
+	now := t0.Add(2 * time.Second)
+	if got := matchMap(t, x, a, now); !mapsEqual(got, map[index.ReplicaID]int{"a": 2}) {
+		t.Fatalf("a: %v", got)
+	}
+	if got := matchMap(t, x, b, now); !mapsEqual(got, map[index.ReplicaID]int{"b": 8}) {
+		t.Fatalf("b: %v", got)
+	}
+	// Renewing a's head makes b's tail the least recent.
+	x.Record(a[:1], "a", now)
+	x.Record(a[:3], "a", now)
+	if st := x.Stats(); st.Entries != 10 || st.Evicted != 7 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := matchMap(t, x, a, now); got["a"] != 3 {
+		t.Fatalf("a: %v", got)
+	}
+	if got := matchMap(t, x, b, now); got["b"] != 7 {
+		t.Fatalf("b: %v", got)
+	}
+}
+
+func TestApproxRootDistinct(t *testing.T) {
+	roots := []kvblock.Key{
+		kvblock.Root(model, ""), kvblock.Root(model, "ad"), kvblock.Root("other", ""),
+		approxRoot(model, "", false), approxRoot(model, "", true),
+		approxRoot(model, "ad", false), approxRoot(model, "ad", true),
+		approxRoot("other", "", false),
+	}
+	for i := range roots {
+		if j := slices.Index(roots, roots[i]); j != i {
+			t.Fatalf("root %d equals root %d", i, j)
+		}
+	}
+}
+
+func TestApproxIndexConcurrent(t *testing.T) {
+	x := NewApproxIndex(ApproxConfig{MaxEntries: 64})
+	keys := approxKeys(16, 1)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			r := index.ReplicaID(fmt.Sprint("r", w))
+			for i := range 300 {
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				x.Record(keys[:1+i%16], r, now)
+				for _, m := range x.Match(keys, now, nil) {
+					if m.Blocks < 1 || m.Blocks > 16 {
+						t.Errorf("match %+v", m)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if st := x.Stats(); st.Entries > 64 || st.Entries <= 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
