@@ -1,6 +1,7 @@
 package route
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/policy"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -232,5 +235,228 @@ func TestApproxIndexConcurrent(t *testing.T) {
 	wg.Wait()
 	if st := x.Stats(); st.Entries > 64 || st.Entries <= 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// fedState marks which replicas have an event stream.
+type fedState struct {
+	*fakeState
+	fed map[index.ReplicaID]bool
+}
+
+func (s fedState) EventFed(id index.ReplicaID) bool { return s.fed[id] }
+
+func approxTokenizer(ids []uint32) Tokenizer {
+	return tokenizerFunc(func(context.Context, string, TokenizeInput) (Tokens, error) {
+		return Tokens{IDs: ids, Source: "approximate", Exact: false}, nil
+	})
+}
+
+type approxRig struct {
+	st  fedState
+	ix  *index.Index
+	ax  *ApproxIndex
+	now time.Time
+	rt  *Router
+}
+
+// newApproxRig: three replicas r0..r2 (r0 least loaded), none event-fed
+// unless named, a 2-minute approximate index and a settable clock.
+func newApproxRig(t *testing.T, tok Tokenizer, fed ...index.ReplicaID) *approxRig {
+	t.Helper()
+	g := &approxRig{st: fedState{fleet(3), map[index.ReplicaID]bool{}}, ix: index.New(index.Config{}), now: t0}
+	for _, id := range fed {
+		g.st.fed[id] = true
+	}
+	g.ax = NewApproxIndex(ApproxConfig{TTL: 2 * time.Minute})
+	p, err := policy.New(policy.NameBlended, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.rt = New(Options{Matcher: g.ix, State: g.st, Policy: p, Tokenizer: tok, Seed: 1,
+		Approx: g.ax, Now: func() time.Time { return g.now }})
+	return g
+}
+
+// makeBusiest makes id the most loaded replica.
+func (g *approxRig) makeBusiest(id index.ReplicaID) {
+	g.st.loads[id] = load.Load{Healthy: true, ActivePrefillBlocks: 35}
+}
+
+func candidate(t *testing.T, d Decision, id index.ReplicaID) Candidate {
+	t.Helper()
+	for _, c := range d.Candidates {
+		if c.Replica == id {
+			return c
+		}
+	}
+	t.Fatalf("no candidate %s in %+v", id, d)
+	return Candidate{}
+}
+
+func TestDecideApproximateLearnsFromDispatch(t *testing.T) {
+	prompt := seq(40*16, 3)
+	g := newApproxRig(t, approxTokenizer(prompt))
+	req := Request{Model: model, Input: TokenizeInput{Prompt: "x"}}
+	d, err := g.rt.Decide(t.Context(), req)
+	if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximateIndex || d.MatchedBlocks() != 0 {
+		t.Fatalf("first: %+v %v", d, err)
+	}
+	if st := g.ax.Stats(); st.Entries != 40 {
+		t.Fatalf("learned %+v, want 40 entries", st)
+	}
+	// r0 is now the busiest: without what it learned the request would go
+	// to r1 (see the control below); with it, the prefix pulls it back.
+	g.makeBusiest("r0")
+	g.now = g.now.Add(time.Minute)
+	d, err = g.rt.Decide(t.Context(), req)
+	if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximateIndex || d.MatchedBlocks() != 40 {
+		t.Fatalf("second: %+v %v", d, err)
+	}
+	if c := candidate(t, d, "r0"); !c.Approximate || c.Credit != DefaultApproxCredit || c.Matched[index.TierGPU] != 40 {
+		t.Fatalf("r0 %+v", c)
+	}
+	if c := candidate(t, d, "r1"); !c.Approximate || c.Matched != [index.NumTiers]int{} {
+		t.Fatalf("r1 %+v", c)
+	}
+
+	t.Run("control: a fresh index routes by load", func(t *testing.T) {
+		h := newApproxRig(t, approxTokenizer(prompt))
+		h.makeBusiest("r0")
+		d, err := h.rt.Decide(t.Context(), req)
+		if err != nil || d.Replica != "r1" || d.Degraded != DegradedApproximateIndex {
+			t.Fatalf("%+v %v", d, err)
+		}
+	})
+	t.Run("expiry forgets", func(t *testing.T) {
+		g.now = g.now.Add(2*time.Minute + time.Second) // past the second dispatch's TTL
+		d, err := g.rt.Decide(t.Context(), req)
+		if err != nil || d.Replica != "r1" || d.MatchedBlocks() != 0 {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if c := candidate(t, d, "r0"); c.Matched != [index.NumTiers]int{} {
+			t.Fatalf("r0 still matched: %+v", c)
+		}
+	})
+}
+
+func TestDecideApproximateNeverCreditsEventFed(t *testing.T) {
+	prompt := seq(40*16, 3)
+	g := newApproxRig(t, approxTokenizer(prompt), "r0")
+	// r0 holds the prompt in the event-fed index and, under the approximate
+	// root, in the dispatch-learned one: neither may count.
+	store(t, g.ix, "r0", model, prompt, 16)
+	g.ax.Record(kvblock.Keys(nil, approxRoot(model, "", false), prompt, 16, kvblock.Options{}), "r0", g.now)
+	g.makeBusiest("r2")
+	g.st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 30}
+	before := g.ax.Stats()
+	d, err := g.rt.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+	if err != nil || d.Replica != "r1" || d.Degraded != DegradedApproximateIndex {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if c := candidate(t, d, "r0"); c.Approximate || c.Credit != 0 || c.Matched != [index.NumTiers]int{} {
+		t.Fatalf("event-fed r0 %+v", c)
+	}
+	if st := g.ax.Stats(); st.Entries != before.Entries+40 {
+		t.Fatalf("the no-events pick r1 was not learned: %+v -> %+v", before, st)
+	}
+
+	t.Run("an event-fed pick is not learned", func(t *testing.T) {
+		h := newApproxRig(t, approxTokenizer(prompt), "r0")
+		d, err := h.rt.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+		if err != nil || d.Replica != "r0" {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if st := h.ax.Stats(); st.Entries != 0 {
+			t.Fatalf("learned %+v", st)
+		}
+	})
+	t.Run("all event-fed: approximate tokens are not matched", func(t *testing.T) {
+		h := newApproxRig(t, approxTokenizer(prompt), "r0", "r1", "r2")
+		store(t, h.ix, "r2", model, prompt, 16)
+		d, err := h.rt.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+		if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximate || d.MatchedBlocks() != 0 {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if c := candidate(t, d, "r2"); c.Credit != 0 || c.Matched != [index.NumTiers]int{} {
+			t.Fatalf("r2 %+v", c)
+		}
+	})
+}
+
+func TestExplainDoesNotLearn(t *testing.T) {
+	prompt := seq(40*16, 3)
+	g := newApproxRig(t, approxTokenizer(prompt))
+	req := Request{Model: model, Input: TokenizeInput{Prompt: "x"}}
+	for range 3 {
+		d, err := g.rt.Explain(t.Context(), req)
+		if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximateIndex {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	if st := g.ax.Stats(); st.Entries != 0 {
+		t.Fatalf("explain learned %+v", st)
+	}
+	if _, err := g.rt.Decide(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	g.makeBusiest("r0")
+	d, err := g.rt.Explain(t.Context(), req)
+	if err != nil || d.Replica != "r0" || d.MatchedBlocks() != 40 {
+		t.Fatalf("explain after a dispatch: %+v %v", d, err)
+	}
+	if st := g.ax.Stats(); st.Entries != 40 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestDecideExactTokensLearnForNoEventReplicas(t *testing.T) {
+	prompt := seq(40*16, 9)
+	g := newApproxRig(t, nil, "r2")
+	store(t, g.ix, "r2", model, prompt, 16) // event-fed, but busiest
+	g.makeBusiest("r2")
+	req := Request{Model: model, Tokens: prompt}
+	d, err := g.rt.Decide(t.Context(), req)
+	if err != nil || d.Replica != "r2" || d.Degraded != "" || d.MatchedBlocks() != 40 {
+		t.Fatalf("events win: %+v %v", d, err)
+	}
+	if st := g.ax.Stats(); st.Entries != 0 {
+		t.Fatalf("learned an event-fed pick: %+v", st)
+	}
+	// A new prompt goes to r0 by load and is learned for it.
+	other := seq(40*16, 5000)
+	if d, err = g.rt.Decide(t.Context(), Request{Model: model, Tokens: other}); err != nil || d.Replica != "r0" {
+		t.Fatalf("%+v %v", d, err)
+	}
+	g.st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 30}
+	d, err = g.rt.Decide(t.Context(), Request{Model: model, Tokens: other})
+	if err != nil || d.Replica != "r0" || d.Degraded != "" || d.MatchedBlocks() != 40 {
+		t.Fatalf("learned exact prefix: %+v %v", d, err)
+	}
+	if c := candidate(t, d, "r0"); !c.Approximate || c.Credit != DefaultApproxCredit {
+		t.Fatalf("r0 %+v", c)
+	}
+	if c := candidate(t, d, "r2"); c.Approximate || c.Credit != 1 {
+		t.Fatalf("event-fed r2 %+v", c)
+	}
+	// The same text tokenized approximately never meets the exact keys.
+	h := g.rt
+	h.opts.Tokenizer = approxTokenizer(other)
+	d, err = h.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+	if err != nil || d.Degraded != DegradedApproximateIndex || d.MatchedBlocks() != 0 {
+		t.Fatalf("approximate ids matched exact keys: %+v %v", d, err)
+	}
+}
+
+func TestDecideWithoutEventFeedsNeverApproximates(t *testing.T) {
+	prompt := seq(40*16, 3)
+	ax := NewApproxIndex(ApproxConfig{})
+	rt := New(Options{State: fleet(2), Tokenizer: approxTokenizer(prompt), Approx: ax})
+	d, err := rt.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+	if err != nil || d.Degraded != DegradedApproximate {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if st := ax.Stats(); st.Entries != 0 {
+		t.Fatalf("learned %+v", st)
 	}
 }
