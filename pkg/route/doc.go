@@ -16,9 +16,24 @@
 // alone (Degraded "tokenize_error" / "tokenize_timeout"). A policy that fell
 // back for a cold index reports Degraded "cold_index".
 //
+// Approximate mode (Options.Approx, an ApproxIndex): replicas without an
+// event stream (State's optional EventFeeds) have no engine view, so the
+// router remembers its own dispatches instead: block key -> replicas sent a
+// request carrying it, expiring after a TTL, bounded in entries (LRU,
+// evictions counted). Their candidates are matched against it (credit
+// Options.ApproxCredit, Candidate.Approximate set), for approximate tokens
+// (Degraded "approximate_index") and for exact ones alike; event-fed
+// candidates are matched against the Matcher for exact tokens only and get
+// credit 0 for approximate ones. Keys of the approximate index are rooted
+// apart from kvblock.Root, and approximate ids apart from exact ones, so the
+// modes never mix. Decide records the pick's keys there when the pick has no
+// events; Explain records nothing.
+//
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
 // goroutine. Per-call buffers come from a sync.Pool; policy randomness comes
 // from one *rand.Rand over a mutex-guarded PCG seeded from Options.Seed, so a
 // single goroutine's sequence of decisions is reproducible. Decide reads the
-// clock (Options.Now, injectable) only to report TokenizeTime and DecideTime.
+// clock (Options.Now, injectable) to report TokenizeTime and DecideTime; its
+// start time is also the approximate index's now. The ApproxIndex is safe
+// for concurrent use (one RWMutex) and takes its time from the caller.
 package route
