@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
@@ -190,6 +191,19 @@ type RoutingConfig struct {
 	// BlockSize is the KV block size in tokens for replicas that do not set
 	// their own. Default 16 (vLLM's default).
 	BlockSize int `yaml:"block_size"`
+	// Approximate tunes the dispatch-learned index used for replicas
+	// without an events endpoint (route.ApproxConfig).
+	Approximate ApproximateConfig `yaml:"approximate"`
+}
+
+// ApproximateConfig tunes the approximate mode: which replica was sent which
+// prompt blocks, remembered for TTL, at most MaxEntries (block, replica)
+// entries (least recently dispatched evicted first).
+type ApproximateConfig struct {
+	// TTL is how long a dispatch is remembered. Default 2m.
+	TTL time.Duration `yaml:"ttl"`
+	// MaxEntries bounds the (block, replica) entries. Default 262144.
+	MaxEntries int `yaml:"max_entries"`
 }
 
 // TelemetryConfig configures logs and traces. Tracing follows the standard
@@ -314,6 +328,10 @@ func (c *Config) ApplyDefaults() {
 	if c.Routing.BlockSize == 0 {
 		c.Routing.BlockSize = DefaultBlockSize
 	}
+	dur(&c.Routing.Approximate.TTL, route.DefaultApproxTTL)
+	if c.Routing.Approximate.MaxEntries == 0 {
+		c.Routing.Approximate.MaxEntries = route.DefaultApproxMaxEntries
+	}
 	str(&c.Telemetry.ServiceName, DefaultServiceName)
 	str(&c.Telemetry.LogLevel, "info")
 	str(&c.Telemetry.LogFormat, "text")
@@ -419,6 +437,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.BlockSize <= 0 || c.Routing.BlockSize > discovery.MaxBlockSize {
 		bad("routing.block_size", "%d: must be in [1, %d]", c.Routing.BlockSize, discovery.MaxBlockSize)
+	}
+	if c.Routing.Approximate.TTL < 0 {
+		bad("routing.approximate.ttl", "must not be negative")
+	}
+	if c.Routing.Approximate.MaxEntries < 0 {
+		bad("routing.approximate.max_entries", "must not be negative")
 	}
 	switch c.Telemetry.LogLevel {
 	case "debug", "info", "warn", "error":

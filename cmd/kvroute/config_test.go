@@ -37,6 +37,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"header", c.Routing.DestinationHeader, "x-gateway-destination-endpoint"},
 		{"session header", c.Routing.SessionHeader, "x-session-id"},
 		{"block size", c.Routing.BlockSize, 16},
+		{"approximate ttl", c.Routing.Approximate.TTL, 2 * time.Minute},
+		{"approximate entries", c.Routing.Approximate.MaxEntries, 1 << 18},
 		{"warm timeout", c.Readiness.WarmTimeout, DefaultWarmTimeout},
 		{"log level", c.Telemetry.LogLevel, "info"},
 		{"index budget", c.Index.MaxBytes, int64(DefaultIndexMaxBytes)},
@@ -60,6 +62,8 @@ tokenizer:
   models:
     m: {kind: local, tokenizer_json: /t/tokenizer.json, timeout: 1s}
 readiness: {warm_timeout: 500ms}
+routing:
+  approximate: {ttl: 30s, max_entries: 1000}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +77,9 @@ readiness: {warm_timeout: 500ms}
 	}
 	if got := c.Tokenizer.Models["m"]; got.Kind != tokenize.KindLocal || got.TokenizerJSON != "/t/tokenizer.json" || got.Timeout != time.Second {
 		t.Fatalf("tokenizer not decoded: %+v", got)
+	}
+	if a := c.Routing.Approximate; a.TTL != 30*time.Second || a.MaxEntries != 1000 {
+		t.Fatalf("routing.approximate not decoded: %+v", a)
 	}
 }
 
@@ -117,6 +124,8 @@ replicas:
 		{"negative duration", minimal + "readiness: {warm_timeout: -1s}\n", []string{"readiness.warm_timeout"}},
 		{"bad duration", minimal + "readiness: {warm_timeout: soon}\n", []string{"soon"}},
 		{"header", minimal + "routing: {destination_header: X-Pick}\n", []string{"routing.destination_header"}},
+		{"approximate ttl", minimal + "routing: {approximate: {ttl: -1s}}\n", []string{"routing.approximate.ttl"}},
+		{"approximate entries", minimal + "routing: {approximate: {max_entries: -5}}\n", []string{"routing.approximate.max_entries"}},
 		{"log level", minimal + "telemetry: {log_level: loud}\n", []string{"telemetry.log_level"}},
 		{"several errors are all reported", minimal + "telemetry: {log_level: loud, log_format: xml}\n",
 			[]string{"telemetry.log_level", "telemetry.log_format"}},

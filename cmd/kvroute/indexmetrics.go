@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // indexCollector exports the index's Stats as gauges at scrape time (the
@@ -44,4 +45,35 @@ func (c *indexCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.bytes, float64(st.Bytes))
 	g(c.budget, float64(st.Budget))
 	ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(st.Evicted))
+}
+
+// approxCollector exports the dispatch-learned index's stats at scrape time.
+type approxCollector struct {
+	x                               *route.ApproxIndex
+	keys, entries, evicted, expired *prometheus.Desc
+}
+
+func newApproxCollector(x *route.ApproxIndex) *approxCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &approxCollector{
+		x:       x,
+		keys:    d("kvroute_approx_index_keys", "Distinct block keys in the dispatch-learned index (replicas without events)."),
+		entries: d("kvroute_approx_index_entries", "(block key, replica) entries in the dispatch-learned index."),
+		evicted: d("kvroute_approx_index_evicted_total", "Dispatch-learned entries evicted for routing.approximate.max_entries."),
+		expired: d("kvroute_approx_index_expired_total", "Dispatch-learned entries dropped after routing.approximate.ttl."),
+	}
+}
+
+func (c *approxCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.keys, c.entries, c.evicted, c.expired} {
+		ch <- d
+	}
+}
+
+func (c *approxCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.x.Stats()
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(c.entries, prometheus.GaugeValue, float64(st.Entries))
+	ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(st.Evicted))
+	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(st.Expired))
 }

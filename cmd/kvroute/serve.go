@@ -192,7 +192,13 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 	if err != nil {
 		return nil, err
 	}
-	routeOpts := route.Options{Matcher: r.idx, State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed}
+	// One dispatch-learned index for replicas without events: the decider
+	// records its picks there, the explainer only reads it.
+	approx := route.NewApproxIndex(route.ApproxConfig{
+		TTL: cfg.Routing.Approximate.TTL, MaxEntries: cfg.Routing.Approximate.MaxEntries,
+	})
+	r.reg.MustRegister(newApproxCollector(approx))
+	routeOpts := route.Options{Matcher: r.idx, State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx}
 	decider := route.New(routeOpts)
 	routeOpts.Policy = explainPol
 	explainer := route.New(routeOpts)
@@ -213,7 +219,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 		return nil, fmt.Errorf("extproc: %w", err)
 	}
 	if r.admin, err = admin.New(admin.Config{
-		Explainer: explainerFunc(explainer.Decide),
+		Explainer: explainerFunc(explainer.Explain),
 		Parse:     parseRequest,
 		Replicas:  r,
 		Index:     r.idx,

@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
 )
 
@@ -161,10 +162,16 @@ readiness: {warm_timeout: 5s}
 	if err := json.Unmarshal(out.Bytes(), &js); err != nil || js.Replica != "idle" || len(js.Candidates) != 2 {
 		t.Fatalf("explain --json: %v %+v\n%s", err, js, out.String())
 	}
+	// Neither replica has an events endpoint: no engine view (State credit
+	// 0), so both are credited through the dispatch-learned index, which
+	// explain never writes.
 	for _, c := range js.Candidates {
-		if c.Credit != 0 {
-			t.Errorf("a replica without an events endpoint has credit %v, want 0", c.Credit)
+		if c.Credit != route.DefaultApproxCredit {
+			t.Errorf("a replica without an events endpoint has credit %v, want the approximate mode's %v", c.Credit, route.DefaultApproxCredit)
 		}
+	}
+	if st := r.set.Credit("idle"); st != 0 {
+		t.Errorf("State credit of a replica without events = %v, want 0", st)
 	}
 
 	// HTTP mirror on the same port.
@@ -186,7 +193,7 @@ readiness: {warm_timeout: 5s}
 	}
 	b, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range []string{"kvroute_index_keys", "kvroute_build_info", "kvroute_replica_healthy"} {
+	for _, name := range []string{"kvroute_index_keys", "kvroute_build_info", "kvroute_replica_healthy", "kvroute_approx_index_entries", "kvroute_approx_index_evicted_total"} {
 		if !strings.Contains(string(b), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
@@ -249,6 +256,11 @@ func TestReplicaSet(t *testing.T) {
 	for _, c := range credits {
 		if got := s.Credit(c.id); math.Abs(got-c.want) > 1e-9 {
 			t.Errorf("Credit(%s) = %v, want %v", c.id, got, c.want)
+		}
+	}
+	for id, want := range map[index.ReplicaID]bool{"a": true, "b": false, "c": true, "d#dp1": true, "zz": false} {
+		if got := s.EventFed(id); got != want {
+			t.Errorf("EventFed(%s) = %v, want %v", id, got, want)
 		}
 	}
 	if s.BlockSize("c") != 32 || s.BlockSize("a") != 16 || s.BlockSize("zz") != 0 {

@@ -41,8 +41,9 @@ type creditor interface {
 // ineligible.
 //
 // Credit is min(events credit, fidelity credit). A replica without an
-// events endpoint has no cache view at all: credit 0, so the policy treats
-// it as cold and places requests on it by load only.
+// events endpoint has no engine cache view at all: credit 0 for the event-fed
+// index; the router matches it against its dispatch-learned index instead
+// (EventFed), with that index's own credit.
 type replicaSet struct {
 	snap      atomic.Pointer[setSnapshot]
 	view      *load.View
@@ -51,7 +52,10 @@ type replicaSet struct {
 	blockSize int // default for replicas that do not set theirs
 }
 
-var _ route.State = (*replicaSet)(nil)
+var (
+	_ route.State      = (*replicaSet)(nil)
+	_ route.EventFeeds = (*replicaSet)(nil)
+)
 
 func newReplicaSet(view *load.View, ev creditor, fid *load.Fidelity, blockSize int) *replicaSet {
 	s := &replicaSet{view: view, events: ev, fidelity: fid, blockSize: blockSize}
@@ -111,6 +115,14 @@ func (s *replicaSet) Credit(id index.ReplicaID) float64 {
 		c = min(c, s.fidelity.Credit(string(id)))
 	}
 	return c
+}
+
+// EventFed implements route.EventFeeds: whether the stream's replica has an
+// events endpoint. Replicas without one are matched against the router's
+// dispatch-learned index instead (route.Options.Approx).
+func (s *replicaSet) EventFed(id index.ReplicaID) bool {
+	m, ok := s.snap.Load().byID[id]
+	return ok && m.replica.EventsEndpoint != ""
 }
 
 // BlockSize returns a stream's block size (0 when unknown).
