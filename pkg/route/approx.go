@@ -50,18 +50,26 @@ type ApproxIndex struct {
 	max int
 
 	mu      sync.RWMutex
-	keys    map[kvblock.Key][]*approxEntry
-	lru     approxEntry // sentinel: lru.next is the most recent entry
+	keys    map[kvblock.Key]*approxEntry // a key's first holder
+	lru     approxEntry                  // sentinel: lru.next is the most recent entry
+	free    *approxEntry                 // dropped entries for reuse, linked by sib
+	nfree   int
 	n       int
 	evicted int64
 	expired int64
 }
 
+// maxFree bounds the dropped entries kept for reuse.
+const maxFree = 1024
+
+// approxEntry is one (key, replica) entry: in the dispatch-order list
+// (prev, next) and in its key's list of holders (sib).
 type approxEntry struct {
 	key        kvblock.Key
 	replica    index.ReplicaID
 	expires    int64 // unix nanoseconds
 	prev, next *approxEntry
+	sib        *approxEntry
 }
 
 // NewApproxIndex returns an empty index; zero or negative fields of cfg take
@@ -73,7 +81,7 @@ func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 	if cfg.MaxEntries <= 0 {
 		cfg.MaxEntries = DefaultApproxMaxEntries
 	}
-	x := &ApproxIndex{ttl: int64(cfg.TTL), max: cfg.MaxEntries, keys: map[kvblock.Key][]*approxEntry{}}
+	x := &ApproxIndex{ttl: int64(cfg.TTL), max: cfg.MaxEntries, keys: map[kvblock.Key]*approxEntry{}}
 	x.lru.next, x.lru.prev = &x.lru, &x.lru
 	return x
 }
@@ -87,9 +95,9 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 	start := len(dst)
 	x.mu.RLock()
 	for i, k := range keys {
-		hs := x.keys[k]
+		first := x.keys[k]
 		if i == 0 {
-			for _, h := range hs {
+			for h := first; h != nil; h = h.sib {
 				if h.expires > t {
 					dst = append(dst, index.ReplicaMatch{Replica: h.replica, Blocks: 1})
 				}
@@ -104,7 +112,7 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 			if dst[j].Blocks != i {
 				continue // dropped out earlier
 			}
-			for _, h := range hs {
+			for h := first; h != nil; h = h.sib {
 				if h.replica == dst[j].Replica && h.expires > t {
 					dst[j].Blocks++
 					alive = true
@@ -138,17 +146,19 @@ func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now ti
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
-		hs := x.keys[k]
-		var e *approxEntry
-		for _, h := range hs {
-			if h.replica == replica {
-				e = h
-				break
-			}
+		first := x.keys[k]
+		e := first
+		for e != nil && e.replica != replica {
+			e = e.sib
 		}
 		if e == nil {
-			e = &approxEntry{key: k, replica: replica}
-			x.keys[k] = append(hs, e)
+			if e = x.free; e != nil {
+				x.free, x.nfree = e.sib, x.nfree-1
+			} else {
+				e = new(approxEntry)
+			}
+			e.key, e.replica, e.sib = k, replica, first
+			x.keys[k] = e
 			x.n++
 		} else {
 			e.prev.next, e.next.prev = e.next, e.prev // unlink
@@ -164,26 +174,27 @@ func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now ti
 	}
 }
 
-// remove unlinks e and drops it from its key's holders. Callers hold mu.
+// remove unlinks e from both lists and keeps it for reuse. Callers hold mu.
 func (x *ApproxIndex) remove(e *approxEntry) {
 	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
-	hs := x.keys[e.key]
-	for i, h := range hs {
-		if h == e {
-			last := len(hs) - 1
-			hs[i] = hs[last]
-			hs[last] = nil
-			hs = hs[:last]
-			break
-		}
-	}
-	if len(hs) == 0 {
+	switch first := x.keys[e.key]; {
+	case first == e && e.sib == nil:
 		delete(x.keys, e.key)
-	} else {
-		x.keys[e.key] = hs
+	case first == e:
+		x.keys[e.key] = e.sib
+	default:
+		p := first
+		for p.sib != e {
+			p = p.sib
+		}
+		p.sib = e.sib
 	}
 	x.n--
+	*e = approxEntry{}
+	if x.nfree < maxFree {
+		e.sib, x.free = x.free, e
+		x.nfree++
+	}
 }
 
 // Stats returns the index's size and drop counts.
