@@ -60,14 +60,12 @@ func TestMultiTurnSessionsStick(t *testing.T) {
 // TestSharedSystemPromptDoesNotHerd: one long system prompt shared by every
 // request, cached on one replica first, then a concurrent burst: the load
 // term must spread the burst instead of sending it all to the cache holder.
-// It runs the blended policy, whose decode-footprint term spreads even a
-// light burst. The default kvroute policy deliberately keeps a light burst
-// on the cache holder (each request there prefills 16 blocks instead of
-// 228) and spreads only once the holder's prefill queue outweighs the
-// saving; kvbench's herding workload measures that (docs/benchmarks.md,
-// "Routing quality").
+// It runs the router's default policy (kvroute): at this light load no
+// prefill queue builds up, so it is kvroute's load bound that spreads the
+// burst (a replica at or above its share of the in-flight requests earns
+// no cache credit).
 func TestSharedSystemPromptDoesNotHerd(t *testing.T) {
-	c := newCluster(t, clusterOpts{policy: "blended"})
+	c := newCluster(t, clusterOpts{})
 	ctx := t.Context()
 	sys := message{Role: "system", Content: prompt("shared-system", 200)}
 	first := c.chat(ctx, []message{sys, {Role: "user", Content: "warm up"}}, 4, nil)

@@ -20,6 +20,7 @@ const (
 	ReasonRandom       = "random"
 	ReasonAffinity     = "affinity" // pureaffinity: longest match
 	ReasonNoneEligible = "none_eligible"
+	ReasonLoadBound    = "load_bound" // kvroute: the load bound took a candidate's cache credit and changed the pick
 )
 
 // LoadBlocks is the load figure ties are broken on: the replica's active

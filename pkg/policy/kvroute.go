@@ -42,8 +42,39 @@ import (
 // scales the credit, so a replica whose predicted hits do not materialise
 // stops attracting traffic on them. Ties go to the less loaded candidate,
 // then at random. KVRoute holds no state.
+//
+// Bounded load (load_bound c, default 1.25; 0 turns it off), after
+// consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam):
+// with T the running plus waiting requests summed over the eligible
+// candidates and N of them, a candidate already carrying
+//
+//	bound = max(load_bound_min, ceil(c * (T+1) / N))
+//
+// requests or more earns no cache credit for this request. The cost terms
+// above weigh queued prefill, not the number of requests a replica serves,
+// so a light burst that shares a long prefix (a system prompt cached on one
+// replica) would otherwise all land on that replica: each request there
+// prefills a few blocks instead of the whole prompt, and a handful of
+// requests in flight never outweighs that saving. The bound caps how far
+// ahead of its fair share a cache-rich replica can get before it competes
+// on load alone, whatever the saving. It removes the credit rather than
+// skipping the candidate: an over-bound replica can still win on load (when
+// the others' prefill queues are longer), and no special case is needed
+// when every candidate is over the bound. Reason "load_bound" marks a pick
+// the bound changed (an over-bound candidate would have won with its credit).
+//
+// The floor load_bound_min (default 4 requests) keeps the bound from firing
+// on a nearly idle fleet, where ceil(c*(T+1)/N) is 1 or 2 and a replica
+// running two requests would lose a conversation whose whole history it
+// holds: on the Mooncake trace (8 replicas) a floor of 1 moved 8% of the
+// requests, nearly all with over 90% of their prompt cached, and cost 27%
+// of mean TTFT and a fifth of the hit rate (docs/benchmarks.md, "Routing
+// quality"). At four requests a replica is far from busy, and a burst
+// heavy enough to herd (16 concurrent requests on 4 replicas) has a bound
+// above the floor.
 type KVRoute struct {
 	credit, backlogWeight, decodeWeight, requestWeight float64
+	loadBound, loadBoundMin                            float64
 	tierWeight                                         [index.NumTiers]float64
 }
 
@@ -53,6 +84,8 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		backlogWeight: orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
 		decodeWeight:  orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
 		requestWeight: orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
+		loadBound:     orDefault(c.LoadBound, DefaultKVRouteLoadBound),
+		loadBoundMin:  orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 	}
 	k.tierWeight[index.TierGPU] = 1
 	k.tierWeight[index.TierCPU] = orDefault(c.HostCacheHitWeight, DefaultHostCacheHitWeight)
@@ -69,6 +102,12 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		if err := finiteNonNeg(f.name, f.v); err != nil {
 			return nil, err
 		}
+	}
+	if b := k.loadBound; math.IsNaN(b) || math.IsInf(b, 0) || (b != 0 && b < 1) {
+		return nil, fieldErr("kvroute.load_bound", b, "0 (off) or a finite number >= 1")
+	}
+	if m := k.loadBoundMin; !(m >= 1 && m <= 1<<20) || m != math.Trunc(m) {
+		return nil, fieldErr("kvroute.load_bound_min", m, "a whole number in [1, 1048576]")
 	}
 	if err := unit("kvroute.host_cache_hit_weight", k.tierWeight[index.TierCPU]); err != nil {
 		return nil, err
@@ -95,12 +134,38 @@ func (k *KVRoute) CreditBlocks(c Candidate) float64 {
 	return k.credit * t * credit(c)
 }
 
-// Cost is the candidate's cost for this request.
+// Cost is the candidate's cost for this request, with its cache credit
+// (the load bound is not applied: see Pick).
 func (k *KVRoute) Cost(req Request, c Candidate) float64 {
-	own := math.Max(0, float64(req.PromptBlocks)-k.CreditBlocks(c))
+	return k.cost(req, c, k.CreditBlocks(c))
+}
+
+func (k *KVRoute) cost(req Request, c Candidate, creditBlocks float64) float64 {
+	own := math.Max(0, float64(req.PromptBlocks)-creditBlocks)
 	return k.backlogWeight*c.Load.ActivePrefillBlocks + own +
 		k.decodeWeight*c.Load.ActiveDecodeBlocks +
 		k.requestWeight*float64(c.Load.Requests())
+}
+
+// LoadBound is the request count at or above which a candidate earns no
+// cache credit: max(load_bound_min, ceil(c*(T+1)/N)) with T the eligible
+// candidates' running plus waiting requests and N their number. It is +Inf
+// when the bound is off or no candidate is eligible.
+func (k *KVRoute) LoadBound(cands []Candidate) float64 {
+	if k.loadBound == 0 {
+		return math.Inf(1)
+	}
+	total, n := 0, 0
+	for _, c := range cands {
+		if eligible(c) {
+			total += c.Load.Requests()
+			n++
+		}
+	}
+	if n == 0 {
+		return math.Inf(1)
+	}
+	return math.Max(k.loadBoundMin, math.Ceil(k.loadBound*float64(total+1)/float64(n)))
 }
 
 // Pick implements Policy.
@@ -108,6 +173,8 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	if !anyEligible(cands) {
 		return none()
 	}
+	bound := k.LoadBound(cands)
+	over := func(c Candidate) bool { return float64(c.Load.Requests()) >= bound }
 	costs := make([]float64, len(cands))
 	ch := newChooser()
 	for i, c := range cands {
@@ -115,7 +182,11 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 			costs[i] = math.NaN()
 			continue
 		}
-		costs[i] = k.Cost(req, c)
+		cr := 0.0
+		if !over(c) {
+			cr = k.CreditBlocks(c)
+		}
+		costs[i] = k.cost(req, c, cr)
 		if ch.pick < 0 {
 			ch.better(i)
 			continue
@@ -132,10 +203,32 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 		}
 	}
 	reason := ReasonCost
-	if cold(cands) {
+	switch {
+	case cold(cands):
 		reason = ReasonColdIndex
+	case k.boundChanged(req, cands, ch.pick, costs[ch.pick], over):
+		reason = ReasonLoadBound
 	}
 	return Result{Pick: ch.pick, Reason: reason, Costs: costs}
+}
+
+// boundChanged reports whether some over-bound candidate other than the
+// pick would have cost less than the pick with its cache credit: the bound,
+// not the cost alone, decided.
+func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCost float64, over func(Candidate) bool) bool {
+	for i, c := range cands {
+		if i == pick || !eligible(c) || !over(c) {
+			continue
+		}
+		cr := k.CreditBlocks(c)
+		if cr == 0 {
+			continue
+		}
+		if v := k.cost(req, c, cr); v < pickCost && !floatEq(v, pickCost) {
+			return true
+		}
+	}
+	return false
 }
 
 // KVRouteConfig are the kvroute policy's knobs (see KVRoute).
@@ -153,6 +246,14 @@ type KVRouteConfig struct {
 	HostCacheHitWeight *float64 `yaml:"host_cache_hit_weight"`
 	// DiskCacheHitWeight credits a disk-tier block (default 0.25).
 	DiskCacheHitWeight *float64 `yaml:"disk_cache_hit_weight"`
+	// LoadBound c: a candidate with max(load_bound_min, ceil(c*(T+1)/N))
+	// or more running plus waiting requests (T summed over the N eligible
+	// candidates) earns no cache credit (default 1.25; 0 turns the bound
+	// off; otherwise it must be >= 1).
+	LoadBound *float64 `yaml:"load_bound"`
+	// LoadBoundMin is the bound's floor in requests (default 4; a whole
+	// number >= 1).
+	LoadBoundMin *float64 `yaml:"load_bound_min"`
 }
 
 // kvroute's defaults.
@@ -161,4 +262,6 @@ const (
 	DefaultKVRouteBacklogWeight = 0.5
 	DefaultKVRouteDecodeWeight  = 0.0
 	DefaultKVRouteRequestWeight = 2.0
+	DefaultKVRouteLoadBound     = 1.25
+	DefaultKVRouteLoadBoundMin  = 4.0
 )

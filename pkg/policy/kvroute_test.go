@@ -145,6 +145,13 @@ func TestKVRouteWeightedConfigErrors(t *testing.T) {
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{RequestWeight: Float(-2)}}, "kvroute.request_weight"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{HostCacheHitWeight: Float(2)}}, "kvroute.host_cache_hit_weight"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{DiskCacheHitWeight: Float(-1)}}, "kvroute.disk_cache_hit_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBound: Float(0.5)}}, "kvroute.load_bound"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBound: Float(-1)}}, "kvroute.load_bound"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBound: Float(math.NaN())}}, "kvroute.load_bound"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBound: Float(math.Inf(1))}}, "kvroute.load_bound"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(0)}}, "kvroute.load_bound_min"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(2.5)}}, "kvroute.load_bound_min"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(math.NaN())}}, "kvroute.load_bound_min"},
 		{NameWeighted, Config{Weighted: WeightedConfig{PrefixWeight: Float(-1)}}, "weighted.prefix_weight"},
 		{NameWeighted, Config{Weighted: WeightedConfig{QueueWeight: Float(math.NaN())}}, "weighted.queue_weight"},
 		{NameWeighted, Config{Weighted: WeightedConfig{KVUtilizationWeight: Float(math.Inf(1))}}, "weighted.kv_utilization_weight"},
@@ -160,4 +167,127 @@ func TestKVRouteWeightedConfigErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestKVRouteLoadBound(t *testing.T) {
+	loads := func(reqs ...int) []Candidate {
+		cs := make([]Candidate, len(reqs))
+		for i, r := range reqs {
+			cs[i] = withReqs(cand(fmt.Sprint("r", i), 0, 0, 0), r, 0)
+		}
+		return cs
+	}
+	tests := []struct {
+		name  string
+		c     float64
+		min   *float64 // nil: the default floor (4)
+		cands []Candidate
+		want  float64
+	}{
+		{"idle fleet: the floor", 1.25, nil, loads(0, 0, 0, 0), 4},
+		{"idle fleet, floor 1", 1.25, Float(1), loads(0, 0, 0, 0), 1},
+		{"light load rounds up to one", 1.25, Float(1), loads(1, 0, 1, 0), 1},
+		{"16 in flight on 4, including the newcomer", 1.25, nil, loads(15, 0, 0, 0), 5},
+		{"ceil, not round", 1.25, Float(1), loads(4, 4, 4, 4, 0, 0, 0, 0), 3},
+		{"under the floor the floor holds", 1.25, nil, loads(4, 4, 4, 4, 0, 0, 0, 0), 4},
+		{"c 1 is the mean, rounded up", 1, Float(1), loads(3, 3, 3, 2), 3},
+		{"c 2 doubles it", 2, nil, loads(3, 3, 3, 2), 6},
+		{"waiting requests count", 1.25, nil, []Candidate{withReqs(cand("a", 0, 0, 0), 2, 5), withReqs(cand("b", 0, 0, 0), 0, 0)}, 5},
+		{"ineligible replicas count neither load nor share", 1.25, nil, []Candidate{withReqs(cand("a", 0, 0, 0), 3, 0), unhealthy(withReqs(cand("b", 0, 0, 0), 40, 0))}, 5},
+		{"off", 0, nil, loads(15, 0, 0, 0), math.Inf(1)},
+		{"none eligible", 1.25, nil, []Candidate{unhealthy(cand("a", 0, 0, 0))}, math.Inf(1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, err := NewKVRoute(KVRouteConfig{LoadBound: Float(tt.c), LoadBoundMin: tt.min})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := k.LoadBound(tt.cands); got != tt.want {
+				t.Errorf("bound %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestKVRouteLoadBoundPicks(t *testing.T) {
+	req := Request{PromptBlocks: 105}
+	holder := func(reqs int) Candidate { return withReqs(cand("holder", 95, 0, 0), reqs, 0) }
+	idle := func(id string, reqs int) Candidate { return withReqs(cand(id, 0, 0, 0), reqs, 0) }
+	floor1 := KVRouteConfig{LoadBoundMin: Float(1)}
+	tests := []struct {
+		name   string
+		cfg    KVRouteConfig
+		cands  []Candidate
+		pick   int
+		reason string
+	}{
+		{"idle holder keeps its session", KVRouteConfig{}, []Candidate{idle("a", 0), holder(0), idle("b", 0)}, 1, ReasonCost},
+		{"holder under the bound keeps its session", KVRouteConfig{}, []Candidate{idle("a", 1), holder(1), idle("b", 1), idle("c", 1), idle("d", 1), idle("e", 1), idle("f", 1), idle("g", 1)}, 1, ReasonCost},
+		{"under the floor the holder keeps its session", KVRouteConfig{}, []Candidate{idle("a", 0), holder(3), idle("b", 0), idle("c", 0)}, 1, ReasonCost},
+		{"holder at the bound loses its credit", KVRouteConfig{}, []Candidate{idle("a", 0), holder(5), idle("b", 1), idle("c", 0)}, 0, ReasonLoadBound},
+		{"without the bound the holder wins", KVRouteConfig{LoadBound: Float(0)}, []Candidate{idle("a", 0), holder(5), idle("b", 1), idle("c", 0)}, 1, ReasonCost},
+		{"floor 1: one request is at a light fleet's bound", floor1, []Candidate{idle("a", 0), holder(1), idle("b", 0), idle("c", 0)}, 0, ReasonLoadBound},
+		{"floor 1: an idle holder keeps its session", floor1, []Candidate{idle("a", 1), holder(0), idle("b", 1), idle("c", 0)}, 1, ReasonCost},
+		{"an over-bound holder still wins on load", KVRouteConfig{}, []Candidate{withReqs(cand("a", 0, 300, 0), 1, 0), holder(5)}, 1, ReasonCost},
+		{"cold index reason wins over the bound", KVRouteConfig{}, []Candidate{idle("a", 4), idle("b", 0)}, 1, ReasonColdIndex},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustNew(t, NameKVRoute, Config{KVRoute: tt.cfg})
+			res := p.Pick(req, tt.cands, seeded(5))
+			if res.Pick != tt.pick || res.Reason != tt.reason {
+				t.Fatalf("pick %d (%s), want %d (%s); costs %v", res.Pick, res.Reason, tt.pick, tt.reason, res.Costs)
+			}
+		})
+	}
+}
+
+// The e2e herding burst at the policy level: a ~95-block system prompt
+// cached on one of 4 replicas, 64 requests of ~105 blocks from 16
+// concurrent workers. Prefill is taken as instant (no backlog builds up),
+// so only the request count can spread the burst: without the bound every
+// request lands on the holder; with it none takes more than 40%.
+func TestKVRouteLoadBoundSpreadsLightBurst(t *testing.T) {
+	run := func(t *testing.T, cfg KVRouteConfig) [4]int {
+		p := mustNew(t, NameKVRoute, Config{KVRoute: cfg})
+		cs := make([]Candidate, 4)
+		for i := range cs {
+			cs[i] = cand(fmt.Sprint("r", i), 0, 0, 0)
+		}
+		cs[2].Matched[index.TierGPU] = 95
+		env := seeded(11)
+		var placed [4]int
+		var inflight []int // FIFO of picks; the oldest finishes first
+		for range 64 {
+			if len(inflight) == 16 {
+				cs[inflight[0]].Load.ActiveRequests--
+				inflight = inflight[1:]
+			}
+			res := p.Pick(Request{PromptBlocks: 105}, cs, env)
+			if res.Pick < 0 {
+				t.Fatalf("no pick: %+v", res)
+			}
+			placed[res.Pick]++
+			cs[res.Pick].Load.ActiveRequests++
+			inflight = append(inflight, res.Pick)
+		}
+		return placed
+	}
+	t.Run("bound off herds", func(t *testing.T) {
+		if placed := run(t, KVRouteConfig{LoadBound: Float(0)}); placed[2] != 64 {
+			t.Errorf("placed %v, want all 64 on the holder (r2)", placed)
+		}
+	})
+	t.Run("default bound spreads", func(t *testing.T) {
+		placed := run(t, KVRouteConfig{})
+		for i, n := range placed {
+			if n*10 > 64*4 {
+				t.Errorf("replica %d took %d of 64 (> 40%%): %v", i, n, placed)
+			}
+		}
+		if placed[2] < 16 {
+			t.Errorf("holder took %d of 64, want at least its share: %v", placed[2], placed)
+		}
+	})
 }
