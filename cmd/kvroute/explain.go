@@ -88,7 +88,7 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tREPLICA\tADDRESS\tGPU\tCPU\tDISK\tCREDIT\tPREFILL\tDECODE\tRUN\tWAIT\tKV%\tCOST\t")
+	fmt.Fprintln(tw, "\tREPLICA\tADDRESS\tINDEX\tGPU\tCPU\tDISK\tCREDIT\tPREFILL\tDECODE\tRUN\tWAIT\tKV%\tCOST\t")
 	for _, c := range r.GetCandidates() {
 		mark := ""
 		switch {
@@ -97,9 +97,13 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 		case !c.GetEligible():
 			mark = "x"
 		}
+		src := "events"
+		if c.GetApproximate() {
+			src = "approx"
+		}
 		l := c.GetLoad()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.0f\t%d\t%d\t%.0f\t%s\t\n",
-			mark, c.GetReplica(), c.GetAddress(),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%.0f\t%d\t%d\t%.0f\t%s\t\n",
+			mark, c.GetReplica(), c.GetAddress(), src,
 			c.GetMatched().GetGpu(), c.GetMatched().GetCpu(), c.GetMatched().GetDisk(),
 			c.GetCredit(), l.GetActivePrefillBlocks(), l.GetActiveDecodeBlocks(),
 			l.GetActiveRequests(), l.GetWaitingRequests(), 100*l.GetKvUsage(), cost(c.GetCost()))
@@ -107,7 +111,7 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, "\n* picked   x ineligible (unhealthy, outside the subset, or another model)")
+	_, err := fmt.Fprintln(w, "\n* picked   x ineligible (unhealthy, outside the subset, or another model)\nINDEX: events = matched against the engine-event index; approx = the dispatch-learned index (replica without events)")
 	return err
 }
 

@@ -238,11 +238,12 @@ func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 				Cpu:  int64(c.Matched[index.TierCPU]),
 				Disk: int64(c.Matched[index.TierDisk]),
 			},
-			Credit:   c.Credit,
-			Load:     loadProto(c.Load),
-			Cost:     c.Cost,
-			Eligible: c.Eligible,
-			Picked:   d.Replica != "" && c.Replica == d.Replica,
+			Credit:      c.Credit,
+			Load:        loadProto(c.Load),
+			Cost:        c.Cost,
+			Eligible:    c.Eligible,
+			Picked:      d.Replica != "" && c.Replica == d.Replica,
+			Approximate: c.Approximate,
 		})
 	}
 	return out

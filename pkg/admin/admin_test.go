@@ -97,7 +97,7 @@ func decision() route.Decision {
 		DecideTime:   20 * time.Microsecond,
 		Candidates: []route.Candidate{
 			{Replica: "r0", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{1, 0, 0}, Credit: 1, Load: load.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
-			{Replica: "r1", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{4, 2, 0}, Credit: 0.5, Load: load.Load{KVUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true},
+			{Replica: "r1", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{4, 2, 0}, Credit: 0.5, Load: load.Load{KVUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Approximate: true},
 			{Replica: "r2", Address: "10.0.0.3:8000", Cost: math.NaN()},
 		},
 	}
@@ -181,7 +181,7 @@ func TestExplainGRPC(t *testing.T) {
 			TokenizeMicros: 1500, DecideMicros: 20,
 			Candidates: []*kvroutev1.Candidate{
 				{Replica: "r0", Address: "10.0.0.1:8000", Matched: &kvroutev1.TierBlocks{Gpu: 1}, Credit: 1, Load: &kvroutev1.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
-				{Replica: "r1", Address: "10.0.0.2:8000", Matched: &kvroutev1.TierBlocks{Gpu: 4, Cpu: 2}, Credit: 0.5, Load: &kvroutev1.Load{KvUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Picked: true},
+				{Replica: "r1", Address: "10.0.0.2:8000", Matched: &kvroutev1.TierBlocks{Gpu: 4, Cpu: 2}, Credit: 0.5, Load: &kvroutev1.Load{KvUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Picked: true, Approximate: true},
 				{Replica: "r2", Address: "10.0.0.3:8000", Matched: &kvroutev1.TierBlocks{}, Load: &kvroutev1.Load{}, Cost: math.NaN()},
 			},
 		}

@@ -261,9 +261,12 @@ type Candidate struct {
 	Credit float64 `protobuf:"fixed64,4,opt,name=credit,proto3" json:"credit,omitempty"`
 	Load   *Load   `protobuf:"bytes,5,opt,name=load,proto3" json:"load,omitempty"`
 	// The policy's cost; NaN when the policy has no per-candidate score.
-	Cost          float64 `protobuf:"fixed64,6,opt,name=cost,proto3" json:"cost,omitempty"`
-	Eligible      bool    `protobuf:"varint,7,opt,name=eligible,proto3" json:"eligible,omitempty"`
-	Picked        bool    `protobuf:"varint,8,opt,name=picked,proto3" json:"picked,omitempty"`
+	Cost     float64 `protobuf:"fixed64,6,opt,name=cost,proto3" json:"cost,omitempty"`
+	Eligible bool    `protobuf:"varint,7,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	Picked   bool    `protobuf:"varint,8,opt,name=picked,proto3" json:"picked,omitempty"`
+	// The match came from the dispatch-learned approximate index (a replica
+	// without an event stream), not from engine events.
+	Approximate   bool `protobuf:"varint,9,opt,name=approximate,proto3" json:"approximate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +353,13 @@ func (x *Candidate) GetEligible() bool {
 func (x *Candidate) GetPicked() bool {
 	if x != nil {
 		return x.Picked
+	}
+	return false
+}
+
+func (x *Candidate) GetApproximate() bool {
+	if x != nil {
+		return x.Approximate
 	}
 	return false
 }
@@ -870,7 +880,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\x0factive_requests\x18\x03 \x01(\x03R\x0eactiveRequests\x12)\n" +
 	"\x10waiting_requests\x18\x04 \x01(\x03R\x0fwaitingRequests\x12\x19\n" +
 	"\bkv_usage\x18\x05 \x01(\x01R\akvUsage\x12\x18\n" +
-	"\ahealthy\x18\x06 \x01(\bR\ahealthy\"\xf7\x01\n" +
+	"\ahealthy\x18\x06 \x01(\bR\ahealthy\"\x99\x02\n" +
 	"\tCandidate\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x120\n" +
@@ -879,7 +889,8 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\x04load\x18\x05 \x01(\v2\x10.kvroute.v1.LoadR\x04load\x12\x12\n" +
 	"\x04cost\x18\x06 \x01(\x01R\x04cost\x12\x1a\n" +
 	"\beligible\x18\a \x01(\bR\beligible\x12\x16\n" +
-	"\x06picked\x18\b \x01(\bR\x06picked\"\xa1\x03\n" +
+	"\x06picked\x18\b \x01(\bR\x06picked\x12 \n" +
+	"\vapproximate\x18\t \x01(\bR\vapproximate\"\xa1\x03\n" +
 	"\x0fExplainResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1c\n" +
