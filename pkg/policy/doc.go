@@ -15,8 +15,11 @@
 //   - weighted: llm-d's scorers (prefix 3, queue 2, KV utilisation 2, each
 //     normalised to [0, 1]) and a max-score picker.
 //   - kvroute: the router's default; the request's own uncached prefill
-//     plus the replica's prefill backlog and a per-request charge (see
-//     KVRoute and kvroute benchmarks in docs/benchmarks.md).
+//     plus the replica's prefill backlog and a per-request charge, with a
+//     bounded-load rule: a replica over its share of the in-flight
+//     requests earns no cache credit (Reason "load_bound" when that
+//     changed the pick). See KVRoute and the kvroute benchmarks in
+//     docs/benchmarks.md.
 //
 // Rules every policy follows:
 //   - Only eligible candidates (Load.Healthy) are picked; with none,
