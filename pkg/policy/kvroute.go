@@ -33,8 +33,8 @@ import (
 // matter under load. The overlap credit only discounts the request's own
 // prefill: it never cancels backlog a cache-rich replica already carries,
 // so a replica that holds a prefix but has a long prefill queue loses to
-// an idle one as soon as the queue outweighs the saving (no herding, no
-// decay knob needed). And decode footprint, which costs a decode step
+// an idle one as soon as the queue outweighs the saving (no decay knob
+// needed; bursts that queue little prefill are the load bound's, below). And decode footprint, which costs a decode step
 // little and first-token latency almost nothing, is charged at a small
 // weight instead of block for block, so that a replica holding a long
 // conversation's KV is not pushed away from that conversation's next turn.
@@ -68,10 +68,10 @@ import (
 // running two requests would lose a conversation whose whole history it
 // holds: on the Mooncake trace (8 replicas) a floor of 1 moved 8% of the
 // requests, nearly all with over 90% of their prompt cached, and cost 27%
-// of mean TTFT and a fifth of the hit rate (docs/benchmarks.md, "Routing
-// quality"). At four requests a replica is far from busy, and a burst
-// heavy enough to herd (16 concurrent requests on 4 replicas) has a bound
-// above the floor.
+// of mean TTFT and 18% of the hit rate (docs/benchmarks.md, "Routing
+// quality"). At four requests a replica is far from busy, and the
+// end-to-end herding burst (16 concurrent requests on 4 replicas, one
+// holding their shared system prompt) spreads the same with floors 3 to 5.
 type KVRoute struct {
 	credit, backlogWeight, decodeWeight, requestWeight float64
 	loadBound, loadBoundMin                            float64
