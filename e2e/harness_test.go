@@ -236,7 +236,6 @@ func (e *engine) start(t testing.TB) {
 // cluster is Envoy + kvroute + engines on loopback.
 type cluster struct {
 	t       testing.TB
-	policy  string // kvroute policy.name written to its config ("" = default)
 	engines []*engine
 	// kvroute
 	extprocPort, adminPort, metricsPort int
@@ -252,7 +251,6 @@ type cluster struct {
 type clusterOpts struct {
 	engines int
 	kvEnv   []string // extra environment for kvroute (OTEL_*)
-	policy  string   // kvroute's policy.name; "" keeps the default
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
@@ -260,7 +258,7 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 	if o.engines == 0 {
 		o.engines = 4
 	}
-	c := &cluster{t: t, policy: o.policy}
+	c := &cluster{t: t}
 	dir, err := os.MkdirTemp(sockDir, "c")
 	if err != nil {
 		t.Fatal(err)
@@ -330,9 +328,6 @@ replicas:
 `, c.extprocPort, c.adminPort, c.metricsPort)
 	for _, e := range c.engines {
 		fmt.Fprintf(&b, "  - {address: %q, model: sim-model, events_endpoint: %q, replay_endpoint: %q}\n", e.addr(), e.events, e.replay)
-	}
-	if c.policy != "" {
-		fmt.Fprintf(&b, "policy:\n  name: %s\n", c.policy)
 	}
 	b.WriteString(`tokenizer:
   default: {kind: remote, timeout: 2s}
