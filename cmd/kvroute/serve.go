@@ -267,29 +267,9 @@ func parseRequest(path string, body []byte) (route.Request, error) {
 	if err != nil {
 		return route.Request{}, fmt.Errorf("%w: %w", admin.ErrBadRequest, err)
 	}
-	return routeRequest(p), nil
-}
-
-// routeRequest maps a parsed OpenAI request to the routing request exactly
-// as the ext_proc stream does (batched prompts route by their first
-// element), so that explain reproduces real decisions.
-func routeRequest(p openai.Request) route.Request {
-	req := route.Request{Model: p.Model, CacheSalt: p.CacheSalt, MaxTokens: p.MaxTokens}
-	switch p.Kind {
-	case openai.KindChat:
-		req.Input = route.TokenizeInput{
-			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
-		}
-	case openai.KindCompletion:
-		switch {
-		case len(p.Prompt.TokenIDs) > 0:
-			req.Tokens = p.Prompt.TokenIDs[0]
-		case len(p.Prompt.Texts) > 0:
-			req.Input = route.TokenizeInput{Prompt: p.Prompt.Texts[0], AddSpecialTokens: p.AddSpecialTokens}
-		}
-	}
-	return req
+	var req route.Request
+	extproc.FillRequest(&req, p)
+	return req, nil
 }
 
 func newSource(cfg *Config, log *slog.Logger, reg prometheus.Registerer) (discovery.Source, error) {

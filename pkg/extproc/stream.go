@@ -266,7 +266,7 @@ func (st *stream) route(body []byte) (*pick, *rejection) {
 			if err != nil {
 				return nil, &rejection{code: http.StatusBadRequest, reason: ReasonBadRequest, message: err.Error()}
 			}
-			fillRequest(&req, parsed)
+			FillRequest(&req, parsed)
 		case jsonish:
 			req.Model = openai.Model(body)
 		}
@@ -318,9 +318,11 @@ func (st *stream) decideError(err error, req route.Request) *rejection {
 	return &rejection{code: http.StatusInternalServerError, reason: ReasonInternal, message: "internal router error"}
 }
 
-// fillRequest copies a parsed OpenAI request into the routing request.
-// Batched prompts route by their first element.
-func fillRequest(req *route.Request, p openai.Request) {
+// FillRequest copies a parsed OpenAI request into the routing request, as
+// every ext_proc stream does; the admin explain API uses it too, so that
+// explain reproduces real decisions. Batched prompts route by their first
+// element.
+func FillRequest(req *route.Request, p openai.Request) {
 	req.Model, req.CacheSalt, req.MaxTokens = p.Model, p.CacheSalt, p.MaxTokens
 	switch p.Kind {
 	case openai.KindChat:
