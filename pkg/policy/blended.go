@@ -34,26 +34,16 @@ func (c BlendedConfig) resolve() (*Blended, error) {
 		scale:     orDefault(c.PrefillLoadScale, DefaultPrefillLoadScale),
 		reqWeight: c.DecodeActiveRequestWeight,
 	}
-	b.tierWeight[index.TierGPU] = 1
-	b.tierWeight[index.TierCPU] = orDefault(c.HostCacheHitWeight, DefaultHostCacheHitWeight)
-	b.tierWeight[index.TierDisk] = orDefault(c.DiskCacheHitWeight, DefaultDiskCacheHitWeight)
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{
-		{"blended.overlap_score_credit", b.credit},
-		{"blended.overlap_score_credit_decay", b.decay},
-		{"blended.prefill_load_scale", b.scale},
-		{"blended.decode_active_request_weight", b.reqWeight},
-	} {
-		if err := finiteNonNeg(f.name, f.v); err != nil {
-			return nil, err
-		}
-	}
-	if err := unit("blended.host_cache_hit_weight", b.tierWeight[index.TierCPU]); err != nil {
+	if err := allFiniteNonNeg(
+		knob{"blended.overlap_score_credit", b.credit},
+		knob{"blended.overlap_score_credit_decay", b.decay},
+		knob{"blended.prefill_load_scale", b.scale},
+		knob{"blended.decode_active_request_weight", b.reqWeight},
+	); err != nil {
 		return nil, err
 	}
-	if err := unit("blended.disk_cache_hit_weight", b.tierWeight[index.TierDisk]); err != nil {
+	var err error
+	if b.tierWeight, err = tierWeights("blended", c.HostCacheHitWeight, c.DiskCacheHitWeight); err != nil {
 		return nil, err
 	}
 	return b, nil

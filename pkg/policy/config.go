@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/pkg/index"
 	"math"
 )
 
@@ -176,6 +177,36 @@ func finiteNonNeg(field string, v float64) error {
 		return fieldErr(field, v, "a finite number >= 0")
 	}
 	return nil
+}
+
+// knob is a named value for validation.
+type knob struct {
+	name string
+	v    float64
+}
+
+// allFiniteNonNeg validates knobs that must be finite numbers >= 0.
+func allFiniteNonNeg(knobs ...knob) error {
+	for _, k := range knobs {
+		if err := finiteNonNeg(k.name, k.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tierWeights resolves the per-tier credit weights (GPU 1, host and disk
+// from the knobs or their defaults) and checks both lie in [0, 1], naming
+// them <prefix>.host_cache_hit_weight and <prefix>.disk_cache_hit_weight.
+func tierWeights(prefix string, host, disk *float64) ([index.NumTiers]float64, error) {
+	var w [index.NumTiers]float64
+	w[index.TierGPU] = 1
+	w[index.TierCPU] = orDefault(host, DefaultHostCacheHitWeight)
+	w[index.TierDisk] = orDefault(disk, DefaultDiskCacheHitWeight)
+	if err := unit(prefix+".host_cache_hit_weight", w[index.TierCPU]); err != nil {
+		return w, err
+	}
+	return w, unit(prefix+".disk_cache_hit_weight", w[index.TierDisk])
 }
 
 // unit validates a knob that must lie in [0, 1].

@@ -87,21 +87,13 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		loadBound:     orDefault(c.LoadBound, DefaultKVRouteLoadBound),
 		loadBoundMin:  orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 	}
-	k.tierWeight[index.TierGPU] = 1
-	k.tierWeight[index.TierCPU] = orDefault(c.HostCacheHitWeight, DefaultHostCacheHitWeight)
-	k.tierWeight[index.TierDisk] = orDefault(c.DiskCacheHitWeight, DefaultDiskCacheHitWeight)
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{
-		{"kvroute.overlap_credit", k.credit},
-		{"kvroute.backlog_weight", k.backlogWeight},
-		{"kvroute.decode_weight", k.decodeWeight},
-		{"kvroute.request_weight", k.requestWeight},
-	} {
-		if err := finiteNonNeg(f.name, f.v); err != nil {
-			return nil, err
-		}
+	if err := allFiniteNonNeg(
+		knob{"kvroute.overlap_credit", k.credit},
+		knob{"kvroute.backlog_weight", k.backlogWeight},
+		knob{"kvroute.decode_weight", k.decodeWeight},
+		knob{"kvroute.request_weight", k.requestWeight},
+	); err != nil {
+		return nil, err
 	}
 	if b := k.loadBound; math.IsNaN(b) || math.IsInf(b, 0) || (b != 0 && b < 1) {
 		return nil, fieldErr("kvroute.load_bound", b, "0 (off) or a finite number >= 1")
@@ -109,10 +101,8 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	if m := k.loadBoundMin; !(m >= 1 && m <= 1<<20) || m != math.Trunc(m) {
 		return nil, fieldErr("kvroute.load_bound_min", m, "a whole number in [1, 1048576]")
 	}
-	if err := unit("kvroute.host_cache_hit_weight", k.tierWeight[index.TierCPU]); err != nil {
-		return nil, err
-	}
-	if err := unit("kvroute.disk_cache_hit_weight", k.tierWeight[index.TierDisk]); err != nil {
+	var err error
+	if k.tierWeight, err = tierWeights("kvroute", c.HostCacheHitWeight, c.DiskCacheHitWeight); err != nil {
 		return nil, err
 	}
 	return k, nil
