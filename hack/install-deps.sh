@@ -37,7 +37,10 @@ if ! command -v npm >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq npm >/dev/null
 fi
-python3 - <<'PY' || python3 -m pip install -q --disable-pip-version-check -r hack/tokenizer-fixtures/requirements.txt
+# The tests do not need these (the fixtures are committed), so a failed install
+# only warns.
+python3 - <<'PY' || python3 -m pip install -q --disable-pip-version-check -r hack/tokenizer-fixtures/requirements.txt \
+  || echo "warning: could not install the HuggingFace reference packages (needed only by make fixtures-regen and make bench-tokenize)"
 import importlib
 for m in ("tokenizers", "transformers", "jinja2"):
     importlib.import_module(m)
