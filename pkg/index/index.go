@@ -345,78 +345,92 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	var buf [32]live
 	alive := buf[:0]
 	var one [1]uint64
-	// Prefetch ahead of the descent so that cache misses overlap: the home
-	// slot of the key matchAhead places on, and, once that slot is cached
-	// (half as far on), the key is found and its holder record fetched. The
-	// slots found are kept in a ring until the descent reaches them.
-	const half = matchAhead / 2
-	var ring [half]*slot
-	lookahead := func(d int) {
-		ks := ix.keys.find(uint64(keys[d]))
-		ring[d%half] = ks
-		if ks != nil {
+	// Keys are looked up a batch at a time, in passes, so that the cache
+	// misses of a batch overlap: the first pass hashes every key and starts
+	// fetching its home slot; the second finds every key and starts
+	// fetching its holder record; the third descends. The next batch's
+	// first pass runs between the current batch's second and third, so its
+	// slots arrive while the current batch is descended.
+	var hashes [2][matchBatch]uint64
+	var found [matchBatch]*slot
+	batchOf := func(base int) []kvblock.Key {
+		return keys[base:min(len(keys), base+matchBatch)]
+	}
+	first := func(base int) {
+		h := &hashes[base/matchBatch&1]
+		// The key table compares whole keys: kind.cmp masks nothing.
+		for i, k := range batchOf(base) {
+			h[i] = mix(uint64(k))
+			ix.keys.prefetchHashed(h[i])
+		}
+	}
+	first(0)
+	for base := 0; base < len(keys); base += matchBatch {
+		batch := batchOf(base)
+		h := &hashes[base/matchBatch&1]
+		n := len(batch)
+		for i, k := range batch {
+			ks := ix.keys.findHashed(uint64(k), h[i])
+			if ks == nil {
+				n = i
+				break
+			}
+			found[i] = ks
 			if v := atomic.LoadUint64(&ks.v); v&spillBit != 0 {
 				prefetch(unsafe.Pointer(&ix.arena.rec(uint32(v))[0]))
 			}
 		}
-	}
-	for d := range min(len(keys), matchAhead) {
-		ix.keys.prefetch(uint64(keys[d]))
-	}
-	for d := range min(len(keys), half) {
-		lookahead(d)
-	}
-	for depth := range keys {
-		ks := ring[depth%half]
-		if depth+half < len(keys) {
-			lookahead(depth + half)
+		if n == len(batch) && base+matchBatch < len(keys) {
+			first(base + matchBatch)
 		}
-		if depth+matchAhead < len(keys) {
-			ix.keys.prefetch(uint64(keys[depth+matchAhead]))
-		}
-		if ks == nil {
-			break
-		}
-		v := atomic.LoadUint64(&ks.v)
-		if v&refBit == 0 {
-			atomic.OrUint64(&ks.v, refBit)
-		}
-		hs := ix.arena.holders(v&^refBit, &one)
-		if depth == 0 {
-			for _, w := range hs {
-				m := ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id, Blocks: 1}
-				m.ByTier[hBest(w)] = 1
-				alive = append(alive, live{hSlot(w), int32(len(dst))})
-				dst = append(dst, m)
+		for i, ks := range found[:n] {
+			depth := base + i
+			v := atomic.LoadUint64(&ks.v)
+			if v&refBit == 0 {
+				atomic.OrUint64(&ks.v, refBit)
 			}
-			continue
-		}
-		j, n := 0, 0
-		for _, a := range alive {
-			for j < len(hs) && hSlot(hs[j]) < a.slot {
-				j++
+			hs := ix.arena.holders(v&^refBit, &one)
+			if depth == 0 {
+				for _, w := range hs {
+					m := ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id, Blocks: 1}
+					m.ByTier[hBest(w)] = 1
+					alive = append(alive, live{hSlot(w), int32(len(dst))})
+					dst = append(dst, m)
+				}
+				continue
 			}
-			if j == len(hs) {
-				break
+			j, kept := 0, 0
+			for _, a := range alive {
+				for j < len(hs) && hSlot(hs[j]) < a.slot {
+					j++
+				}
+				if j == len(hs) {
+					break
+				}
+				if hSlot(hs[j]) == a.slot {
+					m := &dst[a.at]
+					m.Blocks++
+					m.ByTier[hBest(hs[j])]++
+					alive[kept] = a
+					kept++
+				}
 			}
-			if hSlot(hs[j]) == a.slot {
-				m := &dst[a.at]
-				m.Blocks++
-				m.ByTier[hBest(hs[j])]++
-				alive[n] = a
-				n++
+			alive = alive[:kept]
+			if kept == 0 {
+				return dst
 			}
 		}
-		alive = alive[:n]
-		if n == 0 {
+		if n < len(batch) {
 			break
 		}
 	}
 	return dst
 }
 
-// matchAhead is how many keys ahead Match touches.
-const matchAhead = 32
+// matchBatch is how many keys Match looks up per batch. Against a 1M-key
+// index, 16 beat 8, 12, 24, 32 and 128: with more home slots in flight at
+// once, the extra prefetches slow the descent down instead of hiding misses.
+const matchBatch = 16
 
 // Stats reports the index's size.
 func (ix *Index) Stats() Stats {

@@ -148,7 +148,11 @@ func (t *xtab) subOf(h uint64) (*sub, int) {
 // v is loaded atomically because matchers set the reference bit in place.
 func (t *xtab) find(q uint64) *slot {
 	q &= t.kind.cmp
-	h := mix(q)
+	return t.findHashed(q, mix(q))
+}
+
+// findHashed is find for q (already masked with kind.cmp) and h = mix(q).
+func (t *xtab) findHashed(q, h uint64) *slot {
 	sb, _ := t.subOf(h)
 	c := len(sb.s)
 	i := home(h, sb.ld, c)
@@ -161,7 +165,11 @@ func (t *xtab) find(q uint64) *slot {
 		if s.k&t.kind.cmp == q {
 			return s
 		}
-		if t.disp(sb, i) < d {
+		// Every slot from q's home to q's slot is occupied, so probing on
+		// to the next empty slot is always correct; the displacement test
+		// (which rehashes the occupant) only cuts a miss short, and is
+		// left out of the first probes, where hits end.
+		if d >= findQuickProbes && t.disp(sb, i) < d {
 			return nil
 		}
 		if i++; i == c {
@@ -170,10 +178,18 @@ func (t *xtab) find(q uint64) *slot {
 	}
 }
 
+// findQuickProbes is how many probes find makes before it starts testing
+// displacements.
+const findQuickProbes = 4
+
 // prefetch starts fetching the home slot of q, so that a later find of q
 // hits the cache.
 func (t *xtab) prefetch(q uint64) {
-	h := mix(q & t.kind.cmp)
+	t.prefetchHashed(mix(q & t.kind.cmp))
+}
+
+// prefetchHashed is prefetch for the hash h = mix(q&kind.cmp).
+func (t *xtab) prefetchHashed(h uint64) {
 	sb, _ := t.subOf(h)
 	prefetch(unsafe.Pointer(&sb.s[home(h, sb.ld, len(sb.s))]))
 }
