@@ -683,24 +683,47 @@ func TestEventsStream(t *testing.T) {
 			if stored == 0 || removed == 0 || !sawLoRA {
 				t.Errorf("stored %d removed %d lora %v", stored, removed, sawLoRA)
 			}
-			// Whatever the live subscriber got is byte-identical to the replay.
-			got := 0
-			for {
-				msg, ok := recvTimeout(t, sub, 200*time.Millisecond)
-				if !ok {
+			// Whatever the live subscriber got is byte-identical to the
+			// replay. Its subscription may reach the PUB only after the
+			// batches above were sent (ZeroMQ's slow joiner, on a loaded
+			// machine): keep publishing small requests until it has seen
+			// one, then compare everything it got with a fresh replay.
+			var live []frameMsg
+			var maxSeq uint64
+			liveBy := time.Now().Add(30 * time.Second)
+			for i := 0; len(live) == 0; i++ {
+				for {
+					msg, ok := recvTimeout(t, sub, 200*time.Millisecond)
+					if !ok {
+						break
+					}
+					if len(msg) != 3 || len(msg[1]) != 8 {
+						t.Fatalf("live message has %d frames", len(msg))
+					}
+					live = append(live, msg)
+					maxSeq = max(maxSeq, binary.BigEndian.Uint64(msg[1]))
+				}
+				if len(live) > 0 {
 					break
 				}
-				if len(msg) != 3 || len(msg[1]) != 8 {
-					t.Fatalf("live message has %d frames", len(msg))
+				if time.Now().After(liveBy) {
+					t.Fatal("live subscriber received nothing in 30s")
 				}
+				s.complete(t, fmt.Sprintf(`{"prompt": %q, "max_tokens": 2}`, strings.Repeat(fmt.Sprint("z", i), 20)))
+			}
+			all := batches
+			for uint64(len(all)) <= maxSeq {
+				if time.Now().After(liveBy) {
+					t.Fatalf("replay never reached sequence %d", maxSeq)
+				}
+				time.Sleep(20 * time.Millisecond)
+				all = replayFrom(t, s.info.ReplayEndpoint, 0, false)
+			}
+			for _, msg := range live {
 				seq := binary.BigEndian.Uint64(msg[1])
-				if seq >= uint64(len(batches)) || !bytes.Equal(msg[2], batches[seq].payload) || string(msg[0]) != "kv@sim@sim-model" {
+				if !bytes.Equal(msg[2], all[seq].payload) || string(msg[0]) != "kv@sim@sim-model" {
 					t.Fatalf("live batch %d differs from its replay", seq)
 				}
-				got++
-			}
-			if got == 0 {
-				t.Error("live subscriber received nothing")
 			}
 		})
 	}
