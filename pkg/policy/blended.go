@@ -90,28 +90,6 @@ func (b *Blended) Pick(req Request, cands []Candidate, env Env) Result {
 			minPrefill = math.Min(minPrefill, c.Load.ActivePrefillBlocks)
 		}
 	}
-	costs := make([]float64, len(cands))
-	ch := newChooser()
-	for i, c := range cands {
-		if !eligible(c) {
-			costs[i] = math.NaN()
-			continue
-		}
-		costs[i] = b.Cost(req, c, minPrefill)
-		if ch.pick < 0 {
-			ch.better(i)
-			continue
-		}
-		best := costs[ch.pick]
-		switch {
-		case !floatEq(costs[i], best) && costs[i] < best:
-			ch.better(i)
-		case !floatEq(costs[i], best):
-		case lessLoaded(c, cands[ch.pick]):
-			ch.better(i)
-		case sameLoad(c, cands[ch.pick]):
-			ch.tie(i, env)
-		}
-	}
-	return Result{Pick: ch.pick, Reason: ReasonCost, Costs: costs}
+	pick, costs := lowestCost(cands, env, func(c Candidate) float64 { return b.Cost(req, c, minPrefill) })
+	return Result{Pick: pick, Reason: ReasonCost, Costs: costs}
 }

@@ -249,3 +249,33 @@ func anyEligible(cands []Candidate) bool {
 	}
 	return false
 }
+
+// lowestCost scores every eligible candidate with cost (NaN for the
+// ineligible) and picks the lowest; equal costs go to the less loaded
+// candidate, then at random. It returns -1 when none is eligible.
+func lowestCost(cands []Candidate, env Env, cost func(Candidate) float64) (int, []float64) {
+	costs := make([]float64, len(cands))
+	ch := newChooser()
+	for i, c := range cands {
+		if !eligible(c) {
+			costs[i] = math.NaN()
+			continue
+		}
+		costs[i] = cost(c)
+		if ch.pick < 0 {
+			ch.better(i)
+			continue
+		}
+		best := costs[ch.pick]
+		switch {
+		case !floatEq(costs[i], best) && costs[i] < best:
+			ch.better(i)
+		case !floatEq(costs[i], best):
+		case lessLoaded(c, cands[ch.pick]):
+			ch.better(i)
+		case sameLoad(c, cands[ch.pick]):
+			ch.tie(i, env)
+		}
+	}
+	return ch.pick, costs
+}

@@ -165,41 +165,21 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	}
 	bound := k.LoadBound(cands)
 	over := func(c Candidate) bool { return float64(c.Load.Requests()) >= bound }
-	costs := make([]float64, len(cands))
-	ch := newChooser()
-	for i, c := range cands {
-		if !eligible(c) {
-			costs[i] = math.NaN()
-			continue
-		}
+	pick, costs := lowestCost(cands, env, func(c Candidate) float64 {
 		cr := 0.0
 		if !over(c) {
 			cr = k.CreditBlocks(c)
 		}
-		costs[i] = k.cost(req, c, cr)
-		if ch.pick < 0 {
-			ch.better(i)
-			continue
-		}
-		best := costs[ch.pick]
-		switch {
-		case !floatEq(costs[i], best) && costs[i] < best:
-			ch.better(i)
-		case !floatEq(costs[i], best):
-		case lessLoaded(c, cands[ch.pick]):
-			ch.better(i)
-		case sameLoad(c, cands[ch.pick]):
-			ch.tie(i, env)
-		}
-	}
+		return k.cost(req, c, cr)
+	})
 	reason := ReasonCost
 	switch {
 	case cold(cands):
 		reason = ReasonColdIndex
-	case k.boundChanged(req, cands, ch.pick, costs[ch.pick], over):
+	case k.boundChanged(req, cands, pick, costs[pick], over):
 		reason = ReasonLoadBound
 	}
-	return Result{Pick: ch.pick, Reason: reason, Costs: costs}
+	return Result{Pick: pick, Reason: reason, Costs: costs}
 }
 
 // boundChanged reports whether some over-bound candidate other than the
