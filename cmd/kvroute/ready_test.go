@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -12,14 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvroute/kvroute/pkg/extproc"
-	"github.com/kvroute/kvroute/pkg/telemetry"
 )
 
 // TestReadinessWaitsForWarmIndex: with a healthy replica whose event stream
@@ -54,29 +50,7 @@ readiness: {warm_timeout: %s}
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs syncBuffer
-			r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- r.serve(ctx, lis) }()
-			defer func() {
-				cancel()
-				select {
-				case err := <-done:
-					if err != nil {
-						t.Errorf("serve: %v", err)
-					}
-				case <-time.After(20 * time.Second):
-					t.Fatal("serve did not return after cancel")
-				}
-				if t.Failed() {
-					t.Logf("logs:\n%s", logs.String())
-				}
-			}()
+			r, lis, logs := startServe(t, cfg)
 			conn, err := grpc.NewClient("passthrough:///"+lis.extproc.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)

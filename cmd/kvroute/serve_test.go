@@ -69,6 +69,37 @@ func listenLocal(t *testing.T) net.Listener {
 	return ln
 }
 
+// startServe builds the router from cfg and serves it on fresh loopback
+// listeners until the test ends; then it stops it, checks serve returned
+// cleanly, and prints the router's logs if the test failed.
+func startServe(t *testing.T, cfg *Config) (*router, listeners, *syncBuffer) {
+	t.Helper()
+	logs := new(syncBuffer)
+	r, err := build(cfg, slog.New(slog.NewTextHandler(logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("serve did not return after cancel")
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	})
+	return r, lis, logs
+}
+
 // TestServeEndToEnd runs the composition root in process against two fake
 // engines without event streams: readiness, the admin API over gRPC (the
 // explain command) and HTTP, metrics, and a clean, leak-free shutdown.
@@ -89,29 +120,7 @@ readiness: {warm_timeout: 5s}
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	r, err := build(cfg, slog.New(slog.NewTextHandler(&logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis := listeners{extproc: listenLocal(t), admin: listenLocal(t), metrics: listenLocal(t)}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- r.serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("serve did not return after cancel")
-		}
-		if t.Failed() {
-			t.Logf("logs:\n%s", logs.String())
-		}
-	}()
+	r, lis, _ := startServe(t, cfg)
 
 	metrics := "http://" + lis.metrics.Addr().String()
 	waitUntil(t, "ready", func() bool {
