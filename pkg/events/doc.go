@@ -13,6 +13,11 @@
 //	m.Status(id)            // state, last sequence, last event, silent flag, bound endpoint
 //	m.Warm()                // every source settled its first warm-up (readiness)
 //
+// Config is the "events" section of kvroute's config file (YAML keys
+// workers, queue_size, replay_timeout, ...): zero fields take the Default*
+// constants (Config.WithDefaults), and Config.Validate reports every bad
+// field by its key. NewManager applies the defaults itself.
+//
 // The decoder is pure and usable alone: DecodeBatch (or a reusable Decoder)
 // turns a payload into a Batch of typed Events; an Applier applies a Batch
 // to an index for one Target.

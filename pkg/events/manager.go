@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,70 +61,6 @@ func (s Source) validate() error {
 		return fmt.Errorf("source %q: negative rank or block size", s.ID)
 	}
 	return nil
-}
-
-// Config tunes a Manager. Zero fields take the documented defaults.
-type Config struct {
-	// Workers is the size of the apply pool (default GOMAXPROCS). A
-	// replica's events are always applied by the same worker, in order.
-	Workers int
-	// QueueSize bounds each worker's queue (default 1024 batches). A live
-	// batch that finds its queue full is counted and resyncs its replica.
-	QueueSize int
-	// ReplayTimeout bounds every wait for a replay reply (default 2s).
-	ReplayTimeout time.Duration
-	// ReplayBuffer bounds the live batches buffered while a replay runs
-	// (default 4096); overflowing it fails the replay.
-	ReplayBuffer int
-	// BackoffMin and BackoffMax bound the reconnect backoff (defaults
-	// 100ms and 10s).
-	BackoffMin, BackoffMax time.Duration
-	// SilentAfter is how long a replica may receive requests without
-	// publishing any event before it is flagged silent (default 60s).
-	SilentAfter time.Duration
-	// ResyncQuiet is the window of gap-free live events after which a
-	// replica that could not be replayed counts as caught up (default 30s).
-	ResyncQuiet time.Duration
-	// PollInterval is how often socket loops look at their context and
-	// timers (default 100ms).
-	PollInterval time.Duration
-	// MaxMessageBytes bounds one ZMQ message (default 64 MiB).
-	MaxMessageBytes int64
-	// Now is the clock (default time.Now).
-	Now func() time.Time
-}
-
-func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	if c.Workers <= 0 {
-		c.Workers = runtime.GOMAXPROCS(0)
-	}
-	if c.QueueSize <= 0 {
-		c.QueueSize = 1024
-	}
-	if c.ReplayBuffer <= 0 {
-		c.ReplayBuffer = 4096
-	}
-	def(&c.ReplayTimeout, 2*time.Second)
-	def(&c.BackoffMin, 100*time.Millisecond)
-	def(&c.BackoffMax, 10*time.Second)
-	if c.BackoffMax < c.BackoffMin {
-		c.BackoffMax = c.BackoffMin
-	}
-	def(&c.SilentAfter, 60*time.Second)
-	def(&c.ResyncQuiet, 30*time.Second)
-	def(&c.PollInterval, 100*time.Millisecond)
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 64 << 20
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
 }
 
 // ReplicaStatus is a replica's event-stream state, for explain output and
@@ -190,7 +125,7 @@ func NewManager(idx *index.Index, cfg Config, reg prometheus.Registerer, log *sl
 	}
 	return &Manager{
 		idx:      idx,
-		cfg:      cfg.withDefaults(),
+		cfg:      cfg.normalized(),
 		met:      newMetrics(reg),
 		log:      log,
 		replicas: make(map[index.ReplicaID]*replica),
