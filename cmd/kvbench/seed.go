@@ -252,7 +252,7 @@ func seedDecay() (DecayReport, error) {
 		cands[i] = policy.Candidate{
 			Replica: index.ReplicaID(fmt.Sprint("replica-", i)),
 			Matched: [index.NumTiers]int{6, 0, 0},
-			Credit:  1,
+			Trust:   1,
 			Load:    load.Load{ActivePrefillBlocks: float64(8 * i), Healthy: true},
 		}
 	}
@@ -346,7 +346,7 @@ func simulate(p policy.Policy, seed uint64) (HerdingRun, int, error) {
 				cands[i] = policy.Candidate{
 					Replica: ids[i],
 					Matched: [index.NumTiers]int{m[i], 0, 0},
-					Credit:  1,
+					Trust:   1,
 					Load: load.Load{
 						ActivePrefillBlocks: prefill[i],
 						ActiveDecodeBlocks:  decode[i],

@@ -425,7 +425,7 @@ func (r *router) ReplicaInfos() []admin.ReplicaInfo {
 				Warm:                  st.Known && st.CaughtUp,
 				LastSeq:               st.LastSeq,
 				Silent:                st.Silent,
-				Credit:                r.set.Credit(id),
+				Credit:                r.set.Trust(id),
 				PredictedCachedTokens: pred[string(id)],
 				ServedCachedTokens:    served[string(id)],
 			})

@@ -175,11 +175,11 @@ readiness: {warm_timeout: 5s}
 	// 0), so both are credited through the dispatch-learned index, which
 	// explain never writes.
 	for _, c := range js.Candidates {
-		if c.Credit != route.DefaultApproxCredit {
-			t.Errorf("a replica without an events endpoint has credit %v, want the approximate mode's %v", c.Credit, route.DefaultApproxCredit)
+		if c.Credit != route.DefaultApproxTrust {
+			t.Errorf("a replica without an events endpoint has credit %v, want the approximate mode's %v", c.Credit, route.DefaultApproxTrust)
 		}
 	}
-	if st := r.set.Credit("idle"); st != 0 {
+	if st := r.set.Trust("idle"); st != 0 {
 		t.Errorf("State credit of a replica without events = %v, want 0", st)
 	}
 
@@ -263,7 +263,7 @@ func TestReplicaSet(t *testing.T) {
 		{"zz", 0},    // unknown
 	}
 	for _, c := range credits {
-		if got := s.Credit(c.id); math.Abs(got-c.want) > 1e-9 {
+		if got := s.Trust(c.id); math.Abs(got-c.want) > 1e-9 {
 			t.Errorf("Credit(%s) = %v, want %v", c.id, got, c.want)
 		}
 	}

@@ -104,8 +104,8 @@ func (s *replicaSet) Load(id index.ReplicaID) load.Load {
 	return l
 }
 
-// Credit implements route.State.
-func (s *replicaSet) Credit(id index.ReplicaID) float64 {
+// Trust implements route.State.
+func (s *replicaSet) Trust(id index.ReplicaID) float64 {
 	m, ok := s.snap.Load().byID[id]
 	if !ok || m.replica.EventsEndpoint == "" {
 		return 0

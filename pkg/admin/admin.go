@@ -238,7 +238,7 @@ func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 				Cpu:  int64(c.Matched[index.TierCPU]),
 				Disk: int64(c.Matched[index.TierDisk]),
 			},
-			Credit:      c.Credit,
+			Credit:      c.Trust,
 			Load:        loadProto(c.Load),
 			Cost:        c.Cost,
 			Eligible:    c.Eligible,

@@ -96,8 +96,8 @@ func decision() route.Decision {
 		TokenizeTime: 1500 * time.Microsecond,
 		DecideTime:   20 * time.Microsecond,
 		Candidates: []route.Candidate{
-			{Replica: "r0", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{1, 0, 0}, Credit: 1, Load: load.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
-			{Replica: "r1", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{4, 2, 0}, Credit: 0.5, Load: load.Load{KVUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Approximate: true},
+			{Replica: "r0", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{1, 0, 0}, Trust: 1, Load: load.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
+			{Replica: "r1", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{4, 2, 0}, Trust: 0.5, Load: load.Load{KVUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Approximate: true},
 			{Replica: "r2", Address: "10.0.0.3:8000", Cost: math.NaN()},
 		},
 	}

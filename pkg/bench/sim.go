@@ -68,7 +68,7 @@ type FleetConfig struct {
 	// BinWidth is the width of the per-replica load-over-time bins
 	// (default 5 s).
 	BinWidth time.Duration
-	// NoFidelity turns the closed-loop cache credit off (Credit always 1).
+	// NoFidelity turns the closed-loop trust off (Trust always 1).
 	NoFidelity bool
 	// Seed seeds the router's tie-breaks and the event loss.
 	Seed uint64
@@ -551,7 +551,7 @@ func (s *sim) work(r *replica, from, to time.Duration) {
 
 // simState is the router's view of the simulated fleet: its own in-flight
 // tracker plus engine figures scraped at most ScrapeInterval ago, combined
-// as load.View combines them; cache credit from load.Fidelity.
+// as load.View combines them; trust from load.Fidelity.
 type simState sim
 
 func (st *simState) Replicas() []route.Replica { return st.routes }
@@ -578,7 +578,7 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 	}
 }
 
-func (st *simState) Credit(id index.ReplicaID) float64 {
+func (st *simState) Trust(id index.ReplicaID) float64 {
 	s := (*sim)(st)
 	if s.fid == nil {
 		return 1

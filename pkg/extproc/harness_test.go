@@ -61,8 +61,8 @@ func decision() route.Decision {
 		Policy: "blended", Reason: "cost", PromptTokens: 80, PromptBlocks: 5, TokenSource: "remote",
 		TokenizeTime: time.Millisecond, DecideTime: 2 * time.Millisecond,
 		Candidates: []route.Candidate{
-			{Replica: "r1", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{2, 1, 0}, Credit: 1, Cost: 2, Eligible: true},
-			{Replica: "r2", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{1, 0, 0}, Credit: 1, Cost: 4, Eligible: true},
+			{Replica: "r1", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{2, 1, 0}, Trust: 1, Cost: 2, Eligible: true},
+			{Replica: "r2", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{1, 0, 0}, Trust: 1, Cost: 4, Eligible: true},
 		},
 	}
 }

@@ -9,7 +9,7 @@ import (
 // Blended is NVIDIA Dynamo's router cost, in KV blocks, lowest wins:
 //
 //	credit_blocks           = (gpu*device_credit + cpu*host_cache_hit_weight
-//	                           + disk*disk_cache_hit_weight) * overlap_score_credit * Candidate.Credit
+//	                           + disk*disk_cache_hit_weight) * overlap_score_credit * Candidate.Trust
 //	device_credit           = 1 / (1 + overlap_score_credit_decay * excess)
 //	excess                  = (active_prefill - min active_prefill over eligible) / max(prompt_blocks, 1)
 //	adjusted_prefill_blocks = max(0, active_prefill_blocks + prompt_blocks - credit_blocks)
@@ -65,7 +65,7 @@ func (b *Blended) CreditBlocks(req Request, c Candidate, minPrefill float64) flo
 	}
 	off := float64(c.Matched[index.TierCPU])*b.tierWeight[index.TierCPU] +
 		float64(c.Matched[index.TierDisk])*b.tierWeight[index.TierDisk]
-	return b.credit * (device + off) * credit(c)
+	return b.credit * (device + off) * trust(c)
 }
 
 // Cost is the candidate's Dynamo cost for this request.

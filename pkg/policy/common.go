@@ -59,19 +59,18 @@ func floatEq(a, b float64) bool {
 // eligible reports whether a candidate may be picked.
 func eligible(c Candidate) bool { return c.Load.Healthy }
 
-// credit returns the candidate's cache-credit factor clamped to [0, 1]
-// (NaN counts as 0).
-func credit(c Candidate) float64 {
-	if !(c.Credit > 0) {
+// trust returns the candidate's trust clamped to [0, 1] (NaN counts as 0).
+func trust(c Candidate) float64 {
+	if !(c.Trust > 0) {
 		return 0
 	}
-	return math.Min(c.Credit, 1)
+	return math.Min(c.Trust, 1)
 }
 
 // effectiveMatched is the candidate's matched prefix length scaled by its
-// credit factor: a resyncing replica (Credit 0) matches nothing.
+// trust: a resyncing replica (Trust 0) matches nothing.
 func effectiveMatched(c Candidate) float64 {
-	return float64(c.MatchedBlocks()) * credit(c)
+	return float64(c.MatchedBlocks()) * trust(c)
 }
 
 // cold reports whether no eligible candidate has any creditable match: the

@@ -1,5 +1,5 @@
 // Package policy decides which replica serves a request, given every
-// candidate's matched prefix (by tier), cache-credit factor and load.
+// candidate's matched prefix (by tier), trust and load.
 //
 // Policies are small types behind one interface, built by New(name, Config):
 //
@@ -24,7 +24,7 @@
 // Rules every policy follows:
 //   - Only eligible candidates (Load.Healthy) are picked; with none,
 //     Result.Pick is -1.
-//   - Candidate.Credit in [0, 1] scales the cache credit a candidate earns;
+//   - Candidate.Trust in [0, 1] scales the cache credit a candidate earns;
 //     0 (a resyncing replica) removes it entirely.
 //   - With a cold or empty index (no eligible candidate has a creditable
 //     match) the cache-aware policies and leastload pick the least loaded

@@ -11,7 +11,7 @@ import (
 //
 // over eligible candidates; then the least loaded wins ("imbalanced").
 // Otherwise the best match wins ("match") if its match rate (matched blocks
-// times the candidate's credit factor, over prompt blocks) is at least
+// times the candidate's trust, over prompt blocks) is at least
 // cache_threshold, else the least loaded ("low_match"). Every tie is broken
 // at random. Costs are the request counts in the load branches and the
 // negated match rate in the match branch. HardSwitch holds no state.
@@ -75,7 +75,7 @@ func (h *HardSwitch) Pick(req Request, cands []Candidate, env Env) Result {
 	return Result{Pick: fewestRequests(cands, env), Reason: ReasonLowMatch, Costs: requestCosts(cands)}
 }
 
-// matchRate is the candidate's creditable matched blocks over the prompt's.
+// matchRate is the candidate's trusted matched blocks over the prompt's.
 func matchRate(req Request, c Candidate) float64 {
 	return effectiveMatched(c) / float64(max(req.PromptBlocks, 1))
 }

@@ -12,7 +12,7 @@ import (
 // Lowest wins:
 //
 //	credit   = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight)
-//	           * overlap_credit * Candidate.Credit
+//	           * overlap_credit * Candidate.Trust
 //	own      = max(0, prompt_blocks - credit)     the request's own uncached prefill
 //	backlog  = active_prefill_blocks              uncached prefill queued ahead of it
 //	cost     = backlog_weight*backlog + own + decode_weight*active_decode_blocks
@@ -38,7 +38,7 @@ import (
 // little and first-token latency almost nothing, is charged at a small
 // weight instead of block for block, so that a replica holding a long
 // conversation's KV is not pushed away from that conversation's next turn.
-// Candidate.Credit (the closed-loop fidelity of the replica's served hits)
+// Candidate.Trust (the closed-loop fidelity of the replica's served hits)
 // scales the credit, so a replica whose predicted hits do not materialise
 // stops attracting traffic on them. Ties go to the less loaded candidate,
 // then at random. KVRoute holds no state.
@@ -73,14 +73,14 @@ import (
 // end-to-end herding burst (16 concurrent requests on 4 replicas, one
 // holding their shared system prompt) spreads the same with floors 3 to 5.
 type KVRoute struct {
-	credit, backlogWeight, decodeWeight, requestWeight float64
-	loadBound, loadBoundMin                            float64
-	tierWeight                                         [index.NumTiers]float64
+	overlapCredit, backlogWeight, decodeWeight, requestWeight float64
+	loadBound, loadBoundMin                                   float64
+	tierWeight                                                [index.NumTiers]float64
 }
 
 func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	k := &KVRoute{
-		credit:        orDefault(c.OverlapCredit, DefaultKVRouteOverlapCredit),
+		overlapCredit: orDefault(c.OverlapCredit, DefaultKVRouteOverlapCredit),
 		backlogWeight: orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
 		decodeWeight:  orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
 		requestWeight: orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
@@ -88,7 +88,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		loadBoundMin:  orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 	}
 	if err := allFiniteNonNeg(
-		knob{"kvroute.overlap_credit", k.credit},
+		knob{"kvroute.overlap_credit", k.overlapCredit},
 		knob{"kvroute.backlog_weight", k.backlogWeight},
 		knob{"kvroute.decode_weight", k.decodeWeight},
 		knob{"kvroute.request_weight", k.requestWeight},
@@ -117,11 +117,11 @@ func (k *KVRoute) Name() string { return NameKVRoute }
 
 // CreditBlocks is the overlap credit, in blocks, the candidate earns.
 func (k *KVRoute) CreditBlocks(c Candidate) float64 {
-	t := 0.0
+	matched := 0.0
 	for tier, m := range c.Matched {
-		t += float64(m) * k.tierWeight[tier]
+		matched += float64(m) * k.tierWeight[tier]
 	}
-	return k.credit * t * credit(c)
+	return k.overlapCredit * matched * trust(c)
 }
 
 // Cost is the candidate's cost for this request, with its cache credit

@@ -62,8 +62,8 @@ func TestKVRouteCost(t *testing.T) {
 		{"backlog is never cancelled by credit", cand("a", 10, 30, 0), 15},
 		{"credit beyond the prompt is clamped", cand("a", 12, 5, 0), 2.5},
 		{"two blocks per request", withReqs(cand("a", 0, 0, 0), 3, 1), 10 + 2*4},
-		{"resyncing replica earns no credit", func() Candidate { c := cand("a", 10, 0, 0); c.Credit = 0; return c }(), 10},
-		{"half fidelity halves the credit", func() Candidate { c := cand("a", 4, 0, 0); c.Credit = 0.5; return c }(), 10 - 2.5},
+		{"resyncing replica earns no credit", func() Candidate { c := cand("a", 10, 0, 0); c.Trust = 0; return c }(), 10},
+		{"half fidelity halves the credit", func() Candidate { c := cand("a", 4, 0, 0); c.Trust = 0.5; return c }(), 10 - 2.5},
 		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), 10 - 1.25*(2+3)},
 		{"decode footprint is free by default", cand("a", 0, 0, 1000), 10},
 	}

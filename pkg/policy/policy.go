@@ -13,11 +13,13 @@ type Candidate struct {
 	// Matched counts the request's leading blocks the replica holds, by the
 	// best tier holding each (index.ReplicaMatch.ByTier).
 	Matched [index.NumTiers]int
-	// Credit scales the replica's cache credit, in [0, 1]: 0 while the
-	// replica is resyncing (its index view is known to be incomplete), below
-	// 1 when its served cache hits fall short of predicted ones.
-	Credit float64
-	Load   load.Load
+	// Trust is how far the router's view of the replica's cache is to be
+	// believed, in [0, 1]: 0 while the replica is resyncing (its index view
+	// is known to be incomplete), below 1 when its served cache hits fall
+	// short of predicted ones. It scales every cache credit the candidate
+	// earns.
+	Trust float64
+	Load  load.Load
 	// Footprint is the replica's cached footprint (for instance the blocks
 	// it holds in the router's index); 0 when unknown. Only prefixaffinity
 	// reads it: its low-match branch prefers the smallest footprint and

@@ -22,7 +22,7 @@ func cand(id string, gpu int, prefill, decode float64) Candidate {
 	return Candidate{
 		Replica: index.ReplicaID(id),
 		Matched: [index.NumTiers]int{gpu, 0, 0},
-		Credit:  1,
+		Trust:   1,
 		Load:    load.Load{ActivePrefillBlocks: prefill, ActiveDecodeBlocks: decode, Healthy: true},
 	}
 }
@@ -107,10 +107,10 @@ func TestBlendedCost(t *testing.T) {
 		{"clamped at zero", BlendedConfig{OverlapScoreCredit: Float(4)}, Request{PromptBlocks: 4}, tiers(4, 0, 0), 0},
 		{"credit scales", BlendedConfig{OverlapScoreCredit: Float(0.5)}, Request{PromptBlocks: 10}, tiers(4, 0, 0), 8},
 		{"credit 0 is load only", BlendedConfig{OverlapScoreCredit: Float(0)}, Request{PromptBlocks: 10}, tiers(4, 0, 0), 10},
-		{"candidate credit 0", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 4, 0); c.Credit = 0; return c }(), 10},
-		{"candidate credit 0.5", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Credit = 0.5; return c }(), 8},
-		{"candidate credit NaN", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Credit = math.NaN(); return c }(), 10},
-		{"candidate credit above 1 clamped", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Credit = 3; return c }(), 6},
+		{"candidate trust 0", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 4, 0); c.Trust = 0; return c }(), 10},
+		{"candidate trust 0.5", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Trust = 0.5; return c }(), 8},
+		{"candidate trust NaN", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Trust = math.NaN(); return c }(), 10},
+		{"candidate trust above 1 clamped", BlendedConfig{}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Trust = 3; return c }(), 6},
 		{"decode and incoming", BlendedConfig{}, Request{PromptBlocks: 10, ExpectedOutputBlocks: 3}, func() Candidate { c := tiers(0, 0, 0); c.Load.ActiveDecodeBlocks = 5; return c }(), 18},
 		{"prefill scale", BlendedConfig{PrefillLoadScale: Float(2)}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(4, 0, 0); c.Load.ActivePrefillBlocks = 2; return c }(), 16},
 		{"request weight", BlendedConfig{DecodeActiveRequestWeight: 1.5}, Request{PromptBlocks: 10}, func() Candidate { c := tiers(0, 0, 0); c.Load.ActiveRequests = 4; c.Load.WaitingRequests = 9; return c }(), 16},
@@ -138,7 +138,7 @@ func TestBlendedPicks(t *testing.T) {
 		{"equal cost goes to lower load", []Candidate{cand("a", 5, 0, 5), cand("b", 0, 0, 0), cand("c", 5, 0, 5)}, 1, ReasonCost},
 		{"equal cost and blocks: fewer requests", []Candidate{withReqs(cand("a", 0, 2, 0), 3, 0), cand("b", 2, 0, 2), withReqs(cand("c", 2, 0, 2), 0, 1)}, 1, ReasonCost},
 		{"unhealthy best skipped", []Candidate{unhealthy(cand("a", 9, 0, 0)), cand("b", 1, 0, 0)}, 1, ReasonCost},
-		{"resyncing replica gets no credit", []Candidate{func() Candidate { c := cand("a", 8, 0, 0); c.Credit = 0; return c }(), cand("b", 1, 0, 0)}, 1, ReasonCost},
+		{"resyncing replica gets no credit", []Candidate{func() Candidate { c := cand("a", 8, 0, 0); c.Trust = 0; return c }(), cand("b", 1, 0, 0)}, 1, ReasonCost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestUnhealthyNeverPicked(t *testing.T) {
 }
 
 func TestColdIndexLeastLoaded(t *testing.T) {
-	creditless := func(c Candidate) Candidate { c.Credit = 0; return c }
+	creditless := func(c Candidate) Candidate { c.Trust = 0; return c }
 	fleets := map[string][]Candidate{
 		"no matches": {
 			cand("a", 0, 4, 0), cand("b", 0, 1, 0), cand("c", 0, 9, 0), cand("d", 0, 3, 0),

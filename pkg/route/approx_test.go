@@ -313,7 +313,7 @@ func TestDecideApproximateLearnsFromDispatch(t *testing.T) {
 	if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximateIndex || d.MatchedBlocks() != 40 {
 		t.Fatalf("second: %+v %v", d, err)
 	}
-	if c := candidate(t, d, "r0"); !c.Approximate || c.Credit != DefaultApproxCredit || c.Matched[index.TierGPU] != 40 {
+	if c := candidate(t, d, "r0"); !c.Approximate || c.Trust != DefaultApproxTrust || c.Matched[index.TierGPU] != 40 {
 		t.Fatalf("r0 %+v", c)
 	}
 	if c := candidate(t, d, "r1"); !c.Approximate || c.Matched != [index.NumTiers]int{} {
@@ -354,7 +354,7 @@ func TestDecideApproximateNeverCreditsEventFed(t *testing.T) {
 	if err != nil || d.Replica != "r1" || d.Degraded != DegradedApproximateIndex {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if c := candidate(t, d, "r0"); c.Approximate || c.Credit != 0 || c.Matched != [index.NumTiers]int{} {
+	if c := candidate(t, d, "r0"); c.Approximate || c.Trust != 0 || c.Matched != [index.NumTiers]int{} {
 		t.Fatalf("event-fed r0 %+v", c)
 	}
 	if st := g.ax.Stats(); st.Entries != before.Entries+40 {
@@ -378,7 +378,7 @@ func TestDecideApproximateNeverCreditsEventFed(t *testing.T) {
 		if err != nil || d.Replica != "r0" || d.Degraded != DegradedApproximate || d.MatchedBlocks() != 0 {
 			t.Fatalf("%+v %v", d, err)
 		}
-		if c := candidate(t, d, "r2"); c.Credit != 0 || c.Matched != [index.NumTiers]int{} {
+		if c := candidate(t, d, "r2"); c.Trust != 0 || c.Matched != [index.NumTiers]int{} {
 			t.Fatalf("r2 %+v", c)
 		}
 	})
@@ -433,10 +433,10 @@ func TestDecideExactTokensLearnForNoEventReplicas(t *testing.T) {
 	if err != nil || d.Replica != "r0" || d.Degraded != "" || d.MatchedBlocks() != 40 {
 		t.Fatalf("learned exact prefix: %+v %v", d, err)
 	}
-	if c := candidate(t, d, "r0"); !c.Approximate || c.Credit != DefaultApproxCredit {
+	if c := candidate(t, d, "r0"); !c.Approximate || c.Trust != DefaultApproxTrust {
 		t.Fatalf("r0 %+v", c)
 	}
-	if c := candidate(t, d, "r2"); c.Approximate || c.Credit != 1 {
+	if c := candidate(t, d, "r2"); c.Approximate || c.Trust != 1 {
 		t.Fatalf("event-fed r2 %+v", c)
 	}
 	// The same text tokenized approximately never meets the exact keys.

@@ -38,7 +38,7 @@ func benchSetup(b *testing.B) {
 	f.once.Do(func() {
 		r := rand.New(rand.NewPCG(1, 2))
 		f.ix = index.New(index.Config{})
-		f.st = &fakeState{loads: map[index.ReplicaID]load.Load{}, credit: map[index.ReplicaID]float64{}}
+		f.st = &fakeState{loads: map[index.ReplicaID]load.Load{}, trust: map[index.ReplicaID]float64{}}
 		for i := range benchReplicas {
 			id := index.ReplicaID(fmt.Sprintf("replica-%02d", i))
 			f.st.reps = append(f.st.reps, Replica{ID: id, Address: fmt.Sprintf("10.0.0.%d:8000", i), Model: model, BlockSize: benchBlock})

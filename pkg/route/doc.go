@@ -7,7 +7,7 @@
 // policy pick -> Decision. ext_proc, the admin explain API and kvbench all
 // call it. The Decision carries the pick, the policy and reason, up to two
 // fallback addresses (next best eligible by the policy's cost), and every
-// candidate's match per tier, credit, load, cost and eligibility.
+// candidate's match per tier, trust, load, cost and eligibility.
 //
 // Candidates are the replicas serving the request's model (all of them when
 // it names none) that the request's subset admits. Exact tokens are matched
@@ -20,11 +20,11 @@
 // event stream (State's optional EventFeeds) have no engine view, so the
 // router remembers its own dispatches instead: block key -> replicas sent a
 // request carrying it, expiring after a TTL, bounded in entries (LRU,
-// evictions counted). Their candidates are matched against it (credit
-// Options.ApproxCredit, Candidate.Approximate set), for approximate tokens
+// evictions counted). Their candidates are matched against it (trust
+// Options.ApproxTrust, Candidate.Approximate set), for approximate tokens
 // (Degraded "approximate_index") and for exact ones alike; event-fed
 // candidates are matched against the Matcher for exact tokens only and get
-// credit 0 for approximate ones. Keys of the approximate index are rooted
+// trust 0 for approximate ones. Keys of the approximate index are rooted
 // apart from kvblock.Root, and approximate ids apart from exact ones, so the
 // modes never mix. Decide records the pick's keys there when the pick has no
 // events; Explain records nothing.

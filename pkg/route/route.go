@@ -50,19 +50,19 @@ type Options struct {
 	// Approx, when not nil, is the approximate mode's dispatch-learned
 	// index, for replicas without an event stream (State's EventFeeds
 	// says which): their candidates are matched against it instead of the
-	// Matcher, with credit ApproxCredit, whether the tokens are exact or
+	// Matcher, with trust ApproxTrust, whether the tokens are exact or
 	// not, and Decide records every pick of such a replica there. Event-fed
 	// replicas never use it, and approximate tokens never reach the
 	// Matcher. Routers may share one ApproxIndex.
 	Approx *ApproxIndex
-	// ApproxCredit is the credit of a match in Approx, in (0, 1]; 0 means
-	// DefaultApproxCredit.
-	ApproxCredit float64
+	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
+	// DefaultApproxTrust.
+	ApproxTrust float64
 }
 
-// DefaultApproxCredit is Options.ApproxCredit's default: a dispatch-learned
-// match is credited in full (the TTL bounds how stale it may be).
-const DefaultApproxCredit = 1.0
+// DefaultApproxTrust is Options.ApproxTrust's default: a dispatch-learned
+// match is trusted in full (the TTL bounds how stale it may be).
+const DefaultApproxTrust = 1.0
 
 // Router makes routing decisions. It is safe for concurrent use; it starts
 // no goroutine and owns none.
@@ -115,8 +115,8 @@ func New(opts Options) *Router {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if !(opts.ApproxCredit > 0 && opts.ApproxCredit <= 1) {
-		opts.ApproxCredit = DefaultApproxCredit
+	if !(opts.ApproxTrust > 0 && opts.ApproxTrust <= 1) {
+		opts.ApproxTrust = DefaultApproxTrust
 	}
 	r := &Router{
 		opts: opts,
@@ -215,7 +215,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	d.PromptBlocks = kvblock.NumBlocks(len(toks.IDs), primary)
 
 	// Each candidate's source of matches: approximate tokens are never
-	// matched against engine events (an event-fed replica gets credit 0),
+	// matched against engine events (an event-fed replica gets trust 0),
 	// replicas without events use the dispatch-learned index when there
 	// is one.
 	feeds, _ := r.opts.State.(EventFeeds)
@@ -227,11 +227,11 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		src := srcEvents
 		switch {
 		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
-			src, c.Credit, useApprox = srcApprox, r.opts.ApproxCredit, true
+			src, c.Trust, useApprox = srcApprox, r.opts.ApproxTrust, true
 		case hasIDs && !toks.Exact:
 			src = srcNone
 		default:
-			c.Credit = r.opts.State.Credit(rep.ID)
+			c.Trust = r.opts.State.Trust(rep.ID)
 		}
 		bs := rep.BlockSize
 		if bs <= 0 {
@@ -279,7 +279,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		c := sc.cands[k]
 		raw[k].Replica = c.Replica
 		raw[k].Address = reps[i].Address
-		raw[k].Credit = c.Credit
+		raw[k].Trust = c.Trust
 		raw[k].Load = c.Load
 		raw[k].Eligible = c.Load.Healthy
 		raw[k].Approximate = useApprox && sc.src[k] == srcApprox

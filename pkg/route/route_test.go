@@ -16,11 +16,11 @@ import (
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
-// fakeState is a fixed replica set with per-replica load and credit.
+// fakeState is a fixed replica set with per-replica load and trust.
 type fakeState struct {
-	reps   []Replica
-	loads  map[index.ReplicaID]load.Load
-	credit map[index.ReplicaID]float64
+	reps  []Replica
+	loads map[index.ReplicaID]load.Load
+	trust map[index.ReplicaID]float64
 }
 
 func (s *fakeState) Replicas() []Replica { return s.reps }
@@ -30,8 +30,8 @@ func (s *fakeState) Load(id index.ReplicaID) load.Load {
 	}
 	return load.Load{Healthy: true}
 }
-func (s *fakeState) Credit(id index.ReplicaID) float64 {
-	if c, ok := s.credit[id]; ok {
+func (s *fakeState) Trust(id index.ReplicaID) float64 {
+	if c, ok := s.trust[id]; ok {
 		return c
 	}
 	return 1
@@ -72,7 +72,7 @@ func store(t testing.TB, ix *index.Index, replica index.ReplicaID, model string,
 const model = "m"
 
 func fleet(n int) *fakeState {
-	s := &fakeState{loads: map[index.ReplicaID]load.Load{}, credit: map[index.ReplicaID]float64{}}
+	s := &fakeState{loads: map[index.ReplicaID]load.Load{}, trust: map[index.ReplicaID]float64{}}
 	for i := range n {
 		id := index.ReplicaID(fmt.Sprint("r", i))
 		s.reps = append(s.reps, Replica{ID: id, Address: fmt.Sprintf("10.0.0.%d:8000", i), Model: model, BlockSize: 16})
@@ -110,7 +110,7 @@ func TestDecidePrefersCache(t *testing.T) {
 		t.Fatalf("matched %d, %d candidates", d.MatchedBlocks(), len(d.Candidates))
 	}
 	// cost of r2 = 30 + 40 - 32 + 0 + 64/16
-	if c := d.Candidates[2]; c.Cost != 42 || !c.Eligible || c.Credit != 1 || c.Load.ActivePrefillBlocks != 30 {
+	if c := d.Candidates[2]; c.Cost != 42 || !c.Eligible || c.Trust != 1 || c.Load.ActivePrefillBlocks != 30 {
 		t.Fatalf("candidate %+v", c)
 	}
 	if want := []string{"10.0.0.0:8000", "10.0.0.1:8000"}; !slices.Equal(d.Fallbacks, want) {
@@ -246,13 +246,13 @@ func TestDecideResyncingReplicaGetsNoCredit(t *testing.T) {
 	if err != nil || d.Replica != "r1" {
 		t.Fatalf("with credit: %s, %v", d.Replica, err)
 	}
-	st.credit["r1"] = 0
+	st.trust["r1"] = 0
 	d, err = rt.Decide(t.Context(), Request{Model: model, Tokens: prompt})
 	if err != nil || d.Replica != "r0" || d.Degraded != DegradedColdIndex {
 		t.Fatalf("resyncing: %s (%s), %v", d.Replica, d.Degraded, err)
 	}
-	if c := d.Candidates[1]; c.Credit != 0 || c.Matched[0] != 20 {
-		t.Fatalf("resyncing candidate %+v: its match is still reported, its credit 0", c)
+	if c := d.Candidates[1]; c.Trust != 0 || c.Matched[0] != 20 {
+		t.Fatalf("resyncing candidate %+v: its match is still reported, its trust 0", c)
 	}
 }
 

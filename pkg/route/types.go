@@ -86,14 +86,15 @@ type Matcher interface {
 }
 
 // State tells the router about replicas: the current set, each one's load,
-// and the cache credit its index view deserves.
+// and how far its index view is to be trusted.
 type State interface {
 	Replicas() []Replica
 	Load(id index.ReplicaID) load.Load
-	// Credit is in [0, 1]: 0 while the replica is resyncing (its view is
+	// Trust is in [0, 1]: 0 while the replica is resyncing (its view is
 	// known to be incomplete), below 1 when its served hits fall short of
-	// predicted ones.
-	Credit(id index.ReplicaID) float64
+	// predicted ones. It scales the cache credit the policy gives the
+	// replica's matches (policy.Candidate.Trust).
+	Trust(id index.ReplicaID) float64
 }
 
 // EventFeeds is an optional interface of a State: whether a replica's cache
@@ -109,11 +110,11 @@ type Candidate struct {
 	Replica  index.ReplicaID
 	Address  string
 	Matched  [index.NumTiers]int
-	Credit   float64
+	Trust    float64
 	Load     load.Load
 	Cost     float64 // the policy's score; NaN when it has none
 	Eligible bool    // healthy, in the subset, serving the model
-	// Approximate is set when Matched and Credit come from the
+	// Approximate is set when Matched and Trust come from the
 	// dispatch-learned index (Options.Approx), not from engine events.
 	Approximate bool
 }
