@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
@@ -34,68 +35,87 @@ func (f DeciderFunc) Decide(ctx context.Context, req route.Request) (route.Decis
 	return f(ctx, req)
 }
 
-// Config configures a Server. Only Decider is required; every other zero
-// field takes the default its comment names.
+// Defaults of the Config settings, written once.
+const (
+	// DefaultMaxBodyBytes bounds a request body (16 MiB): the shipped Envoy
+	// configs buffer exactly this much (request_body_buffer_limit), and the
+	// gRPC receive limit of ServerOptions is derived from it.
+	DefaultMaxBodyBytes = 16 << 20
+	// DefaultMaxResponseBodyBytes bounds a non-streamed response buffered
+	// to read its usage (4 MiB).
+	DefaultMaxResponseBodyBytes = 4 << 20
+	// DefaultDecideTimeout bounds one decision, tokenization included.
+	DefaultDecideTimeout = 2 * time.Second
+)
+
+// Config configures a Server. The settings carry YAML tags (a config
+// file's extproc section); the collaborators (Decider, Tracker, ...) are
+// wired in code. Only Decider is required; every other zero field takes
+// the default its comment names (WithDefaults).
 type Config struct {
-	Decider Decider
+	Decider Decider `yaml:"-"`
 
 	// Tracker receives the request lifecycle (Start on pick, FirstToken,
 	// Done); nil disables lifecycle tracking.
-	Tracker *load.Tracker
+	Tracker *load.Tracker `yaml:"-"`
 	// Fidelity receives predicted vs served cached tokens; nil disables it.
-	Fidelity *load.Fidelity
+	Fidelity *load.Fidelity `yaml:"-"`
 	// BlockSize returns a replica's KV block size in tokens, to turn matched
 	// blocks into predicted cached tokens. Nil (or a result <= 0) falls
 	// back to estimating it from the decision (PromptTokens/PromptBlocks).
-	BlockSize func(index.ReplicaID) int
+	BlockSize func(index.ReplicaID) int `yaml:"-"`
 
 	// DestinationHeader names the pick's header. Default
 	// x-gateway-destination-endpoint.
-	DestinationHeader string
+	DestinationHeader string `yaml:"destination_header"`
 	// FallbackHeader names the header carrying the fallback list. Default
 	// x-gateway-destination-endpoint-fallback.
-	FallbackHeader string
+	FallbackHeader string `yaml:"fallback_header"`
 	// FallbacksInDestination folds the fallback list into the destination
 	// value itself ("ip:port,ip:port,..."), as the Endpoint Picker protocol
 	// allows, instead of FallbackHeader. Leave it off behind an Envoy
 	// ORIGINAL_DST cluster, which needs a single address in the header.
-	FallbacksInDestination bool
+	FallbacksInDestination bool `yaml:"fallbacks_in_destination"`
 	// SessionHeader carries the session affinity key. Default x-session-id.
-	SessionHeader string
+	SessionHeader string `yaml:"session_header"`
 	// IgnoreSubsetHint disables the envoy.lb.subset_hint restriction.
-	IgnoreSubsetHint bool
+	IgnoreSubsetHint bool `yaml:"ignore_subset_hint"`
 
-	// MaxRequestBody bounds a buffered request body; larger requests get
-	// 413. Default 16 MiB.
-	MaxRequestBody int
-	// MaxResponseBody bounds a non-streamed response buffered to read its
-	// usage; beyond it usage is not read (the response still flows).
-	// Default 4 MiB.
-	MaxResponseBody int
-	// DecideTimeout bounds one decision, tokenization included. Default 2s.
-	DecideTimeout time.Duration
+	// MaxBodyBytes bounds a request body; a larger one gets a 413 from the
+	// router (body_too_large), whatever the body mode. It is the one size
+	// setting of the request path: ServerOptions derives the gRPC receive
+	// limit from it, and the proxy must buffer exactly this much (Envoy's
+	// request_body_buffer_limit; a test checks the shipped configs).
+	// Default DefaultMaxBodyBytes.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// MaxResponseBodyBytes bounds a non-streamed response buffered to read
+	// its usage; beyond it usage is not read (the response still flows).
+	// Default DefaultMaxResponseBodyBytes.
+	MaxResponseBodyBytes int `yaml:"max_response_body_bytes"`
+	// DecideTimeout bounds one decision, tokenization included. Default
+	// DefaultDecideTimeout.
+	DecideTimeout time.Duration `yaml:"decide_timeout"`
 
 	// RequestBodyMode and ResponseBodyMode are the body modes assumed when
 	// the proxy does not announce its protocol configuration on the
 	// stream. Default FULL_DUPLEX_STREAMED for both.
-	RequestBodyMode  filterv3.ProcessingMode_BodySendMode
-	ResponseBodyMode filterv3.ProcessingMode_BodySendMode
+	RequestBodyMode  filterv3.ProcessingMode_BodySendMode `yaml:"-"`
+	ResponseBodyMode filterv3.ProcessingMode_BodySendMode `yaml:"-"`
 
 	// TracerProvider makes the request and decision spans; nil means no-op.
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider `yaml:"-"`
 	// Propagator extracts the caller's trace context from the request
 	// headers and injects ours upstream. Default W3C trace context.
-	Propagator propagation.TextMapPropagator
+	Propagator propagation.TextMapPropagator `yaml:"-"`
 	// Registerer receives the request-path metrics unless nil.
-	Registerer prometheus.Registerer
+	Registerer prometheus.Registerer `yaml:"-"`
 	// Logger defaults to discarding.
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 }
 
-func (c Config) withDefaults() (Config, error) {
-	if c.Decider == nil {
-		return c, errors.New("extproc: Config.Decider is required")
-	}
+// WithDefaults returns c with every zero setting replaced by its default
+// and header names lower-cased.
+func (c Config) WithDefaults() Config {
 	if c.DestinationHeader == "" {
 		c.DestinationHeader = DefaultDestinationHeader
 	}
@@ -108,25 +128,14 @@ func (c Config) withDefaults() (Config, error) {
 	c.DestinationHeader = strings.ToLower(c.DestinationHeader)
 	c.FallbackHeader = strings.ToLower(c.FallbackHeader)
 	c.SessionHeader = strings.ToLower(c.SessionHeader)
-	for _, h := range []string{c.DestinationHeader, c.FallbackHeader, c.SessionHeader} {
-		if strings.HasPrefix(h, ":") || strings.ContainsAny(h, " \t\r\n,") {
-			return c, fmt.Errorf("extproc: invalid header name %q", h)
-		}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	if c.DestinationHeader == c.FallbackHeader {
-		return c, errors.New("extproc: destination and fallback headers must differ")
-	}
-	if c.MaxRequestBody == 0 {
-		c.MaxRequestBody = 16 << 20
-	}
-	if c.MaxResponseBody == 0 {
-		c.MaxResponseBody = 4 << 20
+	if c.MaxResponseBodyBytes == 0 {
+		c.MaxResponseBodyBytes = DefaultMaxResponseBodyBytes
 	}
 	if c.DecideTimeout == 0 {
-		c.DecideTimeout = 2 * time.Second
-	}
-	if c.MaxRequestBody < 0 || c.MaxResponseBody < 0 || c.DecideTimeout < 0 {
-		return c, errors.New("extproc: limits and timeouts must be positive")
+		c.DecideTimeout = DefaultDecideTimeout
 	}
 	if c.RequestBodyMode == filterv3.ProcessingMode_NONE {
 		c.RequestBodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -143,7 +152,85 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return c, nil
+	return c
+}
+
+// Validate reports every problem of the settings (after WithDefaults),
+// each prefixed with its field path (e.g. "max_body_bytes: must be
+// positive"). Zero settings are valid: they take defaults.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.Decider == nil {
+		bad("decider", "required")
+	}
+	for _, h := range []struct{ field, name string }{
+		{"destination_header", c.DestinationHeader}, {"fallback_header", c.FallbackHeader}, {"session_header", c.SessionHeader},
+	} {
+		if strings.HasPrefix(h.name, ":") || strings.ContainsAny(h.name, " \t\r\n,") {
+			bad(h.field, "invalid header name %q", h.name)
+		}
+	}
+	if c.DestinationHeader != "" && strings.EqualFold(c.DestinationHeader, c.FallbackHeader) {
+		bad("fallback_header", "must differ from destination_header (%q)", c.DestinationHeader)
+	}
+	if c.MaxBodyBytes < 0 {
+		bad("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxBodyBytes > MaxBodyBytesLimit {
+		bad("max_body_bytes", "must be at most %d, got %d", MaxBodyBytesLimit, c.MaxBodyBytes)
+	}
+	if c.MaxResponseBodyBytes < 0 {
+		bad("max_response_body_bytes", "must be positive, got %d", c.MaxResponseBodyBytes)
+	}
+	if c.DecideTimeout < 0 {
+		bad("decide_timeout", "must be positive, got %v", c.DecideTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// MaxBodyBytesLimit is the largest accepted MaxBodyBytes (1 GiB): a gRPC
+// message carries the whole buffered body.
+const MaxBodyBytesLimit = 1 << 30
+
+// grpcMessageSlack is what a body message carries beyond the body itself
+// (the ProcessingRequest framing, metadata context, protocol config).
+const grpcMessageSlack = 1 << 20
+
+// Flow-control windows of the ext_proc gRPC server. gRPC-Go starts at
+// 64 KiB and grows windows by round-trip (BDP) estimation, which on a busy
+// host keeps a proxy connection's window small: every large body then
+// waits for several window updates while sharing the one connection with
+// every other stream. Fixed large windows let a 16 MiB body and dozens of
+// concurrent 200 KB bodies flow without waiting on the router.
+const (
+	streamWindowBytes = 16 << 20
+	connWindowBytes   = 64 << 20
+	connBufferBytes   = 256 << 10
+)
+
+// MaxRecvMsgBytes is the gRPC receive limit that admits a body of
+// MaxBodyBytes in one message (the BUFFERED body mode), so that a body at
+// the limit is never refused by the transport (the proxy would fail open
+// and route it blind) but reaches the router, which answers 413 above it.
+func (c Config) MaxRecvMsgBytes() int {
+	return c.WithDefaults().MaxBodyBytes + grpcMessageSlack
+}
+
+// ServerOptions are the gRPC server options the ext_proc service needs:
+// the receive limit derived from MaxBodyBytes and flow-control windows
+// that do not serialize large bodies. Append them to the caller's own
+// (keepalive, credentials) in grpc.NewServer.
+func (c Config) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.MaxRecvMsgBytes()),
+		grpc.InitialWindowSize(streamWindowBytes),
+		grpc.InitialConnWindowSize(connWindowBytes),
+		grpc.ReadBufferSize(connBufferBytes),
+		grpc.WriteBufferSize(connBufferBytes),
+	}
 }
 
 // isStripped reports whether a client-sent header must be removed.

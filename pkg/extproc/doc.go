@@ -13,23 +13,36 @@
 //		TracerProvider: tp, Registerer: reg, Logger: log,
 //	})
 //	health := extproc.NewHealth()   // live, not ready
-//	g := grpc.NewServer()
+//	g := grpc.NewServer(append(srv.ServerOptions(), keepaliveEtc...)...)
 //	srv.Register(g)
 //	health.Register(g)
 //	health.SetReady(true)           // once replicas and index are usable
 //	...
 //	health.Shutdown(); g.GracefulStop()
 //
-// The gRPC server's receive limit must admit the largest message the proxy
-// sends: in BUFFERED mode the whole body arrives in one message, so set
-// grpc.MaxRecvMsgSize above Config.MaxRequestBody (gRPC's default is 4 MiB).
+// Config follows the configuration convention: its settings carry YAML
+// tags, their defaults are the Default* constants, WithDefaults fills them
+// and Validate reports every problem with its field path. One setting,
+// Config.MaxBodyBytes (default 16 MiB), bounds request bodies everywhere:
+// the router answers 413 body_too_large above it in every body mode, and
+// ServerOptions derives the gRPC receive limit from it (in BUFFERED mode
+// the whole body arrives in one message; gRPC's own default of 4 MiB made
+// the proxy fail open on larger bodies and route them blind). The proxy
+// must buffer exactly MaxBodyBytes (Envoy's request_body_buffer_limit); a
+// test checks the shipped envoy/*.yaml and the chart's bootstrap.
+// ServerOptions also fixes large HTTP/2 flow-control windows, so that
+// large bodies sharing the proxy's one connection do not wait on window
+// updates.
 // For the subset hint and the served endpoint to arrive, the proxy must
 // forward the metadata namespaces envoy.lb.subset_hint and envoy.lb
 // (ext_proc metadata_options.forwarding_namespaces.untyped).
 //
 // New has no side effects beyond registering metrics; the gRPC server owns
 // the stream goroutines (one per ext_proc stream, i.e. per HTTP request),
-// and Process returns when its stream ends.
+// and Process returns when its stream ends. Streams share nothing but the
+// Decider, the Tracker and the metrics: no lock, goroutine or buffer of
+// the package is common to two streams. A buffered body is used in place
+// (no copy of the gRPC message's bytes).
 //
 // # One stream
 //
@@ -74,7 +87,9 @@
 // when still possible, and ends only that stream.
 //
 // Response side: chunks are echoed unchanged in FULL_DUPLEX_STREAMED mode
-// and continued otherwise. On the pick the replica's in-flight counters rise
+// (one reused answer per stream, no allocation per chunk) and continued
+// otherwise; a chunk is parsed only as far as the first output and the
+// usage object need. On the pick the replica's in-flight counters rise
 // (Tracker.Start with the uncached prompt blocks as prefill and the prompt
 // blocks as decode footprint); the first output (first SSE event with
 // content, or the first chunk of a non-streamed body) moves prefill to

@@ -87,7 +87,7 @@ func newHarness(t testing.TB, cfg Config) *harness {
 		t.Fatalf("New: %v", err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer()
+	g := grpc.NewServer(srv.ServerOptions()...) // as cmd/kvroute builds it
 	srv.Register(g)
 	h := NewHealth()
 	h.Register(g)

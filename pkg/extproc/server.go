@@ -31,9 +31,9 @@ type Server struct {
 // New validates cfg, applies defaults and registers the request-path
 // metrics. It starts nothing.
 func New(cfg Config) (*Server, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("extproc: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -41,6 +41,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m}, nil
 }
+
+// ServerOptions are the gRPC server options this server's configuration
+// needs (Config.ServerOptions of its validated configuration).
+func (s *Server) ServerOptions() []grpc.ServerOption { return s.cfg.ServerOptions() }
 
 // Register adds the ext_proc service to g.
 func (s *Server) Register(g *grpc.Server) {
@@ -54,7 +58,7 @@ func (s *Server) Register(g *grpc.Server) {
 // the request's load counters are released and its span ended.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err error) {
 	s.metrics.active.Inc()
-	st := newStream(s, ps.Context())
+	st := newProcStream(s, ps.Context())
 	defer func() {
 		// Registered first, so it runs last: after panic recovery below.
 		st.close()

@@ -321,7 +321,7 @@ func TestImmediateResponses(t *testing.T) {
 		},
 		{
 			name:     "body over the limit",
-			cfg:      func(c *Config) { c.MaxRequestBody = 10 },
+			cfg:      func(c *Config) { c.MaxBodyBytes = 10 },
 			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":`, false), reqBody(`"m","prompt":"x"}`, true)},
 			wantCode: 413, wantReason: ReasonTooLarge, wantMsg: "exceeds 10 bytes",
 		},
@@ -439,7 +439,7 @@ func TestConfigErrors(t *testing.T) {
 		"bad header name":    {Decider: fd, DestinationHeader: "x bad"},
 		"pseudo header":      {Decider: fd, SessionHeader: ":path"},
 		"same headers":       {Decider: fd, DestinationHeader: "a", FallbackHeader: "A"},
-		"negative body size": {Decider: fd, MaxRequestBody: -1},
+		"negative body size": {Decider: fd, MaxBodyBytes: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := New(cfg); err == nil {

@@ -33,10 +33,12 @@ const (
 	phaseDone                  // answered by an immediate response, or finished
 )
 
-// stream is one ext_proc stream's state. The request side keeps only what
-// routing needs; the decision and the lifecycle handle are the only things
-// carried into the response side.
-type stream struct {
+// procStream is the state of one ext_proc stream: one HTTP request as the
+// proxy relays it (request headers, body, response). Not to be confused
+// with an engine event stream (package events). The request side keeps
+// only what routing needs; the decision and the lifecycle handle are the
+// only things carried into the response side.
+type procStream struct {
 	s   *Server
 	ctx context.Context
 
@@ -64,6 +66,7 @@ type stream struct {
 	life     *load.Handle
 
 	// Response.
+	echo       chunkEcho
 	respStatus int
 	sse        bool
 	parser     openai.StreamParser
@@ -73,8 +76,8 @@ type stream struct {
 	finished   bool
 }
 
-func newStream(s *Server, ctx context.Context) *stream {
-	return &stream{
+func newProcStream(s *Server, ctx context.Context) *procStream {
+	return &procStream{
 		s: s, ctx: ctx, spanCtx: ctx,
 		reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode,
 		carrier: propagation.HeaderCarrier{},
@@ -82,7 +85,7 @@ func newStream(s *Server, ctx context.Context) *stream {
 }
 
 // handle advances the state machine by one message and returns what to send.
-func (st *stream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+func (st *procStream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
 	if pc := req.GetProtocolConfig(); pc != nil && !st.modesKnown {
 		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
@@ -109,7 +112,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.Processi
 
 // readMetadata picks the subset hint (request side) and the served
 // endpoint (response side) out of the message's metadata context.
-func (st *stream) readMetadata(req *extprocv3.ProcessingRequest) {
+func (st *procStream) readMetadata(req *extprocv3.ProcessingRequest) {
 	md := req.GetMetadataContext().GetFilterMetadata()
 	if md == nil {
 		return
@@ -128,7 +131,7 @@ func (st *stream) readMetadata(req *extprocv3.ProcessingRequest) {
 	}
 }
 
-func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+func (st *procStream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	if st.phase != phaseHeaders {
 		st.s.metrics.streamErrs.WithLabelValues("protocol").Inc()
 		return nil
@@ -164,7 +167,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Processi
 		st.reqMode == filterv3.ProcessingMode_STREAMED || st.reqMode == filterv3.ProcessingMode_GRPC
 	if noBody {
 		// No body to read before the headers must go: route by load alone.
-		p, rej := st.route(nil)
+		p, rej := st.decide(nil)
 		if rej != nil {
 			return st.reject(*rej)
 		}
@@ -180,7 +183,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Processi
 	return []*extprocv3.ProcessingResponse{requestHeadersResponse(&pick{remove: st.strip})}
 }
 
-func (st *stream) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+func (st *procStream) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
 	duplex := st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	if st.phase != phaseBody {
 		// Body after a routing decision (the proxy streams it on): pass it.
@@ -192,15 +195,21 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResp
 		}
 		return []*extprocv3.ProcessingResponse{requestBodyResponse(nil)}
 	}
-	if len(st.body)+len(b.GetBody()) > st.s.cfg.MaxRequestBody {
+	if len(st.body)+len(b.GetBody()) > st.s.cfg.MaxBodyBytes {
 		return st.reject(rejection{code: http.StatusRequestEntityTooLarge, reason: ReasonTooLarge,
-			message: fmt.Sprintf("request body exceeds %d bytes", st.s.cfg.MaxRequestBody)})
+			message: fmt.Sprintf("request body exceeds %d bytes (the router's max_body_bytes)", st.s.cfg.MaxBodyBytes)})
 	}
-	st.body = append(st.body, b.GetBody()...)
+	if len(st.body) == 0 && (!duplex || b.GetEndOfStream()) {
+		// The whole body in one message (BUFFERED): use the message's own
+		// bytes, which nothing else holds, instead of copying them.
+		st.body = b.GetBody()
+	} else {
+		st.body = append(st.body, b.GetBody()...)
+	}
 	if duplex && !b.GetEndOfStream() {
 		return nil
 	}
-	p, rej := st.route(st.body)
+	p, rej := st.decide(st.body)
 	if rej != nil {
 		return st.reject(*rej)
 	}
@@ -214,7 +223,7 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResp
 	return out
 }
 
-func (st *stream) requestTrailers() []*extprocv3.ProcessingResponse {
+func (st *procStream) requestTrailers() []*extprocv3.ProcessingResponse {
 	if st.phase != phaseBody || st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		if st.phase == phaseDone {
 			return nil
@@ -222,7 +231,7 @@ func (st *stream) requestTrailers() []*extprocv3.ProcessingResponse {
 		return []*extprocv3.ProcessingResponse{trailersResponse(true)}
 	}
 	// The body ended with trailers instead of an end-of-stream chunk.
-	p, rej := st.route(st.body)
+	p, rej := st.decide(st.body)
 	if rej != nil {
 		return st.reject(*rej)
 	}
@@ -235,7 +244,7 @@ func (st *stream) requestTrailers() []*extprocv3.ProcessingResponse {
 	return append(out, trailersResponse(true))
 }
 
-func (st *stream) reject(r rejection) []*extprocv3.ProcessingResponse {
+func (st *procStream) reject(r rejection) []*extprocv3.ProcessingResponse {
 	st.phase, st.answered = phaseDone, true
 	st.body = nil
 	st.s.metrics.rejected(r.code, r.reason)
@@ -246,9 +255,9 @@ func (st *stream) reject(r rejection) []*extprocv3.ProcessingResponse {
 	return []*extprocv3.ProcessingResponse{immediateResponse(r)}
 }
 
-// route builds the protocol-free request, asks the Decider and turns the
+// decide builds the protocol-free request, asks the Decider and turns the
 // answer into a pick or a rejection. body is nil when there is none.
-func (st *stream) route(body []byte) (*pick, *rejection) {
+func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	if st.subsetSet && len(st.subset) == 0 {
 		return nil, &rejection{code: http.StatusServiceUnavailable, reason: ReasonSubsetEmpty,
 			message: "the proxy's endpoint subset is empty"}
@@ -302,7 +311,7 @@ func (st *stream) route(body []byte) (*pick, *rejection) {
 	return st.pickFor(dec), nil
 }
 
-func (st *stream) decideError(err error, req route.Request) *rejection {
+func (st *procStream) decideError(err error, req route.Request) *rejection {
 	switch {
 	case errors.Is(err, route.ErrNoReplica):
 		if req.Subset != nil {
@@ -341,7 +350,7 @@ func FillRequest(req *route.Request, p openai.Request) {
 }
 
 // pickFor turns a decision into the header mutation and metadata.
-func (st *stream) pickFor(dec route.Decision) *pick {
+func (st *procStream) pickFor(dec route.Decision) *pick {
 	cfg := &st.s.cfg
 	dest := dec.Address
 	if cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
@@ -364,7 +373,7 @@ func (st *stream) pickFor(dec route.Decision) *pick {
 	return p
 }
 
-func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.phase, st.answered = phaseResponse, true
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		val := hv.GetValue()
@@ -387,20 +396,50 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Process
 	return []*extprocv3.ProcessingResponse{continueResponseHeaders()}
 }
 
-func (st *stream) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
+func (st *procStream) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
 	st.observeBody(b.GetBody())
 	if b.GetEndOfStream() {
 		st.finish()
 	}
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return []*extprocv3.ProcessingResponse{streamedChunk(b.GetBody(), b.GetEndOfStream(), false)}
+		return st.echo.set(b.GetBody(), b.GetEndOfStream())
 	}
 	return []*extprocv3.ProcessingResponse{continueResponseBody()}
 }
 
+// chunkEcho is the one response-body answer of a stream in full-duplex
+// mode, reused for every chunk: a streamed response is answered chunk by
+// chunk, and Process sends (marshals) each answer before it reads the next
+// message, so the answer never outlives its chunk. It saves the five
+// allocations of a fresh answer per streamed chunk.
+type chunkEcho struct {
+	out  [1]*extprocv3.ProcessingResponse
+	resp extprocv3.ProcessingResponse
+	body extprocv3.ProcessingResponse_ResponseBody
+	br   extprocv3.BodyResponse
+	cr   extprocv3.CommonResponse
+	bm   extprocv3.BodyMutation
+	sr   extprocv3.BodyMutation_StreamedResponse
+	sbr  extprocv3.StreamedBodyResponse
+}
+
+func (e *chunkEcho) set(chunk []byte, eos bool) []*extprocv3.ProcessingResponse {
+	if e.out[0] == nil {
+		e.sr.StreamedResponse = &e.sbr
+		e.bm.Mutation = &e.sr
+		e.cr.BodyMutation = &e.bm
+		e.br.Response = &e.cr
+		e.body.ResponseBody = &e.br
+		e.resp.Response = &e.body
+		e.out[0] = &e.resp
+	}
+	e.sbr.Body, e.sbr.EndOfStream = chunk, eos
+	return e.out[:]
+}
+
 // observeBody feeds response bytes to the usage readers and moves the
 // request from prefill to decode at its first output.
-func (st *stream) observeBody(chunk []byte) {
+func (st *procStream) observeBody(chunk []byte) {
 	if len(chunk) == 0 || st.finished {
 		return
 	}
@@ -410,7 +449,7 @@ func (st *stream) observeBody(chunk []byte) {
 	case st.sse:
 		_, _ = st.parser.Write(chunk)
 	case !st.respOver:
-		if len(st.respBody)+len(chunk) > st.s.cfg.MaxResponseBody {
+		if len(st.respBody)+len(chunk) > st.s.cfg.MaxResponseBodyBytes {
 			st.respOver, st.respBody = true, nil
 		} else {
 			st.respBody = append(st.respBody, chunk...)
@@ -427,7 +466,7 @@ func (st *stream) observeBody(chunk []byte) {
 
 // finish ends the response: usage is compared with the prediction and the
 // lifecycle released. It runs once.
-func (st *stream) finish() {
+func (st *procStream) finish() {
 	if st.finished {
 		return
 	}
@@ -470,7 +509,7 @@ func (st *stream) finish() {
 // the cached tokens the engine should report. Engines always recompute
 // the prompt's last token, so a full match of a block-aligned prompt shows
 // one block less; the prediction is capped accordingly.
-func (st *stream) predictedCachedTokens(promptTokens int) int {
+func (st *procStream) predictedCachedTokens(promptTokens int) int {
 	dec := st.decision
 	bs := 0
 	if st.s.cfg.BlockSize != nil {
@@ -491,7 +530,7 @@ func (st *stream) predictedCachedTokens(promptTokens int) int {
 
 // close runs when the stream ends on any path: the lifecycle is released
 // (a no-op when finish already did) and the request span ended.
-func (st *stream) close() {
+func (st *procStream) close() {
 	st.life.Done()
 	if st.span != nil {
 		if !st.finished && st.phase != phaseDone {
