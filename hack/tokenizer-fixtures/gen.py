@@ -148,6 +148,46 @@ def handcrafted():
     return t
 
 
+def exactness_texts():
+    """Classes that once broke byte-exactness (issue 14): long runs of
+    combining marks (Go's NFC inserted U+034F after 30), code points new in
+    Unicode 16, line/paragraph separators, C0 controls next to white space."""
+    marks = "\u0301\u0308\u0316\u0323\u0327\u0328\u035c\u0345"
+    t = [
+        "a" + "\u0301" * 31,
+        "e" + "\u0301" * 30 + "x",
+        "o" + "\u0316\u0301" * 20 + " next",
+        "A" + "\u0300" * 29 + "\u0323" + "\u0300" * 5,
+        "u" + marks * 6 + " word",
+        "\u1100\u1161" + "\u0301" * 33 + "\u11a8",
+        "x" + "\u0345" * 40 + "\u0301" * 3,
+        "Zalgo: " + "".join(c + marks[i % 8] * (35 + i % 3) for i, c in enumerate("hello")),
+        # Unicode 16: Kirat Rai digits (Nd) and letters, Garay, Gurung Khema,
+        # Sunuwar, Tulu-Tigalari, Ol Onal, Todhri, Myanmar Extended-C digits,
+        # Symbols for Legacy Computing Supplement, Egyptian Hieroglyphs Ext-A.
+        "Kirat Rai 12\U00016d70\U00016d71\U00016d72\U00016d73\U00016d74 x\U00016d79",
+        "\U00016d43\U00016d44\U00016d45\U00016d50 \U00016d6b\U00016d6c",
+        "Garay \U00010d50\U00010d51\U00010d52 \U00010d40\U00010d41\U00010d42",
+        "Gurung Khema \U00016100\U00016101\U00016102\U00016130\U00016131",
+        "Sunuwar \U00011bc0\U00011bc1\U00011bf0\U00011bf1\U00011bf2",
+        "Tulu-Tigalari \U00011380\U00011381\U00011382\U000113b8",
+        "Ol Onal \U0001e5d0\U0001e5d1\U0001e5f1\U0001e5f2\U0001e5f3",
+        "Todhri \U000105c0\U000105c1\U000105c2",
+        "Myanmar \U000116d0\U000116d1\U000116d2\U000116d3abc",
+        "Legacy \U0001cc00\U0001cc01\U0001cc15\U0001ccf0\U0001ccf1\U0001ccf2",
+        "Hieroglyphs \U00013460\U00013461\U00013462",
+        "mixed 9\U00016d70\U00016d71\U00016d72\U00016d73\U00016d74\U00016d75\U00016d76 7",
+        "\u2028\u2029 start and end \u2029\u2028",
+        "a\u2028b\u2029c \u2028 d",
+        "\x1c\x1d\x1e\x1f",
+        "\x1c padded \x1f",
+        " \x1c\n\x1dtext\x1e \x1f\n",
+        "\x0b\x0cvt ff\x0b\x0c",
+        "\x85NEL\x85 and \xa0nbsp\xa0",
+    ]
+    return t
+
+
 POOLS = [
     "abcdefghijklmnopqrstuvwxyz",
     "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
@@ -163,6 +203,7 @@ POOLS = [
     "😀😂🤔👍🎉🚀❤️🔥✅🙏",
     "\u0301\u0308\u200d\ufe0f",
     "٠١٢٣٤٥",
+
     "'s't're've'm'll'd",
 ]
 
@@ -289,6 +330,76 @@ def conversations(rng, n):
     return convs
 
 
+# Numbers json.dumps prints differently from Go: whole floats, exponents,
+# negative zero, integers beyond 64 bits (kept as JSON text here, so the
+# fixture file carries them exactly).
+NUMBER_SCHEMA = (r'{"type": "function", "function": {"name": "set_limits", '
+                 r'"description": "Limits \u2028 with separators \u2029 and <tags> & co.", '
+                 r'"parameters": {"type": "object", "properties": {'
+                 r'"ratio": {"type": "number", "minimum": 0.0, "maximum": 1.0, "default": 2.0, "multipleOf": 0.5}, '
+                 r'"big": {"type": "integer", "maximum": 123456789012345678901234567890, "minimum": -9223372036854775809}, '
+                 r'"exact": {"type": "integer", "const": 9007199254740993}, '
+                 r'"sci": {"type": "number", "examples": [1e16, 1E+16, 1.5e16, 1e15, 1e-05, 0.0001, 1e-7, 12345678.9, 1e300, 123456789012345678.0, -0.0, 0.1, 5e-324, 1.7976931348623157e308]}, '
+                 r'"z_first": {"type": "string", "enum": ["\u00e9t\u00e9", "\u65e5\u672c", "\ud83d\ude80", "tab\there", "nul\u0000", "del\u007f", "ctl\u001c"]}, '
+                 r'"a_second": {"type": "boolean", "default": false}}, '
+                 r'"required": ["ratio"]}}}')
+
+NUMBER_ARGS = (r'{"ratio": 2.0, "big": 123456789012345678901234567890, "neg": -0.0, "sci": 1e16, '
+               r'"small": 1e-05, "mid": 12345678.9, "huge": 1e300, "exact": 9007199254740993, '
+               r'"text": "line\u2028sep\u2029para", "list": [1.0, 2.50, 3e2, -1e-10]}')
+
+
+def exactness_conversations():
+    """Chats whose rendering once differed from Python (issue 14): tool
+    schemas and tool-call arguments with numbers Go prints differently,
+    U+2028/U+2029 inside JSON, C0 controls around content the template trims,
+    and long runs of combining marks."""
+    schema = json.loads(NUMBER_SCHEMA)
+    convs = []
+    for i, (content, sysmsg) in enumerate([
+        ("\x1c\x1d  What is the limit?  \x1e\x1f", "\x1f You set limits. \x1c"),
+        ("\n\x1c\n hello \x0b\x0c\x1d", None),
+        ("\u2028Separated\u2029 content\u2028", "\u2029system\u2028"),
+        ("e" + "\u0301" * 33 + " and \U00016d70\U00016d71\U00016d72\U00016d73", None),
+    ]):
+        msgs = []
+        if sysmsg is not None:
+            msgs.append({"role": "system", "content": sysmsg})
+        msgs.append({"role": "user", "content": content})
+        convs.append({"messages": msgs, "tools": None, "add_generation_prompt": True, "kwargs": {}})
+        # With the number-laden schema, a call whose arguments arrive as a
+        # JSON string (as OpenAI clients send them), and the tool's answer.
+        calls = [{"id": "call_n%d" % i, "type": "function",
+                  "function": {"name": "set_limits", "arguments": NUMBER_ARGS}}]
+        msgs2 = msgs + [
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "{\"ok\": 1.0, \"n\": 123456789012345678901234567890}", "name": "set_limits"},
+        ]
+        convs.append({"messages": msgs2, "tools": [schema, TOOLS[0]], "add_generation_prompt": i % 2 == 0, "kwargs": {}})
+    return convs
+
+
+def vllm_messages(msgs):
+    """vLLM's preprocessing before the template: tool-call arguments given as
+    a JSON string become the object json.loads makes of them."""
+    out = []
+    for m in msgs:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = dict(c, function=dict(c["function"]))
+                if isinstance(c["function"].get("arguments"), str):
+                    try:
+                        c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+                    except ValueError:
+                        c["function"]["arguments"] = {}
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
@@ -297,30 +408,39 @@ def main():
     a = ap.parse_args()
     rng = random.Random(SEED)
     texts = handcrafted() + random_texts(rng, 160)
-    convs = conversations(random.Random(SEED + 1), 64)
+    exact_texts = exactness_texts()
+    convs = conversations(random.Random(SEED + 1), 64) + exactness_conversations()
     os.makedirs(a.out, exist_ok=True)
     for name in a.names:
         d = os.path.join(a.cache, name)
         tok = AutoTokenizer.from_pretrained(d)
         raw = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        plain = []
-        for text in texts:
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-            ids_special = tok(text, add_special_tokens=True)["input_ids"]
-            if raw.encode(text, add_special_tokens=False).ids != ids:
-                sys.exit("%s: transformers and tokenizers disagree on %r" % (name, text[:60]))
-            plain.append({"text": text, "ids": ids, "ids_special": ids_special})
+        def encode_all(texts):
+            out = []
+            for text in texts:
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                ids_special = tok(text, add_special_tokens=True)["input_ids"]
+                if raw.encode(text, add_special_tokens=False).ids != ids:
+                    sys.exit("%s: transformers and tokenizers disagree on %r" % (name, text[:60]))
+                out.append({"text": text, "ids": ids, "ids_special": ids_special})
+            return out
+        plain, exact = encode_all(texts), encode_all(exact_texts)
         chat = []
         for c in convs:
-            rendered = tok.apply_chat_template(c["messages"], tools=c["tools"], tokenize=False,
+            rendered = tok.apply_chat_template(vllm_messages(c["messages"]), tools=c["tools"], tokenize=False,
                                                add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
             ids = tok(rendered, add_special_tokens=False)["input_ids"]
-            chat.append(dict(c, rendered=rendered, ids=ids))
+            # The fixture keeps the request's own JSON text (numbers exactly
+            # as sent), which the Go side decodes as the engine would.
+            chat.append({"messages_json": json.dumps(c["messages"], ensure_ascii=False),
+                         "tools_json": json.dumps(c["tools"], ensure_ascii=False),
+                         "add_generation_prompt": c["add_generation_prompt"],
+                         "kwargs": c["kwargs"], "rendered": rendered, "ids": ids})
         meta = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "seed": SEED}
         path = os.path.join(a.out, name + ".json.gz")
         with gzip.GzipFile(path, "wb", mtime=0) as f:
-            f.write(json.dumps({"meta": meta, "plain": plain, "chat": chat}, ensure_ascii=False).encode())
-        print("%s: %d texts, %d conversations -> %s (%d bytes)" % (name, len(plain), len(chat), path, os.path.getsize(path)))
+            f.write(json.dumps({"meta": meta, "plain": plain, "exact": exact, "chat": chat}, ensure_ascii=False).encode())
+        print("%s: %d texts, %d exactness texts, %d conversations -> %s (%d bytes)" % (name, len(plain), len(exact), len(chat), path, os.path.getsize(path)))
 
 
 if __name__ == "__main__":

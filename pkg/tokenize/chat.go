@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
@@ -33,7 +34,15 @@ type ChatTemplate struct {
 	// globals are the tokenizer's special tokens (bos_token, eos_token,
 	// ...) passed to every render.
 	globals map[string]jinja.Value
+	// bareStrip: the template calls .strip(), .lstrip() or .rstrip()
+	// without arguments, which the engine implements with a narrower
+	// white-space set than Python's str methods; requests whose strings
+	// hold a character where the two differ are refused.
+	bareStrip bool
 }
+
+// bareStripCall finds string method calls without arguments.
+var bareStripCall = regexp.MustCompile(`\.[lr]?strip\(\s*\)`)
 
 type tokenizerConfig struct {
 	ChatTemplate json.RawMessage `json:"chat_template"`
@@ -65,6 +74,9 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
 	}
+	if !jinjaFiltersReplaced {
+		return nil, fmt.Errorf("%w: the Jinja engine's tojson and trim could not be replaced", ErrUnsupported)
+	}
 	c := &ChatTemplate{globals: map[string]jinja.Value{}}
 	var src, toolSrc string
 	var asString string
@@ -93,6 +105,7 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 			return nil, errors.New("chat_template list has no default template")
 		}
 	}
+	c.bareStrip = bareStripCall.MatchString(src) || bareStripCall.MatchString(toolSrc)
 	var err error
 	if c.tmpl, err = jinja.Compile(src); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
@@ -198,11 +211,56 @@ func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) 
 	data["tools"] = tools
 	data["documents"] = jinja.None()
 	data["add_generation_prompt"] = jinja.NewBool(in.AddGenerationPrompt)
+	if c.bareStrip {
+		for _, v := range data {
+			if anyString(v, pyStripDiffers, 0) {
+				return "", fmt.Errorf("%w: white space the template's strip() would treat differently from Python", ErrUnsupported)
+			}
+		}
+	}
 	out, err := renderSafe(tmpl, data)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
+	if strings.Contains(out, pyNumMark) {
+		return "", errNumberLeak
+	}
 	return out, nil
+}
+
+// pyStripDiffers reports whether s holds a character Python's str.strip()
+// removes but the engine's bare strip methods may keep.
+func pyStripDiffers(s string) bool {
+	for _, r := range s {
+		if r != ' ' && r != '\t' && r != '\n' && r != '\r' && pyIsSpace(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// anyString reports whether pred holds for a string inside v.
+func anyString(v jinja.Value, pred func(string) bool, depth int) bool {
+	switch {
+	case depth > maxJSONDepth:
+		return true
+	case v.IsString():
+		return pred(v.AsString())
+	case v.IsList():
+		for _, it := range v.AsList().Items {
+			if anyString(it, pred, depth+1) {
+				return true
+			}
+		}
+	case v.IsDict():
+		d := v.AsDict()
+		for _, k := range d.Keys {
+			if pred(k) || anyString(d.Data[k], pred, depth+1) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // renderSafe turns a panic inside the template engine into an error: a
@@ -411,9 +469,12 @@ func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
 		}
 		return jinja.Value{}, fmt.Errorf("unexpected %v", t)
 	case string:
+		if strings.HasPrefix(t, pyNumMark) {
+			return jinja.Value{}, fmt.Errorf("%w: string starting with U+FDD0", ErrUnsupported)
+		}
 		return jinja.NewString(t), nil
 	case json.Number:
-		return jinja.FromGoValue(t), nil
+		return jsonNumberValue(string(t))
 	case bool:
 		return jinja.NewBool(t), nil
 	case nil:

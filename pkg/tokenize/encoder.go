@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
-	"golang.org/x/text/unicode/norm"
 )
 
 // Errors the local tokenizer returns; classify with errors.Is.
@@ -527,8 +526,8 @@ func (e *Encoder) encodePlain(dst []uint32, s string) ([]uint32, error) {
 	if s == "" {
 		return dst, nil
 	}
-	if e.nfc && !norm.NFC.IsNormalString(s) {
-		s = norm.NFC.String(s)
+	if e.nfc {
+		s = nfc(s)
 	}
 	var err error
 	for i := 0; i < len(s); {

@@ -22,18 +22,29 @@ type plainFixture struct {
 	IDsSpecial []uint32 `json:"ids_special"`
 }
 
+// chatFixture keeps the request's messages and tools as the JSON text a
+// client sends (numbers exactly as written), the rendered prompt and its ids.
 type chatFixture struct {
-	Messages            json.RawMessage `json:"messages"`
-	Tools               json.RawMessage `json:"tools"`
+	MessagesJSON        string          `json:"messages_json"`
+	ToolsJSON           string          `json:"tools_json"`
 	AddGenerationPrompt bool            `json:"add_generation_prompt"`
 	Kwargs              json.RawMessage `json:"kwargs"`
 	Rendered            string          `json:"rendered"`
 	IDs                 []uint32        `json:"ids"`
 }
 
+func (f *chatFixture) input() ChatInput {
+	return ChatInput{Messages: json.RawMessage(f.MessagesJSON), Tools: json.RawMessage(f.ToolsJSON),
+		ChatTemplateKwargs: f.Kwargs, AddGenerationPrompt: f.AddGenerationPrompt}
+}
+
+// fixtureFile is one family's reference: Plain is the general corpus (the
+// throughput benchmarks use it), Exact the classes that once broke
+// exactness (kept apart so the benchmark corpus stays comparable).
 type fixtureFile struct {
 	Meta  map[string]any `json:"meta"`
 	Plain []plainFixture `json:"plain"`
+	Exact []plainFixture `json:"exact"`
 	Chat  []chatFixture  `json:"chat"`
 }
 
@@ -85,8 +96,8 @@ func loadFixtures(t testing.TB, name string) *fixtureFile {
 	if err := json.NewDecoder(zr).Decode(&f); err != nil {
 		t.Fatalf("fixtures %s: %v", path, err)
 	}
-	if len(f.Plain) < 200 || len(f.Chat) < 50 {
-		t.Fatalf("fixtures %s: %d texts, %d chats; want >= 200 and >= 50", path, len(f.Plain), len(f.Chat))
+	if len(f.Plain) < 200 || len(f.Exact) < 20 || len(f.Chat) < 50 {
+		t.Fatalf("fixtures %s: %d texts, %d exactness texts, %d chats; want >= 200, 20 and 50", path, len(f.Plain), len(f.Exact), len(f.Chat))
 	}
 	fixtureCache[name] = &f
 	return &f
@@ -114,7 +125,7 @@ func TestEncoderMatchesReferenceFixtures(t *testing.T) {
 			enc := loadEncoder(t, name)
 			fx := loadFixtures(t, name)
 			bad := 0
-			for i, f := range fx.Plain {
+			for i, f := range slices.Concat(fx.Plain, fx.Exact) {
 				got, err := enc.Encode(f.Text, false)
 				if err != nil {
 					t.Fatalf("text %d %q: %v", i, trunc(f.Text), err)
@@ -181,7 +192,7 @@ func TestChatTemplateMatchesReferenceFixtures(t *testing.T) {
 			tmpl := loadTemplate(t, name)
 			fx := loadFixtures(t, name)
 			for i, f := range fx.Chat {
-				got, err := tmpl.Render(ChatInput{Messages: f.Messages, Tools: f.Tools, ChatTemplateKwargs: f.Kwargs, AddGenerationPrompt: f.AddGenerationPrompt})
+				got, err := tmpl.Render(f.input())
 				if err != nil {
 					t.Fatalf("chat %d: %v", i, err)
 				}

@@ -80,16 +80,39 @@ func classAt(s string, i int) (cls uint8, r rune, w int) {
 		return asciiClass[c], rune(c), 1
 	}
 	r, w = utf8.DecodeRuneInString(s[i:])
-	switch {
-	case unicode.IsSpace(r):
+	if r == 0x85 { // NEL: White_Space, category Cc
 		return clsSpace, r, w
-	case unicode.IsLetter(r):
-		return clsLetter, r, w
-	case unicode.IsNumber(r):
-		return clsNumber, r, w
 	}
-	return clsOther, r, w
+	return gcClass[gcOf(r)], r, w
 }
+
+// gcOf is r's Unicode 16 General_Category (ucd_table.go); the reference's
+// regex engine classifies with Unicode 16, Go's unicode package with 15.
+func gcOf(r rune) uint8 {
+	if uint32(r) > 0x10ffff {
+		return gcCn
+	}
+	return ucdStage2[int(ucdStage1[r>>8])<<8|int(r&0xff)]
+}
+
+// gcClass maps a general category to the patterns' classes. \s is the
+// White_Space property: outside ASCII (asciiClass) that is the Zs, Zl and
+// Zp categories plus U+0085, a control that classAt tests for first.
+var gcClass = func() (t [32]uint8) {
+	for gc := range t {
+		switch uint8(gc) {
+		case gcLu, gcLl, gcLt, gcLm, gcLo:
+			t[gc] = clsLetter
+		case gcNd, gcNl, gcNo:
+			t[gc] = clsNumber
+		case gcZs, gcZl, gcZp:
+			t[gc] = clsSpace
+		default:
+			t[gc] = clsOther
+		}
+	}
+	return t
+}()
 
 // splitPieces calls emit for each pre-token of s, in order, as [start, end)
 // byte offsets. The pieces cover s exactly.

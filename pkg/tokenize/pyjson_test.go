@@ -1,0 +1,189 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// Expected strings below are what CPython 3.11 prints (repr, json.dumps with
+// ensure_ascii=False unless said otherwise, str.strip).
+
+func TestPyFloatRepr(t *testing.T) {
+	cases := []struct {
+		f    float64
+		want string
+	}{
+		{2.0, "2.0"}, {1.0, "1.0"}, {math.Copysign(0, -1), "-0.0"}, {0, "0.0"},
+		{12345678.9, "12345678.9"}, {1e16, "1e+16"}, {1e15, "1000000000000000.0"},
+		{1.5e16, "1.5e+16"}, {1e-5, "1e-05"}, {1e-4, "0.0001"}, {0.0001234, "0.0001234"},
+		{1e-7, "1e-07"}, {1e300, "1e+300"}, {123456789012345678.0, "1.2345678901234568e+17"},
+		{0.1, "0.1"}, {5e-324, "5e-324"}, {math.MaxFloat64, "1.7976931348623157e+308"},
+		{-2.5e-10, "-2.5e-10"}, {100, "100.0"}, {1e22, "1e+22"}, {123456789, "123456789.0"},
+		{9007199254740993, "9007199254740992.0"},
+	}
+	for _, c := range cases {
+		if got := pyFloatRepr(c.f); got != c.want {
+			t.Errorf("pyFloatRepr(%v) = %q, want %q", c.f, got, c.want)
+		}
+	}
+}
+
+func renderWith(t *testing.T, src, jsonData string) (string, error) {
+	t.Helper()
+	if !jinjaFiltersReplaced {
+		t.Fatal("the Jinja engine's filters were not replaced (engine layout changed?)")
+	}
+	tmpl, err := jinja.Compile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := jsonValue(json.RawMessage(jsonData))
+	if err != nil {
+		return "", err
+	}
+	return renderSafe(tmpl, map[string]jinja.Value{"x": v})
+}
+
+func TestJinjaFiltersReplaced(t *testing.T) {
+	const in = `{"b": [1, 2.0, {"z": null, "a": true}], "a": "\u00e9\u2028\ud83d\ude80\u007f\u001c\"\\"}`
+	cases := []struct{ src, want string }{
+		{`{{ x|tojson }}`, "{\"b\": [1, 2.0, {\"z\": null, \"a\": true}], \"a\": \"\u00e9\u2028\U0001f680\u007f\\u001c\\\"\\\\\"}"},
+		{`{{ x|tojson(ensure_ascii=True) }}`, "{\"b\": [1, 2.0, {\"z\": null, \"a\": true}], \"a\": \"\\u00e9\\u2028\\ud83d\\ude80\\u007f\\u001c\\\"\\\\\"}"},
+		{`{{ x|tojson(indent=2, sort_keys=True) }}`, "{\n  \"a\": \"\u00e9\u2028\U0001f680\u007f\\u001c\\\"\\\\\",\n  \"b\": [\n    1,\n    2.0,\n    {\n      \"a\": true,\n      \"z\": null\n    }\n  ]\n}"},
+		{`{{ x|tojson(indent='\t', separators=[',', ':']) }}`, "{\n\t\"b\":[\n\t\t1,\n\t\t2.0,\n\t\t{\n\t\t\t\"z\":null,\n\t\t\t\"a\":true\n\t\t}\n\t],\n\t\"a\":\"\u00e9\u2028\U0001f680\u007f\\u001c\\\"\\\\\"\n}"},
+		{`{{ x.b|tojson(false, 0) }}`, "[\n1,\n2.0,\n{\n\"z\": null,\n\"a\": true\n}\n]"},
+	}
+	for _, c := range cases {
+		got, err := renderWith(t, c.src, in)
+		if err != nil {
+			t.Fatalf("%s: %v", c.src, err)
+		}
+		if got != c.want {
+			t.Errorf("%s:\n got %q\nwant %q", c.src, got, c.want)
+		}
+	}
+	// Numbers keep Python's form: whole floats, exponents, big integers.
+	got, err := renderWith(t, `{{ x|tojson }}`, `[2.0, -0.0, 1E+16, 1e-05, 12345678.9, 123456789012345678901234567890, -9223372036854775809, 9223372036854775807, 1e400, -0]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `[2.0, -0.0, 1e+16, 1e-05, 12345678.9, 123456789012345678901234567890, -9223372036854775809, 9223372036854775807, Infinity, 0]`; got != want {
+		t.Errorf("numbers:\n got %s\nwant %s", got, want)
+	}
+	// trim is str.strip(): U+001C..U+001F, \v, \f, NEL and Unicode spaces go.
+	got, err = renderWith(t, `[{{ x|trim }}|{{ x|trim('_') }}]`, `"\u0020\u001c\u001d hi \u001e\u001f\u000b\u0085\u3000"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[hi|\u0020\u001c\u001d hi \u001e\u001f\u000b\u0085\u3000]"; got != want {
+		t.Errorf("trim: got %q, want %q", got, want)
+	}
+	got, err = renderWith(t, `{{ x|trim }}`, `2.0`)
+	if err != nil || got != "2.0" {
+		t.Errorf("trim of 2.0 = %q, %v", got, err)
+	}
+}
+
+func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
+	cfg := `{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools|tojson }}"}`
+	ct, err := ParseChatTemplate([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
+	out, err := ct.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"n": 123456789012345678901234567890, "f": 2.0}]`)})
+	if err != nil || out != `hi[{"n": 123456789012345678901234567890, "f": 2.0}]` {
+		t.Fatalf("tojson path: %q, %v", out, err)
+	}
+	// The template prints the number directly: Python would print
+	// "2.0"; the engine cannot, so the request is refused, not misrendered.
+	cfg2 := `{"chat_template": "{% for t in tools %}{{ t.f }}{% endfor %}"}`
+	ct2, err := ParseChatTemplate([]byte(cfg2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tools := range []string{`[{"f": 2.0}]`, `[{"f": 123456789012345678901234567890}]`} {
+		if _, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s printed directly: err = %v, want ErrUnsupported", tools, err)
+		}
+	}
+	// 2.5 prints the same in both: rendered.
+	if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"f": 2.5}]`)}); err != nil || out != "2.5" {
+		t.Errorf("2.5 printed directly: %q, %v", out, err)
+	}
+	// A string that looks like the internal mark is refused.
+	bad := json.RawMessage(`[{"role": "user", "content": "` + pyNumMark + `1"}]`)
+	if _, err := ct.Render(ChatInput{Messages: bad}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("marked input: err = %v, want ErrUnsupported", err)
+	}
+}
+
+func TestBareStripRefusesWhereEngineDiffers(t *testing.T) {
+	cfg := `{"chat_template": "{% for m in messages %}[{{ m.content.strip() }}]{% endfor %}"}`
+	ct, err := ParseChatTemplate([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ct.Render(ChatInput{Messages: json.RawMessage(`[{"role": "user", "content": "  hi \n"}]`)})
+	if err != nil || out != "[hi]" {
+		t.Fatalf("plain strip: %q, %v", out, err)
+	}
+	_, err = ct.Render(ChatInput{Messages: json.RawMessage(`[{"role": "user", "content": "\u001chi\u001f"}]`)})
+	if !errors.Is(err, ErrUnsupported) {
+		t.Errorf("strip() over U+001C: err = %v, want ErrUnsupported", err)
+	}
+	// strip with arguments is exact in the engine: not refused.
+	cfg = `{"chat_template": "{% for m in messages %}[{{ m.content.strip('\\n') }}]{% endfor %}"}`
+	ct, err = ParseChatTemplate([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ct.Render(ChatInput{Messages: json.RawMessage(`[{"role": "user", "content": "\n\u001chi\n"}]`)}); err != nil || out != "[\u001chi]" {
+		t.Errorf("strip('\\n'): %q, %v", out, err)
+	}
+}
+
+func TestNFCWithoutStreamSafeInsertion(t *testing.T) {
+	// 31 acute accents after "a": the first composes into U+00E1, the rest
+	// stay; no U+034F anywhere.
+	in := "a" + strings.Repeat("\u0301", 31)
+	want := "\u00e1" + strings.Repeat("\u0301", 30)
+	if got := nfc(in); got != want {
+		t.Errorf("nfc: got %+q, want %+q", got, want)
+	}
+	// Canonical ordering across the 30-mark boundary: a below mark (ccc
+	// 220) after 35 above marks (230) moves before them and composes with
+	// the base (A + dot below = U+1EA0; U+1EA0 + grave has no composite).
+	in = "A" + strings.Repeat("\u0300", 35) + "\u0323"
+	want = "\u1ea0" + strings.Repeat("\u0300", 35)
+	if got := nfc(in); got != want {
+		t.Errorf("nfc reorder: got %+q, want %+q", got, want)
+	}
+	if got := nfc("e\u0301"); got != "\u00e9" {
+		t.Errorf("nfc short: %+q", got)
+	}
+}
+
+func TestUnicode16Categories(t *testing.T) {
+	cases := []struct {
+		r  rune
+		gc uint8
+	}{
+		{'A', gcLu}, {'a', gcLl}, {'5', gcNd}, {' ', gcZs}, {0x16d70, gcNd}, {0x16d43, gcLo},
+		{0x10d40, gcNd}, {0x116d0, gcNd}, {0x1cc00, gcSo}, {0x0378, gcCn}, {0x10ffff, gcCn}, {0xe000, gcCo},
+		{0x0301, gcMn}, {0x2028, gcZl}, {0x2029, gcZp}, {0x3000, gcZs}, {0x85, gcCc},
+	}
+	for _, c := range cases {
+		if got := gcOf(c.r); got != c.gc {
+			t.Errorf("gcOf(%U) = %d, want %d", c.r, got, c.gc)
+		}
+	}
+	if ucdVersion != "16.0.0" {
+		t.Errorf("ucdVersion = %s", ucdVersion)
+	}
+}
