@@ -6,15 +6,14 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 // TestActiveActiveRouters measures two kvroute replicas behind one Envoy
@@ -50,12 +49,7 @@ func TestActiveActiveRouters(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
 	single := runRounds(t, c.chat, "single", addrs(c.engines))
 	// Free the cores for the second run.
-	for _, p := range []*proc{c.envoy, c.kv} {
-		p.kill()
-	}
-	for _, e := range c.engines {
-		e.proc.kill()
-	}
+	c.g.Kill()
 
 	aa := newActiveActive(t, 2)
 	aaStats := runRounds(t, aa.front.chat, "aa", addrs(aa.engines))
@@ -227,51 +221,56 @@ type activeActive struct {
 
 func newActiveActive(t *testing.T, n int) *activeActive {
 	t.Helper()
-	dir, err := os.MkdirTemp(sockDir, "aa")
+	ctx := t.Context()
+	g := newGroup(t)
+	sock, err := testbed.SocketDir(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	aa := &activeActive{}
+	var tes []*testbed.Engine
 	for i := range 4 {
-		aa.engines = append(aa.engines, &engine{
-			id: i, port: freePort(t), seed: 100 + i,
-			events: fmt.Sprintf("ipc://%s/ev%d", dir, i),
-			replay: fmt.Sprintf("ipc://%s/rp%d", dir, i),
-		})
+		e := &engine{id: i, seed: 100 + i, g: g, Engine: &testbed.Engine{
+			Events: fmt.Sprintf("ipc://%s/ev%d", sock, i),
+			Replay: fmt.Sprintf("ipc://%s/rp%d", sock, i),
+		}}
+		aa.engines = append(aa.engines, e)
+		tes = append(tes, e.Engine)
 	}
 	var wg sync.WaitGroup
 	for _, e := range aa.engines {
-		wg.Go(func() { e.start(t) })
+		wg.Go(func() {
+			e.Name = fmt.Sprintf("enginesim-%d-seed%d", e.id, e.seed)
+			e.Args = engineArgs(e.seed)
+			if err := e.Start(ctx, g, bins.EngineSim); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
 	}
 
+	// Both start together: each replays every engine and turns ready warm.
 	extprocPorts := make([]int, n)
 	for i := range n {
-		r := &cluster{t: t, engines: aa.engines}
-		r.extprocPort, r.adminPort, r.metricsPort = freePort(t), freePort(t), freePort(t)
-		r.kvConfig = filepath.Join(t.TempDir(), fmt.Sprintf("kvroute-%d.yaml", i))
-		if err := os.WriteFile(r.kvConfig, []byte(r.kvrouteYAML()), 0o644); err != nil {
+		k := &testbed.KVRoute{Name: fmt.Sprintf("kvroute-%d", i), Engines: tes, Model: "sim-model", Extra: kvrouteExtra}
+		if err := k.Launch(g, bins.KVRoute); err != nil {
 			t.Fatal(err)
 		}
-		extprocPorts[i] = r.extprocPort
+		r := &cluster{t: t, g: g, engines: aa.engines, kv: k}
+		r.setPorts()
+		extprocPorts[i] = k.ExtProc
 		aa.routers = append(aa.routers, r)
 	}
-	// Both start together: each replays every engine and turns ready warm.
 	for i, r := range aa.routers {
-		r.kv = startProc(t, fmt.Sprintf("kvroute-%d", i), nil, filepath.Join(binDir, "kvroute"), "serve", "--config", r.kvConfig)
-	}
-	for i, r := range aa.routers {
-		waitFor(t, 30*time.Second, "kvroute ready", func() bool {
-			code, _, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", r.metricsPort))
-			return err == nil && code == 200
-		})
+		if err := r.kv.Ready(ctx); err != nil {
+			t.Fatal(err)
+		}
 		// Ready because every engine's stream replayed (the warm timeout
 		// is 10 s), and the replica view agrees.
-		if l := logLines(r.kv, "msg=ready "); len(l) != 1 || !strings.Contains(l[0], "events_warm=true") {
+		if l := r.kv.Proc.Lines("msg=ready "); len(l) != 1 || !strings.Contains(l[0], "events_warm=true") {
 			t.Errorf("kvroute-%d did not turn ready warm: %q", i, l)
 		}
 		reps := r.replicas()
@@ -282,56 +281,26 @@ func newActiveActive(t *testing.T, n int) *activeActive {
 		}
 	}
 
-	f := &cluster{t: t, engines: aa.engines, extprocPort: extprocPorts[0]}
-	f.listenPort, f.envoyAdminPort = freePort(t), freePort(t)
-	cfg, err := envoyYAMLRouters(f.listenPort, f.envoyAdminPort, extprocPorts, f.enginePorts())
-	if err != nil {
+	// One Envoy whose kvroute_extproc cluster lists every router; the
+	// envoy/envoy.yaml cluster's LEAST_REQUEST policy and gRPC health
+	// check apply to all. Start waits until it sees each one healthy.
+	env := &testbed.Envoy{Name: "envoy-aa", Config: testbed.EnvoyConfig{
+		ExtProc: extprocPorts, Engines: tes2ports(tes), UpstreamHeader: "x-e2e-upstream",
+	}}
+	if err := env.Start(ctx, g, bins.Envoy, envoyTmpl); err != nil {
 		t.Fatal(err)
 	}
-	f.envoyConfig = filepath.Join(t.TempDir(), "envoy-aa.yaml")
-	if err := os.WriteFile(f.envoyConfig, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f.envoy = startProc(t, "envoy-aa", nil, envoyPath, "-c", f.envoyConfig,
-		"--disable-hot-restart", "--concurrency", "1", "--log-level", "warn")
-	waitFor(t, 60*time.Second, "Envoy ready", func() bool {
-		code, _, err := httpGet(f.envoyAdmin("/ready"))
-		return err == nil && code == 200
-	})
-	for _, p := range extprocPorts {
-		f.extprocPort = p
-		f.waitExtProcHealthy(true)
-	}
-	aa.front = f
+	aa.front = &cluster{t: t, g: g, engines: aa.engines, envoy: env}
+	aa.front.setPorts()
 	return aa
 }
 
-// envoyYAMLRouters is the e2e Envoy config (envoyYAML) with the
-// kvroute_extproc cluster listing every router; the envoy/envoy.yaml
-// cluster's LEAST_REQUEST policy and gRPC health check apply to all.
-func envoyYAMLRouters(listen, admin int, extproc []int, engines []int) (string, error) {
-	s, err := envoyYAML(listen, extproc[0], admin, engines)
-	if err != nil {
-		return "", err
+func tes2ports(es []*testbed.Engine) []int {
+	ps := make([]int, len(es))
+	for i, e := range es {
+		ps[i] = e.Port
 	}
-	i := strings.Index(s, "  - name: kvroute_extproc\n")
-	if i < 0 {
-		return "", fmt.Errorf("envoy/envoy.yaml: no kvroute_extproc cluster")
-	}
-	if !strings.Contains(s[i:], "lb_policy: LEAST_REQUEST") {
-		return "", fmt.Errorf("envoy/envoy.yaml: the kvroute_extproc cluster is not LEAST_REQUEST")
-	}
-	line := fmt.Sprintf("        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", extproc[0])
-	j := strings.Index(s[i:], line)
-	if j < 0 {
-		return "", fmt.Errorf("envoy/envoy.yaml: kvroute_extproc endpoint line not found")
-	}
-	at := i + j + len(line)
-	var more strings.Builder
-	for _, p := range extproc[1:] {
-		fmt.Fprintf(&more, "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}\n", p)
-	}
-	return s[:at] + more.String() + s[at:], nil
+	return ps
 }
 
 // decisions sums kvroute_decisions_total on a router's /metrics.

