@@ -71,8 +71,13 @@
 //
 // # Order, gaps, replay, restarts
 //
-// One goroutine per source owns its sockets (SUB, a socket monitor, and a
-// DEALER for each replay) and the sequence state. Batches go, in sequence
+// One goroutine per source (a zmqSubscriber, the socket layer) owns its
+// sockets (SUB, a socket monitor, and a DEALER for each replay) and the
+// source's sequencer: a pure state machine (sequence.go; no sockets, no
+// clock: time is passed in) that is fed what the sockets deliver (live
+// batch, replay reply, replay end or failure, connection, loss, tick) and
+// answers with actions the subscriber carries out in order (queue a batch,
+// clear the replica, ask for a replay, mark it caught up). Batches go, in sequence
 // order, to one of a fixed pool of workers chosen by hashing the replica
 // ID, so one replica's events are applied in order by one goroutine.
 // Worker queues are bounded: a live batch that finds its queue full is

