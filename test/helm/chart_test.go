@@ -29,6 +29,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,6 +105,7 @@ type objects struct {
 	roles       map[string]*rbacv1.Role
 	bindings    map[string]*rbacv1.RoleBinding
 	accounts    map[string]*corev1.ServiceAccount
+	netpols     map[string]*networkingv1.NetworkPolicy
 	other       map[string][]map[string]any // by kind
 	notes       string
 }
@@ -120,7 +122,8 @@ func render(t *testing.T, vals map[string]any) *objects {
 		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
 		configMaps: map[string]*corev1.ConfigMap{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
 		roles: map[string]*rbacv1.Role{}, bindings: map[string]*rbacv1.RoleBinding{},
-		accounts: map[string]*corev1.ServiceAccount{}, other: map[string][]map[string]any{},
+		accounts: map[string]*corev1.ServiceAccount{}, netpols: map[string]*networkingv1.NetworkPolicy{},
+		other: map[string][]map[string]any{},
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -184,6 +187,9 @@ func (o *objects) add(t *testing.T, file string, doc []byte) {
 	case "v1/ServiceAccount":
 		s := &corev1.ServiceAccount{}
 		obj, into = s, s
+	case "networking.k8s.io/v1/NetworkPolicy":
+		n := &networkingv1.NetworkPolicy{}
+		obj, into = n, n
 	default:
 		m := map[string]any{}
 		if err := sigsyaml.Unmarshal(doc, &m); err != nil {
@@ -233,6 +239,10 @@ func (o *objects) add(t *testing.T, file string, doc []byte) {
 		_, ok := o.accounts[name]
 		dup(ok)
 		o.accounts[name] = v
+	case *networkingv1.NetworkPolicy:
+		_, ok := o.netpols[name]
+		dup(ok)
+		o.netpols[name] = v
 	}
 }
 
@@ -609,6 +619,9 @@ type expect struct {
 	enginesNS  string
 	failOpen   bool
 	destHeader string
+	// netpol: "" (default: ingress locked down, egress open), "off" (no
+	// NetworkPolicy) or "egress" (egress locked down too).
+	netpol string
 }
 
 var readOnly = []string{"get", "list", "watch"}
@@ -697,34 +710,65 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		}
 	})
 
+	t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, o, vals, want) })
+
 	cfg := checkKVRouteConfig(t, o.configData(t, release, "kvroute.yaml"))
 	listeners := cfg["listeners"].(map[string]any)
 	env := parseEnvoy(t, o.configData(t, release+"-envoy", "envoy.yaml"))
 
 	t.Run("kvroute ports and probes", func(t *testing.T) {
-		_, extproc := hostPort(t, listeners["extproc"].(string))
+		extprocHost, extproc := hostPort(t, listeners["extproc"].(string))
 		_, metrics := hostPort(t, listeners["metrics"].(string))
-		if got := containerPort(t, kv, "extproc"); got != extproc {
-			t.Errorf("extproc container port %d, config listens on %d", got, extproc)
-		}
 		if got := containerPort(t, kv, "metrics"); got != metrics {
 			t.Errorf("metrics container port %d, config listens on %d", got, metrics)
 		}
-		for _, p := range []struct {
+		probes := []struct {
 			name    string
 			probe   *corev1.Probe
 			service string
+			path    string
 		}{
-			{"startup", kv.StartupProbe, "liveness"},
-			{"liveness", kv.LivenessProbe, "liveness"},
-			{"readiness", kv.ReadinessProbe, "readiness"},
-		} {
-			if p.probe == nil || p.probe.GRPC == nil {
-				t.Errorf("%s probe is not a gRPC probe: %+v", p.name, p.probe)
-				continue
+			{"startup", kv.StartupProbe, "liveness", "/healthz"},
+			{"liveness", kv.LivenessProbe, "liveness", "/healthz"},
+			{"readiness", kv.ReadinessProbe, "readiness", "/readyz"},
+		}
+		if want.sidecar {
+			// Envoy is in the pod: ext_proc listens on loopback only, has
+			// no container port, and the probes use the metrics listener.
+			if extprocHost != "127.0.0.1" {
+				t.Errorf("sidecar mode: extproc listens on %q, want 127.0.0.1", listeners["extproc"])
 			}
-			if int(p.probe.GRPC.Port) != extproc || p.probe.GRPC.Service == nil || *p.probe.GRPC.Service != p.service {
-				t.Errorf("%s probe: port %d service %v, want %d %q", p.name, p.probe.GRPC.Port, p.probe.GRPC.Service, extproc, p.service)
+			if c := container(t, pod, "kvroute"); c != nil {
+				for _, cp := range c.Ports {
+					if cp.Name == "extproc" || int(cp.ContainerPort) == extproc {
+						t.Errorf("sidecar mode: extproc exposed as container port %+v", cp)
+					}
+				}
+			}
+			for _, p := range probes {
+				if p.probe == nil || p.probe.HTTPGet == nil {
+					t.Errorf("%s probe is not an HTTP probe: %+v", p.name, p.probe)
+					continue
+				}
+				if resolvePort(t, pod, p.probe.HTTPGet.Port) != metrics || p.probe.HTTPGet.Path != p.path {
+					t.Errorf("%s probe: %v%s, want port %d path %s", p.name, p.probe.HTTPGet.Port, p.probe.HTTPGet.Path, metrics, p.path)
+				}
+			}
+		} else {
+			if extprocHost != "" {
+				t.Errorf("service mode: extproc listens on %q, want the pod's addresses", listeners["extproc"])
+			}
+			if got := containerPort(t, kv, "extproc"); got != extproc {
+				t.Errorf("extproc container port %d, config listens on %d", got, extproc)
+			}
+			for _, p := range probes {
+				if p.probe == nil || p.probe.GRPC == nil {
+					t.Errorf("%s probe is not a gRPC probe: %+v", p.name, p.probe)
+					continue
+				}
+				if int(p.probe.GRPC.Port) != extproc || p.probe.GRPC.Service == nil || *p.probe.GRPC.Service != p.service {
+					t.Errorf("%s probe: port %d service %v, want %d %q", p.name, p.probe.GRPC.Port, p.probe.GRPC.Service, extproc, p.service)
+				}
 			}
 		}
 		ms := o.service(t, release+"-metrics")
@@ -1087,6 +1131,10 @@ func TestRender(t *testing.T) {
 				if diff := cmp.Diff(parseEnvoy(t, sidecar), got); diff != "" {
 					t.Errorf("chart's Envoy config differs from %s (-file +chart):\n%s", sidecarFile, diff)
 				}
+				// The default image is the one make image builds, at the chart's appVersion.
+				if img := mustContainer(t, &o.deployment(t, release).Spec.Template.Spec, "kvroute").Image; img != "kvroute/kvroute:"+mustChart(t).Metadata.AppVersion {
+					t.Errorf("default image %q, want kvroute/kvroute:%s", img, mustChart(t).Metadata.AppVersion)
+				}
 				env := envNames(mustContainer(t, &o.deployment(t, release).Spec.Template.Spec, "kvroute"))
 				if !slices.Contains(env, "OTEL_RESOURCE_ATTRIBUTES") || slices.Contains(env, "OTEL_EXPORTER_OTLP_ENDPOINT") {
 					t.Errorf("default env %v", env)
@@ -1167,6 +1215,57 @@ engines: {namespace: models}
 			name: "endpoint slices without pod access",
 			vals: func(t *testing.T) map[string]any { return values(t, "discovery: {kubernetes: {ignorePods: true}}") },
 			want: expect{sidecar: true, rules: []rbacv1.PolicyRule{rule("discovery.k8s.io", "endpointslices")}, enginesNS: namespace, failOpen: true},
+		},
+		{
+			name: "no network policy",
+			vals: func(t *testing.T) map[string]any { return values(t, "networkPolicy: {enabled: false}") },
+			want: expect{sidecar: true, rules: endpointSlices, enginesNS: namespace, failOpen: true, netpol: "off"},
+		},
+		{
+			name: "egress locked down, envoy as its own deployment",
+			vals: func(t *testing.T) map[string]any {
+				return values(t, `
+envoy: {mode: service}
+engines: {namespace: models}
+networkPolicy: {egress: {enabled: true, apiServerCIDRs: [10.0.0.1/32], enginePorts: [8000, 5557, 5558]}}
+`)
+			},
+			want: expect{sidecar: false, rules: endpointSlices, enginesNS: "models", failOpen: true, netpol: "egress"},
+			extra: func(t *testing.T, o *objects, cfg map[string]any) {
+				np := o.netpols[release]
+				if np == nil {
+					t.Fatalf("no router NetworkPolicy in %v", keys(o.netpols))
+				}
+				api := false
+				for _, r := range np.Spec.Egress {
+					for _, to := range r.To {
+						if to.IPBlock != nil && to.IPBlock.CIDR == "10.0.0.1/32" {
+							api = true
+						}
+					}
+				}
+				if !api {
+					t.Errorf("router egress does not reach the API server: %+v", np.Spec.Egress)
+				}
+				envoy := o.netpols[release+"-envoy"]
+				if envoy == nil {
+					t.Fatalf("no Envoy NetworkPolicy in %v", keys(o.netpols))
+				}
+				toRouter := false
+				for _, r := range envoy.Spec.Egress {
+					for _, to := range r.To {
+						if to.PodSelector != nil && selects(to.PodSelector.MatchLabels, o.deployment(t, release).Spec.Template.Labels) {
+							toRouter = true
+						}
+						if to.IPBlock != nil {
+							t.Errorf("Envoy may reach the API server: %+v", to)
+						}
+					}
+				}
+				if !toRouter {
+					t.Errorf("Envoy egress does not reach kvroute's ext_proc: %+v", envoy.Spec.Egress)
+				}
+			},
 		},
 		{
 			name: "custom ports and destination header",
@@ -1290,7 +1389,8 @@ func TestEnginesExample(t *testing.T) {
 		deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
 		configMaps: map[string]*corev1.ConfigMap{}, pdbs: map[string]*policyv1.PodDisruptionBudget{},
 		roles: map[string]*rbacv1.Role{}, bindings: map[string]*rbacv1.RoleBinding{},
-		accounts: map[string]*corev1.ServiceAccount{}, other: map[string][]map[string]any{},
+		accounts: map[string]*corev1.ServiceAccount{}, netpols: map[string]*networkingv1.NetworkPolicy{},
+		other: map[string][]map[string]any{},
 	}
 	for _, doc := range docSep.Split(string(b), -1) {
 		if strings.TrimSpace(stripComments(doc)) != "" {
@@ -1385,4 +1485,109 @@ func TestEnginesExample(t *testing.T) {
 			t.Errorf("annotation %s does not match --block-size", discovery.AnnotationBlockSize)
 		}
 	})
+}
+
+// ingressFrom returns the peers the NetworkPolicies selecting pods with these
+// labels admit on port, and whether some rule admits it from anywhere.
+// Pods no policy selects are open: that is reported as from anywhere too.
+func ingressFrom(o *objects, labels map[string]string, port int) (peers []networkingv1.NetworkPolicyPeer, anywhere, selected bool) {
+	for _, np := range o.netpols {
+		if !selects(np.Spec.PodSelector.MatchLabels, labels) {
+			continue
+		}
+		selected = true
+		for _, r := range np.Spec.Ingress {
+			match := len(r.Ports) == 0
+			for _, p := range r.Ports {
+				if p.Port != nil && p.Port.IntValue() == port {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+			if len(r.From) == 0 {
+				anywhere = true
+			}
+			peers = append(peers, r.From...)
+		}
+	}
+	return peers, anywhere || !selected, selected
+}
+
+func checkNetworkPolicy(t *testing.T, o *objects, vals map[string]any, want expect) {
+	if want.netpol == "off" {
+		if len(o.netpols) != 0 {
+			t.Errorf("NetworkPolicies %v rendered though disabled", keys(o.netpols))
+		}
+		return
+	}
+	router := o.deployment(t, release).Spec.Template.Labels
+	extproc := intValue(t, vals, 9002, "kvroute", "ports", "extproc")
+	metrics := intValue(t, vals, 9090, "kvroute", "ports", "metrics")
+	inference := intValue(t, vals, 8081, "envoy", "ports", "inference")
+	readiness := intValue(t, vals, 19001, "envoy", "ports", "readiness")
+	monitoring := networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{
+		MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}}
+
+	// Metrics only from the monitoring namespace (the default metricsFrom).
+	metricsPods := map[int]map[string]string{metrics: router}
+	envoyPods := router
+	if !want.sidecar {
+		envoyPods = o.deployment(t, release+"-envoy").Spec.Template.Labels
+	}
+	metricsPods[readiness] = envoyPods
+	for port, labels := range metricsPods {
+		peers, anywhere, selected := ingressFrom(o, labels, port)
+		if !selected || anywhere || len(peers) != 1 || !reflect.DeepEqual(peers[0], monitoring) {
+			t.Errorf("port %d: admitted from %+v (anywhere %v), want only the monitoring namespace", port, peers, anywhere)
+		}
+	}
+	// Inference requests reach Envoy from anywhere (inferenceFrom empty).
+	if _, anywhere, _ := ingressFrom(o, envoyPods, inference); !anywhere {
+		t.Errorf("inference port %d not admitted from anywhere", inference)
+	}
+	// ext_proc: nobody in sidecar mode (loopback); only the chart's Envoy
+	// pods in service mode.
+	peers, anywhere, selected := ingressFrom(o, router, extproc)
+	switch {
+	case !selected || anywhere:
+		t.Errorf("ext_proc port %d admitted from anywhere", extproc)
+	case want.sidecar && len(peers) != 0:
+		t.Errorf("sidecar mode: ext_proc port %d admitted from %+v", extproc, peers)
+	case !want.sidecar:
+		if len(peers) != 1 || peers[0].PodSelector == nil || peers[0].NamespaceSelector != nil ||
+			!selects(peers[0].PodSelector.MatchLabels, envoyPods) || selects(peers[0].PodSelector.MatchLabels, router) {
+			t.Errorf("service mode: ext_proc admitted from %+v, want exactly the Envoy pods", peers)
+		}
+	}
+	for name, np := range o.netpols {
+		egress := slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+		if egress != (want.netpol == "egress") {
+			t.Errorf("%s: policy types %v (egress locked: want %v)", name, np.Spec.PolicyTypes, want.netpol == "egress")
+		}
+		if !egress {
+			continue
+		}
+		// DNS and the engines' namespace are always reachable.
+		dns, engines := false, false
+		for _, r := range np.Spec.Egress {
+			for _, to := range r.To {
+				if to.NamespaceSelector == nil {
+					continue
+				}
+				switch to.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] {
+				case "kube-system":
+					for _, p := range r.Ports {
+						dns = dns || (p.Port.IntValue() == 53)
+					}
+				case want.enginesNS:
+					engines = true
+				}
+			}
+		}
+		if !dns || !engines {
+			t.Errorf("%s: egress rules %+v miss DNS (%v) or the engines' namespace (%v)", name, np.Spec.Egress, dns, engines)
+		}
+	}
 }

@@ -78,7 +78,7 @@ func TestImage(t *testing.T) {
 	if strings.Join(cfg.Entrypoint, " ") != "/usr/local/bin/kvroute" {
 		t.Errorf("entrypoint = %q", cfg.Entrypoint)
 	}
-	if strings.Join(cfg.Cmd, " ") != "serve --config /etc/kvroute/config.yaml" {
+	if strings.Join(cfg.Cmd, " ") != "serve --config /etc/kvroute/kvroute.yaml" {
 		t.Errorf("cmd = %q", cfg.Cmd)
 	}
 	if got := cfg.Labels["org.opencontainers.image.version"]; got != version {

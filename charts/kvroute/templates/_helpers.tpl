@@ -100,7 +100,7 @@ app.kubernetes.io/component: proxy
 {{- define "kvroute.config" -}}
 {{- $p := .Values.kvroute.ports }}
 {{- $listeners := dict
-    "extproc" (printf ":%d" (int $p.extproc))
+    "extproc" (printf "%s:%d" (ternary "127.0.0.1" "" (eq .Values.envoy.mode "sidecar")) (int $p.extproc))
     "admin" (printf "127.0.0.1:%d" (int $p.admin))
     "metrics" (printf ":%d" (int $p.metrics))
     "drain_timeout" .Values.kvroute.drainTimeout }}
@@ -210,5 +210,41 @@ lifecycle:
   preStop:
     sleep:
       seconds: {{ .Values.envoy.shutdownDelaySeconds }}
+{{- end }}
+{{- end }}
+
+{{/* Egress rules shared by the chart's NetworkPolicies: the engines' namespace, DNS, the API server (when "api"), extraEgress. */}}
+{{- define "kvroute.egressRules" -}}
+{{- $ctx := .ctx }}
+{{- $eg := $ctx.Values.networkPolicy.egress }}
+- to:
+  - namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {{ include "kvroute.enginesNamespace" $ctx }}
+  {{- with $eg.enginePorts }}
+  ports:
+  {{- range . }}
+  - {port: {{ . }}, protocol: TCP}
+  {{- end }}
+  {{- end }}
+- to:
+  - namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {{ $eg.dnsNamespace }}
+  ports:
+  - {port: 53, protocol: UDP}
+  - {port: 53, protocol: TCP}
+{{- if and .api $eg.apiServerCIDRs }}
+- to:
+  {{- range $eg.apiServerCIDRs }}
+  - ipBlock: {cidr: {{ . | quote }}}
+  {{- end }}
+  ports:
+  {{- range $eg.apiServerPorts }}
+  - {port: {{ . }}, protocol: TCP}
+  {{- end }}
+{{- end }}
+{{- with $eg.extraEgress }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
