@@ -1,7 +1,5 @@
 package engine
 
-import "container/list"
-
 // blockMeta is what a cached block's events need: its place in its chain,
 // its tokens and its extra keys. It is immutable once built.
 type blockMeta struct {
@@ -31,16 +29,38 @@ type pool struct {
 	nfree      int
 	cached     map[uint64]int32
 
-	cpuCap   int
-	cpuLRU   *list.List // front = most recently used; values *cpuEntry
-	cpuIndex map[uint64]*list.Element
+	// The CPU tier: an LRU list threaded through cpu's slots (head = most
+	// recently used), indexed by hash; freed slots are reused.
+	cpuCap           int
+	cpu              []cpuEntry
+	cpuFree          []int32
+	cpuHead, cpuTail int32
+	cpuIndex         map[uint64]int32
 
 	events *[]Event
+	// hashes and extras hand out the one-element slices of single-block
+	// events from shared backing arrays (capacity 1 each, so a consumer's
+	// append copies), saving two allocations per evicted block.
+	hashes slab[uint64]
+	extras slab[[]string]
 }
 
 type cpuEntry struct {
-	hash uint64
-	meta *blockMeta
+	hash       uint64
+	meta       *blockMeta
+	prev, next int32
+}
+
+// slab hands out one-element slices of a shared backing array.
+type slab[T any] struct{ buf []T }
+
+func (s *slab[T]) one(v T) []T {
+	if len(s.buf) == cap(s.buf) {
+		s.buf = make([]T, 0, 512)
+	}
+	s.buf = append(s.buf, v)
+	n := len(s.buf)
+	return s.buf[n-1 : n : n]
 }
 
 func newPool(numBlocks, cpuBlocks, blockSize int, events *[]Event) *pool {
@@ -49,10 +69,11 @@ func newPool(numBlocks, cpuBlocks, blockSize int, events *[]Event) *pool {
 		blocks:    make([]gpuBlock, numBlocks),
 		head:      -1,
 		tail:      -1,
-		cached:    make(map[uint64]int32),
+		cached:    make(map[uint64]int32, numBlocks),
 		cpuCap:    cpuBlocks,
-		cpuLRU:    list.New(),
-		cpuIndex:  make(map[uint64]*list.Element),
+		cpuHead:   -1,
+		cpuTail:   -1,
+		cpuIndex:  make(map[uint64]int32, cpuBlocks),
 		events:    events,
 	}
 	for i := range p.blocks {
@@ -123,7 +144,7 @@ func (p *pool) evict(id int32) {
 	h, meta := b.hash, b.meta
 	delete(p.cached, h)
 	b.cached, b.hash, b.meta = false, 0, nil
-	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU})
+	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(h), Medium: MediumGPU})
 	p.offload(h, meta)
 }
 
@@ -131,29 +152,70 @@ func (p *pool) offload(h uint64, meta *blockMeta) {
 	if p.cpuCap == 0 {
 		return
 	}
-	if el, ok := p.cpuIndex[h]; ok {
-		p.cpuLRU.MoveToFront(el)
+	if i, ok := p.cpuIndex[h]; ok {
+		p.cpuUnlink(i)
+		p.cpuPushFront(i)
 		return
 	}
-	if p.cpuLRU.Len() >= p.cpuCap {
-		old := p.cpuLRU.Back()
-		ent := old.Value.(*cpuEntry)
-		p.cpuLRU.Remove(old)
-		delete(p.cpuIndex, ent.hash)
-		*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: []uint64{ent.hash}, Medium: MediumCPU})
+	var i int32
+	switch {
+	case len(p.cpuIndex) >= p.cpuCap:
+		i = p.cpuTail
+		old := p.cpu[i].hash
+		p.cpuUnlink(i)
+		delete(p.cpuIndex, old)
+		*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(old), Medium: MediumCPU})
+	case len(p.cpuFree) > 0:
+		i = p.cpuFree[len(p.cpuFree)-1]
+		p.cpuFree = p.cpuFree[:len(p.cpuFree)-1]
+	default:
+		p.cpu = append(p.cpu, cpuEntry{})
+		i = int32(len(p.cpu) - 1)
 	}
-	p.cpuIndex[h] = p.cpuLRU.PushFront(&cpuEntry{hash: h, meta: meta})
-	*p.events = append(*p.events, storedEvent(h, meta, p.blockSize, MediumCPU))
+	p.cpu[i].hash, p.cpu[i].meta = h, meta
+	p.cpuPushFront(i)
+	p.cpuIndex[h] = i
+	*p.events = append(*p.events, p.storedEvent(h, meta, MediumCPU))
 }
+
+func (p *pool) cpuUnlink(i int32) {
+	e := &p.cpu[i]
+	if e.prev >= 0 {
+		p.cpu[e.prev].next = e.next
+	} else {
+		p.cpuHead = e.next
+	}
+	if e.next >= 0 {
+		p.cpu[e.next].prev = e.prev
+	} else {
+		p.cpuTail = e.prev
+	}
+	e.prev, e.next = -1, -1
+}
+
+func (p *pool) cpuPushFront(i int32) {
+	e := &p.cpu[i]
+	e.prev, e.next = -1, p.cpuHead
+	if p.cpuHead >= 0 {
+		p.cpu[p.cpuHead].prev = i
+	} else {
+		p.cpuTail = i
+	}
+	p.cpuHead = i
+}
+
+// cpuLen is the number of blocks on the CPU tier.
+func (p *pool) cpuLen() int { return len(p.cpuIndex) }
 
 // cpuGet returns a CPU-tier block's metadata and marks it recently used.
 func (p *pool) cpuGet(h uint64) (*blockMeta, bool) {
-	el, ok := p.cpuIndex[h]
+	i, ok := p.cpuIndex[h]
 	if !ok {
 		return nil, false
 	}
-	p.cpuLRU.MoveToFront(el)
-	return el.Value.(*cpuEntry).meta, true
+	p.cpuUnlink(i)
+	p.cpuPushFront(i)
+	return p.cpu[i].meta, true
 }
 
 func (p *pool) cpuHas(h uint64) bool { _, ok := p.cpuIndex[h]; return ok }
@@ -185,21 +247,24 @@ func (p *pool) clear() {
 		b.cached, b.hash, b.meta = false, 0, nil
 	}
 	clear(p.cached)
-	p.cpuLRU.Init()
+	p.cpu, p.cpuFree = p.cpu[:0], p.cpuFree[:0]
+	p.cpuHead, p.cpuTail = -1, -1
 	clear(p.cpuIndex)
 }
 
-func storedEvent(h uint64, m *blockMeta, blockSize int, medium string) Event {
+// storedEvent is the BlockStored event of one block (Tokens shared with
+// the block's metadata).
+func (p *pool) storedEvent(h uint64, m *blockMeta, medium string) Event {
 	return Event{
 		Kind:      BlockStored,
-		Hashes:    []uint64{h},
+		Hashes:    p.hashes.one(h),
 		Parent:    m.parent,
 		HasParent: m.hasParent,
 		Tokens:    m.tokens,
-		BlockSize: blockSize,
+		BlockSize: p.blockSize,
 		LoRAID:    m.loraID,
 		LoRAName:  m.loraName,
 		Medium:    medium,
-		ExtraKeys: [][]string{m.extra},
+		ExtraKeys: p.extras.one(m.extra),
 	}
 }

@@ -246,7 +246,7 @@ func (e *Engine) Stats() Stats {
 	s.UsedGPUBlocks = e.pool.used()
 	s.CachedGPUBlocks = len(e.pool.cached)
 	s.NumGPUBlocks = e.cfg.NumGPUBlocks
-	s.CPUBlocks = e.pool.cpuLRU.Len()
+	s.CPUBlocks = e.pool.cpuLen()
 	s.NumCPUBlocks = e.cfg.NumCPUBlocks
 	s.KVUsage = float64(s.UsedGPUBlocks) / float64(s.NumGPUBlocks)
 	return s
@@ -328,9 +328,10 @@ func (e *Engine) ensureHashes(r *request, n int) {
 	}
 }
 
-func (e *Engine) meta(r *request, i int) *blockMeta {
+// fillMeta sets m to the metadata of r's block i.
+func (e *Engine) fillMeta(m *blockMeta, r *request, i int) {
 	bs := e.cfg.BlockSize
-	m := &blockMeta{
+	*m = blockMeta{
 		tokens:   r.tokens[i*bs : (i+1)*bs : (i+1)*bs],
 		extra:    r.extras(i),
 		loraID:   r.req.LoRAID,
@@ -339,7 +340,6 @@ func (e *Engine) meta(r *request, i int) *blockMeta {
 	if i > 0 {
 		m.parent, m.hasParent = r.hashes[i-1], true
 	}
-	return m
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
@@ -432,7 +432,7 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 		e.pool.cache(id, h, m)
 		r.blocks = append(r.blocks, id)
 		if run == nil {
-			ev := storedEvent(h, m, bs, MediumGPU)
+			ev := e.pool.storedEvent(h, m, MediumGPU)
 			ev.Tokens = append([]uint32(nil), m.tokens...)
 			run = &ev
 			continue
@@ -459,39 +459,50 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 }
 
 // commit caches r's newly computed full blocks and emits one BlockStored per
-// run of blocks not already cached.
+// run of blocks not already cached. A run's metadata, hashes, tokens and
+// extra keys are allocated once, at their final size.
 func (e *Engine) commit(r *request) {
 	bs := e.cfg.BlockSize
 	full := r.numComputed / bs
 	e.ensureHashes(r, full)
-	var run *Event
-	flush := func() {
-		if run != nil {
-			e.events = append(e.events, *run)
-			run = nil
-		}
-	}
-	for i := r.committed; i < full; i++ {
-		h := r.hashes[i]
-		if _, ok := e.pool.cached[h]; ok {
+	for i := r.committed; i < full; {
+		if _, ok := e.pool.cached[r.hashes[i]]; ok {
 			// Another request cached the same block first; this copy stays
 			// private and is never published.
-			flush()
+			i++
 			continue
 		}
-		m := e.meta(r, i)
-		e.pool.cache(r.blocks[i], h, m)
-		if run == nil {
-			ev := storedEvent(h, m, bs, MediumGPU)
-			ev.Tokens = append([]uint32(nil), m.tokens...)
-			run = &ev
-			continue
+		j := i + 1
+		for j < full && !e.pool.hasGPU(r.hashes[j]) {
+			j++
 		}
-		run.Hashes = append(run.Hashes, h)
-		run.Tokens = append(run.Tokens, m.tokens...)
-		run.ExtraKeys = append(run.ExtraKeys, m.extra)
+		n := j - i
+		metas := make([]blockMeta, n)
+		ev := Event{
+			Kind:      BlockStored,
+			Hashes:    make([]uint64, 0, n),
+			Tokens:    make([]uint32, 0, n*bs),
+			BlockSize: bs,
+			LoRAID:    r.req.LoRAID,
+			LoRAName:  r.req.LoRAName,
+			Medium:    MediumGPU,
+			ExtraKeys: make([][]string, 0, n),
+		}
+		if i > 0 {
+			ev.Parent, ev.HasParent = r.hashes[i-1], true
+		}
+		for k := i; k < j; k++ {
+			m := &metas[k-i]
+			e.fillMeta(m, r, k)
+			h := r.hashes[k]
+			e.pool.cache(r.blocks[k], h, m)
+			ev.Hashes = append(ev.Hashes, h)
+			ev.Tokens = append(ev.Tokens, m.tokens...)
+			ev.ExtraKeys = append(ev.ExtraKeys, m.extra)
+		}
+		e.events = append(e.events, ev)
+		i = j
 	}
-	flush()
 	r.committed = full
 }
 
@@ -602,7 +613,9 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		e.running = slices.DeleteFunc(e.running, func(x *request) bool { return x.state == done })
 	}
 	if len(e.events) > 0 {
-		res.Events = slices.Clone(e.events)
+		// Hand the batch over; the next step starts a fresh one.
+		res.Events = e.events
+		e.events = make([]Event, 0, len(res.Events))
 	}
 	e.busyUntil = end
 	e.st.Steps++

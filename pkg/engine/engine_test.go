@@ -302,8 +302,8 @@ func TestEventsReproduceCache(t *testing.T) {
 				t.Errorf("cpu=%d: engine block %x unknown to the events", cpu, h)
 			}
 		}
-		if len(m.cpu) != e.pool.cpuLRU.Len() {
-			t.Errorf("cpu=%d: model has %d CPU blocks, engine %d", cpu, len(m.cpu), e.pool.cpuLRU.Len())
+		if len(m.cpu) != e.pool.cpuLen() {
+			t.Errorf("cpu=%d: model has %d CPU blocks, engine %d", cpu, len(m.cpu), e.pool.cpuLen())
 		}
 		for h := range m.cpu {
 			if !e.pool.cpuHas(h) {
