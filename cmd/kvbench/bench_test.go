@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -28,32 +30,56 @@ func kvbench(t *testing.T, args ...string) []byte {
 var smallSim = []string{"sim", "-workload", "herding,chat", "-size", "0.02", "-replicas", "4",
 	"-gpu-blocks", "4096", "-cpu-blocks", "0", "-policies", "roundrobin,pureaffinity,kvroute", "-q", "-seed", "3"}
 
-// The same seed gives the same numbers, byte for byte; another seed does
-// not.
+// The same seeds give the same numbers, byte for byte, whether the cases
+// run one at a time or in parallel; other seeds do not.
 func TestSimDeterministic(t *testing.T) {
-	args := append(append([]string(nil), smallSim...), "-json", "-no-plots")
-	a := kvbench(t, args...)
-	b := kvbench(t, args...)
+	args := append(append([]string(nil), smallSim...), "-json", "-no-plots", "-seeds", "3-4")
+	a := kvbench(t, append(args, "-parallel", "1")...)
+	b := kvbench(t, append(args, "-parallel", "3")...)
 	if !bytes.Equal(a, b) {
-		t.Fatalf("two runs with the same seed differ:\n%s\n---\n%s", a, b)
+		t.Fatalf("sequential and parallel runs differ:\n%s\n---\n%s", a, b)
 	}
 	var rep SimReport
 	if err := json.Unmarshal(a, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Workloads) != 2 || len(rep.Workloads[0].Results) != 3 {
+	if len(rep.Workloads) != 2 || len(rep.Workloads[0].Results) != 3 || !slices.Equal(rep.Seeds, []uint64{3, 4}) {
 		t.Fatalf("report shape %+v", rep)
 	}
 	for _, wt := range rep.Workloads {
-		for _, s := range wt.Results {
-			if s.Requests != wt.Requests || s.TTFTP99 < s.TTFTP50 || s.HitRate > s.Ceiling+1e-9 {
-				t.Fatalf("%s/%s: %+v", wt.Workload, s.Policy, s)
+		for _, a := range wt.Results {
+			if len(a.PerSeed) != 2 || a.TTFTP99.Median < a.TTFTP50.Median || a.HitRate.Max > a.Ceiling.Max+1e-9 ||
+				a.TTFTMean.Min > a.TTFTMean.Median || a.TTFTMean.Median > a.TTFTMean.Max {
+				t.Fatalf("%s/%s: %+v", wt.Workload, a.Policy, a)
+			}
+			for _, s := range a.PerSeed {
+				if s.Policy != a.Policy || s.Workload != wt.Workload {
+					t.Fatalf("per-seed summary %+v under %s/%s", s, wt.Workload, a.Policy)
+				}
 			}
 		}
 	}
-	args[len(args)-3] = "4" // -seed 4
-	if c := kvbench(t, args...); bytes.Equal(a, c) {
-		t.Fatal("another seed gave the same numbers")
+	c := kvbench(t, append(append([]string(nil), smallSim...), "-json", "-no-plots", "-seeds", "5-6")...)
+	if bytes.Equal(a, c) {
+		t.Fatal("other seeds gave the same numbers")
+	}
+}
+
+// -util sets each workload's offered prefill utilization.
+func TestSimUtil(t *testing.T) {
+	out := kvbench(t, "sim", "-workload", "herding,chat", "-size", "0.02", "-replicas", "4", "-gpu-blocks", "4096",
+		"-cpu-blocks", "0", "-policies", "roundrobin", "-q", "-json", "-no-plots", "-util", "0.5,1.1")
+	var rep SimReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Workloads) != 4 {
+		t.Fatalf("%d tables, want 2 workloads x 2 utils", len(rep.Workloads))
+	}
+	for _, wt := range rep.Workloads {
+		if math.Abs(wt.OfferedUtil-wt.Util) > 1e-6 || (wt.Util != 0.5 && wt.Util != 1.1) {
+			t.Errorf("%s: util %v, offered %v", wt.Workload, wt.Util, wt.OfferedUtil)
+		}
 	}
 }
 
@@ -90,6 +116,8 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"tune", "-policy", "roundrobin", "-workload", "herding"}, 2, "no tunable knobs"},
 		{[]string{"tune", "-objective", "nope", "-workload", "herding"}, 2, "objective"},
 		{[]string{"live", "-workload", "herding,chat"}, 2, "one workload"},
+		{[]string{"sim", "-seeds", "3-1", "-workload", "herding"}, 2, "reversed"},
+		{[]string{"sim", "-util", "0.5,x", "-workload", "herding"}, 2, "not a utilization"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -21,12 +21,14 @@ type simFlags struct {
 	trace      string
 	rate       float64
 	limit      int
+	repeat     int
 	size       float64
 	replicas   int
 	seed       uint64
 	delay      time.Duration
 	loss       float64
 	gpuBlocks  int
+	blockSize  int
 	cpuBlocks  int
 	prefillTPS float64
 	noFidelity bool
@@ -37,12 +39,14 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format trace (default ../shared/traces/synthetic_trace.jsonl from the repository root)")
 	fs.Float64Var(&f.rate, "rate", 1, "arrival-rate scale (2 = twice as fast)")
 	fs.IntVar(&f.limit, "limit", 0, "use only the trace's first N requests (0 = all)")
+	fs.IntVar(&f.repeat, "repeat", 1, "replay the trace this many times back to back, each copy with its own block ids (3 gives 11,979 requests)")
 	fs.Float64Var(&f.size, "size", 1, "generator size scale (number of sessions)")
 	fs.IntVar(&f.replicas, "replicas", 8, "replicas in the fleet")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed for generators, tie-breaks and event loss")
 	fs.DurationVar(&f.delay, "event-delay", 0, "delay of KV events to the router's index")
 	fs.Float64Var(&f.loss, "event-loss", 0, "probability a KV-event batch is lost")
-	fs.IntVar(&f.gpuBlocks, "gpu-blocks", 0, "GPU KV blocks per replica (default 24576)")
+	fs.IntVar(&f.gpuBlocks, "gpu-blocks", 0, "GPU KV blocks per replica (default 24576 blocks of 16 tokens; with -block-size, the same memory in bigger blocks)")
+	fs.IntVar(&f.blockSize, "block-size", 0, "KV block size in tokens of engines and router (default 16); bigger blocks keep GPU and CPU memory in tokens and cut the simulator's per-block work")
 	fs.IntVar(&f.cpuBlocks, "cpu-blocks", -1, "CPU offload blocks per replica (default 131072; 0 = no CPU tier)")
 	fs.Float64Var(&f.prefillTPS, "prefill-tps", 0, "prefill tokens/s per replica (default 16000)")
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
@@ -50,6 +54,12 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 
 func (f *simFlags) fleet() bench.FleetConfig {
 	e := bench.DefaultEngine()
+	if f.blockSize > 0 && f.blockSize != e.BlockSize {
+		// Same memory in tokens, rounded down to whole blocks.
+		e.NumGPUBlocks = e.NumGPUBlocks * e.BlockSize / f.blockSize
+		e.NumCPUBlocks = e.NumCPUBlocks * e.BlockSize / f.blockSize
+		e.BlockSize = f.blockSize
+	}
 	if f.gpuBlocks > 0 {
 		e.NumGPUBlocks = f.gpuBlocks
 		// A smaller cache also bounds the context: one request must fit.
@@ -89,7 +99,7 @@ func (f *simFlags) load() ([]*bench.Workload, error) {
 				}
 				path = bench.DefaultTracePath(root)
 			}
-			w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: f.rate, Limit: f.limit})
+			w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: f.rate, Limit: f.limit, Repeat: f.repeat})
 			if err != nil {
 				return nil, err
 			}
@@ -107,17 +117,59 @@ func (f *simFlags) load() ([]*bench.Workload, error) {
 
 // SimReport is `kvbench sim --json`.
 type SimReport struct {
-	Replicas  int             `json:"replicas"`
-	Seed      uint64          `json:"seed"`
-	Rate      float64         `json:"rate_scale"`
+	Replicas int      `json:"replicas"`
+	Seeds    []uint64 `json:"seeds"`
+	// Rate is the arrival-rate scale when no -util was given (0 otherwise).
+	Rate      float64         `json:"rate_scale,omitempty"`
 	Workloads []WorkloadTable `json:"workloads"`
 }
 
-// WorkloadTable is one workload's results, one summary per policy.
+// WorkloadTable is one workload at one rate: one aggregate per policy,
+// medians and ranges over the seeds.
 type WorkloadTable struct {
-	Workload string          `json:"workload"`
-	Requests int             `json:"requests"`
-	Results  []bench.Summary `json:"results"`
+	Workload string `json:"workload"`
+	Requests int    `json:"requests"`
+	// Util is the -util target (0 when the rate came from -rate);
+	// OfferedUtil the workload's offered prefill load over the fleet's
+	// prefill capacity (median over the seeds' workloads).
+	Util        float64           `json:"util,omitempty"`
+	OfferedUtil float64           `json:"offered_util"`
+	Results     []bench.Aggregate `json:"results"`
+}
+
+// gridFlags are the flags of sim and matrix that pick seeds, rates and
+// parallelism.
+type gridFlags struct {
+	seeds    string
+	utils    string
+	parallel int
+}
+
+func (g *gridFlags) register(fs *flag.FlagSet, defaultUtils string) {
+	fs.StringVar(&g.seeds, "seeds", "", "seeds, e.g. 1-5 or 1,3,7: every case runs once per seed (generator, tie-breaks, event loss) and tables show medians and min-max (default: -seed)")
+	fs.StringVar(&g.utils, "util", defaultUtils, "offered prefill utilizations, comma-separated (e.g. 0.5,0.8,0.95,1.1): each sets the arrival rate so that prompt tokens per second over replicas x prefill tokens/s equals it (overrides -rate)")
+	fs.IntVar(&g.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS); results do not depend on it")
+}
+
+// parse returns the seeds (the -seed value when -seeds is empty) and the
+// utilizations (none when -util is empty).
+func (g *gridFlags) parse(seed uint64) ([]uint64, []float64, error) {
+	seeds := []uint64{seed}
+	if g.seeds != "" {
+		var err error
+		if seeds, err = bench.ParseSeeds(g.seeds); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
+	var utils []float64
+	for _, u := range splitList(g.utils) {
+		v, err := strconv.ParseFloat(u, 64)
+		if err != nil || !(v > 0) || v > 100 {
+			return nil, nil, fmt.Errorf("%w: -util %q: %q is not a utilization in (0, 100]", errUsage, g.utils, u)
+		}
+		utils = append(utils, v)
+	}
+	return seeds, utils, nil
 }
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -125,9 +177,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	var sf simFlags
 	sf.register(fs)
+	var gf gridFlags
+	gf.register(fs, "")
 	policies := fs.String("policies", strings.Join(bench.ComparedPolicies(), ","), "policies to compare, comma-separated")
 	asJSON := fs.Bool("json", false, "print JSON instead of Markdown tables")
-	out := fs.String("out", "", "directory for figures (default cmd/kvbench/out under the repository root)")
+	out := fs.String("out", "", "directory for figures (default cmd/kvbench/out under the repository root); figures show the first seed")
 	noPlots := fs.Bool("no-plots", false, "write no figures")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	knobs := fs.String("knobs", "", "policy knobs, comma-separated policy.knob=value (as kvbench tune names them)")
@@ -150,9 +204,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}
-	ws, err := sf.load()
+	seeds, utils, err := gf.parse(sf.seed)
 	if err != nil {
 		return err
+	}
+	if len(utils) > 0 {
+		sf.rate = 1
 	}
 	dir := *out
 	if dir == "" && !*noPlots {
@@ -166,27 +223,47 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		dir = root + "/cmd/kvbench/out"
 	}
-	rep := SimReport{Replicas: sf.replicas, Seed: sf.seed, Rate: sf.rate}
-	for _, w := range ws {
-		started := time.Now()
-		runs, err := bench.Compare(ctx, w, names, pcfg, sf.fleet(), func(r *bench.Run) {
-			if !*quiet {
-				s := bench.Summarize(r)
-				fmt.Fprintf(stderr, "%s/%s: ttft mean %.3fs p99 %.3fs hit %.3f/%.3f cv %.3f (%.1fs)\n",
-					r.Workload, r.Policy, s.TTFTMean, s.TTFTP99, s.HitRate, s.Ceiling, s.LoadCV, time.Since(started).Seconds())
-				started = time.Now()
+	fleet := sf.fleet()
+	g, err := buildGrid(&sf, sf.workloadNames(), seeds, utils, []bench.FleetConfig{fleet}, names, pcfg, !*noPlots)
+	if err != nil {
+		return err
+	}
+	progress := func(int, bench.CaseResult) {}
+	if !*quiet {
+		progress = g.progress(stderr)
+	}
+	results, err := bench.RunCases(ctx, g.cases, gf.parallel, progress)
+	if err != nil {
+		return err
+	}
+	rep := SimReport{Replicas: sf.replicas, Seeds: seeds}
+	if len(utils) == 0 {
+		rep.Rate = sf.rate
+	}
+	for _, cell := range g.cells {
+		t := WorkloadTable{Workload: cell.workload, Requests: cell.requests, Util: cell.util}
+		var offered []float64
+		for _, pol := range cell.policies {
+			var ss []bench.Summary
+			for _, ci := range pol {
+				ss = append(ss, results[ci].Summary)
 			}
-		})
-		if err != nil {
-			return err
+			a := bench.AggregateSeeds(seeds, ss)
+			t.Results = append(t.Results, a)
+			offered = append(offered, a.OfferedUtil.Median)
 		}
-		t := WorkloadTable{Workload: w.Name, Requests: w.Requests()}
-		for _, r := range runs {
-			t.Results = append(t.Results, bench.Summarize(r))
-		}
+		t.OfferedUtil = bench.SpreadOf(offered).Median
 		rep.Workloads = append(rep.Workloads, t)
 		if !*noPlots {
-			if err := plotRuns(dir, w.Name, runs); err != nil {
+			var runs []*bench.Run
+			for _, pol := range cell.policies {
+				runs = append(runs, results[pol[0]].Run)
+			}
+			name := cell.workload
+			if cell.util > 0 {
+				name += "-u" + strconv.FormatFloat(cell.util, 'f', -1, 64)
+			}
+			if err := plotRuns(dir, name, runs); err != nil {
 				return err
 			}
 		}
@@ -239,15 +316,39 @@ func splitList(s string) []string {
 	return out
 }
 
-// writeTable prints one workload's Markdown table.
+// writeTable prints one workload's Markdown table: medians over the seeds,
+// with the range of mean and p99 TTFT when there is more than one seed.
 func writeTable(w io.Writer, t WorkloadTable) {
-	fmt.Fprintf(w, "### %s (%d requests)\n\n", t.Workload, t.Requests)
-	fmt.Fprintln(w, "| policy | TTFT mean s | p50 s | p90 s | p99 s | E2E p99 s | tok/s | hit rate | ceiling | hit/ceiling | load CV | makespan s |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, s := range t.Results {
-		fmt.Fprintf(w, "| %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.3f | %.3f | %.3f | %.3f | %.1f |\n",
-			s.Policy, s.TTFTMean, s.TTFTP50, s.TTFTP90, s.TTFTP99, s.E2EP99, s.Throughput,
-			s.HitRate, s.Ceiling, s.HitOverCeiling, s.LoadCV, s.Makespan)
+	seeds := 0
+	if len(t.Results) > 0 {
+		seeds = len(t.Results[0].Seeds)
+	}
+	util := fmt.Sprintf("offered utilization %.2f", t.OfferedUtil)
+	if t.Util > 0 {
+		util = fmt.Sprintf("utilization %.2f", t.Util)
+	}
+	if seeds > 1 {
+		fmt.Fprintf(w, "### %s (%d requests, %s; medians of %d seeds)\n\n", t.Workload, t.Requests, util, seeds)
+		fmt.Fprintln(w, "| policy | TTFT mean s | mean range | p50 s | p90 s | p99 s | p99 range | E2E p99 s | tok/s | hit rate | ceiling | hit/ceiling | load CV | preemptions | queue factor | run util | makespan s |")
+		fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, a := range t.Results {
+			fmt.Fprintf(w, "| %s | %.3f | %.3f–%.3f | %.3f | %.3f | %.3f | %.3f–%.3f | %.2f | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.2f | %.1f |\n",
+				a.Policy, a.TTFTMean.Median, a.TTFTMean.Min, a.TTFTMean.Max, a.TTFTP50.Median, a.TTFTP90.Median,
+				a.TTFTP99.Median, a.TTFTP99.Min, a.TTFTP99.Max, a.E2EP99.Median, a.Throughput.Median,
+				a.HitRate.Median, a.Ceiling.Median, a.HitOverCeiling.Median, a.LoadCV.Median,
+				a.Preemptions.Median, a.QueueFactor.Median, a.RunUtil.Median, a.Makespan.Median)
+		}
+		fmt.Fprintln(w)
+		return
+	}
+	fmt.Fprintf(w, "### %s (%d requests, %s)\n\n", t.Workload, t.Requests, util)
+	fmt.Fprintln(w, "| policy | TTFT mean s | p50 s | p90 s | p99 s | E2E p99 s | tok/s | hit rate | ceiling | hit/ceiling | load CV | preemptions | queue factor | run util | makespan s |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, a := range t.Results {
+		fmt.Fprintf(w, "| %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.0f | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.2f | %.1f |\n",
+			a.Policy, a.TTFTMean.Median, a.TTFTP50.Median, a.TTFTP90.Median, a.TTFTP99.Median, a.E2EP99.Median,
+			a.Throughput.Median, a.HitRate.Median, a.Ceiling.Median, a.HitOverCeiling.Median, a.LoadCV.Median,
+			a.Preemptions.Median, a.QueueFactor.Median, a.RunUtil.Median, a.Makespan.Median)
 	}
 	fmt.Fprintln(w)
 }

@@ -56,7 +56,18 @@ func RepoRoot(dir string) string {
 }
 
 // DefaultTracePath is where the Mooncake synthetic trace lives relative to
-// the repository root: ../shared/traces/synthetic_trace.jsonl.
+// the repository root: shared/traces/synthetic_trace.jsonl in the nearest
+// directory above root that has it (../shared for the main checkout,
+// ../../shared for a worktree beside it); ../shared/... when none has it.
 func DefaultTracePath(root string) string {
-	return filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl")
+	rel := filepath.Join("shared", "traces", "synthetic_trace.jsonl")
+	for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, rel)); err == nil {
+			return filepath.Join(dir, rel)
+		}
+		if filepath.Dir(dir) == dir {
+			break
+		}
+	}
+	return filepath.Join(root, "..", rel)
 }

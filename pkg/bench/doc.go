@@ -29,9 +29,19 @@
 // TTFT, E2E, cached, predicted and ceiling tokens (the ceiling being one
 // infinite cache that saw every earlier prompt and output).
 //
+// # Many cases
+//
+// RunCases simulates a list of cases (workload, policy, fleet with its
+// seed) on a bounded pool of goroutines and returns their summaries in case
+// order: results do not depend on the number of workers. AggregateSeeds
+// turns one policy's per-seed summaries into medians and ranges (Spread);
+// comparisons use the medians.
+//
 // # Concurrency
 //
-// Nothing in this package starts a goroutine (package live, below it,
-// does); Simulate, Compare and Tune run on the caller's goroutine and
-// honour ctx between steps. Values are not shared between calls.
+// RunCases starts its workers and joins them before it returns; nothing
+// else in this package starts a goroutine (package live, below it, does).
+// Simulate, Compare and Tune run on the caller's goroutine and honour ctx
+// between steps. A Workload may be shared by concurrent simulations (they
+// only read it); other values are not shared between calls.
 package bench

@@ -124,7 +124,8 @@ func (g *gen) chat(w *Workload) {
 	t := time.Duration(0)
 	for i := range g.n(400) {
 		t = g.poisson(t, 2)
-		s := Session{Key: key("chat-", i), Start: t}
+		s := Session{Start: t}
+		s.identify(key("chat-", i))
 		turns := g.uniform(2, 12)
 		for k := range turns {
 			tu := Turn{Append: []Segment{g.seg(g.uniform(32, 512))}, Output: g.uniform(64, 512)}
@@ -144,7 +145,8 @@ func (g *gen) agentic(w *Workload) {
 	t := time.Duration(0)
 	for i := range g.n(60) {
 		t = g.poisson(t, 0.3)
-		s := Session{Key: key("agent-", i), Start: t}
+		s := Session{Start: t}
+		s.identify(key("agent-", i))
 		turns := g.uniform(10, 20)
 		for k := range turns {
 			tu := Turn{Output: g.uniform(64, 512)}
@@ -170,7 +172,8 @@ func (g *gen) rl(w *Workload) {
 			stragglers[g.rng.IntN(8)] = true
 		}
 		for r := range 8 {
-			s := Session{Key: fmt.Sprintf("rl-%d-%d", st, r), Start: time.Duration(st) * every}
+			s := Session{Start: time.Duration(st) * every}
+			s.identify(fmt.Sprintf("rl-%d-%d", st, r))
 			for k := range 10 {
 				tu := Turn{Output: 1024}
 				if k == 0 {
@@ -194,10 +197,12 @@ func (g *gen) herding(w *Workload) {
 	t := time.Duration(0)
 	for i := range g.n(1500) {
 		t = g.poisson(t, 20)
-		w.Sessions = append(w.Sessions, Session{Key: key("herd-", i), Start: t, Turns: []Turn{{
+		s := Session{Start: t, Turns: []Turn{{
 			Append: []Segment{sys, g.seg(g.uniform(1024, 6144))},
 			Output: g.uniform(64, 320),
-		}}})
+		}}}
+		s.identify(key("herd-", i))
+		w.Sessions = append(w.Sessions, s)
 	}
 }
 
@@ -207,10 +212,12 @@ func (g *gen) fanout(w *Workload) {
 		t = g.poisson(t, 2)
 		p := g.seg(g.uniform(1024, 6144))
 		for range 8 {
-			w.Sessions = append(w.Sessions, Session{Key: key("fan-", i), Start: t, Turns: []Turn{{
+			s := Session{Start: t, Turns: []Turn{{
 				Append: []Segment{p},
 				Output: g.uniform(128, 512),
-			}}})
+			}}}
+			s.identify(key("fan-", i))
+			w.Sessions = append(w.Sessions, s)
 		}
 	}
 }

@@ -35,6 +35,21 @@ type Summary struct {
 	Makespan    float64 `json:"makespan_s"`
 	Preemptions int64   `json:"preemptions"`
 	Truncated   int     `json:"truncated"`
+	// QueueFactor is the mean TTFT over the mean of each request's ideal
+	// TTFT (RequestResult.IdealTTFT: the same cached tokens on an idle
+	// replica): 1 on an idle fleet whatever the prompt lengths, growing with
+	// queueing and batching. It replaces "round robin's p99/p50" as the
+	// measure of load, which long-tailed prompts inflate at idle.
+	QueueFactor float64 `json:"queue_factor"`
+	// OfferedUtil is the workload's offered prefill load over the fleet's
+	// prefill capacity (Workload.OfferedUtil); set by RunCases, 0 when the
+	// summary came from Summarize alone.
+	OfferedUtil float64 `json:"offered_util"`
+	// RunUtil is the run's realized figure on its bulk: the prompt tokens
+	// of the requests arriving between the 10th and 90th percentile of
+	// arrival times, over that window, over the fleet's prefill capacity
+	// (ramp-up and drain left out).
+	RunUtil float64 `json:"run_util"`
 }
 
 // Summarize computes r's summary.
@@ -46,7 +61,10 @@ func Summarize(r *Run) Summary {
 	ttft := make([]float64, len(r.Requests))
 	e2e := make([]float64, len(r.Requests))
 	var prompt, cached, predicted, ceiling, out int64
+	var ideal, ttftSum time.Duration
 	for i, q := range r.Requests {
+		ideal += q.IdealTTFT
+		ttftSum += q.TTFT
 		ttft[i] = q.TTFT.Seconds()
 		e2e[i] = q.E2E.Seconds()
 		prompt += int64(q.PromptTokens)
@@ -66,6 +84,10 @@ func Summarize(r *Run) Summary {
 	if r.Makespan > 0 {
 		s.Throughput = float64(out) / r.Makespan.Seconds()
 	}
+	if ideal > 0 {
+		s.QueueFactor = float64(ttftSum) / float64(ideal)
+	}
+	s.RunUtil = runUtil(r)
 	s.HitRate = float64(cached) / float64(prompt)
 	s.Ceiling = float64(ceiling) / float64(prompt)
 	s.PredictedHitRate = float64(predicted) / float64(prompt)
@@ -130,3 +152,27 @@ func TTFTs(r *Run) []float64 {
 
 // Seconds converts a duration to float seconds (for tables).
 func Seconds(d time.Duration) float64 { return d.Seconds() }
+
+// runUtil is Summary.RunUtil.
+func runUtil(r *Run) float64 {
+	if r.Capacity <= 0 || len(r.Requests) < 2 {
+		return 0
+	}
+	at := make([]time.Duration, len(r.Requests))
+	for i, q := range r.Requests {
+		at[i] = q.Arrival
+	}
+	slices.Sort(at)
+	n := len(at) - 1
+	lo, hi := at[n/10], at[n-n/10]
+	if hi <= lo {
+		return 0
+	}
+	var tokens int64
+	for _, q := range r.Requests {
+		if q.Arrival >= lo && q.Arrival <= hi {
+			tokens += int64(q.PromptTokens)
+		}
+	}
+	return float64(tokens) / (hi - lo).Seconds() / r.Capacity
+}

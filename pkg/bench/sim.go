@@ -122,6 +122,10 @@ type RequestResult struct {
 	CeilingTokens int
 	OutputTokens  int
 	Preemptions   int
+	// IdealTTFT is the request's TTFT alone on an idle replica with the
+	// same cached tokens: its uncached tokens prefilled in budget-sized
+	// chunks, one step each (no queueing, no batch).
+	IdealTTFT time.Duration
 	// Truncated is set when the prompt was cut to fit MaxModelLen.
 	Truncated bool
 	Reason    string
@@ -156,6 +160,9 @@ type Run struct {
 	Makespan time.Duration
 	// EventsApplied and EventsLost count KV-event batches.
 	EventsApplied, EventsLost int
+	// Capacity is the fleet's prefill speed, tokens per second
+	// (FleetConfig.PrefillCapacity).
+	Capacity float64
 }
 
 type evKind uint8
@@ -267,7 +274,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		root:    kvblock.Root(cfg.Engine.Model, ""),
 		history: make([][]uint32, len(w.Sessions)),
 		seen:    make(map[kvblock.Key]struct{}),
-		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth},
+		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
 	s.tracker, err = load.NewTracker(nil)
 	if err != nil {
@@ -473,6 +480,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			PredictedTokens: lv.predicted, CeilingTokens: lv.ceiling,
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
+			IdealTTFT: s.idealTTFT(f.PromptTokens - f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason,
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
@@ -503,6 +511,16 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		r.queued = true
 		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
 	}
+}
+
+// idealTTFT is the time an idle engine takes to prefill n uncached tokens
+// and sample the first token: ceil(n / budget) steps of one sequence.
+func (s *sim) idealTTFT(n int) time.Duration {
+	e := &s.cfg.Engine
+	n = max(n, 1)
+	steps := (n + e.MaxNumBatchedTokens - 1) / e.MaxNumBatchedTokens
+	return time.Duration(steps)*(e.StepTime+e.StepTimePerSeq) +
+		time.Duration(float64(n)/e.PrefillTokensPerSec*float64(time.Second))
 }
 
 // apply converts an engine's published batch into index updates, as the

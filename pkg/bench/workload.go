@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
 
@@ -45,11 +47,41 @@ type Turn struct {
 
 // Session is a sequence of turns sent by one client, each after the
 // previous one finished. A single-turn session is an open-loop request.
+//
+// ID is the conversation the session belongs to (the ground truth; several
+// single-turn sessions of a trace may share one), which no request carries
+// as such. What a request does carry is its client's habit: Key (an
+// x-session-id header), User (only the OpenAI `user` field), or neither.
 type Session struct {
 	// Key is the session affinity key (x-session-id); empty for none.
-	Key   string
+	Key string
+	// User is the OpenAI `user` field; empty for none.
+	User  string
+	ID    string
 	Start time.Duration
 	Turns []Turn
+}
+
+// Identity habits of clients, as the generators and the trace reader
+// assign them: a conversation's client sends an x-session-id header with
+// probability 0.4, only the OpenAI `user` field with probability 0.3, and
+// nothing with probability 0.3. The choice is a hash of the conversation
+// id, so it does not depend on the order sessions are built in.
+const (
+	identityHeaderShare = 0.4
+	identityUserShare   = 0.3
+)
+
+// identify sets s.ID and, after the client's habit, s.Key or s.User.
+func (s *Session) identify(id string) {
+	s.ID = id
+	h := xxh3.HashString("kvbench/identity\x00" + id)
+	switch u := float64(h>>11) / (1 << 53); {
+	case u < identityHeaderShare:
+		s.Key = id
+	case u < identityHeaderShare+identityUserShare:
+		s.User = "user-" + id
+	}
 }
 
 // Workload is a named, fully materialised list of sessions.
@@ -105,6 +137,12 @@ type TraceOptions struct {
 	RateScale float64
 	// Limit keeps only the first Limit requests; 0 keeps all.
 	Limit int
+	// Repeat replays the (limited) trace Repeat times back to back; 0 or 1
+	// reads it once. Copy k starts one mean inter-arrival gap after copy
+	// k-1's last request and has its hash ids shifted past every id of the
+	// copies before it, so copies share no prefix: the same traffic shape,
+	// k times as long.
+	Repeat int
 }
 
 // ReadTraceFile reads a Mooncake-format trace from path (see ReadTrace).
@@ -121,13 +159,33 @@ func ReadTraceFile(path string, opt TraceOptions) (*Workload, error) {
 	return w, nil
 }
 
+type traceReq struct {
+	at           float64 // ms
+	input, outpt int
+	ids          []int64
+}
+
 // ReadTrace parses a Mooncake-format trace: one JSON object a line with
 // timestamp (ms, non-decreasing), input_length, output_length and hash_ids
 // (512-token prefix block ids, ceil(input_length/512) of them). Blank lines
-// are skipped; unknown fields are ignored. Every request becomes a
-// single-turn session whose key is its first hash id (the trace has no
-// session ids; a conversation's turns share their first block). A bad line
-// is an error wrapping ErrTrace that names the line number and the field.
+// are skipped; unknown fields are ignored. A bad line is an error wrapping
+// ErrTrace that names the line number and the field.
+//
+// Every request becomes a single-turn session (the trace's timing is open
+// loop). The trace has no session ids; conversations are rebuilt from the
+// prefixes, as a multi-turn conversation resends its history: a request
+// continues the conversation of the earlier request whose full blocks (all
+// its hash ids but a partial last one) are the longest prefix of its own,
+// provided only that request's conversation holds that prefix among its
+// requests' full blocks (a prefix several conversations hold is a shared
+// system prompt or document, not one conversation's history) and no other
+// request continued that one already; otherwise it starts a conversation.
+// The ambiguity left: requests whose full blocks are exactly a shared
+// prefix (a system prompt followed by less than one 512-token block) are
+// indistinguishable from one conversation's turns, and are joined into the
+// conversation of the first of them.
+// The conversation's id (its first request's index) is the session's ID,
+// and its Key or User are set after the client habits of Session.
 func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	scale := opt.RateScale
 	if scale == 0 {
@@ -136,11 +194,15 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	if !(scale > 0) || math.IsInf(scale, 0) {
 		return nil, fmt.Errorf("%w: rate scale %v must be a positive number", ErrTrace, scale)
 	}
-	w := &Workload{Name: "trace"}
+	if opt.Repeat < 0 || opt.Limit < 0 {
+		return nil, fmt.Errorf("%w: limit %d and repeat %d must not be negative", ErrTrace, opt.Limit, opt.Repeat)
+	}
+	var reqs []traceReq
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
 	line := 0
 	last := math.Inf(-1)
+	var maxID int64 = -1
 	for sc.Scan() {
 		line++
 		text := strings.TrimSpace(sc.Text())
@@ -174,22 +236,85 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 				len(tl.HashIDs), *tl.InputLength, *tl.InputLength, kvblock.TraceBlockTokens,
 				(*tl.InputLength+kvblock.TraceBlockTokens-1)/kvblock.TraceBlockTokens)
 		}
+		for _, id := range tl.HashIDs {
+			if id < 0 {
+				return nil, bad("hash id %d must not be negative", id)
+			}
+			maxID = max(maxID, id)
+		}
 		last = *tl.Timestamp
-		at := time.Duration(*tl.Timestamp / scale * float64(time.Millisecond))
-		w.Sessions = append(w.Sessions, Session{
-			Key:   "t" + strconv.FormatInt(tl.HashIDs[0], 10),
-			Start: at,
-			Turns: []Turn{{TraceIDs: tl.HashIDs, TraceLen: *tl.InputLength, Output: *tl.OutputLength}},
-		})
-		if opt.Limit > 0 && len(w.Sessions) >= opt.Limit {
+		reqs = append(reqs, traceReq{at: *tl.Timestamp, input: *tl.InputLength, outpt: *tl.OutputLength, ids: tl.HashIDs})
+		if opt.Limit > 0 && len(reqs) >= opt.Limit {
 			break
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%w: line %d: %w", ErrTrace, line+1, err)
 	}
-	if len(w.Sessions) == 0 {
+	if len(reqs) == 0 {
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
 	}
+	if n := len(reqs); opt.Repeat > 1 {
+		gap := 0.0
+		if n > 1 {
+			gap = (reqs[n-1].at - reqs[0].at) / float64(n-1)
+		}
+		period := reqs[n-1].at - reqs[0].at + gap
+		for k := 1; k < opt.Repeat; k++ {
+			shift := int64(k) * (maxID + 1)
+			for _, q := range reqs[:n] {
+				ids := make([]int64, len(q.ids))
+				for i, id := range q.ids {
+					ids[i] = id + shift
+				}
+				reqs = append(reqs, traceReq{at: q.at + float64(k)*period, input: q.input, outpt: q.outpt, ids: ids})
+			}
+		}
+	}
+	w := &Workload{Name: "trace"}
+	conv := traceConversations(reqs)
+	for i, q := range reqs {
+		s := Session{
+			Start: time.Duration(q.at / scale * float64(time.Millisecond)),
+			Turns: []Turn{{TraceIDs: q.ids, TraceLen: q.input, Output: q.outpt}},
+		}
+		s.identify("conv-" + strconv.Itoa(conv[i]))
+		w.Sessions = append(w.Sessions, s)
+	}
 	return w, nil
+}
+
+// traceConversations assigns each request the index of its conversation's
+// first request (see ReadTrace).
+func traceConversations(reqs []traceReq) []int {
+	conv := make([]int, len(reqs))
+	// ends maps the hash id of a request's last full block (which names its
+	// whole full-block prefix) to the latest such request not yet continued.
+	ends := make(map[int64]int)
+	// holder is the conversation whose requests alone hold a block id
+	// among their full blocks, -1 when several conversations hold it.
+	holder := make(map[int64]int)
+	for j, q := range reqs {
+		conv[j] = j
+		for d := len(q.ids); d >= 1; d-- {
+			n := q.ids[d-1]
+			if i, ok := ends[n]; ok && holder[n] == conv[i] {
+				conv[j] = conv[i]
+				delete(ends, n)
+				break
+			}
+		}
+		full := q.input / kvblock.TraceBlockTokens
+		for _, n := range q.ids[:full] {
+			if c, ok := holder[n]; !ok {
+				holder[n] = conv[j]
+			} else if c != conv[j] {
+				holder[n] = -1
+			}
+		}
+		if full >= 1 {
+			ends[q.ids[full-1]] = j
+		}
+	}
+	return conv
 }

@@ -17,9 +17,14 @@ func TestReadTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The second request extends the first one's full block 7: the same
+	// conversation.
 	want := []Session{
-		{Key: "t7", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 8}, TraceLen: 600, Output: 5}}},
-		{Key: "t7", Start: 750 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7}, TraceLen: 512, Output: 1}}},
+		{ID: "conv-0", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 8}, TraceLen: 600, Output: 5}}},
+		{ID: "conv-0", Start: 750 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7}, TraceLen: 512, Output: 1}}},
+	}
+	for i := range want {
+		want[i].identify(want[i].ID)
 	}
 	if !reflect.DeepEqual(w.Sessions, want) {
 		t.Fatalf("sessions %+v, want %+v", w.Sessions, want)
@@ -27,6 +32,84 @@ func TestReadTrace(t *testing.T) {
 	lim, err := ReadTrace(strings.NewReader(in), TraceOptions{Limit: 1})
 	if err != nil || len(lim.Sessions) != 1 {
 		t.Fatalf("limit 1: %v sessions, err %v", lim, err)
+	}
+}
+
+// Conversations are rebuilt from whole earlier prompts, not from a shared
+// first block: two conversations over one 2-block system prompt stay
+// apart, each turn joins the conversation whose last prompt it extends, and
+// a request extending an already continued prompt starts its own.
+func TestReadTraceConversations(t *testing.T) {
+	lines := []string{
+		// 0, A1: a 2-block system prompt [1 2] and a short question.
+		`{"timestamp": 0, "input_length": 1200, "output_length": 100, "hash_ids": [1, 2, 10]}`,
+		// 1, B1: a long question over the same system prompt: its full
+		// blocks go past [1 2]; [1 2] is A1's only, so B1 joins A (the
+		// documented ambiguity: the trace cannot tell it from A's next turn).
+		`{"timestamp": 1, "input_length": 2000, "output_length": 100, "hash_ids": [1, 2, 20, 21]}`,
+		// 2, C1: another long question: [1 2] is still held by A's
+		// conversation alone, but A1 was already continued: its own start.
+		`{"timestamp": 2, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 30, 31]}`,
+		// 3, D1: [1 2] is now held by two conversations: a shared prompt.
+		`{"timestamp": 3, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 40]}`,
+		// 4, C2: extends C1's full blocks [1 2 30]: held by C alone.
+		`{"timestamp": 4, "input_length": 2600, "output_length": 5, "hash_ids": [1, 2, 30, 31, 32, 33]}`,
+		// 5, C3: a retry with the same full blocks as C2: joins C.
+		`{"timestamp": 5, "input_length": 2610, "output_length": 5, "hash_ids": [1, 2, 30, 31, 32, 34]}`,
+		// 6, no full block, a conversation of its own.
+		`{"timestamp": 6, "input_length": 300, "output_length": 5, "hash_ids": [50]}`,
+		// 7, B2: extends B1's [1 2 20].
+		`{"timestamp": 7, "input_length": 2100, "output_length": 5, "hash_ids": [1, 2, 20, 21, 22]}`,
+		// 8, E1: ends at [1 2] (shared by several conversations): its own.
+		`{"timestamp": 8, "input_length": 1300, "output_length": 5, "hash_ids": [1, 2, 60]}`,
+	}
+	w, err := ReadTrace(strings.NewReader(strings.Join(lines, "\n")), TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range w.Sessions {
+		got = append(got, s.ID)
+	}
+	want := []string{"conv-0", "conv-0", "conv-2", "conv-3", "conv-2", "conv-2", "conv-6", "conv-0", "conv-8"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("conversations %v, want %v", got, want)
+	}
+}
+
+func TestReadTraceRepeat(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, 8]}
+{"timestamp": 100, "input_length": 1100, "output_length": 1, "hash_ids": [7, 9, 11]}
+`
+	w, err := ReadTrace(strings.NewReader(in), TraceOptions{Repeat: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 6 {
+		t.Fatalf("%d sessions, want 6", len(w.Sessions))
+	}
+	starts := []time.Duration{0, 100, 200, 300, 400, 500}
+	for i, s := range w.Sessions {
+		if s.Start != starts[i]*time.Millisecond {
+			t.Errorf("session %d starts at %v, want %v ms", i, s.Start, starts[i])
+		}
+		want := []int64{7, 9, 11}[:len(s.Turns[0].TraceIDs)]
+		if i%2 == 0 {
+			want = []int64{7, 8}
+		}
+		for k := range want {
+			want[k] += int64(i/2) * 12
+		}
+		if !reflect.DeepEqual(s.Turns[0].TraceIDs, want) {
+			t.Errorf("session %d ids %v, want %v", i, s.Turns[0].TraceIDs, want)
+		}
+	}
+	// Each copy is its own pair of conversations' worth of prefixes.
+	if w.Sessions[0].ID == w.Sessions[2].ID || w.Sessions[2].ID != w.Sessions[3].ID {
+		t.Errorf("ids %q %q %q: copies must not share a conversation", w.Sessions[0].ID, w.Sessions[2].ID, w.Sessions[3].ID)
+	}
+	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{Repeat: -1}); !errors.Is(err, ErrTrace) {
+		t.Errorf("negative repeat: %v", err)
 	}
 }
 

@@ -1,0 +1,223 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// Case is one simulation of a comparison: a workload, a policy built fresh
+// from its name and config, and a fleet.
+type Case struct {
+	Workload *Workload
+	Policy   string
+	Config   policy.Config
+	Fleet    FleetConfig
+	// KeepRun keeps the whole Run in the result (figures need it);
+	// otherwise only its summary is kept, which bounds the memory of a
+	// large grid.
+	KeepRun bool
+}
+
+// CaseResult is one Case's outcome.
+type CaseResult struct {
+	Summary Summary
+	// Run is set when the case asked for it (Case.KeepRun).
+	Run *Run
+}
+
+// RunCases simulates every case on at most workers goroutines (0 or less:
+// runtime.GOMAXPROCS(0)) and returns the results in case order. Each case
+// runs alone on one goroutine with a policy of its own, and a simulation
+// depends only on its inputs, so the results are the same whatever the
+// number of workers or the scheduling. Workloads may be shared between
+// cases: Simulate only reads them. The first error cancels the cases not
+// yet finished and is returned (wrapped with the case's policy and
+// workload). progress, when not nil, is called once per finished case, in
+// completion order, never concurrently. Every goroutine started here has
+// returned when RunCases returns.
+func RunCases(ctx context.Context, cases []Case, workers int, progress func(i int, r CaseResult)) ([]CaseResult, error) {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	out := make([]CaseResult, len(cases))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	var mu sync.Mutex
+	for i := range cases {
+		c := &cases[i]
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			p, err := policy.New(c.Policy, c.Config)
+			if err != nil {
+				return err
+			}
+			r, err := Simulate(gctx, c.Workload, p, c.Fleet)
+			if err != nil {
+				return fmt.Errorf("%s on %s: %w", c.Policy, c.Workload.Name, err)
+			}
+			res := CaseResult{Summary: Summarize(r)}
+			res.Summary.OfferedUtil = c.Workload.OfferedUtil(c.Fleet)
+			if c.KeepRun {
+				res.Run = r
+			}
+			out[i] = res
+			if progress != nil {
+				mu.Lock()
+				progress(i, res)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Spread is a figure over seeds: its median (the mean of the two middle
+// values for an even count), minimum and maximum.
+type Spread struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+// SpreadOf returns the spread of xs (zero for none). NaNs are ignored.
+func SpreadOf(xs []float64) Spread {
+	s := slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	if len(s) == 0 {
+		return Spread{}
+	}
+	slices.Sort(s)
+	n := len(s)
+	med := s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return Spread{Median: med, Min: s[0], Max: s[n-1]}
+}
+
+// Aggregate is one policy on one workload over several seeds: the median
+// and range of each headline figure, and every seed's summary. Comparisons
+// between policies use the medians.
+type Aggregate struct {
+	Policy   string   `json:"policy"`
+	Workload string   `json:"workload"`
+	Seeds    []uint64 `json:"seeds"`
+
+	TTFTMean       Spread `json:"ttft_mean_s"`
+	TTFTP50        Spread `json:"ttft_p50_s"`
+	TTFTP90        Spread `json:"ttft_p90_s"`
+	TTFTP99        Spread `json:"ttft_p99_s"`
+	E2EP99         Spread `json:"e2e_p99_s"`
+	Throughput     Spread `json:"throughput_tok_s"`
+	HitRate        Spread `json:"hit_rate"`
+	Ceiling        Spread `json:"ceiling"`
+	HitOverCeiling Spread `json:"hit_over_ceiling"`
+	LoadCV         Spread `json:"load_cv"`
+	Preemptions    Spread `json:"preemptions"`
+	Makespan       Spread `json:"makespan_s"`
+	QueueFactor    Spread `json:"queue_factor"`
+	OfferedUtil    Spread `json:"offered_util"`
+	RunUtil        Spread `json:"run_util"`
+
+	PerSeed []Summary `json:"per_seed"`
+}
+
+// AggregateSeeds combines one policy's summaries of one workload under
+// several seeds (seeds[i] produced ss[i]).
+func AggregateSeeds(seeds []uint64, ss []Summary) Aggregate {
+	a := Aggregate{Seeds: slices.Clone(seeds), PerSeed: slices.Clone(ss)}
+	if len(ss) > 0 {
+		a.Policy, a.Workload = ss[0].Policy, ss[0].Workload
+	}
+	f := func(get func(Summary) float64) Spread {
+		xs := make([]float64, len(ss))
+		for i, s := range ss {
+			xs[i] = get(s)
+		}
+		return SpreadOf(xs)
+	}
+	a.TTFTMean = f(func(s Summary) float64 { return s.TTFTMean })
+	a.TTFTP50 = f(func(s Summary) float64 { return s.TTFTP50 })
+	a.TTFTP90 = f(func(s Summary) float64 { return s.TTFTP90 })
+	a.TTFTP99 = f(func(s Summary) float64 { return s.TTFTP99 })
+	a.E2EP99 = f(func(s Summary) float64 { return s.E2EP99 })
+	a.Throughput = f(func(s Summary) float64 { return s.Throughput })
+	a.HitRate = f(func(s Summary) float64 { return s.HitRate })
+	a.Ceiling = f(func(s Summary) float64 { return s.Ceiling })
+	a.HitOverCeiling = f(func(s Summary) float64 { return s.HitOverCeiling })
+	a.LoadCV = f(func(s Summary) float64 { return s.LoadCV })
+	a.Preemptions = f(func(s Summary) float64 { return float64(s.Preemptions) })
+	a.Makespan = f(func(s Summary) float64 { return s.Makespan })
+	a.QueueFactor = f(func(s Summary) float64 { return s.QueueFactor })
+	a.OfferedUtil = f(func(s Summary) float64 { return s.OfferedUtil })
+	a.RunUtil = f(func(s Summary) float64 { return s.RunUtil })
+	return a
+}
+
+// ParseSeeds reads a seed list: comma-separated seeds and inclusive ranges,
+// e.g. "1-5" or "1,3,7-9". Seeds are kept in the order given; a repeated
+// seed or an empty or reversed range is an error.
+func ParseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	seen := map[uint64]bool{}
+	for _, part := range splitComma(s) {
+		lo, hi := part, part
+		if a, b, ok := cutRange(part); ok {
+			lo, hi = a, b
+		}
+		a, err1 := parseUint(lo)
+		b, err2 := parseUint(hi)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%w: seeds %q: %q is not a seed or a range a-b", ErrSim, s, part)
+		}
+		if b < a || b-a > 1<<16 {
+			return nil, fmt.Errorf("%w: seeds %q: range %q is reversed or too long", ErrSim, s, part)
+		}
+		for x := a; ; x++ {
+			if seen[x] {
+				return nil, fmt.Errorf("%w: seeds %q: seed %d repeats", ErrSim, s, x)
+			}
+			seen[x] = true
+			out = append(out, x)
+			if x == b {
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: seeds %q: none given", ErrSim, s)
+	}
+	return out, nil
+}
+
+func splitComma(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func cutRange(s string) (lo, hi string, ok bool) {
+	lo, hi, ok = strings.Cut(s, "-")
+	return strings.TrimSpace(lo), strings.TrimSpace(hi), ok
+}
+
+func parseUint(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) }
