@@ -63,6 +63,15 @@
 // generated text comes from package simtok's generator, seeded by the
 // engine seed and the prompt.
 //
+// Stats reports what a vLLM engine exports on /metrics — running and
+// waiting requests, KV usage and free blocks, prefix-cache queries and
+// hits, prompt, computed-prefill and generation tokens, preemptions, and
+// the sums of TTFT, queue, prefill and decode times — plus the running
+// averages an observer of its steps can derive (prefill tokens per second
+// of prefill steps, decode step time). Finished carries each request's
+// arrival, first-scheduled, first-token and finish times and its cached
+// tokens, as a response's timing and usage do.
+//
 // Everything is deterministic: the same config, seed and sequence of calls
 // give the same results, hashes and events.
 //

@@ -88,25 +88,65 @@ type StepResult struct {
 	Events []Event
 }
 
-// Stats is a snapshot of the engine's state and counters.
+// Stats is a snapshot of the engine's state and counters: what a vLLM
+// engine reports on /metrics (names in brackets), plus a few figures an
+// observer of its steps can derive. Counters only grow; durations are
+// simulated time.
 type Stats struct {
+	// Running and Waiting count requests (num_requests_running,
+	// num_requests_waiting).
 	Running, Waiting int
 	UsedGPUBlocks    int // held by running requests
-	CachedGPUBlocks  int // holding a prefix-cache hash
-	NumGPUBlocks     int
-	CPUBlocks        int
-	NumCPUBlocks     int
-	// KVUsage is UsedGPUBlocks / NumGPUBlocks, vLLM's kv_cache_usage_perc.
+	// FreeGPUBlocks are the blocks a new request can take: NumGPUBlocks -
+	// UsedGPUBlocks, cached-but-unreferenced blocks included (they are
+	// evicted on allocation), as vLLM's block pool counts free blocks.
+	FreeGPUBlocks   int
+	CachedGPUBlocks int // holding a prefix-cache hash
+	NumGPUBlocks    int
+	CPUBlocks       int
+	NumCPUBlocks    int
+	// KVUsage is UsedGPUBlocks / NumGPUBlocks (kv_cache_usage_perc).
 	KVUsage float64
 	// PrefixQueries and PrefixHits count prompt tokens looked up and found
-	// (vLLM's prefix_cache_queries / prefix_cache_hits).
+	// (prefix_cache_queries / prefix_cache_hits).
 	PrefixQueries, PrefixHits int64
-	PromptTokens              int64
-	GenerationTokens          int64
-	Preemptions               int64
-	Finished                  int64
-	Steps                     int64
+	// PromptTokens counts the prompt tokens of admitted requests
+	// (prompt_tokens); PrefillTokens the prompt tokens actually computed,
+	// recomputation after preemption included; ReloadedTokens those
+	// reloaded from the CPU tier.
+	PromptTokens     int64
+	PrefillTokens    int64
+	ReloadedTokens   int64
+	GenerationTokens int64 // generation_tokens
+	// Preemptions counts preemptions (num_preemptions); Finished finished
+	// requests.
+	Preemptions int64
+	Finished    int64
+	Steps       int64
+	// Busy is the total duration of the steps run.
+	Busy time.Duration
+	// FirstTokens counts requests that produced their first token; the
+	// sums are over them (time_to_first_token_seconds, and the
+	// request_queue_time / request_prefill_time histograms: arrival to
+	// first scheduled, first scheduled to first token). DecodeTimeSum is
+	// first to last token of finished requests (request_decode_time).
+	FirstTokens                           int64
+	TTFTSum, QueueTimeSum, PrefillTimeSum time.Duration
+	DecodeTimeSum                         time.Duration
+	// PrefillRate is an exponentially weighted average (weight 0.1 a step)
+	// of the tokens computed per second of steps that prefilled (prefill
+	// tokens over the step's duration: what an observer of iteration
+	// tokens and step times sees, decode overhead of mixed steps
+	// included); 0 before the first such step. DecodeStep is the same
+	// average of the duration of steps that decoded: the inter-token
+	// latency running requests see.
+	PrefillRate float64
+	DecodeStep  time.Duration
 }
+
+// ewmaWeight is the weight of a new step in Stats.PrefillRate and
+// Stats.DecodeStep.
+const ewmaWeight = 0.1
 
 type state uint8
 
@@ -244,6 +284,7 @@ func (e *Engine) Stats() Stats {
 	s := e.st
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
 	s.UsedGPUBlocks = e.pool.used()
+	s.FreeGPUBlocks = e.pool.nfree
 	s.CachedGPUBlocks = len(e.pool.cached)
 	s.NumGPUBlocks = e.cfg.NumGPUBlocks
 	s.CPUBlocks = e.pool.cpuLen()
@@ -506,6 +547,28 @@ func (e *Engine) commit(r *request) {
 	r.committed = full
 }
 
+// observeStep updates the step counters and running averages.
+func (e *Engine) observeStep(d time.Duration, prefill, decode, reloaded int) {
+	e.st.Busy += d
+	e.st.PrefillTokens += int64(prefill)
+	e.st.ReloadedTokens += int64(reloaded)
+	if prefill > 0 {
+		rate := float64(prefill) / d.Seconds()
+		if e.st.PrefillRate == 0 {
+			e.st.PrefillRate = rate
+		} else {
+			e.st.PrefillRate += ewmaWeight * (rate - e.st.PrefillRate)
+		}
+	}
+	if decode > 0 {
+		if e.st.DecodeStep == 0 {
+			e.st.DecodeStep = d
+		} else {
+			e.st.DecodeStep += time.Duration(ewmaWeight * float64(d-e.st.DecodeStep))
+		}
+	}
+}
+
 type scheduled struct {
 	r *request
 	n int
@@ -579,6 +642,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	end := start + d
 	res.End, res.Batch = end, len(batch)
 	res.PrefillTokens, res.DecodeTokens, res.ReloadedTokens = prefill, decode, reloaded
+	e.observeStep(d, prefill, decode, reloaded)
 	finished := false
 	for _, s := range batch {
 		r := s.r
@@ -593,6 +657,10 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		e.st.GenerationTokens++
 		if r.outputs == 1 {
 			r.firstToken = end
+			e.st.FirstTokens++
+			e.st.TTFTSum += end - r.arrival
+			e.st.QueueTimeSum += r.scheduled - r.arrival
+			e.st.PrefillTimeSum += end - r.scheduled
 		}
 		res.Tokens = append(res.Tokens, Token{ID: r.id, Token: tok, Index: r.outputs - 1})
 		if r.outputs >= r.req.MaxTokens || len(r.tokens) >= e.cfg.MaxModelLen {
@@ -602,6 +670,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 			finished = true
 			delete(e.reqs, r.id)
 			e.st.Finished++
+			e.st.DecodeTimeSum += end - r.firstToken
 			res.Finished = append(res.Finished, Finished{
 				ID: r.id, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached, ReloadedTokens: r.reloaded,
 				OutputTokens: r.outputs, Preemptions: r.preemptions, Arrival: r.arrival,

@@ -481,3 +481,43 @@ func TestAbort(t *testing.T) {
 		t.Error("engine not idle after aborting everything")
 	}
 }
+
+// The figures a real engine reports: free blocks, computed prefill tokens,
+// the TTFT, queue, prefill and decode time sums, and the step averages.
+func TestStatsReported(t *testing.T) {
+	cfg := Config{NumGPUBlocks: 256, MaxNumBatchedTokens: 1024, PrefillTokensPerSec: 1000,
+		StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}
+	e := mustNew(t, cfg, 1)
+	if st := e.Stats(); st.FreeGPUBlocks != 256 || st.PrefillRate != 0 || st.DecodeStep != 0 {
+		t.Fatalf("fresh stats %+v", st)
+	}
+	_, _ = e.Submit(0, Request{Prompt: prompt(1000, 1), MaxTokens: 3})
+	at, _ := e.NextEventTime()
+	e.Step(at)
+	// One prefill step of 1000 tokens: 10 + 1 + 1000 ms.
+	st := e.Stats()
+	wantStep := 1011 * time.Millisecond
+	if st.Busy != wantStep || st.PrefillTokens != 1000 || st.FirstTokens != 1 || st.TTFTSum != wantStep ||
+		st.QueueTimeSum != 0 || st.PrefillTimeSum != wantStep || st.PrefillRate != 1000/wantStep.Seconds() {
+		t.Fatalf("after the prefill step: %+v", st)
+	}
+	// 1001 tokens of KV (1000 prompt + 1 output) hold 63 blocks of 16.
+	if st.UsedGPUBlocks != 63 || st.FreeGPUBlocks != 256-63 || st.DecodeStep != 0 {
+		t.Fatalf("blocks used %d free %d, decode step %v", st.UsedGPUBlocks, st.FreeGPUBlocks, st.DecodeStep)
+	}
+	drain(t, e)
+	st = e.Stats()
+	// Two decode steps of 11 ms each.
+	if st.DecodeStep != 11*time.Millisecond || st.DecodeTimeSum != 22*time.Millisecond || st.Finished != 1 ||
+		st.GenerationTokens != 3 || st.FreeGPUBlocks != 256 {
+		t.Fatalf("after the decode: %+v", st)
+	}
+	// A second request that hits the cache computes only its uncached part.
+	p := append(prompt(1000, 1)[:992:992], prompt(40, 2)...)
+	_, _ = e.Submit(5*time.Second, Request{Prompt: p, MaxTokens: 1})
+	e.Step(5 * time.Second)
+	if st := e.Stats(); st.PrefillTokens != 1000+40 || st.FirstTokens != 2 || st.QueueTimeSum != 0 ||
+		st.TTFTSum != wantStep+51*time.Millisecond || st.Running != 0 {
+		t.Fatalf("after a cached request: %+v", st)
+	}
+}
