@@ -32,8 +32,11 @@
 //
 // Match answers, for a request's keys, every replica's longest matched prefix
 // in one descent: a replica drops out at its first missing block, so an
-// interior hole truncates its match. Each matched block is counted under the
-// best tier that holds it.
+// interior hole truncates its match, and the descent stops at the first
+// block no replica still matching holds. Each matched block is counted under
+// the best tier that holds it. All keys are known before the descent, so
+// Match keeps the next 16 keys' home slots in flight (prefetched) while it
+// looks one up.
 //
 // # Layout
 //
@@ -44,12 +47,17 @@
 // rehashes more than about a thousand entries, and memory follows the
 // number of entries smoothly (load between 0.6 and 0.9).
 //
-//   - The key table maps a router key to a holder word: one holder inline
-//     (24-bit replica slot, three 12-bit tier counts), or a reference to a
-//     record in the holder arena, where the holders of a key held by several
-//     replicas are kept sorted by slot (at most 32768 per key; more replicas
-//     are not recorded, which loses affinity only). The word also carries
-//     the key's CLOCK reference bit.
+//   - The key table maps a router key to its holders. One or two holders
+//     (the common case) are kept inline in the key's 16-byte slot, 31 bits
+//     each: a 22-bit replica slot and a 3-bit count per tier. A holder set
+//     that does not fit (three or more holders, a slot of 2^22 or more, a
+//     count above 7) spills to a record in the holder arena of full holder
+//     words (24-bit replica slot, three 12-bit tier counts), sorted by slot
+//     (at most 32768 per key; more replicas are not recorded, which loses
+//     affinity only); it goes back inline as soon as it fits. The slot also
+//     carries the key's CLOCK reference bit. A lookup reads one directory
+//     entry (which copies the sub-table's address, size and depth) and then
+//     the slots: no pointer chase in between.
 //   - Each replica has an engine table: engine hash -> router key, with the
 //     tiers the hash is stored on kept in the hash's top 3 bits (engine
 //     hashes are therefore compared on their low 61 bits).

@@ -62,7 +62,7 @@ func (ix *Index) evictSome(limit int) bool {
 			continue
 		}
 		tab := &rs.eng
-		sb := tab.dir[h.di]
+		sb := tab.dir[h.di].sb
 		if h.di&(1<<(tab.gd-sb.ld)-1) != 0 {
 			h.di++
 			h.pos = 0

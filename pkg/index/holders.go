@@ -5,8 +5,9 @@ import "math/bits"
 // A holder word says that one replica holds one key: its slot (24 bits) and
 // a reference count per tier (12 bits each: how many of the replica's engine
 // hashes on that tier map to the key). A key's holder set is stored in the
-// key table's v: a single holder inline, or spillBit plus the offset of a
-// record in the holder arena whose holders are sorted by slot. refBit is the
+// key table's v: up to two holders inline in a compact form (see inline), or
+// spillBit plus the offset of a record in the holder arena whose holders are
+// sorted by slot. refBit is the
 // key's CLOCK reference bit, set by stores and matches.
 const (
 	slotBits = 24
@@ -122,15 +123,117 @@ func (a *arena) release(off uint32) {
 	a.env.bytes += int64(cap(a.free[cls])-before) * 4
 }
 
-// holders returns the holder words of key word v: either v itself (one
-// inline holder, written to one) or the arena record's live part.
-func (a *arena) holders(v uint64, one *[1]uint64) []uint64 {
+// holders returns the holder words of key word v (its reference bit is
+// ignored): the one or two inline holders, expanded into buf, or the arena
+// record's live part.
+func (a *arena) holders(v uint64, buf *[2]uint64) []uint64 {
 	if v&spillBit == 0 {
-		one[0] = v
-		return one[:]
+		buf[0] = expand(v & inMask)
+		if c := v >> inBits & inMask; c != 0 {
+			buf[1] = expand(c)
+			return buf[:2]
+		}
+		return buf[:1]
 	}
 	r := a.rec(uint32(v))
 	return r[1 : 1+uint32(r[0])]
+}
+
+// Inline holders. A key held by one or two replicas keeps them in the key
+// word itself, 31 bits each: a 22-bit slot and a 3-bit count per tier, the
+// lower slot first (bits 0-30), the second holder (or zero) above it (bits
+// 31-61). A holder set that does not fit (three or more holders, a slot of
+// 2^22 or more, a count above 7) spills to an arena record of full holder
+// words; a record is turned back inline as soon as its set fits again, so a
+// key is spilled exactly when its holders do not fit inline.
+const (
+	inSlotBits = 22
+	inCntBits  = 3
+	inCntMax   = 1<<inCntBits - 1
+	inBits     = inSlotBits + inCntBits*int(NumTiers)
+	inMask     = uint64(1)<<inBits - 1
+	// inPairSlots selects the slots of both inline holders.
+	inPairSlots = (1<<inSlotBits - 1) * (1 | 1<<inBits)
+)
+
+// inSlot is the slot of inline holder c.
+func inSlot(c uint64) uint32 { return uint32(c & (1<<inSlotBits - 1)) }
+
+// inBest is the best tier of inline holder c (its lowest non-zero count).
+func inBest(c uint64) Tier {
+	x := c >> inSlotBits
+	return Tier(bits.TrailingZeros64((x|x>>1|x>>2)&0b001001001) / inCntBits)
+}
+
+// inBestBit is 3 times the best tier of inline holder c, between 0 and 7.
+func inBestBit(c uint64) uint {
+	x := c >> inSlotBits
+	return uint(bits.TrailingZeros64((x|x>>1|x>>2)&0b001001001)) & 7
+}
+
+// compact returns the inline form of full holder word w, if it has one.
+func compact(w uint64) (uint64, bool) {
+	c := uint64(hSlot(w))
+	if c >= 1<<inSlotBits {
+		return 0, false
+	}
+	for t := range NumTiers {
+		n := hCount(w, t)
+		if n > inCntMax {
+			return 0, false
+		}
+		c |= n << (inSlotBits + inCntBits*uint(t))
+	}
+	return c, true
+}
+
+// expand is the full holder word of inline holder c.
+func expand(c uint64) uint64 {
+	w := c & (1<<inSlotBits - 1)
+	for t := range NumTiers {
+		w |= c >> (inSlotBits + inCntBits*uint(t)) & inCntMax << (slotBits + cntBits*uint(t))
+	}
+	return w
+}
+
+// inline returns the inline key word (without flags) for holders hs, sorted
+// by slot, if they fit.
+func inline(hs []uint64) (uint64, bool) {
+	if len(hs) == 0 || len(hs) > 2 {
+		return 0, false
+	}
+	v, ok := compact(hs[0])
+	if !ok {
+		return 0, false
+	}
+	if len(hs) == 2 {
+		c, ok := compact(hs[1])
+		if !ok {
+			return 0, false
+		}
+		v |= c << inBits
+	}
+	return v, true
+}
+
+// set stores holders hs (sorted, non-empty) as the key word of ks, inline if
+// they fit, else in a new arena record, with reference bit ref. It reports
+// false, leaving ks as it was, when the arena is full.
+func (a *arena) set(ks *slot, hs []uint64, ref uint64) bool {
+	if v, ok := inline(hs); ok {
+		ks.v = v | ref
+		return true
+	}
+	c := max(2, 1<<bits.Len(uint(len(hs)-1)))
+	off, ok := a.alloc(c)
+	if !ok {
+		return false
+	}
+	r := a.rec(off)
+	r[0] = uint64(len(hs)) | uint64(c)<<32
+	copy(r[1:], hs)
+	ks.v = spillBit | ref | uint64(off)
+	return true
 }
 
 // search returns the position of slot s in sorted holders hs, and whether
@@ -153,22 +256,22 @@ func search(hs []uint64, s uint32) (int, bool) {
 func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 	v := ks.v
 	if v&spillBit == 0 {
-		if hSlot(v) == s {
-			ks.v = hInc(v, t) | refBit
+		var buf [2]uint64
+		hs := a.holders(v, &buf)
+		var all [3]uint64
+		n := copy(all[:], hs)
+		i, found := search(hs, s)
+		if found {
+			all[i] = hInc(all[i], t)
+		} else {
+			copy(all[i+1:n+1], all[i:n])
+			all[i] = hInc(uint64(s), t)
+			n++
+		}
+		if !a.set(ks, all[:n], refBit) {
 			return false
 		}
-		off, ok := a.alloc(2)
-		if !ok {
-			return false
-		}
-		r := a.rec(off)
-		lo, hi := hInc(uint64(s), t), v&^refBit
-		if s > hSlot(v) {
-			lo, hi = hi, lo
-		}
-		r[0], r[1], r[2] = 2|2<<32, lo, hi
-		ks.v = spillBit | refBit | uint64(off)
-		return true
+		return !found
 	}
 	off := uint32(v)
 	r := a.rec(off)
@@ -205,16 +308,24 @@ func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 // caller then removes the key's slot).
 func (a *arena) unhold(ks *slot, s uint32, t Tier) (gone, empty bool) {
 	v := ks.v
+	ref := v & refBit
 	if v&spillBit == 0 {
-		if hSlot(v) != s || hCount(v, t) == 0 {
+		var buf [2]uint64
+		hs := a.holders(v, &buf)
+		i, found := search(hs, s)
+		if !found || hCount(hs[i], t) == 0 {
 			return false, false
 		}
-		v = hDec(v, t)
-		if hEmpty(v) {
-			return true, true
+		hs[i] = hDec(hs[i], t)
+		if hEmpty(hs[i]) {
+			gone = true
+			hs = append(hs[:i], hs[i+1:]...)
+			if len(hs) == 0 {
+				return true, true
+			}
 		}
-		ks.v = v
-		return false, false
+		a.set(ks, hs, ref) // fewer or smaller holders always fit inline
+		return gone, false
 	}
 	off := uint32(v)
 	r := a.rec(off)
@@ -224,23 +335,26 @@ func (a *arena) unhold(ks *slot, s uint32, t Tier) (gone, empty bool) {
 		return false, false
 	}
 	r[1+i] = hDec(r[1+i], t)
-	if !hEmpty(r[1+i]) {
-		return false, false
+	if hEmpty(r[1+i]) {
+		gone = true
+		copy(r[1+i:n], r[2+i:1+n])
+		n--
+		if n == 0 {
+			a.release(off)
+			return true, true
+		}
+		r[0] = uint64(n) | uint64(c)<<32
 	}
-	copy(r[1+i:n], r[2+i:1+n])
-	n--
-	if n == 1 {
-		ks.v = r[1] | v&refBit
+	if in, ok := inline(r[1 : 1+n]); ok {
+		ks.v = in | ref
 		a.release(off)
-		return true, false
 	}
-	r[0] = uint64(n) | uint64(c)<<32
-	return true, false
+	return gone, false
 }
 
 // holdsSlot reports whether slot s holds the key with word v.
 func (a *arena) holdsSlot(v uint64, s uint32) bool {
-	var one [1]uint64
-	_, found := search(a.holders(v, &one), s)
+	var buf [2]uint64
+	_, found := search(a.holders(v, &buf), s)
 	return found
 }

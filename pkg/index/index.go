@@ -184,7 +184,14 @@ func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier) {
 		ix.engine++
 	}
 	if ks == nil {
-		ks = ix.keys.insert(uint64(k), hInc(uint64(rs.slot), t)|refBit)
+		w := hInc(uint64(rs.slot), t)
+		if v, ok := inline([]uint64{w}); ok {
+			ix.keys.insert(uint64(k), v|refBit)
+		} else if !ix.arena.set(ix.keys.insert(uint64(k), refBit), []uint64{w}, refBit) {
+			// The arena is full: the key is not recorded.
+			ix.keys.remove(ix.keys.find(uint64(k)), false)
+			return
+		}
 		ix.holders++
 		return
 	}
@@ -298,7 +305,8 @@ func (ix *Index) Cleared(r ReplicaID) {
 
 	work := 0
 	ix.mu.Lock()
-	for di, sb := range old.dir {
+	for di, de := range old.dir {
+		sb := de.sb
 		if di&(1<<(old.gd-sb.ld)-1) != 0 {
 			continue
 		}
@@ -329,108 +337,140 @@ func (ix *Index) Cleared(r ReplicaID) {
 
 // Match returns, appended to dst, every replica whose cache holds at least
 // the first block of keys, with its longest matched prefix, in slot order. It
-// makes one descent: a replica drops out at its first missing block. It holds
-// the read lock for the whole descent, so it sees the index between two
-// writer chunks.
+// makes one descent: a replica drops out at its first missing block, and the
+// descent stops at the first block nobody still alive holds. It holds the
+// read lock for the whole descent, so it sees the index between two writer
+// chunks, and allocates nothing when dst has room.
 func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	if len(keys) == 0 {
 		return dst
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
+	t := &ix.keys
+	// The home slot of key i+matchAhead-1 is prefetched when key i is
+	// looked up, so that matchAhead lookups are in flight at once and each
+	// find reads a slot that has (mostly) arrived.
+	var hs [matchAhead]uint64
+	for i, k := range keys[:min(len(keys), matchAhead)] {
+		hs[i] = mix(uint64(k))
+		prefetch(unsafe.Pointer(t.homeSlot(hs[i])))
+	}
+	ks := t.findKey(uint64(keys[0]), hs[0])
+	if ks == nil {
+		return dst
+	}
+	// The replicas still matching, in slot order, with their counts so far.
 	type live struct {
-		slot uint32
-		at   int32
+		slot   uint32
+		at     int32  // index in dst
+		blocks int    // matched blocks
+		lower  uint64 // of them, best on the CPU tier (low half), on disk (high half)
 	}
 	var buf [32]live
 	alive := buf[:0]
-	var one [1]uint64
-	// Keys are looked up a batch at a time, in passes, so that the cache
-	// misses of a batch overlap: the first pass hashes every key and starts
-	// fetching its home slot; the second finds every key and starts
-	// fetching its holder record; the third descends. The next batch's
-	// first pass runs between the current batch's second and third, so its
-	// slots arrive while the current batch is descended.
-	var hashes [2][matchBatch]uint64
-	var found [matchBatch]*slot
-	batchOf := func(base int) []kvblock.Key {
-		return keys[base:min(len(keys), base+matchBatch)]
+	var two [2]uint64
+	v := ix.touch(ks)
+	for _, w := range ix.arena.holders(v, &two) {
+		a := live{slot: hSlot(w), at: int32(len(dst)), blocks: 1, lower: tierInc[hBest(w)*inCntBits]}
+		alive = append(alive, a)
+		dst = append(dst, ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id})
 	}
-	first := func(base int) {
-		h := &hashes[base/matchBatch&1]
-		// The key table compares whole keys: kind.cmp masks nothing.
-		for i, k := range batchOf(base) {
-			h[i] = mix(uint64(k))
-			ix.keys.prefetchHashed(h[i])
-		}
+	// flush writes a replica's counts to its dst entry.
+	flush := func(a *live) {
+		m := &dst[a.at]
+		cpu, disk := int(uint32(a.lower)), int(a.lower>>32)
+		m.Blocks = a.blocks
+		m.ByTier = [NumTiers]int{a.blocks - cpu - disk, cpu, disk}
 	}
-	first(0)
-	for base := 0; base < len(keys); base += matchBatch {
-		batch := batchOf(base)
-		h := &hashes[base/matchBatch&1]
-		n := len(batch)
-		for i, k := range batch {
-			ks := ix.keys.findHashed(uint64(k), h[i])
-			if ks == nil {
-				n = i
-				break
-			}
-			found[i] = ks
-			if v := atomic.LoadUint64(&ks.v); v&spillBit != 0 {
-				prefetch(unsafe.Pointer(&ix.arena.rec(uint32(v))[0]))
-			}
+	for i := 1; i < len(keys); i++ {
+		if j := i + matchAhead - 1; j < len(keys) {
+			hs[j%matchAhead] = mix(uint64(keys[j]))
+			prefetch(unsafe.Pointer(t.homeSlot(hs[j%matchAhead])))
 		}
-		if n == len(batch) && base+matchBatch < len(keys) {
-			first(base + matchBatch)
+		ks := t.findKey(uint64(keys[i]), hs[i%matchAhead])
+		if ks == nil {
+			break
 		}
-		for i, ks := range found[:n] {
-			depth := base + i
-			v := atomic.LoadUint64(&ks.v)
-			if v&refBit == 0 {
-				atomic.OrUint64(&ks.v, refBit)
-			}
-			hs := ix.arena.holders(v&^refBit, &one)
-			if depth == 0 {
-				for _, w := range hs {
-					m := ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id, Blocks: 1}
-					m.ByTier[hBest(w)] = 1
-					alive = append(alive, live{hSlot(w), int32(len(dst))})
-					dst = append(dst, m)
+		v := ix.touch(ks)
+		if len(alive) == 2 && v&(spillBit|inPairSlots) == uint64(alive[0].slot)|uint64(alive[1].slot)<<inBits {
+			// The common case: the two live replicas are the key's two
+			// inline holders.
+			alive[0].blocks++
+			alive[0].lower += tierInc[inBestBit(v)]
+			alive[1].blocks++
+			alive[1].lower += tierInc[inBestBit(v>>inBits)]
+			continue
+		}
+		kept := 0
+		if v&spillBit == 0 {
+			// One or two inline holders: keep the live replicas that
+			// are one of them.
+			c0, c1 := v&inMask, v>>inBits&inMask
+			for k := range alive {
+				a := &alive[k]
+				c := c0
+				if inSlot(c0) != a.slot {
+					if c1 == 0 || inSlot(c1) != a.slot {
+						flush(a)
+						continue
+					}
+					c = c1
 				}
-				continue
+				a.blocks++
+				a.lower += tierInc[inBestBit(c)]
+				if kept != k {
+					alive[kept] = *a
+				}
+				kept++
 			}
-			j, kept := 0, 0
-			for _, a := range alive {
+		} else {
+			hs := ix.arena.holders(v, &two)
+			j := 0
+			for k := range alive {
+				a := &alive[k]
 				for j < len(hs) && hSlot(hs[j]) < a.slot {
 					j++
 				}
-				if j == len(hs) {
-					break
+				if j == len(hs) || hSlot(hs[j]) != a.slot {
+					flush(a)
+					continue
 				}
-				if hSlot(hs[j]) == a.slot {
-					m := &dst[a.at]
-					m.Blocks++
-					m.ByTier[hBest(hs[j])]++
-					alive[kept] = a
-					kept++
+				a.blocks++
+				a.lower += tierInc[hBest(hs[j])*inCntBits]
+				if kept != k {
+					alive[kept] = *a
 				}
-			}
-			alive = alive[:kept]
-			if kept == 0 {
-				return dst
+				kept++
 			}
 		}
-		if n < len(batch) {
-			break
+		alive = alive[:kept]
+		if kept == 0 {
+			return dst
 		}
+	}
+	for k := range alive {
+		flush(&alive[k])
 	}
 	return dst
 }
 
-// matchBatch is how many keys Match looks up per batch. Against a 1M-key
-// index, 16 beat 8, 12, 24, 32 and 128: with more home slots in flight at
-// once, the extra prefetches slow the descent down instead of hiding misses.
-const matchBatch = 16
+// touch sets the reference bit of the key in ks (a matcher holding the read
+// lock may: the bit is set atomically) and returns the key's word.
+func (ix *Index) touch(ks *slot) uint64 {
+	v := atomic.LoadUint64(&ks.v)
+	if v&refBit == 0 {
+		atomic.OrUint64(&ks.v, refBit)
+	}
+	return v
+}
+
+// tierInc, indexed by a best tier times 3 (inBestBit), is what a block
+// adds to a live replica's lower-tier counts.
+var tierInc = [8]uint64{inCntBits * int(TierCPU): 1, inCntBits * int(TierDisk): 1 << 32}
+
+// matchAhead is how many home slots Match keeps in flight (a power of two).
+const matchAhead = 16
 
 // Stats reports the index's size.
 func (ix *Index) Stats() Stats {

@@ -20,9 +20,10 @@ func checkInvariants(t testing.TB, ix *Index) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	tabBytes := func(name string, tab *xtab) int64 {
-		var b int64 = int64(cap(tab.dir)) * 8
+		var b int64 = int64(cap(tab.dir)) * dirEntBytes
 		n := 0
-		for di, sb := range tab.dir {
+		for di, de := range tab.dir {
+			sb := de.sb
 			if di&(1<<(tab.gd-sb.ld)-1) != 0 {
 				continue
 			}
@@ -75,7 +76,8 @@ func checkInvariants(t testing.TB, ix *Index) {
 		if rs == nil {
 			continue
 		}
-		for di, sb := range rs.eng.dir {
+		for di, de := range rs.eng.dir {
+			sb := de.sb
 			if di&(1<<(rs.eng.gd-sb.ld)-1) != 0 {
 				continue
 			}
@@ -107,8 +109,9 @@ func checkInvariants(t testing.TB, ix *Index) {
 		t.Fatalf("bytes: structures hold %d, accounted %d", total, ix.env.bytes)
 	}
 	holders := 0
-	var one [1]uint64
-	for di, sb := range ix.keys.dir {
+	var two [2]uint64
+	for di, de := range ix.keys.dir {
+		sb := de.sb
 		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
 			continue
 		}
@@ -117,9 +120,9 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if ks.v == 0 {
 				continue
 			}
-			hs := ix.arena.holders(ks.v&^refBit, &one)
-			if ks.v&spillBit != 0 && len(hs) < 2 {
-				t.Fatalf("key %x: spilled record with %d holders", ks.k, len(hs))
+			hs := ix.arena.holders(ks.v, &two)
+			if _, fits := inline(hs); ks.v&spillBit != 0 && fits {
+				t.Fatalf("key %x: spilled record of %d holders that fit inline", ks.k, len(hs))
 			}
 			for j, w := range hs {
 				if j > 0 && hSlot(hs[j-1]) >= hSlot(w) {
@@ -624,7 +627,8 @@ func TestBudget(t *testing.T) {
 					d := depthOf(want, g.Replica)
 					if g.Blocks > d {
 						rs := ix.byID[g.Replica]
-						for _, sb := range rs.eng.dir {
+						for _, de := range rs.eng.dir {
+							sb := de.sb
 							for i := range sb.s {
 								e := sb.s[i]
 								if e.k>>61 != 0 && kvblock.Key(e.v) == q[0] {
@@ -827,5 +831,100 @@ func TestArenaChunks(t *testing.T) {
 	}
 	if e.bytes < int64(words)*8 || e.bytes > int64(words)*8+2*chunkWords*8 {
 		t.Fatalf("arena accounts %d bytes for %d words", e.bytes, words)
+	}
+}
+
+// TestHoldersInlineSpill drives one key's holder set through hold and
+// unhold against a map: slots past what fits inline, counts past 7, more
+// than two holders. After every step the holders match the map, the key is
+// spilled exactly when its holders do not fit inline, and records are
+// released when the set empties.
+func TestHoldersInlineSpill(t *testing.T) {
+	var e env
+	a := arena{env: &e}
+	r := rand.New(rand.NewPCG(16, 16))
+	slots := []uint32{0, 1, 7, 1<<inSlotBits - 1, 1 << inSlotBits, 1<<slotBits - 1}
+	want := map[uint32][NumTiers]uint64{}
+	var ks slot
+	spills, unspills := 0, 0
+	for op := range 20000 {
+		s := slots[r.IntN(len(slots))]
+		tr := Tier(r.IntN(int(NumTiers)))
+		wasSpilled := ks.v&spillBit != 0
+		c := want[s]
+		if r.IntN(10) < 6-len(want) || len(want) == 0 {
+			var isNew bool
+			if len(want) == 0 {
+				w := hInc(uint64(s), tr)
+				if !a.set(&ks, []uint64{w}, refBit) {
+					t.Fatal("arena full")
+				}
+				isNew = true
+			} else {
+				isNew = a.hold(&ks, s, tr)
+			}
+			if isNew != (c == [NumTiers]uint64{}) {
+				t.Fatalf("op %d: hold reported new=%v", op, isNew)
+			}
+			c[tr]++
+			want[s] = c
+		} else {
+			if len(want) == 0 {
+				continue
+			}
+			_, heldBefore := want[s]
+			gone, empty := a.unhold(&ks, s, tr)
+			if c[tr] > 0 {
+				c[tr]--
+			}
+			if c == [NumTiers]uint64{} {
+				delete(want, s)
+			} else {
+				want[s] = c
+			}
+			if _, held := want[s]; gone != (heldBefore && !held) {
+				t.Fatalf("op %d: unhold gone=%v, held before=%v after=%v", op, gone, heldBefore, held)
+			}
+			if empty != (len(want) == 0) {
+				t.Fatalf("op %d: unhold empty=%v with %d holders left", op, empty, len(want))
+			}
+			if empty {
+				ks = slot{}
+				if a.live != 0 {
+					t.Fatalf("op %d: %d arena records live after the key emptied", op, a.live)
+				}
+				continue
+			}
+		}
+		var buf [2]uint64
+		hs := a.holders(ks.v, &buf)
+		if len(hs) != len(want) {
+			t.Fatalf("op %d: %d holders, want %d", op, len(hs), len(want))
+		}
+		for i, w := range hs {
+			if i > 0 && hSlot(hs[i-1]) >= hSlot(w) {
+				t.Fatalf("op %d: holders not sorted", op)
+			}
+			c := want[hSlot(w)]
+			for tr := range NumTiers {
+				if hCount(w, tr) != c[tr] {
+					t.Fatalf("op %d: slot %d tier %d count %d, want %d", op, hSlot(w), tr, hCount(w, tr), c[tr])
+				}
+			}
+		}
+		_, fits := inline(hs)
+		spilled := ks.v&spillBit != 0
+		if spilled == fits {
+			t.Fatalf("op %d: spilled=%v for holders that fit=%v", op, spilled, fits)
+		}
+		if spilled && !wasSpilled {
+			spills++
+		}
+		if !spilled && wasSpilled {
+			unspills++
+		}
+	}
+	if spills == 0 || unspills == 0 {
+		t.Fatalf("spilled %d times, back inline %d times", spills, unspills)
 	}
 }

@@ -206,9 +206,10 @@ func BenchmarkMatchVsLimit(b *testing.B) {
 // eachKey calls fn for every key with the slots of its holders. The caller
 // holds the lock.
 func (ix *Index) eachKey(fn func(k uint64, slots []uint32)) {
-	var one [1]uint64
+	var two [2]uint64
 	var slots []uint32
-	for di, sb := range ix.keys.dir {
+	for di, de := range ix.keys.dir {
+		sb := de.sb
 		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
 			continue
 		}
@@ -218,7 +219,7 @@ func (ix *Index) eachKey(fn func(k uint64, slots []uint32)) {
 				continue
 			}
 			slots = slots[:0]
-			for _, w := range ix.arena.holders(ks.v&^refBit, &one) {
+			for _, w := range ix.arena.holders(ks.v, &two) {
 				slots = append(slots, hSlot(w))
 			}
 			fn(ks.k, slots)

@@ -170,6 +170,10 @@ type workload struct {
 	// evicting: the index may have evicted, so its direct results may fall
 	// short of the model's (unknown parents, fewer removals).
 	evicting bool
+	// groups, when set, draws every block's engine hash group from
+	// 0..groups-1: one replica then maps many engine hashes to one key on
+	// one tier, which takes holder counts past what fits inline.
+	groups int
 }
 
 type conv struct {
@@ -256,6 +260,9 @@ func (w *workload) stored() Stored {
 			g = 1 // a second engine hash for the same key
 		case 1:
 			g = 2
+		}
+		if w.groups > 0 {
+			g = w.r.IntN(w.groups)
 		}
 		h := engineHash(ev.Replica, c.keys[i], g)
 		if w.r.IntN(200) == 0 {
@@ -371,13 +378,17 @@ func TestOracle(t *testing.T) {
 		seed                    uint64
 		replicas, convs, blocks int
 		ops                     int
+		groups                  int
 	}{
-		{"small-dense", 1, 8, 12, 10, 12000},
-		{"many-convs", 2, 10, 60, 24, 12000},
-		{"many-replicas", 3, 40, 30, 16, 12000},
+		{"small-dense", 1, 8, 12, 10, 12000, 0},
+		{"many-convs", 2, 10, 60, 24, 12000, 0},
+		{"many-replicas", 3, 40, 30, 16, 12000, 0},
+		// Counts past 7 spill inline holders to arena records and back.
+		{"many-groups", 4, 6, 8, 10, 12000, 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorkload(tc.seed, tc.replicas, tc.convs, tc.blocks, 4)
+			w.groups = tc.groups
 			ix := New(Config{})
 			m := newModel()
 			counts := map[string]int{}
@@ -392,15 +403,36 @@ func TestOracle(t *testing.T) {
 				}
 				if op%500 == 499 {
 					checkStats(t, ix, m, op)
+					checkInvariants(t, ix)
+					counts["spilled keys"] += spilledKeys(ix)
 				}
 			}
 			for _, c := range w.convs {
 				checkMatch(t, ix, m, c.keys, tc.ops)
 			}
 			checkStats(t, ix, m, tc.ops)
-			if counts["stored"] < tc.ops/2 || counts["removed"] < tc.ops/4 || counts["cleared"] == 0 || counts["deep matches"] < tc.ops/10 {
+			if counts["stored"] < tc.ops/2 || counts["removed"] < tc.ops/4 || counts["cleared"] == 0 || counts["deep matches"] < tc.ops/10 || tc.groups > 0 && counts["spilled keys"] == 0 {
 				t.Fatalf("workload mix is off: %v", counts)
 			}
 		})
 	}
+}
+
+// spilledKeys counts the keys whose holders are in arena records.
+func spilledKeys(ix *Index) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	n := 0
+	for di, de := range ix.keys.dir {
+		sb := de.sb
+		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
+			continue
+		}
+		for _, ks := range sb.s {
+			if ks.v&spillBit != 0 {
+				n++
+			}
+		}
+	}
+	return n
 }

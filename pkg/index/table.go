@@ -58,10 +58,24 @@ const tierMaskK = uint64(7) << 61
 // backward-shift deletion (no tombstones). Positions are taken with a
 // multiply-shift range reduction, so capacities need not be powers of two.
 type sub struct {
-	s  []slot
-	n  int
-	ld uint8 // local depth: how many top hash bits all entries share
+	s   []slot
+	n   int
+	pre uint64 // the top ld hash bits all entries share
+	ld  uint8  // local depth: how many top hash bits all entries share
 }
+
+// dirEnt is one directory entry: the sub-table and, copied from it, what a
+// lookup needs (its slots' address, capacity and local depth), so that a
+// lookup reads one entry of the small directory and then the slot.
+type dirEnt struct {
+	sb *sub
+	s  unsafe.Pointer // &sb.s[0]
+	c  uint32
+	ld uint8
+}
+
+// dirEntBytes is the size of a dirEnt.
+const dirEntBytes = 24
 
 // xtab is an extendible hash: a directory indexed by the top gd bits of the
 // mixed hash points at sub-tables. A sub-table splits when it is large and
@@ -69,7 +83,7 @@ type sub struct {
 // writer holding the index lock never stalls matchers behind a rehash of the
 // whole table.
 type xtab struct {
-	dir  []*sub
+	dir  []dirEnt
 	gd   uint8
 	n    int
 	kind tabKind
@@ -79,9 +93,9 @@ type xtab struct {
 
 func newXtab(kind tabKind, e *env) xtab {
 	t := xtab{kind: kind, env: e}
-	sb := t.newSub(minCap, 0)
+	sb := t.newSub(minCap, 0, 0)
 	t.dir = t.allocDir(1)
-	t.dir[0] = sb
+	t.refresh(sb)
 	return t
 }
 
@@ -90,10 +104,19 @@ func (t *xtab) account(d int64) {
 	t.env.bytes += d
 }
 
-func (t *xtab) allocDir(n int) []*sub {
-	d := slices.Grow([]*sub(nil), n)
-	t.account(int64(cap(d)) * 8)
+func (t *xtab) allocDir(n int) []dirEnt {
+	d := slices.Grow([]dirEnt(nil), n)
+	t.account(int64(cap(d)) * dirEntBytes)
 	return d[:n]
+}
+
+// refresh writes sb's directory entries (after its slots changed).
+func (t *xtab) refresh(sb *sub) {
+	first := int(sb.pre << (t.gd - sb.ld))
+	e := dirEnt{sb: sb, s: unsafe.Pointer(unsafe.SliceData(sb.s)), c: uint32(len(sb.s)), ld: sb.ld}
+	for i := range 1 << (t.gd - sb.ld) {
+		t.dir[first+i] = e
+	}
 }
 
 func (t *xtab) allocSlots(n int) []slot {
@@ -103,9 +126,9 @@ func (t *xtab) allocSlots(n int) []slot {
 	return s
 }
 
-func (t *xtab) newSub(capacity int, ld uint8) *sub {
+func (t *xtab) newSub(capacity int, ld uint8, pre uint64) *sub {
 	t.account(subBytes)
-	return &sub{s: t.allocSlots(capacity), ld: ld}
+	return &sub{s: t.allocSlots(capacity), ld: ld, pre: pre}
 }
 
 // release gives back everything the table holds (the table is dropped).
@@ -137,11 +160,8 @@ func (t *xtab) occupied(s *slot, v uint64) bool {
 
 // subOf returns the sub-table for hash h and its directory index.
 func (t *xtab) subOf(h uint64) (*sub, int) {
-	di := int(h >> (64 - uint(t.gd)) & (1<<t.gd - 1))
-	if t.gd == 0 {
-		di = 0
-	}
-	return t.dir[di], di
+	di := int(h >> (64 - uint(t.gd))) // 0 when gd is 0: Go shifts by 64 give 0
+	return t.dir[di].sb, di
 }
 
 // find returns the slot holding q, or nil. It may run under the read lock:
@@ -262,13 +282,11 @@ func (t *xtab) grow(sb *sub, di int) {
 		for i := range nd {
 			nd[i] = t.dir[i>>1]
 		}
-		t.account(-int64(cap(t.dir)) * 8)
+		t.account(-int64(cap(t.dir)) * dirEntBytes)
 		t.dir = nd
 		t.gd++
 		di <<= 1
 	}
-	span := 1 << (t.gd - sb.ld)
-	first := di &^ (span - 1)
 	var cnt [2]int
 	bit := uint(63 - sb.ld)
 	for i := range sb.s {
@@ -279,7 +297,7 @@ func (t *xtab) grow(sb *sub, di int) {
 	}
 	var halves [2]*sub
 	for j := range halves {
-		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), sb.ld+1)
+		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), sb.ld+1, sb.pre<<1|uint64(j))
 	}
 	for i := range sb.s {
 		s := &sb.s[i]
@@ -288,9 +306,8 @@ func (t *xtab) grow(sb *sub, di int) {
 			t.place(halves[h>>bit&1], *s, h)
 		}
 	}
-	for i := range span {
-		t.dir[first+i] = halves[i*2/span]
-	}
+	t.refresh(halves[0])
+	t.refresh(halves[1])
 	t.account(-int64(len(sb.s))*slotBytes - subBytes)
 	sb.s = nil
 }
@@ -306,6 +323,7 @@ func (t *xtab) rebuild(sb *sub, c int) {
 			t.place(sb, *s, mix(s.k&t.kind.cmp))
 		}
 	}
+	t.refresh(sb)
 	t.account(-int64(len(old)) * slotBytes)
 }
 
@@ -361,6 +379,42 @@ func (t *xtab) maybeShrink(sb *sub) {
 		nc := max(minCap, sb.n*10/6+1)
 		if nc < c {
 			t.rebuild(sb, nc)
+		}
+	}
+}
+
+// keySlotAt is the slot at position i of the sub-table of directory entry e.
+func keySlotAt(e *dirEnt, i uint64) *slot {
+	return (*slot)(unsafe.Add(e.s, i*slotBytes))
+}
+
+// homeSlot is the home slot of hash h: where a probe for it starts.
+func (t *xtab) homeSlot(h uint64) *slot {
+	e := &t.dir[h>>(64-uint(t.gd))]
+	hi, _ := bits.Mul64(h<<e.ld, uint64(e.c))
+	return keySlotAt(e, hi)
+}
+
+// findKey is findHashed for the key table (keyKind: a slot is occupied when
+// v is not zero, keys compare whole), reading only the directory entry and
+// the slots.
+func (t *xtab) findKey(q, h uint64) *slot {
+	e := &t.dir[h>>(64-uint(t.gd))]
+	c := uint64(e.c)
+	i, _ := bits.Mul64(h<<e.ld, c)
+	for d := 0; ; d++ {
+		s := keySlotAt(e, i)
+		if atomic.LoadUint64(&s.v) == 0 {
+			return nil
+		}
+		if s.k == q {
+			return s
+		}
+		if d >= findQuickProbes && t.disp(e.sb, int(i)) < d {
+			return nil
+		}
+		if i++; i == c {
+			i = 0
 		}
 	}
 }
