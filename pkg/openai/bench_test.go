@@ -3,7 +3,9 @@ package openai
 import (
 	"encoding/json"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func chatBody(turns int) []byte {
@@ -19,14 +21,82 @@ func chatBody(turns int) []byte {
 	return b
 }
 
-func BenchmarkParseChat(b *testing.B) {
-	body := chatBody(16) // ~17 KB
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := ParseChat(body); err != nil {
-			b.Fatal(err)
+// sizedChat is a chat body of about size bytes in 16 turns of varied
+// text with escapes and non-ASCII (as real prompts have).
+func sizedChat(size int) []byte {
+	words := strings.Fields("the quick brown fox jumps over a lazy dog; \"quoted\" text, code { x := y[i] } and café naïve 日本語 tabs\tand\nnewlines")
+	msgs := make([]map[string]any, 0, 16)
+	for t := range 16 {
+		var sb strings.Builder
+		for i := 0; sb.Len() < size/16; i++ {
+			sb.WriteString(words[(i*7+t)%len(words)])
+			sb.WriteByte(' ')
 		}
+		role := "user"
+		if t%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": sb.String()})
+	}
+	body, _ := json.Marshal(map[string]any{"model": "llama", "messages": msgs, "max_tokens": 64, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}, "temperature": 0.7, "user": "u-1",
+		"tools": []any{map[string]any{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{"type": "object"}}}}})
+	return body
+}
+
+func BenchmarkParseChat(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{{"17KB", chatBody(16)}, {"229KB", sizedChat(229_000)}, {"533KB", sizedChat(533_000)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for b.Loop() {
+				if _, err := ParseChat(c.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu, len(c.body))
+		})
+	}
+}
+
+// BenchmarkEncodingJSONChat is the baseline the scanner replaced: the
+// same bodies through encoding/json into the fields routing reads, then
+// the messages array into its elements (what Parse did before).
+func BenchmarkEncodingJSONChat(b *testing.B) {
+	type old struct {
+		Model         *string         `json:"model"`
+		Messages      json.RawMessage `json:"messages"`
+		Tools         json.RawMessage `json:"tools"`
+		MaxTokens     *int64          `json:"max_tokens"`
+		Stream        *bool           `json:"stream"`
+		StreamOptions *struct {
+			IncludeUsage *bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	for _, c := range []struct {
+		name string
+		body []byte
+	}{{"17KB", chatBody(16)}, {"229KB", sizedChat(229_000)}, {"533KB", sizedChat(533_000)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for b.Loop() {
+				var v old
+				if err := json.Unmarshal(c.body, &v); err != nil {
+					b.Fatal(err)
+				}
+				var msgs []json.RawMessage
+				if err := json.Unmarshal(v.Messages, &msgs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu, len(c.body))
+		})
 	}
 }
 
@@ -64,4 +134,22 @@ func BenchmarkStreamParser(b *testing.B) {
 			b.Fatal("usage lost")
 		}
 	}
+}
+
+// cpuTime is the process's CPU time so far. On a shared, overloaded host
+// wall time per operation overstates cost; CPU time does not.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU adds CPU time per operation and MB scanned per CPU-second.
+func reportCPU(b *testing.B, since time.Duration, bytes int) {
+	cpu := cpuTime() - since
+	if b.N == 0 || cpu <= 0 {
+		return
+	}
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(bytes)*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
 }

@@ -8,11 +8,21 @@
 // [[int]]), chat messages, tools, chat_template_kwargs,
 // add_generation_prompt (default true), continue_final_message,
 // add_special_tokens (default true for completions, false for chat),
-// max_tokens / max_completion_tokens, stream, stream_options.include_usage
-// and cache_salt. Messages, tools and template kwargs stay raw JSON: they
-// are passed on to a tokenizer exactly as the engine would receive them.
+// max_tokens / max_completion_tokens, stream, stream_options.include_usage,
+// cache_salt, and the identity fields a session key can come from (user,
+// prompt_cache_key, session/conversation ids). Messages, tools and template
+// kwargs are also kept raw (slices of the body, not copies): they are
+// passed on to a tokenizer exactly as the engine would receive them.
 // Every malformed body yields an error wrapping ErrInvalidRequest, whose text
 // names the offending field; callers map it to HTTP 400.
+//
+// The body is read in one pass by a scanner that validates everything and
+// decodes only what routing reads (the messages' role, text and name; the
+// prompt; the scalar fields), skipping the rest; it accepts exactly what
+// encoding/json accepts and decodes strings as it does, so message text is
+// byte for byte what the local tokenizer's chat template renders (tests
+// and fuzz targets compare both). Keys match exactly, as in vLLM (not
+// case-insensitively, as encoding/json's struct decoding would).
 //
 // Response side: ParseUsage reads the usage object of a non-streamed JSON
 // response. StreamParser consumes a server-sent-events stream in arbitrary

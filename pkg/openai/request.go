@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -67,6 +68,26 @@ type Prompt struct {
 // replaced by prompt_embeds).
 func (p Prompt) Empty() bool { return len(p.Texts) == 0 && len(p.TokenIDs) == 0 }
 
+// Message is one chat message as the chat template sees it, decoded in
+// the same pass that validates the body.
+type Message struct {
+	Role string
+	// Content is the text the template renders: a string content as is,
+	// the text of a list of content parts joined by "\n" (vLLM's
+	// preprocessing), "" for null or absent content. Strings decode as
+	// encoding/json decodes them (invalid UTF-8 and unpaired surrogates
+	// become U+FFFD), byte for byte what the local tokenizer renders.
+	Content string
+	// NonText reports content parts other than text (images, audio, ...):
+	// Content then holds only the text parts.
+	NonText bool
+	// Name is the optional participant name.
+	Name string
+	// Raw is the message object's JSON, a slice of the body (other fields
+	// such as tool_calls are read from it when needed).
+	Raw json.RawMessage
+}
+
 // Request is the routing-relevant view of an OpenAI-compatible request.
 type Request struct {
 	Kind Kind
@@ -77,10 +98,13 @@ type Request struct {
 	// PromptEmbeds reports a completions request carrying prompt_embeds.
 	PromptEmbeds bool
 	// Messages, Tools and ChatTemplateKwargs are the chat request's raw
-	// JSON values (nil when absent or null).
+	// JSON values (nil when absent or null): slices of the body, not
+	// copies.
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
+	// ChatMessages are the messages decoded: role, text and name.
+	ChatMessages []Message
 	// AddGenerationPrompt defaults to true; ContinueFinalMessage to false.
 	AddGenerationPrompt  bool
 	ContinueFinalMessage bool
@@ -96,27 +120,16 @@ type Request struct {
 	// include_usage to true.
 	IncludeUsage bool
 	CacheSalt    string
-}
-
-// rawRequest mirrors the JSON fields the router reads. Pointers tell absent
-// from zero; raw messages are checked by hand.
-type rawRequest struct {
-	Model                *string         `json:"model"`
-	Prompt               json.RawMessage `json:"prompt"`
-	PromptEmbeds         json.RawMessage `json:"prompt_embeds"`
-	Messages             json.RawMessage `json:"messages"`
-	Tools                json.RawMessage `json:"tools"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage *bool           `json:"continue_final_message"`
-	AddSpecialTokens     *bool           `json:"add_special_tokens"`
-	MaxTokens            *int64          `json:"max_tokens"`
-	MaxCompletionTokens  *int64          `json:"max_completion_tokens"`
-	Stream               *bool           `json:"stream"`
-	StreamOptions        *struct {
-		IncludeUsage *bool `json:"include_usage"`
-	} `json:"stream_options"`
-	CacheSalt *string `json:"cache_salt"`
+	// User is the OpenAI "user" field (an end-user identifier).
+	User string
+	// PromptCacheKey is OpenAI's "prompt_cache_key" (a client-chosen key
+	// for requests that share a prefix), when it is a string.
+	PromptCacheKey string
+	// SessionID is the conversation the body says it belongs to: the first
+	// string among "session_id", "conversation_id", "conversation" (a
+	// string or an object's "id"), metadata.session_id and
+	// metadata.conversation_id. "" when none.
+	SessionID string
 }
 
 // Parse parses body as a request to path's API. Unknown paths yield an
@@ -124,83 +137,311 @@ type rawRequest struct {
 // should test KindOf first.
 func Parse(path string, body []byte) (Request, error) {
 	switch k := KindOf(path); k {
-	case KindCompletion:
-		return ParseCompletion(body)
-	case KindChat:
-		return ParseChat(body)
+	case KindCompletion, KindChat:
+		return parse(k, body)
 	}
 	return Request{}, fmt.Errorf("%w: unknown path %q", ErrInvalidRequest, path)
 }
 
 // ParseCompletion parses a /v1/completions body.
-func ParseCompletion(body []byte) (Request, error) {
-	raw, err := decode(body)
-	if err != nil {
-		return Request{}, err
-	}
-	req := Request{Kind: KindCompletion, AddSpecialTokens: true}
-	if err := raw.common(&req); err != nil {
-		return Request{}, err
-	}
-	if isNull(raw.Prompt) {
-		if isNull(raw.PromptEmbeds) {
-			return Request{}, fmt.Errorf("%w: field \"prompt\" is required", ErrInvalidRequest)
-		}
-		req.PromptEmbeds = true
-		return req, nil
-	}
-	req.PromptEmbeds = !isNull(raw.PromptEmbeds)
-	p, err := parsePrompt(raw.Prompt)
-	if err != nil {
-		return Request{}, err
-	}
-	req.Prompt = p
-	return req, nil
-}
+func ParseCompletion(body []byte) (Request, error) { return parse(KindCompletion, body) }
 
 // ParseChat parses a /v1/chat/completions body.
-func ParseChat(body []byte) (Request, error) {
-	raw, err := decode(body)
+func ParseChat(body []byte) (Request, error) { return parse(KindChat, body) }
+
+// fields is what one pass over the body collects; the last occurrence of
+// a key wins, as in encoding/json.
+type fields struct {
+	maxTokens, maxCompletion        *int64
+	addGen, contFinal, addSpecial   *bool
+	stream                          *bool
+	streamOptions, includeUsage     *bool
+	cacheSalt                       *string
+	prompt                          *Prompt
+	promptEmbeds                    bool
+	messagesSet                     bool
+	sessionTop, sessionConv         string
+	metaSession, metaConversation   string
+	sessionIDTop, conversationIDTop string
+}
+
+// parse reads body in one pass: the fields routing needs are decoded where
+// they lie, every other value is validated and skipped.
+func parse(kind Kind, body []byte) (Request, error) {
+	req := Request{Kind: kind}
+	s := &scanner{b: body}
+	switch s.peek() {
+	case 0:
+		return req, fmt.Errorf("%w: empty body", ErrInvalidRequest)
+	case '{':
+	default:
+		return req, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
+	}
+	var f fields
+	err := s.object(func(key string, _ bool) (bool, error) { return f.field(s, &req, key) }, 1)
+	if err == nil {
+		err = s.end()
+	}
 	if err != nil {
 		return Request{}, err
 	}
-	req := Request{Kind: KindChat, AddGenerationPrompt: true}
-	if err := raw.common(&req); err != nil {
-		return Request{}, err
+	return f.finish(req)
+}
+
+// field decodes one top-level member the parser knows; it reports false
+// for the others (skipped by the caller).
+func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
+	const depth = 1
+	var err error
+	switch key {
+	case "model":
+		req.Model, _, err = s.stringField(key, depth)
+	case "prompt":
+		if req.Kind != KindCompletion {
+			return false, nil
+		}
+		f.prompt = nil
+		if null, nerr := s.isNullAt(); null || nerr != nil {
+			return true, nerr
+		}
+		var p Prompt
+		if p, err = s.prompt(); err == nil {
+			f.prompt = &p
+		}
+	case "prompt_embeds":
+		var null bool
+		if null, err = s.isNullAt(); !null && err == nil {
+			err = s.skip(depth)
+		}
+		f.promptEmbeds = !null
+	case "messages":
+		if req.Kind != KindChat {
+			return false, nil
+		}
+		f.messagesSet = false
+		req.Messages, req.ChatMessages = nil, nil
+		if null, nerr := s.isNullAt(); null || nerr != nil {
+			return true, nerr
+		}
+		req.Messages, req.ChatMessages, err = s.messages()
+		f.messagesSet = err == nil
+	case "tools", "chat_template_kwargs":
+		var raw []byte
+		if raw, err = s.raw(depth); err != nil {
+			return true, err
+		}
+		if string(raw) == "null" {
+			raw = nil
+		}
+		if key == "tools" {
+			req.Tools = raw
+		} else {
+			req.ChatTemplateKwargs = raw
+		}
+	case "add_generation_prompt":
+		f.addGen, err = boolPtr(s, key)
+	case "continue_final_message":
+		f.contFinal, err = boolPtr(s, key)
+	case "add_special_tokens":
+		f.addSpecial, err = boolPtr(s, key)
+	case "stream":
+		f.stream, err = boolPtr(s, key)
+	case "max_tokens":
+		f.maxTokens, err = intPtr(s, key)
+	case "max_completion_tokens":
+		f.maxCompletion, err = intPtr(s, key)
+	case "stream_options":
+		err = f.streamOpts(s)
+	case "cache_salt":
+		var v string
+		var ok bool
+		if v, ok, err = s.stringField(key, depth); ok {
+			f.cacheSalt = &v
+		} else {
+			f.cacheSalt = nil
+		}
+	case "user":
+		req.User, _, err = s.stringField(key, depth)
+	case "prompt_cache_key":
+		var ok bool
+		req.PromptCacheKey, ok = s.lenientString()
+		return ok, nil
+	case "session_id":
+		var ok bool
+		f.sessionIDTop, ok = s.lenientString()
+		return ok, nil
+	case "conversation_id":
+		var ok bool
+		f.conversationIDTop, ok = s.lenientString()
+		return ok, nil
+	case "conversation":
+		f.sessionConv = ""
+		switch s.peek() {
+		case '"':
+			var ok bool
+			f.sessionConv, ok = s.lenientString()
+			return ok, nil
+		case '{':
+			return true, s.object(func(k string, _ bool) (bool, error) {
+				if k == "id" {
+					var ok bool
+					f.sessionConv, ok = s.lenientString()
+					return ok, nil
+				}
+				return false, nil
+			}, depth+1)
+		}
+		return false, nil
+	case "metadata":
+		if s.peek() != '{' {
+			return false, nil
+		}
+		f.metaSession, f.metaConversation = "", ""
+		return true, s.object(func(k string, _ bool) (bool, error) {
+			switch k {
+			case "session_id":
+				var ok bool
+				f.metaSession, ok = s.lenientString()
+				return ok, nil
+			case "conversation_id":
+				var ok bool
+				f.metaConversation, ok = s.lenientString()
+				return ok, nil
+			}
+			return false, nil
+		}, depth+1)
+	default:
+		return false, nil
 	}
-	if isNull(raw.Messages) {
+	return true, err
+}
+
+// lenientString decodes a string at s.i (ok true), or returns ok false
+// and leaves any other value for the caller's skip. A malformed string is left to the
+// skip too, which reports it.
+func (s *scanner) lenientString() (string, bool) {
+	if s.peek() != '"' {
+		return "", false
+	}
+	save := s.i
+	raw, complex, err := s.str()
+	if err != nil {
+		s.i = save
+		return "", false
+	}
+	return unquote(raw, complex), true
+}
+
+func boolPtr(s *scanner, key string) (*bool, error) {
+	v, ok, err := s.boolField(key, 1)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func intPtr(s *scanner, key string) (*int64, error) {
+	v, ok, err := s.intField(key, 1)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// streamOpts reads stream_options: an object (include_usage inside) or
+// null.
+func (f *fields) streamOpts(s *scanner) error {
+	f.streamOptions, f.includeUsage = nil, nil
+	if null, err := s.isNullAt(); null || err != nil {
+		return err
+	}
+	if s.peek() != '{' {
+		return s.typeError("stream_options", "an object", 1)
+	}
+	t := true
+	f.streamOptions = &t
+	return s.object(func(k string, _ bool) (bool, error) {
+		if k != "include_usage" {
+			return false, nil
+		}
+		v, err := boolPtr(s, "stream_options.include_usage")
+		f.includeUsage = v
+		return true, err
+	}, 2)
+}
+
+// finish applies defaults and the cross-field rules.
+func (f *fields) finish(req Request) (Request, error) {
+	switch req.Kind {
+	case KindCompletion:
+		req.AddSpecialTokens = true
+	case KindChat:
+		req.AddGenerationPrompt = true
+	}
+	if f.addSpecial != nil {
+		req.AddSpecialTokens = *f.addSpecial
+	}
+	for _, m := range []struct {
+		name string
+		v    *int64
+	}{{"max_tokens", f.maxTokens}, {"max_completion_tokens", f.maxCompletion}} {
+		if m.v == nil {
+			continue
+		}
+		if *m.v < 0 || *m.v > math.MaxInt32 {
+			return Request{}, fmt.Errorf("%w: field %q: %d out of range", ErrInvalidRequest, m.name, *m.v)
+		}
+		req.MaxTokens = int(*m.v) // max_completion_tokens is second: it wins
+	}
+	if f.stream != nil {
+		req.Stream = *f.stream
+	}
+	if f.streamOptions != nil && req.Stream {
+		req.IncludeUsage = f.includeUsage == nil || *f.includeUsage
+	}
+	if f.cacheSalt != nil {
+		if *f.cacheSalt == "" {
+			return Request{}, fmt.Errorf("%w: field \"cache_salt\" must be a non-empty string when given", ErrInvalidRequest)
+		}
+		req.CacheSalt = *f.cacheSalt
+	}
+	for _, id := range []string{f.sessionIDTop, f.conversationIDTop, f.sessionConv, f.metaSession, f.metaConversation} {
+		if id != "" {
+			req.SessionID = id
+			break
+		}
+	}
+	switch req.Kind {
+	case KindCompletion:
+		req.Tools, req.ChatTemplateKwargs = nil, nil
+		if f.prompt == nil {
+			if !f.promptEmbeds {
+				return Request{}, fmt.Errorf("%w: field \"prompt\" is required", ErrInvalidRequest)
+			}
+			req.PromptEmbeds = true
+			return req, nil
+		}
+		req.PromptEmbeds = f.promptEmbeds
+		req.Prompt = *f.prompt
+		return req, nil
+	}
+	if !f.messagesSet {
 		return Request{}, fmt.Errorf("%w: field \"messages\" is required", ErrInvalidRequest)
 	}
-	var msgs []json.RawMessage
-	if err := json.Unmarshal(raw.Messages, &msgs); err != nil {
-		return Request{}, fmt.Errorf("%w: field \"messages\": expected an array of objects", ErrInvalidRequest)
-	}
-	if len(msgs) == 0 {
+	if len(req.ChatMessages) == 0 {
 		return Request{}, fmt.Errorf("%w: field \"messages\" must not be empty", ErrInvalidRequest)
 	}
-	for i, m := range msgs {
-		if firstByte(m) != '{' {
-			return Request{}, fmt.Errorf("%w: field \"messages[%d]\": expected an object", ErrInvalidRequest, i)
-		}
+	if req.Tools != nil && req.Tools[0] != '[' {
+		return Request{}, fmt.Errorf("%w: field \"tools\": expected an array", ErrInvalidRequest)
 	}
-	req.Messages = raw.Messages
-	if !isNull(raw.Tools) {
-		if firstByte(raw.Tools) != '[' {
-			return Request{}, fmt.Errorf("%w: field \"tools\": expected an array", ErrInvalidRequest)
-		}
-		req.Tools = raw.Tools
+	if req.ChatTemplateKwargs != nil && req.ChatTemplateKwargs[0] != '{' {
+		return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": expected an object", ErrInvalidRequest)
 	}
-	if !isNull(raw.ChatTemplateKwargs) {
-		if firstByte(raw.ChatTemplateKwargs) != '{' {
-			return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": expected an object", ErrInvalidRequest)
-		}
-		req.ChatTemplateKwargs = raw.ChatTemplateKwargs
+	if f.addGen != nil {
+		req.AddGenerationPrompt = *f.addGen
 	}
-	if raw.AddGenerationPrompt != nil {
-		req.AddGenerationPrompt = *raw.AddGenerationPrompt
-	}
-	if raw.ContinueFinalMessage != nil {
-		req.ContinueFinalMessage = *raw.ContinueFinalMessage
+	if f.contFinal != nil {
+		req.ContinueFinalMessage = *f.contFinal
 	}
 	if req.AddGenerationPrompt && req.ContinueFinalMessage {
 		// vLLM rejects the pair, default included: the template cannot both
@@ -210,205 +451,180 @@ func ParseChat(body []byte) (Request, error) {
 	return req, nil
 }
 
-func decode(body []byte) (rawRequest, error) {
-	var raw rawRequest
-	if len(bytes.TrimSpace(body)) == 0 {
-		return raw, fmt.Errorf("%w: empty body", ErrInvalidRequest)
+// messages decodes the messages array at s.i: each element must be an
+// object; role, content and name are decoded, the rest validated and
+// skipped.
+func (s *scanner) messages() (json.RawMessage, []Message, error) {
+	if s.peek() != '[' {
+		return nil, nil, s.typeError("messages", "an array of objects", 1)
 	}
-	if firstByte(body) != '{' {
-		return raw, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
+	start := s.i
+	var out []Message
+	err := s.array(func(i int) error {
+		if s.peek() != '{' {
+			return fmt.Errorf("%w: field \"messages[%d]\": expected an object", ErrInvalidRequest, i)
+		}
+		m, err := s.message()
+		out = append(out, m)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := json.Unmarshal(body, &raw); err != nil {
-		return raw, describe(err)
-	}
-	return raw, nil
+	return s.b[start:s.i], out, nil
 }
 
-// describe turns an encoding/json error into one naming the field, without
-// the decoder's internal type names.
-func describe(err error) error {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		if te.Field != "" {
-			return fmt.Errorf("%w: field %q: expected %s, got %s", ErrInvalidRequest, te.Field, typeName(te.Type.Kind().String()), te.Value)
-		}
-		return fmt.Errorf("%w: expected %s, got %s", ErrInvalidRequest, typeName(te.Type.Kind().String()), te.Value)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Errorf("%w: malformed JSON at offset %d: %v", ErrInvalidRequest, se.Offset, se)
-	}
-	return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
-}
-
-func typeName(kind string) string {
-	switch kind {
-	case "int", "int64", "int32", "uint32", "uint64":
-		return "an integer"
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "slice", "array":
-		return "an array"
-	case "struct", "map":
-		return "an object"
-	}
-	return kind
-}
-
-// common fills the fields both APIs share.
-func (raw *rawRequest) common(req *Request) error {
-	if raw.Model != nil {
-		req.Model = *raw.Model
-	}
-	if raw.AddSpecialTokens != nil {
-		req.AddSpecialTokens = *raw.AddSpecialTokens
-	}
-	for _, f := range []struct {
-		name string
-		v    *int64
-	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}} {
-		if f.v == nil {
-			continue
-		}
-		if *f.v < 0 || *f.v > math.MaxInt32 {
-			return fmt.Errorf("%w: field %q: %d out of range", ErrInvalidRequest, f.name, *f.v)
-		}
-		req.MaxTokens = int(*f.v) // max_completion_tokens is second: it wins
-	}
-	if raw.Stream != nil {
-		req.Stream = *raw.Stream
-	}
-	if raw.StreamOptions != nil && req.Stream {
-		req.IncludeUsage = raw.StreamOptions.IncludeUsage == nil || *raw.StreamOptions.IncludeUsage
-	}
-	if raw.CacheSalt != nil {
-		if *raw.CacheSalt == "" {
-			return fmt.Errorf("%w: field \"cache_salt\" must be a non-empty string when given", ErrInvalidRequest)
-		}
-		req.CacheSalt = *raw.CacheSalt
-	}
-	return nil
-}
-
-// parsePrompt decodes the four prompt forms.
-func parsePrompt(msg json.RawMessage) (Prompt, error) {
-	switch firstByte(msg) {
-	case '"':
-		var s string
-		if err := json.Unmarshal(msg, &s); err != nil {
-			return Prompt{}, fmt.Errorf("%w: field \"prompt\": %v", ErrInvalidRequest, err)
-		}
-		return Prompt{Texts: []string{s}}, nil
-	case '[':
-	default:
-		return Prompt{}, fmt.Errorf("%w: field \"prompt\": expected a string, an array of strings, an array of token ids or an array of such arrays", ErrInvalidRequest)
-	}
-	// Fast paths for homogeneous lists; anything irregular falls through
-	// to the element-wise walk, which names the offending element.
-	switch firstByte(bytes.Trim(msg, " \t\r\n")[1:]) {
-	case '"':
-		var texts []string
-		if json.Unmarshal(msg, &texts) == nil && len(texts) > 0 {
-			return Prompt{Texts: texts}, nil
-		}
-	case '[':
-		var lists [][]int64
-		if json.Unmarshal(msg, &lists) == nil && len(lists) > 0 {
-			ids := make([][]uint32, len(lists))
-			ok := true
-			for i, l := range lists {
-				if ids[i], ok = convertIDs(l); !ok || len(l) == 0 {
-					ok = false
-					break
+func (s *scanner) message() (Message, error) {
+	const depth = 3
+	var m Message
+	start := s.i
+	err := s.object(func(k string, _ bool) (bool, error) {
+		switch k {
+		case "role":
+			var ok bool
+			m.Role, ok = s.lenientString()
+			return ok, nil
+		case "name":
+			var ok bool
+			m.Name, ok = s.lenientString()
+			return ok, nil
+		case "content":
+			m.Content, m.NonText = "", false
+			switch s.peek() {
+			case '"':
+				raw, complex, err := s.str()
+				if err != nil {
+					return true, err
 				}
+				m.Content = unquote(raw, complex)
+				return true, nil
+			case '[':
+				text, nonText, err := s.contentParts(depth + 1)
+				m.Content, m.NonText = text, nonText
+				return true, err
+			case 'n':
+				return false, nil
 			}
-			if ok {
-				return Prompt{TokenIDs: ids}, nil
-			}
+			m.NonText = true
+			return false, nil
 		}
-	case ']':
-	default:
-		v, err := tokenIDs(msg, "prompt")
+		return false, nil
+	}, depth)
+	m.Raw = s.b[start:s.i]
+	return m, err
+}
+
+// contentParts decodes a content list: strings and {"type":"text","text":
+// ...} parts give text, joined with "\n"; any other part sets nonText.
+func (s *scanner) contentParts(depth int) (string, bool, error) {
+	var parts []string
+	nonText := false
+	err := s.array(func(int) error {
+		switch s.peek() {
+		case '"':
+			raw, complex, err := s.str()
+			parts = append(parts, unquote(raw, complex))
+			return err
+		case '{':
+			var typ, text string
+			var hasText bool
+			err := s.object(func(k string, _ bool) (bool, error) {
+				switch k {
+				case "type":
+					var ok bool
+					typ, ok = s.lenientString()
+					return ok, nil
+				case "text":
+					if s.peek() != '"' {
+						hasText = false
+						return false, nil
+					}
+					raw, complex, err := s.str()
+					text, hasText = unquote(raw, complex), err == nil
+					return true, err
+				}
+				return false, nil
+			}, depth+1)
+			if typ == "text" && hasText {
+				parts = append(parts, text)
+			} else {
+				nonText = true
+			}
+			return err
+		}
+		nonText = true
+		return s.skip(depth + 1)
+	})
+	return strings.Join(parts, "\n"), nonText, err
+}
+
+// prompt decodes the four prompt forms at s.i.
+func (s *scanner) prompt() (Prompt, error) {
+	const field = "prompt"
+	switch s.peek() {
+	case '"':
+		raw, complex, err := s.str()
 		if err != nil {
 			return Prompt{}, err
 		}
-		return Prompt{TokenIDs: [][]uint32{v}}, nil
+		return Prompt{Texts: []string{unquote(raw, complex)}}, nil
+	case '[':
+	default:
+		return Prompt{}, s.typeError(field, "a string, an array of strings, an array of token ids or an array of such arrays", 1)
 	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal(msg, &elems); err != nil {
-		return Prompt{}, fmt.Errorf("%w: field \"prompt\": %v", ErrInvalidRequest, err)
+	var p Prompt
+	var first byte
+	err := s.array(func(i int) error {
+		c := s.peek()
+		if i == 0 {
+			first = c
+		}
+		switch {
+		case first == '"':
+			if c != '"' {
+				return fmt.Errorf("%w: field \"prompt[%d]\": expected a string", ErrInvalidRequest, i)
+			}
+			raw, complex, err := s.str()
+			if err != nil {
+				return err
+			}
+			p.Texts = append(p.Texts, unquote(raw, complex))
+		case first == '[':
+			name := "prompt[" + strconv.Itoa(i) + "]"
+			if c != '[' {
+				return fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, name)
+			}
+			ids := make([]uint32, 0, 64)
+			if err := s.array(func(int) error {
+				id, err := s.tokenID(name)
+				ids = append(ids, id)
+				return err
+			}); err != nil {
+				return err
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("%w: field %q must not be empty", ErrInvalidRequest, name)
+			}
+			p.TokenIDs = append(p.TokenIDs, ids)
+		default:
+			if len(p.TokenIDs) == 0 {
+				p.TokenIDs = [][]uint32{make([]uint32, 0, 256)}
+			}
+			id, err := s.tokenID(field)
+			if err != nil {
+				return err
+			}
+			p.TokenIDs[0] = append(p.TokenIDs[0], id)
+		}
+		return nil
+	})
+	if err != nil {
+		return Prompt{}, err
 	}
-	if len(elems) == 0 {
+	if p.Empty() {
 		return Prompt{}, fmt.Errorf("%w: field \"prompt\" must not be empty", ErrInvalidRequest)
 	}
-	switch firstByte(elems[0]) {
-	case '"':
-		texts := make([]string, len(elems))
-		for i, e := range elems {
-			if firstByte(e) != '"' {
-				return Prompt{}, fmt.Errorf("%w: field \"prompt[%d]\": expected a string", ErrInvalidRequest, i)
-			}
-			if err := json.Unmarshal(e, &texts[i]); err != nil {
-				return Prompt{}, fmt.Errorf("%w: field \"prompt[%d]\": %v", ErrInvalidRequest, i, err)
-			}
-		}
-		return Prompt{Texts: texts}, nil
-	case '[':
-		ids := make([][]uint32, len(elems))
-		for i, e := range elems {
-			if firstByte(e) != '[' {
-				return Prompt{}, fmt.Errorf("%w: field \"prompt[%d]\": expected an array of token ids", ErrInvalidRequest, i)
-			}
-			v, err := tokenIDs(e, fmt.Sprintf("prompt[%d]", i))
-			if err != nil {
-				return Prompt{}, err
-			}
-			if len(v) == 0 {
-				return Prompt{}, fmt.Errorf("%w: field \"prompt[%d]\" must not be empty", ErrInvalidRequest, i)
-			}
-			ids[i] = v
-		}
-		return Prompt{TokenIDs: ids}, nil
-	default:
-		v, err := tokenIDs(msg, "prompt")
-		if err != nil {
-			return Prompt{}, err
-		}
-		return Prompt{TokenIDs: [][]uint32{v}}, nil
-	}
-}
-
-func tokenIDs(msg json.RawMessage, field string) ([]uint32, error) {
-	if out, ok := scanIDs(msg); ok {
-		return out, nil
-	}
-	var ids []int64
-	if err := json.Unmarshal(msg, &ids); err != nil {
-		return nil, fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, field)
-	}
-	out, ok := convertIDs(ids)
-	if !ok {
-		for i, id := range ids {
-			if id < 0 || id > math.MaxUint32 {
-				return nil, fmt.Errorf("%w: field \"%s[%d]\": token id %d out of range", ErrInvalidRequest, field, i, id)
-			}
-		}
-	}
-	return out, nil
-}
-
-// convertIDs narrows token ids to uint32; ok is false if one is out of range.
-func convertIDs(ids []int64) ([]uint32, bool) {
-	out := make([]uint32, len(ids))
-	for i, id := range ids {
-		if id < 0 || id > math.MaxUint32 {
-			return nil, false
-		}
-		out[i] = uint32(id)
-	}
-	return out, true
+	return p, nil
 }
 
 // firstByte is the first non-space byte of a JSON value, 0 when none.
@@ -432,65 +648,21 @@ func isNull(b json.RawMessage) bool {
 // leniently: it returns "" for anything it cannot read. It serves requests
 // on paths the parser does not know (embeddings, rerank, ...).
 func Model(body []byte) string {
-	if firstByte(body) != '{' {
+	s := &scanner{b: body}
+	if s.peek() != '{' {
 		return ""
 	}
-	var v struct {
-		Model json.RawMessage `json:"model"`
-	}
-	if json.Unmarshal(body, &v) != nil || firstByte(v.Model) != '"' {
+	model := ""
+	err := s.object(func(k string, _ bool) (bool, error) {
+		if k == "model" {
+			var ok bool
+			model, ok = s.lenientString()
+			return ok, nil
+		}
+		return false, nil
+	}, 1)
+	if err != nil || s.end() != nil {
 		return ""
 	}
-	var s string
-	if json.Unmarshal(v.Model, &s) != nil {
-		return ""
-	}
-	return s
-}
-
-// scanIDs reads a JSON array of non-negative integers that fit in uint32
-// (the common pre-tokenized prompt) without reflection. ok is false for
-// anything else, which the caller then decodes the slow way for a precise
-// error.
-func scanIDs(b []byte) (out []uint32, ok bool) {
-	b = bytes.Trim(b, " \t\r\n")
-	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
-		return nil, false
-	}
-	b = b[1 : len(b)-1]
-	out = make([]uint32, 0, len(b)/4+1)
-	i, n := 0, len(b)
-	skip := func() {
-		for i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-			i++
-		}
-	}
-	skip()
-	if i == n {
-		return out, true // []
-	}
-	for {
-		start := i
-		var v uint64
-		for i < n && b[i] >= '0' && b[i] <= '9' {
-			v = v*10 + uint64(b[i]-'0')
-			if v > math.MaxUint32 {
-				return nil, false
-			}
-			i++
-		}
-		if i == start || (b[start] == '0' && i-start > 1) {
-			return nil, false // not a plain integer (sign, fraction, leading zero)
-		}
-		out = append(out, uint32(v))
-		skip()
-		if i == n {
-			return out, true
-		}
-		if b[i] != ',' {
-			return nil, false
-		}
-		i++
-		skip()
-	}
+	return model
 }

@@ -106,6 +106,10 @@ func TestParseCompletion(t *testing.T) {
 
 func TestParseChat(t *testing.T) {
 	msgs := `[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}]`
+	decoded := []Message{
+		{Role: "system", Content: "be brief", Raw: json.RawMessage(`{"role":"system","content":"be brief"}`)},
+		{Role: "user", Content: "hi", Raw: json.RawMessage(`{"role":"user","content":[{"type":"text","text":"hi"}]}`)},
+	}
 	tests := []struct {
 		name string
 		body string
@@ -114,13 +118,13 @@ func TestParseChat(t *testing.T) {
 		{
 			name: "defaults",
 			body: `{"model":"m","messages":` + msgs + `}`,
-			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), AddGenerationPrompt: true},
+			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), ChatMessages: decoded, AddGenerationPrompt: true},
 		},
 		{
 			name: "tools kwargs continue",
 			body: `{"model":"m","messages":` + msgs + `,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true},"cache_salt":"t"}`,
 			want: Request{
-				Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs),
+				Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), ChatMessages: decoded,
 				Tools:                json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`),
 				ChatTemplateKwargs:   json.RawMessage(`{"enable_thinking":false}`),
 				ContinueFinalMessage: true, MaxTokens: 5, Stream: true, IncludeUsage: true, CacheSalt: "t",
@@ -129,7 +133,7 @@ func TestParseChat(t *testing.T) {
 		{
 			name: "null tools and kwargs",
 			body: `{"model":"m","messages":` + msgs + `,"tools":null,"chat_template_kwargs":null,"add_special_tokens":true}`,
-			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), AddGenerationPrompt: true, AddSpecialTokens: true},
+			want: Request{Kind: KindChat, Model: "m", Messages: json.RawMessage(msgs), ChatMessages: decoded, AddGenerationPrompt: true, AddSpecialTokens: true},
 		},
 	}
 	for _, tc := range tests {
@@ -185,6 +189,14 @@ func TestParseErrors(t *testing.T) {
 		{"continue with default generation prompt", PathChatCompletions, `{"model":"m","messages":[{}],"continue_final_message":true}`, "mutually exclusive"},
 		{"continue with explicit generation prompt", PathChatCompletions, `{"model":"m","messages":[{}],"continue_final_message":true,"add_generation_prompt":true}`, "mutually exclusive"},
 		{"unknown path", "/v1/embeddings", `{"model":"m"}`, "unknown path"},
+		{"user not string", PathChatCompletions, `{"model":"m","messages":[{}],"user":5}`, `"user": expected a string`},
+		{"bad escape in skipped field", PathChatCompletions, `{"model":"m","messages":[{}],"x":"\q"}`, "malformed JSON"},
+		{"control char in skipped string", PathChatCompletions, "{\"model\":\"m\",\"messages\":[{}],\"x\":\"a\u0001\"}", "malformed JSON"},
+		{"bad number in skipped field", PathCompletions, `{"model":"m","prompt":"x","n":01}`, "malformed JSON"},
+		{"bad literal in message", PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":nul}]}`, "malformed JSON"},
+		{"unterminated content", PathChatCompletions, `{"model":"m","messages":[{"role":"user","content":"ab`, "malformed JSON"},
+		{"max_tokens too big", PathCompletions, `{"model":"m","prompt":"x","max_tokens":99999999999999999999}`, `"max_tokens"`},
+		{"max_tokens exponent", PathCompletions, `{"model":"m","prompt":"x","max_tokens":1e3}`, `"max_tokens"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -268,30 +280,6 @@ func FuzzParse(f *testing.F) {
 		}
 		if !req.Stream && req.IncludeUsage {
 			t.Fatal("IncludeUsage without Stream")
-		}
-	})
-}
-
-func FuzzScanIDs(f *testing.F) {
-	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[]`, `[01]`, `[1,]`, `[-1]`, `[1.0]`, `[4294967296]`, "[\n1\t]"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		got, ok := scanIDs(b)
-		if !ok {
-			return
-		}
-		var want []int64
-		if err := json.Unmarshal(b, &want); err != nil {
-			t.Fatalf("scanIDs accepted %q, encoding/json rejects it: %v", b, err)
-		}
-		if len(got) != len(want) {
-			t.Fatalf("%q: %d ids, want %d", b, len(got), len(want))
-		}
-		for i := range got {
-			if int64(got[i]) != want[i] {
-				t.Fatalf("%q: id %d = %d, want %d", b, i, got[i], want[i])
-			}
 		}
 	})
 }
