@@ -7,27 +7,51 @@ import (
 
 // ApplyStats counts what applying one batch did.
 type ApplyStats struct {
-	Stored, Removed, Cleared int // events applied, by type
-	StoredBlocks             int // blocks indexed by BlockStored events
-	RemovedBlocks            int // blocks removed by BlockRemoved events
-	UnknownParentBlocks      int // blocks of stores whose parent was unknown
-	BadShape                 int // stores with len(tokens) != blocks*block_size
-	UnknownMedium            int // events with a medium that maps to no tier
-	OtherGroup               int // stores of non-attention KV-cache groups, skipped
-	BlockSizeMismatch        int // stores whose block size differs from the expected one
-	NoSlot                   int // stores cut short: the index had no replica slot left
+	Stored, Removed, Cleared int    // events applied, by type
+	StoredBlocks             int    // blocks indexed by BlockStored events
+	RemovedBlocks            int    // blocks removed by BlockRemoved events
+	UnknownParentBlocks      int    // blocks of stores whose parent was unknown
+	BadShape                 int    // stores with len(tokens) != blocks*block_size
+	UnknownMedium            int    // events with a medium that maps to no tier
+	OtherGroup               int    // stores and removals of partial-attention KV-cache groups, skipped
+	UnknownKind              int    // events of a group whose kv_cache_spec_kind is unknown (presumed full attention)
+	UnknownKindName          string // the last such kind
+	GroupHeld                int    // removed hashes kept because another group still holds them
+	BlockSizeMismatch        int    // stores whose block size differs from the expected one
+	NoSlot                   int    // stores cut short: the index had no replica slot left
+	// EngineBlockSize is the block size of the last store (0 if none):
+	// what the engine publishes (SGLang's page size).
+	EngineBlockSize int
 }
 
 // Applier applies decoded batches of one replica to an index. It keeps
 // scratch buffers, so it is not safe for concurrent use; one Applier per
 // worker goroutine.
 type Applier struct {
-	idx    *index.Index
-	extras [][]byte
+	idx     *index.Index
+	extras  [][]byte
+	removed []uint64
+	groups  map[index.ReplicaID]*groupTracker
 }
 
 // NewApplier returns an Applier writing to idx.
-func NewApplier(idx *index.Index) *Applier { return &Applier{idx: idx} }
+func NewApplier(idx *index.Index) *Applier {
+	return &Applier{idx: idx, groups: make(map[index.ReplicaID]*groupTracker)}
+}
+
+// Forget drops what the Applier tracks of a replica (its KV-cache group
+// holdings): call it whenever the replica is cleared in the index other
+// than by an AllBlocksCleared event it applied.
+func (a *Applier) Forget(r index.ReplicaID) { delete(a.groups, r) }
+
+func (a *Applier) tracker(r index.ReplicaID) *groupTracker {
+	g := a.groups[r]
+	if g == nil {
+		g = newGroupTracker()
+		a.groups[r] = g
+	}
+	return g
+}
 
 // Target names the replica a batch belongs to and how to interpret it.
 type Target struct {
@@ -48,49 +72,96 @@ func (a *Applier) Apply(t Target, b *Batch) ApplyStats {
 		case EventBlockStored:
 			a.stored(t, ev, &st)
 		case EventBlockRemoved:
-			tier, ok := index.ParseMedium(ev.Medium)
-			if !ok {
-				st.UnknownMedium++
-				continue
-			}
-			st.Removed++
-			st.RemovedBlocks += a.idx.Removed(index.Removed{Replica: t.Replica, Hashes: ev.Hashes, Tier: tier})
+			a.blockRemoved(t, ev, &st)
 		case EventAllBlocksCleared:
 			st.Cleared++
 			a.idx.Cleared(t.Replica)
+			if g := a.groups[t.Replica]; g != nil {
+				g.clear()
+			}
 		}
 	}
 	return st
 }
 
-// attentionKind reports whether a KV-cache group kind describes prefix
-// reuse. Sliding-window and state-space groups evict their early blocks as
-// a matter of course; indexing them would make removals of those groups
-// erase blocks the attention group still holds.
-func attentionKind(kind string) bool {
-	switch kind {
-	case "", "full_attention", "mla_attention", "FullAttentionSpec", "MLAAttentionSpec":
-		return true
+// eventTier maps an event's medium and locality to the index tier. A block
+// in a REMOTE tier (network storage the engine reads from, vLLM offload
+// tiers with locality REMOTE) is held at the slowest tier whatever its
+// medium says: the engine can load it, at storage speed.
+func eventTier(ev *Event) (index.Tier, bool) {
+	tier, ok := index.ParseMedium(ev.Medium)
+	if ok && ev.Locality == "REMOTE" {
+		tier = index.TierDisk
 	}
-	return false
+	return tier, ok
 }
 
-func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
-	if !attentionKind(ev.SpecKind) {
-		st.OtherGroup++
-		return
+// group classifies an event's KV-cache group (see groups.go): skip for a
+// partial-attention group, and the replica's tracker when the event names
+// a group.
+func (a *Applier) group(t Target, ev *Event, st *ApplyStats) (g *groupTracker, skip bool) {
+	var kind groupKind
+	if ev.GroupIdx >= 0 {
+		g = a.tracker(t.Replica)
+		kind = g.kind(ev.GroupIdx, ev.SpecKind)
+	} else {
+		kind = classifyKind(ev.SpecKind)
 	}
-	tier, ok := index.ParseMedium(ev.Medium)
+	switch kind {
+	case kindPartial:
+		st.OtherGroup++
+		return nil, true
+	case kindUnknown:
+		st.UnknownKind++
+		st.UnknownKindName = ev.SpecKind
+	}
+	return g, false
+}
+
+func (a *Applier) blockRemoved(t Target, ev *Event, st *ApplyStats) {
+	tier, ok := eventTier(ev)
 	if !ok {
 		st.UnknownMedium++
 		return
 	}
-	if ev.BlockSize <= 0 || len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize {
+	hashes := ev.Hashes
+	g, skip := a.group(t, ev, st)
+	if skip {
+		return
+	}
+	if g != nil {
+		var kept int
+		a.removed, kept = g.removed(a.removed[:0], ev.GroupIdx, tier, hashes)
+		hashes = a.removed
+		st.GroupHeld += kept
+	}
+	st.Removed++
+	if len(hashes) > 0 {
+		st.RemovedBlocks += a.idx.Removed(index.Removed{Replica: t.Replica, Hashes: hashes, Tier: tier})
+	}
+}
+
+func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
+	g, skip := a.group(t, ev, st)
+	if skip {
+		return
+	}
+	tier, ok := eventTier(ev)
+	if !ok {
+		st.UnknownMedium++
+		return
+	}
+	if ev.BlockSize <= 0 || len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize ||
+		(ev.Lookahead != nil && len(ev.Lookahead) != len(ev.Hashes)) {
 		st.BadShape++
 		return
 	}
+	st.EngineBlockSize = ev.BlockSize
 	if t.BlockSize > 0 && ev.BlockSize != t.BlockSize {
 		st.BlockSizeMismatch++
+		if g != nil {
+			return
+		}
 	}
 	opts := StoredOptions(ev, a.extras)
 	if opts.Extras != nil {
@@ -118,5 +189,8 @@ func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
 	default:
 		st.Stored++
 		st.StoredBlocks += res.Blocks
+	}
+	if g != nil && res.Blocks > 0 {
+		g.stored(ev.GroupIdx, tier, ev.Hashes[:res.Blocks])
 	}
 }

@@ -108,6 +108,21 @@ type Event struct {
 	GroupIdx int
 	// SpecKind is kv_cache_spec_kind ("full_attention", ...), empty when absent.
 	SpecKind string
+	// SlidingWindow is kv_cache_spec_sliding_window in tokens, 0 when absent.
+	SlidingWindow int
+	// Locality is "LOCAL" or "REMOTE" (relative to the publisher; offload
+	// tiers set it), empty when absent.
+	Locality string
+	// Ownership names the secondary offloading tier that produced the
+	// event (e.g. "kvcr"), empty when absent.
+	Ownership string
+	// SessionID is the session of the request that triggered the store,
+	// empty when absent. Informational: the router has its own session key.
+	SessionID string
+	// Lookahead holds, per block, the tokens after the block that the
+	// engine folded into its hash (vLLM's lookahead_token_ids, EAGLE-style
+	// speculative decoding); nil when absent.
+	Lookahead [][]uint32
 }
 
 // Batch is one decoded event batch.
@@ -885,8 +900,10 @@ func eventType(tag []byte) EventType {
 // Positional field orders (after the tag) of the array era; later versions
 // appended fields, so any prefix is accepted and extra elements ignored.
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
+	storedFields = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+		"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+		"lookahead_token_ids"}
+	removedFields = []string{"block_hashes", "medium", "group_idx", "locality", "ownership"}
 )
 
 func (dec *Decoder) arrayEvent(b *Batch, ev *Event) error {
@@ -1006,9 +1023,8 @@ func (dec *Decoder) mapEvent(b *Batch, ev *Event) error {
 func knownField(name string) bool {
 	switch name {
 	case "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-		"extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt",
-		// Known, carried on the wire, not used by the router.
-		"kv_cache_spec_sliding_window", "locality", "ownership", "session_id":
+		"extra_keys", "group_idx", "kv_cache_spec_kind", "cache_salt", "kv_cache_spec_sliding_window", "locality",
+		"ownership", "session_id", "lookahead_token_ids":
 		return true
 	}
 	return false
@@ -1049,6 +1065,24 @@ func (dec *Decoder) field(b *Batch, ev *Event, name string) error {
 		if err == nil && !isNil && v >= 0 && v <= math.MaxInt32 {
 			ev.GroupIdx = int(v)
 		}
+	case "kv_cache_spec_sliding_window":
+		var v int64
+		var isNil bool
+		v, isNil, err = dec.intVal()
+		if err == nil && !isNil && (v < 0 || v > math.MaxInt32) {
+			err = errBadField
+		}
+		if err == nil && !isNil {
+			ev.SlidingWindow = int(v)
+		}
+	case "locality":
+		ev.Locality, err = dec.strField()
+	case "ownership":
+		ev.Ownership, err = dec.strField()
+	case "session_id":
+		ev.SessionID, err = dec.strField()
+	case "lookahead_token_ids":
+		ev.Lookahead, err = dec.lookahead()
 	case "extra_keys":
 		ev.ExtraKeys, err = dec.extraKeys()
 	case "metadata":
@@ -1097,6 +1131,58 @@ func (dec *Decoder) metadata(b *Batch, ev *Event) error {
 		}
 	}
 	return nil
+}
+
+// lookahead reads lookahead_token_ids: nil, or one token list per block.
+// A block's entry of the wrong shape makes the event invalid.
+func (dec *Decoder) lookahead() ([][]uint32, error) {
+	c, err := dec.peek()
+	if err != nil {
+		return nil, err
+	}
+	if c == msgpcode.Nil {
+		dec.seek(dec.pos() + 1)
+		return nil, nil
+	}
+	if !isArray(c) {
+		return nil, dec.skipBad()
+	}
+	n, err := dec.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]uint32, 0, n)
+	bad := false
+	for range n {
+		c, err := dec.peek()
+		if err != nil {
+			return nil, err
+		}
+		if !isArray(c) {
+			// nil or another shape: every block must carry its list.
+			bad = true
+			if err := dec.skip(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		toks, err := dec.tokens(nil)
+		if errors.Is(err, errBadField) {
+			bad = true
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if toks == nil {
+			toks = []uint32{}
+		}
+		out = append(out, toks)
+	}
+	if bad {
+		return nil, errBadField
+	}
+	return out, nil
 }
 
 func (dec *Decoder) extraKeys() ([][]ExtraKey, error) {

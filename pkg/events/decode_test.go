@@ -360,3 +360,82 @@ func FuzzDecodeBatch(f *testing.F) {
 		_ = d.Decode(p, HashSGLang, &b)
 	})
 }
+
+// vLLM 0.33's fields, in map and positional form, and their malformed
+// variants (the event is dropped and counted, the batch still decodes).
+func TestDecodeVLLM033Fields(t *testing.T) {
+	want := Event{
+		Type: EventBlockStored, Hashes: []uint64{h1}, Tokens: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: "CPU",
+		LoRAName: "a", GroupIdx: 3, SpecKind: "sink_full_attention", SlidingWindow: 512, Locality: "REMOTE",
+		Ownership: "kvcr", SessionID: "s-9", Lookahead: [][]uint32{{5, 6, 300}},
+	}
+	m := map[string]any{
+		"type": "BlockStored", "block_hashes": []uint64{h1}, "parent_block_hash": nil, "token_ids": []int{1, 2, 3, 4},
+		"block_size": 4, "lora_id": 7, "medium": "CPU", "lora_name": "a", "group_idx": 3,
+		"kv_cache_spec_kind": "sink_full_attention", "kv_cache_spec_sliding_window": 512, "locality": "REMOTE",
+		"ownership": "kvcr", "session_id": "s-9", "lookahead_token_ids": [][]int{{5, 6, 300}},
+	}
+	arr := []any{"BlockStored", []uint64{h1}, nil, []int{1, 2, 3, 4}, 4, 7, "CPU", "a", nil, 3, "sink_full_attention",
+		512, "REMOTE", "kvcr", "s-9", [][]int{{5, 6, 300}}, "a later field"}
+	for name, ev := range map[string]any{"map": m, "array": arr} {
+		b, err := DecodeBatch(enc(t, []any{ts, []any{ev}, 0}), HashVLLM)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(b.Events) != 1 || b.Invalid != 0 || b.UnknownKeys != 0 {
+			t.Fatalf("%s: %+v", name, b)
+		}
+		if d := cmp.Diff(want, b.Events[0], cmpEvents); d != "" {
+			t.Errorf("%s (-want +got):\n%s", name, d)
+		}
+	}
+	rm := map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{h2}, "medium": "CPU", "group_idx": 1, "locality": "LOCAL", "ownership": "o"}
+	b, err := DecodeBatch(enc(t, []any{ts, []any{rm, []any{"BlockRemoved", []uint64{h2}, "CPU", 1, "LOCAL", "o"}}, 0}), HashVLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRm := Event{Type: EventBlockRemoved, Hashes: []uint64{h2}, Medium: "CPU", GroupIdx: 1, Locality: "LOCAL", Ownership: "o"}
+	if d := cmp.Diff([]Event{wantRm, wantRm}, b.Events, cmpEvents); d != "" {
+		t.Errorf("removed (-want +got):\n%s", d)
+	}
+	// Nil optional fields are "absent".
+	nils := map[string]any{"type": "BlockStored", "block_hashes": []uint64{h1}, "parent_block_hash": nil, "token_ids": []int{1, 2, 3, 4},
+		"block_size": 4, "kv_cache_spec_sliding_window": nil, "locality": nil, "ownership": nil, "session_id": nil, "lookahead_token_ids": nil}
+	b, err = DecodeBatch(enc(t, []any{ts, []any{nils}, 0}), HashVLLM)
+	if err != nil || b.Invalid != 0 || b.Events[0].Lookahead != nil || b.Events[0].SlidingWindow != 0 || b.Events[0].Locality != "" {
+		t.Fatalf("nil fields: %v %+v", err, b)
+	}
+	for name, bad := range map[string]any{
+		"window negative":         -1,
+		"window string":           "x",
+		"locality int":            map[string]any{"locality": 5},
+		"lookahead not a list":    map[string]any{"lookahead_token_ids": 5},
+		"lookahead entry nil":     map[string]any{"lookahead_token_ids": []any{nil}},
+		"lookahead negative tok":  map[string]any{"lookahead_token_ids": [][]int{{-1}}},
+		"lookahead entry a map":   map[string]any{"lookahead_token_ids": []any{map[string]int{"a": 1}}},
+		"session id list":         map[string]any{"session_id": []int{1}},
+		"ownership bytes-ish map": map[string]any{"ownership": map[string]int{}},
+	} {
+		ev := map[string]any{"type": "BlockStored", "block_hashes": []uint64{h1}, "parent_block_hash": nil, "token_ids": []int{1, 2, 3, 4}, "block_size": 4}
+		if f, ok := bad.(map[string]any); ok {
+			for k, v := range f {
+				ev[k] = v
+			}
+		} else {
+			ev["kv_cache_spec_sliding_window"] = bad
+		}
+		p := enc(t, []any{ts, []any{ev, map[string]any{"type": "AllBlocksCleared"}}, 0})
+		b, err := DecodeBatch(p, HashVLLM)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if b.Invalid != 1 || len(b.Events) != 1 || b.Events[0].Type != EventAllBlocksCleared {
+			t.Errorf("%s: invalid %d, events %+v", name, b.Invalid, b.Events)
+		}
+		for n := range len(p) {
+			if _, err := DecodeBatch(p[:n], HashVLLM); err == nil {
+				t.Fatalf("%s: prefix of %d bytes decoded", name, n)
+			}
+		}
+	}
+}

@@ -54,12 +54,36 @@
 // the rest is encoded by ExtraBytes; a request hashed with
 // kvblock.Options{CacheSalt: salt} therefore meets the keys a salted store
 // indexed. Stores whose block size differs from Source.BlockSize are
-// indexed as given, counted (block_size_mismatch_total) and logged once per
-// replica. Events of KV-cache groups whose kv_cache_spec_kind is not an
-// attention kind (sliding window, mamba) are skipped and counted
-// (skipped{reason="other_group"}): their evictions would otherwise erase
-// blocks the attention group still holds. BlockRemoved removes by engine
-// hash and medium; AllBlocksCleared clears the replica.
+// indexed as given (group-tagged ones are skipped: see groups.go), counted
+// (block_size_mismatch_total) and logged once per replica. medium maps to a tier; locality REMOTE (an offload tier on
+// network storage) is held at the disk tier whatever the medium.
+// ownership (the secondary tier that produced the event) and session_id
+// are decoded and not used: each owner publishes its own stores and
+// removals, and the router has its own session key. lora_id is deprecated
+// upstream and skipped; lora_name selects the root. lookahead_token_ids
+// (vLLM's hash of a block covers the tokens after it) are folded into the
+// block's extras (kvblock.AppendLookahead), so only a request hashed with
+// kvblock.Options.WithLookahead(tokens, blockSize, n) meets those keys.
+//
+// KV-cache groups (group_idx, kv_cache_spec_kind,
+// kv_cache_spec_sliding_window) are handled per replica by the Applier
+// (groups.go has the exact rules): partial-attention kinds (sliding window,
+// chunked local, mamba, ...) are not indexed and their removals ignored;
+// full_attention, mla_attention and sink_full_attention are indexed; an
+// unknown kind is counted (unknown_spec_kind_total) and presumed full
+// attention; a group never labelled (vLLM 0.33 labels GPU events with
+// group_idx only) is presumed full attention. A removal clears only the
+// naming group's holding, and reaches the index only when no group holds
+// the hash on that tier any more (group_held_total), so a sliding-window
+// group's evictions never erase what the full-attention group holds.
+// BlockRemoved removes by engine hash and tier; AllBlocksCleared clears the
+// replica.
+//
+// SGLang's page size is its block size: a replica whose configured
+// block_size differs from the pages it publishes is warned about once with
+// the exact setting to use (block_size: <page size>, or SGLang
+// --page-size <block_size>), counted in block_size_mismatch_total, and the
+// engine's size is exported as engine_block_size.
 //
 // # Replica IDs and data parallelism
 //

@@ -21,10 +21,33 @@ import (
 //
 // The returned Options.Extras is indexed by the event's blocks, and buf is
 // reused for it.
+//
+// With lookahead_token_ids (vLLM's hash covers the tokens after each block,
+// as the extra keys (E, *tokens)), each block's extras are followed by
+// kvblock.AppendLookahead of its lookahead tokens, so the keys equal those
+// of a request hashed with kvblock.Options.WithLookahead.
 func StoredOptions(ev *Event, buf [][]byte) kvblock.Options {
 	o := kvblock.Options{CacheSalt: ev.CacheSalt}
 	if !ev.HasParent && ev.CacheSalt == "" && len(ev.ExtraKeys) > 0 {
 		o.CacheSalt = saltOf(ev.ExtraKeys[0], ev.LoRAName)
+	}
+	if ev.Lookahead != nil {
+		buf = buf[:0]
+		for i, toks := range ev.Lookahead {
+			var b []byte
+			if i < len(ev.ExtraKeys) {
+				keys := stripLoRA(ev.ExtraKeys[i], ev.LoRAName)
+				if i == 0 && !ev.HasParent && o.CacheSalt != "" {
+					keys = stripSalt(keys, o.CacheSalt)
+				}
+				if len(keys) > 0 {
+					b = ExtraBytes(nil, keys)
+				}
+			}
+			buf = append(buf, kvblock.AppendLookahead(b, toks))
+		}
+		o.Extras = buf
+		return o
 	}
 	if len(ev.ExtraKeys) == 0 {
 		return o

@@ -149,6 +149,7 @@ type replica struct {
 	settled      atomic.Bool
 	needResync   atomic.Bool // set by the worker when a batch was lost to decoding
 	sizeLogged   atomic.Bool
+	kindLogged   atomic.Bool
 	rankLogged   atomic.Bool
 	decodeLogged atomic.Bool
 	lastEventNs  atomic.Int64
@@ -471,10 +472,12 @@ func (w *worker) handle(it item) {
 	switch it.kind {
 	case itemRemove:
 		w.m.idx.Cleared(r.src.ID)
+		w.ap.Forget(r.src.ID)
 		return
 	case itemReset:
 		if it.epoch == r.epoch.Load() {
 			w.m.idx.Cleared(r.src.ID)
+			w.ap.Forget(r.src.ID)
 		}
 		return
 	}
@@ -538,15 +541,40 @@ func (w *worker) handle(it item) {
 	if st.OtherGroup > 0 {
 		rm.group.Add(float64(st.OtherGroup))
 	}
+	if st.UnknownKind > 0 {
+		rm.unknownKind.Add(float64(st.UnknownKind))
+		if !r.kindLogged.Swap(true) {
+			r.log.Warn("KV-cache group of an unknown kind; presumed full attention",
+				slog.String("kv_cache_spec_kind", st.UnknownKindName))
+		}
+	}
+	if st.GroupHeld > 0 {
+		rm.groupHeld.Add(float64(st.GroupHeld))
+	}
+	if st.EngineBlockSize > 0 {
+		rm.engineBlock.Set(float64(st.EngineBlockSize))
+	}
 	if st.BlockSizeMismatch > 0 {
 		rm.sizeMismatch.Add(float64(st.BlockSizeMismatch))
 		if !r.sizeLogged.Swap(true) {
-			r.log.Warn("engine block size differs from the configured one; requests will not match these blocks",
-				slog.Int("configured", r.src.BlockSize))
+			r.log.Warn(blockSizeAdvice(r.mode, st.EngineBlockSize, r.src.BlockSize),
+				slog.Int("engine", st.EngineBlockSize), slog.Int("configured", r.src.BlockSize))
 		}
 	}
 	if b.TS > 0 {
 		lag := w.m.cfg.Now().Sub(time.Unix(0, int64(b.TS*1e9)))
 		rm.lag.Set(lag.Seconds())
 	}
+}
+
+// blockSizeAdvice is the warning for an engine whose blocks (SGLang: pages)
+// differ from the replica's configured block size: requests will not match
+// them until one of the two settings changes.
+func blockSizeAdvice(mode HashMode, engine, configured int) string {
+	if mode == HashSGLang {
+		return fmt.Sprintf("SGLang publishes pages of %d tokens but the replica's block_size is %d; requests will not match: "+
+			"set block_size: %d on the replica, or start SGLang with --page-size %d", engine, configured, engine, configured)
+	}
+	return fmt.Sprintf("engine block size %d differs from the replica's block_size %d; requests will not match: "+
+		"set block_size: %d on the replica, or start vLLM with --block-size %d", engine, configured, engine, configured)
 }

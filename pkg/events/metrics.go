@@ -20,6 +20,9 @@ type metrics struct {
 	skipped       *prometheus.CounterVec
 	overflows     *prometheus.CounterVec
 	sizeMismatch  *prometheus.CounterVec
+	unknownKind   *prometheus.CounterVec
+	groupHeld     *prometheus.CounterVec
+	engineBlock   *prometheus.GaugeVec
 	queueDepth    *prometheus.GaugeVec
 	lag           *prometheus.GaugeVec
 	resyncing     *prometheus.GaugeVec
@@ -42,9 +45,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		replays:       counter("replays_total", "Replay requests, by result (ok, truncated, failed).", "replica", "result"),
 		resyncs:       counter("resyncs_total", "Times the replica's view was cleared and relearned, by reason.", "replica", "reason"),
 		unknownParent: counter("unknown_parent_blocks_total", "Blocks of BlockStored events whose parent hash was unknown, not indexed.", "replica"),
-		skipped:       counter("skipped_total", "Events or keys not applied, by reason (bad_shape, unknown_medium, other_group, unknown_key, no_slot).", "replica", "reason"),
+		skipped:       counter("skipped_total", "Events or keys not applied, by reason (bad_shape, unknown_medium, other_group: stores and removals of partial-attention KV-cache groups, unknown_key, no_slot).", "replica", "reason"),
 		overflows:     counter("queue_overflows_total", "Live batches that found the worker queue full (each triggers a resync).", "replica"),
-		sizeMismatch:  counter("block_size_mismatch_total", "BlockStored events whose block size differs from the model's configured block size (indexed as given).", "replica"),
+		sizeMismatch:  counter("block_size_mismatch_total", "BlockStored events whose block size differs from the replica's configured block size (indexed as given, except group-tagged events, which are skipped).", "replica"),
+		unknownKind:   counter("unknown_spec_kind_total", "Events of a KV-cache group whose kv_cache_spec_kind this router does not know; presumed full attention and applied.", "replica"),
+		groupHeld:     counter("group_held_total", "Block removals of one KV-cache group not applied to the index because another group still holds the block.", "replica"),
+		engineBlock:   gauge("engine_block_size", "Block size (SGLang: page size) of the replica's last BlockStored event, in tokens.", "replica"),
 		queueDepth:    gauge("queue_depth", "Items waiting in a worker queue.", "worker"),
 		lag:           gauge("lag_seconds", "Now minus the timestamp of the last applied batch.", "replica"),
 		resyncing:     gauge("resyncing", "1 while the replica's view is incomplete and its cache credit withheld.", "replica"),
@@ -79,6 +85,8 @@ type replicaMetrics struct {
 	unknownParent                  prometheus.Counter
 	badShape, unknownMedium, group prometheus.Counter
 	sizeMismatch                   prometheus.Counter
+	unknownKind, groupHeld         prometheus.Counter
+	engineBlock                    prometheus.Gauge
 	overflows                      prometheus.Counter
 	gaps                           prometheus.Counter
 	lag                            prometheus.Gauge
@@ -97,6 +105,9 @@ func (m *metrics) forReplica(id string) *replicaMetrics {
 		unknownMedium: m.skipped.WithLabelValues(id, "unknown_medium"),
 		group:         m.skipped.WithLabelValues(id, "other_group"),
 		sizeMismatch:  m.sizeMismatch.WithLabelValues(id),
+		unknownKind:   m.unknownKind.WithLabelValues(id),
+		groupHeld:     m.groupHeld.WithLabelValues(id),
+		engineBlock:   m.engineBlock.WithLabelValues(id),
 		overflows:     m.overflows.WithLabelValues(id),
 		gaps:          m.gaps.WithLabelValues(id),
 		lag:           m.lag.WithLabelValues(id),
@@ -109,10 +120,10 @@ func (m *metrics) forReplica(id string) *replicaMetrics {
 func (m *metrics) forget(id string) {
 	l := prometheus.Labels{"replica": id}
 	for _, v := range []*prometheus.CounterVec{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.resyncs,
-		m.unknownParent, m.skipped, m.overflows, m.sizeMismatch} {
+		m.unknownParent, m.skipped, m.overflows, m.sizeMismatch, m.unknownKind, m.groupHeld} {
 		v.DeletePartialMatch(l)
 	}
-	for _, v := range []*prometheus.GaugeVec{m.lag, m.resyncing, m.silent} {
+	for _, v := range []*prometheus.GaugeVec{m.lag, m.resyncing, m.silent, m.engineBlock} {
 		v.DeletePartialMatch(l)
 	}
 }

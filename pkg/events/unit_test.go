@@ -135,12 +135,12 @@ func TestApplySkips(t *testing.T) {
 		payload []byte
 		want    ApplyStats
 	}{
-		{"block size mismatch is indexed and counted", stored(func(map[string]any) {}), ApplyStats{Stored: 1, StoredBlocks: 1, BlockSizeMismatch: 1}},
+		{"block size mismatch is indexed and counted", stored(func(map[string]any) {}), ApplyStats{Stored: 1, StoredBlocks: 1, BlockSizeMismatch: 1, EngineBlockSize: 4}},
 		{"bad shape", stored(func(ev map[string]any) { ev["token_ids"] = []int{1, 2, 3} }), ApplyStats{BadShape: 1}},
 		{"unknown medium", stored(func(ev map[string]any) { ev["medium"] = "TAPE" }), ApplyStats{UnknownMedium: 1}},
-		{"cpu medium", stored(func(ev map[string]any) { ev["medium"] = "CPU" }), ApplyStats{Stored: 1, StoredBlocks: 1, BlockSizeMismatch: 1}},
+		{"cpu medium", stored(func(ev map[string]any) { ev["medium"] = "CPU" }), ApplyStats{Stored: 1, StoredBlocks: 1, BlockSizeMismatch: 1, EngineBlockSize: 4}},
 		{"sliding window group", stored(func(ev map[string]any) { ev["kv_cache_spec_kind"] = "sliding_window" }), ApplyStats{OtherGroup: 1}},
-		{"unknown parent", stored(func(ev map[string]any) { ev["parent_block_hash"] = uint64(77) }), ApplyStats{UnknownParentBlocks: 1, BlockSizeMismatch: 1}},
+		{"unknown parent", stored(func(ev map[string]any) { ev["parent_block_hash"] = uint64(77) }), ApplyStats{UnknownParentBlocks: 1, BlockSizeMismatch: 1, EngineBlockSize: 4}},
 		{"remove unknown medium", enc(t, []any{ts, []any{[]any{"BlockRemoved", []uint64{1}, "TAPE"}}, 0}), ApplyStats{UnknownMedium: 1}},
 	}
 	for _, tc := range tests {

@@ -125,3 +125,46 @@ func tokenBytes(tokens []uint32) []byte {
 	}
 	return b
 }
+
+// AppendLookahead appends to dst the encoding of a block's lookahead tokens:
+// the tokens after the block that an engine hashing with lookahead (vLLM's
+// num_hash_lookahead_tokens, EAGLE-style speculative decoding with prefix
+// caching) folds into the block's hash, as the extra keys (E, *tokens).
+// It goes after the block's own extras in Options.Extras[i]:
+//
+//	'l' uvarint(len(tokens)) tokens as little-endian uint32
+func AppendLookahead(dst []byte, tokens []uint32) []byte {
+	dst = append(dst, 'l')
+	dst = binary.AppendUvarint(dst, uint64(len(tokens)))
+	for _, t := range tokens {
+		dst = binary.LittleEndian.AppendUint32(dst, t)
+	}
+	return dst
+}
+
+// WithLookahead returns o with each block's extras followed by the n tokens
+// after the block (AppendLookahead), and how many of tokens can be keyed:
+// as in vLLM, a block has a key only once the n tokens after it exist, so
+// Keys(dst, root, tokens[:m], blockSize, o2) gives the keys an engine
+// hashing with n lookahead tokens publishes for this prompt. n <= 0 returns
+// o and len(tokens) unchanged.
+func (o Options) WithLookahead(tokens []uint32, blockSize, n int) (Options, int) {
+	if n <= 0 {
+		return o, len(tokens)
+	}
+	if blockSize <= 0 || len(tokens) < n {
+		return o, 0
+	}
+	blocks := NumBlocks(len(tokens)-n, blockSize)
+	extras := make([][]byte, blocks)
+	for i := range blocks {
+		var own []byte
+		if i < len(o.Extras) {
+			own = o.Extras[i]
+		}
+		end := (i + 1) * blockSize
+		extras[i] = AppendLookahead(append([]byte(nil), own...), tokens[end:end+n])
+	}
+	o.Extras = extras
+	return o, blocks * blockSize
+}

@@ -147,3 +147,37 @@ func BenchmarkKeys8192(b *testing.B) {
 		dst = Keys(dst[:0], root, toks, 16, Options{})
 	}
 }
+
+func TestWithLookahead(t *testing.T) {
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	o := Options{CacheSalt: "s", Extras: [][]byte{{'x'}}}
+	if got, n := o.WithLookahead(toks, 4, 0); n != len(toks) || len(got.Extras) != 1 {
+		t.Fatalf("n=0 changed the options: %v %d", got, n)
+	}
+	got, n := o.WithLookahead(toks, 4, 2)
+	// Blocks 0 and 1 have two tokens after them (5,6 and 9,10); no third block.
+	if n != 8 || len(got.Extras) != 2 || got.CacheSalt != "s" {
+		t.Fatalf("n=%d extras=%d salt=%q", n, len(got.Extras), got.CacheSalt)
+	}
+	if want := AppendLookahead([]byte{'x'}, []uint32{5, 6}); string(got.Extras[0]) != string(want) {
+		t.Fatalf("block 0 extras %x, want %x", got.Extras[0], want)
+	}
+	if want := AppendLookahead(nil, []uint32{9, 10}); string(got.Extras[1]) != string(want) {
+		t.Fatalf("block 1 extras %x, want %x", got.Extras[1], want)
+	}
+	if o.Extras[0][0] != 'x' || len(o.Extras[0]) != 1 {
+		t.Fatal("the caller's extras were modified")
+	}
+	// Lookahead tokens change every key from their block on.
+	a := Keys(nil, Root("m", ""), toks[:n], 4, got)
+	other := append([]uint32(nil), toks...)
+	other[9] = 99
+	got2, _ := o.WithLookahead(other, 4, 2)
+	b := Keys(nil, Root("m", ""), other[:n], 4, got2)
+	if a[0] != b[0] || a[1] == b[1] {
+		t.Fatalf("keys %v vs %v", a, b)
+	}
+	if _, n := o.WithLookahead(toks[:1], 4, 2); n != 0 {
+		t.Fatalf("too short: %d", n)
+	}
+}
