@@ -2,7 +2,7 @@
 // service (serve), a client of its admin API (explain) and its version.
 //
 // serve is the composition root: it loads the config, wires every package,
-// runs them under one errgroup and owns shutdown (see router.serve).
+// runs them under one errgroup and owns shutdown (see wiring.serve).
 package main
 
 import (

@@ -11,9 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/extproc"
+	"github.com/kvroute/kvroute/pkg/fleet"
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/openai"
@@ -107,9 +106,10 @@ func loadServeConfig(f *serveFlags) (*Config, error) {
 	return c, nil
 }
 
-// router is the composition root's product: every component, wired, not
-// yet running.
-type router struct {
+// wiring is what `kvroute serve` builds: every component, wired, not yet
+// running (the composition root's product; route.Router is one of its
+// parts).
+type wiring struct {
 	cfg    *Config
 	log    *slog.Logger
 	reg    *prometheus.Registry
@@ -119,24 +119,18 @@ type router struct {
 	scrape *load.Scraper
 	fid    *load.Fidelity
 	view   *load.View
-	set    *replicaSet
+	set    *fleet.Set
+	fleet  *fleet.Controller
 	tok    *tokenize.Tokenizer
 	source discovery.Source
 	ext    *extproc.Server
 	health *extproc.Health
 	admin  *admin.Server
-
-	ready    atomic.Bool
-	stopping atomic.Bool
-	applied  atomic.Bool // a first discovery snapshot was applied
-	// Owned by the snapshot loop goroutine.
-	prev []discovery.Replica
-	srcs []events.Source
 }
 
 // build wires the components. It starts nothing.
-func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error) {
-	r := &router{cfg: cfg, log: log, tr: tr, reg: telemetry.NewRegistry()}
+func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error) {
+	r := &wiring{cfg: cfg, log: log, tr: tr, reg: telemetry.NewRegistry()}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvroute_build_info", Help: "Always 1; the version label names the build.",
 	}, []string{"version"})
@@ -170,7 +164,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 		return nil, fmt.Errorf("fidelity: %w", err)
 	}
 	r.view = &load.View{Tracker: tracker, Scraper: r.scrape, Fidelity: r.fid, StaleAfter: cfg.Load.StaleAfter}
-	r.set = newReplicaSet(r.view, r.events, r.fid, cfg.Routing.BlockSize)
+	r.set = fleet.NewSet(fleet.SetConfig{Loads: r.view, Events: r.events, Fidelity: r.fid, BlockSize: cfg.Routing.BlockSize})
 
 	if r.tok, err = tokenize.New(cfg.Tokenizer, tokenize.Options{
 		Registerer: r.reg, Replicas: r.set.TokenizerURLs, Logger: log.With("component", "tokenize"),
@@ -204,6 +198,12 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 	explainer := route.New(routeOpts)
 
 	r.health = extproc.NewHealth()
+	if r.fleet, err = fleet.NewController(fleet.ControllerConfig{
+		Set: r.set, Streams: r.events, Index: r.idx, Probes: r.scrape, Readiness: r.health,
+		WarmTimeout: cfg.Readiness.WarmTimeout, Now: clock, Logger: log,
+	}); err != nil {
+		return nil, err
+	}
 	if r.ext, err = extproc.New(extproc.Config{
 		Decider:           notingDecider{d: decider, ev: r.events},
 		Tracker:           tracker,
@@ -221,7 +221,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*router, error
 	if r.admin, err = admin.New(admin.Config{
 		Explainer: explainerFunc(explainer.Explain),
 		Parse:     parseRequest,
-		Replicas:  r,
+		Replicas:  adminReplicas{fleet: r.fleet, reg: r.reg},
 		Index:     r.idx,
 		Logger:    log.With("component", "admin"),
 	}); err != nil {
@@ -247,6 +247,9 @@ func (n notingDecider) Decide(ctx context.Context, req route.Request) (route.Dec
 	}
 	return d, err
 }
+
+// clock is time.Now, named for the one place the wiring reads the clock.
+var clock = time.Now
 
 type explainerFunc func(context.Context, route.Request) (route.Decision, error)
 
@@ -320,125 +323,38 @@ func kubeConfig() (*rest.Config, error) {
 	return nil, fmt.Errorf("not in a cluster and KUBECONFIG is unset: %w", err)
 }
 
-// apply makes one discovery snapshot current: scrape targets, the
-// routable set, and index entries of removed replicas. Event sources follow
-// in syncSources.
-func (r *router) apply(snap discovery.Snapshot) {
-	rs := snap.Replicas
-	changes := discovery.Diff(r.prev, rs)
-	targets := make([]load.Target, 0, len(rs))
-	for _, rep := range rs {
-		targets = append(targets, scrapeTarget(rep))
-	}
-	r.scrape.SetTargets(targets)
-	r.set.set(rs)
-	for _, rep := range changes.Removed {
-		for rank := range max(rep.DPRanks, 1) {
-			r.idx.Cleared(events.DPReplicaID(index.ReplicaID(rep.ID), rank))
-		}
-		r.fid.Reset(rep.ID)
-	}
-	r.prev = rs
-	if !changes.Empty() || !r.applied.Load() {
-		r.log.Info("replica set", slog.String("source", snap.Source), slog.Int("replicas", len(rs)),
-			slog.Int("added", len(changes.Added)), slog.Int("removed", len(changes.Removed)),
-			slog.Int("changed", len(changes.Changed)))
-	}
-	r.applied.Store(true)
-}
-
-// syncSources subscribes to the event streams of the replicas that are in
-// the set and pass their health probes. A replica that fails them (a dead
-// or restarting engine) loses its subscription, and with it its index
-// entries: its cache is gone or unknowable. When it passes again it is
-// resubscribed and relearned from its replay buffer (credit 0 until then).
-func (r *router) syncSources() {
-	var healthy []discovery.Replica
-	for _, rep := range r.prev {
-		if rep.EventsEndpoint != "" && r.view.Load(rep.ID).Healthy {
-			healthy = append(healthy, rep)
-		}
-	}
-	srcs, errs := eventSources(healthy, r.set.blockSizeOf)
-	if slices.Equal(srcs, r.srcs) {
-		return
-	}
-	for _, err := range errs {
-		r.log.Warn("replica event source skipped", slog.Any("error", err))
-	}
-	if err := r.events.SetSources(srcs); err != nil {
-		r.log.Error("setting event sources", slog.Any("error", err))
-		return
-	}
-	// Streams that left the set lose their index entries (the events
-	// manager clears them too; this also covers a source it never ran).
-	now := make(map[index.ReplicaID]bool, len(srcs))
-	for _, s := range srcs {
-		now[s.ID] = true
-	}
-	for _, s := range r.srcs {
-		if !now[s.ID] {
-			r.idx.Cleared(s.ID)
-		}
-	}
-	r.log.Info("event streams", slog.Int("subscribed", len(srcs)))
-	r.srcs = srcs
-}
-
-// checkReady turns ready once the first replica set is applied, every
-// replica has been probed once, and every subscribed event stream has
-// warmed up; or once WarmTimeout has passed. It stays ready until shutdown.
-func (r *router) checkReady(start time.Time) {
-	if r.ready.Load() || r.stopping.Load() || !r.applied.Load() {
-		return
-	}
-	probed := true
-	for _, rep := range r.prev {
-		if s, ok := r.scrape.Get(rep.ID); !ok || s.ProbedAt.IsZero() {
-			probed = false
-			break
-		}
-	}
-	warm := probed && r.events.Warm()
-	if !warm && clock().Sub(start) < r.cfg.Readiness.WarmTimeout {
-		return
-	}
-	r.ready.Store(true)
-	r.health.SetReady(true)
-	r.log.Info("ready", slog.Bool("events_warm", warm), slog.Duration("after", clock().Sub(start)))
+// adminReplicas is the admin API's view of the replica set.
+type adminReplicas struct {
+	fleet *fleet.Controller
+	reg   *prometheus.Registry
 }
 
 // ReplicaInfos implements admin.ReplicaLister.
-func (r *router) ReplicaInfos() []admin.ReplicaInfo {
-	snap := r.set.snap.Load()
-	pred, served := r.fidelityTotals()
+func (a adminReplicas) ReplicaInfos() []admin.ReplicaInfo {
+	pred, served := a.fidelityTotals()
 	var out []admin.ReplicaInfo
-	for _, rep := range snap.all {
-		for rank := range max(rep.DPRanks, 1) {
-			id := events.DPReplicaID(index.ReplicaID(rep.ID), rank)
-			st := r.events.Status(id)
-			out = append(out, admin.ReplicaInfo{
-				ID: id, Address: rep.Address, Model: rep.Model, Engine: rep.Engine,
-				Load:                  r.set.Load(id),
-				EventsConfigured:      rep.EventsEndpoint != "",
-				Resyncing:             st.Known && st.Resyncing,
-				Warm:                  st.Known && st.CaughtUp,
-				LastSeq:               st.LastSeq,
-				Silent:                st.Silent,
-				Credit:                r.set.Trust(id),
-				PredictedCachedTokens: pred[string(id)],
-				ServedCachedTokens:    served[string(id)],
-			})
-		}
+	for _, m := range a.fleet.Members() {
+		out = append(out, admin.ReplicaInfo{
+			ID: m.ID, Address: m.Replica.Address, Model: m.Replica.Model, Engine: m.Replica.Engine,
+			Load:                  m.Load,
+			EventsConfigured:      m.Replica.EventsEndpoint != "",
+			Resyncing:             m.Stream.Known && m.Stream.Resyncing,
+			Warm:                  m.Stream.Known && m.Stream.CaughtUp,
+			LastSeq:               m.Stream.LastSeq,
+			Silent:                m.Stream.Silent,
+			Credit:                m.Trust,
+			PredictedCachedTokens: pred[string(m.ID)],
+			ServedCachedTokens:    served[string(m.ID)],
+		})
 	}
 	return out
 }
 
 // fidelityTotals reads the fidelity counters back from the registry (the
 // admin API reports them per replica).
-func (r *router) fidelityTotals() (pred, served map[string]int64) {
+func (a adminReplicas) fidelityTotals() (pred, served map[string]int64) {
 	pred, served = map[string]int64{}, map[string]int64{}
-	fams, err := r.reg.Gather()
+	fams, err := a.reg.Gather()
 	if err != nil {
 		return pred, served
 	}
@@ -468,7 +384,7 @@ func (r *router) fidelityTotals() (pred, served map[string]int64) {
 // NOT_SERVING, listeners close), drain in-flight streams for at most
 // DrainTimeout, then stop the event subscribers, scraper and discovery.
 // The caller flushes traces after serve returns.
-func (r *router) serve(ctx context.Context, lis listeners) error {
+func (r *wiring) serve(ctx context.Context, lis listeners) error {
 	g, gctx := errgroup.WithContext(ctx)
 	// Background components outlive the servers' drain: they stop after it.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(gctx))
@@ -495,8 +411,7 @@ func (r *router) serve(ctx context.Context, lis listeners) error {
 	g.Go(func() error {
 		defer stopBG()
 		<-gctx.Done()
-		r.stopping.Store(true)
-		r.ready.Store(false)
+		r.fleet.Shutdown()
 		r.health.Shutdown()
 		r.log.Info("shutting down: draining ext_proc streams", slog.Duration("drain_timeout", r.cfg.Listeners.DrainTimeout))
 		drained := make(chan struct{})
@@ -541,22 +456,7 @@ func (r *router) serve(ctx context.Context, lis listeners) error {
 		}
 		return nil
 	})
-	g.Go(func() error {
-		start := clock()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-bg.Done():
-				return nil
-			case snap := <-updates:
-				r.apply(snap)
-			case <-t.C:
-			}
-			r.syncSources()
-			r.checkReady(start)
-		}
-	})
+	g.Go(func() error { return r.fleet.Run(bg, updates) })
 	err := g.Wait()
 	r.tok.Close()
 	return err
@@ -580,14 +480,14 @@ func adminHandler(g *grpc.Server, mirror http.Handler) http.Handler {
 	})
 }
 
-func (r *router) metricsHandler() http.Handler {
+func (r *wiring) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", telemetry.MetricsHandler(r.reg))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.ready.Load() {
+		if !r.fleet.Ready() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}

@@ -24,9 +24,6 @@ import (
 
 	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
 
-	"github.com/kvroute/kvroute/pkg/discovery"
-	"github.com/kvroute/kvroute/pkg/index"
-	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
 )
@@ -72,7 +69,7 @@ func listenLocal(t *testing.T) net.Listener {
 // startServe builds the router from cfg and serves it on fresh loopback
 // listeners until the test ends; then it stops it, checks serve returned
 // cleanly, and prints the router's logs if the test failed.
-func startServe(t *testing.T, cfg *Config) (*router, listeners, *syncBuffer) {
+func startServe(t *testing.T, cfg *Config) (*wiring, listeners, *syncBuffer) {
 	t.Helper()
 	logs := new(syncBuffer)
 	r, err := build(cfg, slog.New(slog.NewTextHandler(logs, nil)), &telemetry.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}})
@@ -220,89 +217,6 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-type fakeCredit map[index.ReplicaID]float64
-
-func (f fakeCredit) Credit(id index.ReplicaID) float64 { return f[id] }
-
-func TestReplicaSet(t *testing.T) {
-	fid, err := load.NewFidelity(load.FidelityConfig{MinSamples: 1, Alpha: 1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := fakeCredit{"a": 1, "b": 1, "c": 0, "d": 1, "d#dp1": 1}
-	s := newReplicaSet(&load.View{}, ev, fid, 16)
-	rs, err := discovery.BuildReplicas("r", []discovery.ReplicaSpec{
-		{ID: "a", Address: "10.0.0.1:80", Model: "m", EventsEndpoint: "tcp://10.0.0.1:5557"},
-		{ID: "b", Address: "10.0.0.2:80", Model: "m"},
-		{ID: "c", Address: "10.0.0.3:80", Model: "m", EventsEndpoint: "tcp://10.0.0.3:5557", BlockSize: 32},
-		{ID: "d", Address: "10.0.0.4:80", Model: "m", EventsEndpoint: "tcp://10.0.0.4:5557", DPRanks: 2},
-		{ID: "e", Address: "10.0.0.5:80", Model: "m", Ready: new(bool)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.set(rs)
-	fid.Observe("d", 100, 50) // served half of what was predicted
-
-	var ids []string
-	for _, r := range s.Replicas() {
-		ids = append(ids, string(r.ID))
-	}
-	if got, want := strings.Join(ids, ","), "a,b,c,d,d#dp1"; got != want {
-		t.Errorf("routable = %s, want %s (not-ready e excluded, d expanded per rank)", got, want)
-	}
-	credits := []struct {
-		id   index.ReplicaID
-		want float64
-	}{
-		{"a", 1},     // events caught up, fidelity full
-		{"b", 0},     // no events endpoint: no cache view
-		{"c", 0},     // resyncing
-		{"d", 0.5},   // min(events 1, fidelity 0.5)
-		{"d#dp1", 1}, // rank 1 has its own fidelity
-		{"zz", 0},    // unknown
-	}
-	for _, c := range credits {
-		if got := s.Trust(c.id); math.Abs(got-c.want) > 1e-9 {
-			t.Errorf("Credit(%s) = %v, want %v", c.id, got, c.want)
-		}
-	}
-	for id, want := range map[index.ReplicaID]bool{"a": true, "b": false, "c": true, "d#dp1": true, "zz": false} {
-		if got := s.EventFed(id); got != want {
-			t.Errorf("EventFed(%s) = %v, want %v", id, got, want)
-		}
-	}
-	if s.BlockSize("c") != 32 || s.BlockSize("a") != 16 || s.BlockSize("zz") != 0 {
-		t.Errorf("block sizes: c %d a %d zz %d", s.BlockSize("c"), s.BlockSize("a"), s.BlockSize("zz"))
-	}
-	if got := s.TokenizerURLs("m"); len(got) != 4 {
-		t.Errorf("TokenizerURLs = %v, want the 4 ready replicas", got)
-	}
-	srcs, errs := eventSources(rs, s.blockSizeOf)
-	if len(errs) != 0 || len(srcs) != 4 {
-		t.Fatalf("eventSources = %v %v, want a, c, d, d#dp1", srcs, errs)
-	}
-	if srcs[3].ID != "d#dp1" || srcs[3].Endpoint != "tcp://10.0.0.4:5558" {
-		t.Errorf("rank 1 source = %+v", srcs[3])
-	}
-}
-
-func TestScrapeTarget(t *testing.T) {
-	tests := []struct {
-		metrics, want string
-	}{
-		{"http://10.0.0.1:8000/metrics", "http://10.0.0.1:8000"},
-		{"http://10.0.0.1:9100/metrics/", "http://10.0.0.1:9100"},
-		{"http://10.0.0.1:9100/custom", "http://10.0.0.1:8000"},
-	}
-	for _, tt := range tests {
-		got := scrapeTarget(discovery.Replica{ID: "x", Address: "10.0.0.1:8000", MetricsURL: tt.metrics})
-		if got.URL != tt.want || got.ID != "x" {
-			t.Errorf("scrapeTarget(%s) = %+v, want %s", tt.metrics, got, tt.want)
-		}
-	}
-}
-
 func TestRunCommands(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -430,7 +344,7 @@ readiness: {warm_timeout: 5s}
 	}()
 	ids := func() (listed, routable string) {
 		var l, rt []string
-		for _, ri := range r.ReplicaInfos() {
+		for _, ri := range (adminReplicas{fleet: r.fleet, reg: r.reg}).ReplicaInfos() {
 			l = append(l, string(ri.ID))
 		}
 		for _, rep := range r.set.Replicas() {

@@ -1,10 +1,9 @@
-package main
+package fleet
 
 import (
 	"net/url"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/events"
@@ -13,59 +12,83 @@ import (
 	"github.com/kvroute/kvroute/pkg/route"
 )
 
+// Loads is the load view the Set reads (load.View).
+type Loads interface {
+	Load(replica string) load.Load
+}
+
+// Creditor is the events manager's credit for a stream's index view
+// (events.Manager).
+type Creditor interface {
+	Credit(id index.ReplicaID) float64
+}
+
+// Fidelity is the served-vs-predicted cache credit per stream, and its
+// reset when a replica leaves (load.Fidelity).
+type Fidelity interface {
+	Credit(replica string) float64
+	Reset(replica string)
+}
+
+// SetConfig wires a Set.
+type SetConfig struct {
+	// Loads gives each replica's load and health. Required.
+	Loads Loads
+	// Events gives each stream's credit. Required.
+	Events Creditor
+	// Fidelity, if set, caps the credit by served-vs-predicted hits.
+	Fidelity Fidelity
+	// BlockSize is the default KV block size for replicas that do not set
+	// theirs.
+	BlockSize int
+}
+
 // member is one routable stream: a replica, or one data-parallel rank of it.
 type member struct {
 	replica discovery.Replica
 	rank    int
 }
 
-// setSnapshot is one immutable replica set, swapped whole.
-type setSnapshot struct {
+// snapshot is one immutable replica set, swapped whole.
+type snapshot struct {
 	all      []discovery.Replica // every known replica, ready or not, sorted by ID
 	routable []route.Replica     // ready replicas, one entry per DP rank
 	byID     map[index.ReplicaID]member
 }
 
-// creditor is the events manager's credit, as the replica set reads it.
-type creditor interface {
-	Credit(id index.ReplicaID) float64
-}
-
-// replicaSet implements route.State over discovery snapshots, the load view,
-// the event streams' credit and cache fidelity. Readers never block: the set
-// is an atomic pointer swapped whole by the snapshot loop.
+// Set implements route.State over discovery snapshots, the load view, the
+// event streams' credit and cache fidelity. Readers never block: the set is
+// an atomic pointer swapped whole by the Controller.
 //
 // Membership: a replica that is not Ready is not in the routable set (its
 // event stream and index entries are kept). An unhealthy replica stays in
 // the set with Load.Healthy false, so decisions (and explain) show it as
 // ineligible.
 //
-// Credit is min(events credit, fidelity credit). A replica without an
-// events endpoint has no engine cache view at all: credit 0 for the event-fed
-// index; the router matches it against its dispatch-learned index instead
-// (EventFed), with that index's own credit.
-type replicaSet struct {
-	snap      atomic.Pointer[setSnapshot]
-	view      *load.View
-	events    creditor
-	fidelity  *load.Fidelity
-	blockSize int // default for replicas that do not set theirs
+// Trust is min(events credit, fidelity credit). A replica without an
+// events endpoint has no engine cache view at all: credit 0 for the
+// event-fed index; the router matches it against its dispatch-learned index
+// instead (EventFed), with that index's own credit.
+type Set struct {
+	snap atomic.Pointer[snapshot]
+	cfg  SetConfig
 }
 
 var (
-	_ route.State      = (*replicaSet)(nil)
-	_ route.EventFeeds = (*replicaSet)(nil)
+	_ route.State      = (*Set)(nil)
+	_ route.EventFeeds = (*Set)(nil)
 )
 
-func newReplicaSet(view *load.View, ev creditor, fid *load.Fidelity, blockSize int) *replicaSet {
-	s := &replicaSet{view: view, events: ev, fidelity: fid, blockSize: blockSize}
-	s.snap.Store(&setSnapshot{byID: map[index.ReplicaID]member{}})
+// NewSet returns an empty set.
+func NewSet(cfg SetConfig) *Set {
+	s := &Set{cfg: cfg}
+	s.snap.Store(&snapshot{byID: map[index.ReplicaID]member{}})
 	return s
 }
 
 // set publishes a new replica set (sorted by ID, as snapshots are).
-func (s *replicaSet) set(rs []discovery.Replica) {
-	n := &setSnapshot{
+func (s *Set) set(rs []discovery.Replica) {
+	n := &snapshot{
 		all:  rs,
 		byID: make(map[index.ReplicaID]member, len(rs)),
 	}
@@ -84,35 +107,39 @@ func (s *replicaSet) set(rs []discovery.Replica) {
 	s.snap.Store(n)
 }
 
-func (s *replicaSet) blockSizeOf(r discovery.Replica) int {
+func (s *Set) blockSizeOf(r discovery.Replica) int {
 	if r.BlockSize > 0 {
 		return r.BlockSize
 	}
-	return s.blockSize
+	return s.cfg.BlockSize
 }
 
-// Replicas implements route.State.
-func (s *replicaSet) Replicas() []route.Replica { return s.snap.Load().routable }
+// Replicas implements route.State: the ready replicas, one entry per
+// data-parallel rank.
+func (s *Set) Replicas() []route.Replica { return s.snap.Load().routable }
+
+// All returns every known replica, ready or not, sorted by ID.
+func (s *Set) All() []discovery.Replica { return s.snap.Load().all }
 
 // Load implements route.State. Ranks above 0 share their replica's health
 // (the engine is probed once, on its HTTP address).
-func (s *replicaSet) Load(id index.ReplicaID) load.Load {
-	l := s.view.Load(string(id))
+func (s *Set) Load(id index.ReplicaID) load.Load {
+	l := s.cfg.Loads.Load(string(id))
 	if base, rank := events.SplitDPReplicaID(id); rank > 0 {
-		l.Healthy = s.view.Load(string(base)).Healthy
+		l.Healthy = s.cfg.Loads.Load(string(base)).Healthy
 	}
 	return l
 }
 
 // Trust implements route.State.
-func (s *replicaSet) Trust(id index.ReplicaID) float64 {
+func (s *Set) Trust(id index.ReplicaID) float64 {
 	m, ok := s.snap.Load().byID[id]
 	if !ok || m.replica.EventsEndpoint == "" {
 		return 0
 	}
-	c := s.events.Credit(id)
-	if s.fidelity != nil {
-		c = min(c, s.fidelity.Credit(string(id)))
+	c := s.cfg.Events.Credit(id)
+	if s.cfg.Fidelity != nil {
+		c = min(c, s.cfg.Fidelity.Credit(string(id)))
 	}
 	return c
 }
@@ -120,13 +147,13 @@ func (s *replicaSet) Trust(id index.ReplicaID) float64 {
 // EventFed implements route.EventFeeds: whether the stream's replica has an
 // events endpoint. Replicas without one are matched against the router's
 // dispatch-learned index instead (route.Options.Approx).
-func (s *replicaSet) EventFed(id index.ReplicaID) bool {
+func (s *Set) EventFed(id index.ReplicaID) bool {
 	m, ok := s.snap.Load().byID[id]
 	return ok && m.replica.EventsEndpoint != ""
 }
 
 // BlockSize returns a stream's block size (0 when unknown).
-func (s *replicaSet) BlockSize(id index.ReplicaID) int {
+func (s *Set) BlockSize(id index.ReplicaID) int {
 	m, ok := s.snap.Load().byID[id]
 	if !ok {
 		return 0
@@ -136,7 +163,7 @@ func (s *replicaSet) BlockSize(id index.ReplicaID) int {
 
 // TokenizerURLs returns the base URLs of ready, healthy replicas serving
 // model, for the remote tokenizer; when none is healthy, every ready one.
-func (s *replicaSet) TokenizerURLs(model string) []string {
+func (s *Set) TokenizerURLs(model string) []string {
 	snap := s.snap.Load()
 	var healthy, all []string
 	for _, r := range snap.all {
@@ -145,7 +172,7 @@ func (s *replicaSet) TokenizerURLs(model string) []string {
 		}
 		u := "http://" + r.Address
 		all = append(all, u)
-		if s.view.Load(r.ID).Healthy {
+		if s.cfg.Loads.Load(r.ID).Healthy {
 			healthy = append(healthy, u)
 		}
 	}
@@ -191,6 +218,3 @@ func eventSources(rs []discovery.Replica, blockSize func(discovery.Replica) int)
 	}
 	return out, errs
 }
-
-// clock is time.Now, named for the one place the wiring reads the clock.
-var clock = time.Now
