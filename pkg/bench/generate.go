@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -15,10 +17,15 @@ const (
 	GenRL      = "rl"
 	GenHerding = "herding"
 	GenFanout  = "fanout"
+	GenAgents  = "agents"
+	GenGRPO    = "grpo"
+	GenMixed   = "mixed"
 )
 
 // Generators lists the synthetic workloads Generate builds.
-func Generators() []string { return []string{GenChat, GenAgentic, GenRL, GenHerding, GenFanout} }
+func Generators() []string {
+	return []string{GenChat, GenAgentic, GenRL, GenHerding, GenFanout, GenAgents, GenGRPO, GenMixed}
+}
 
 // GenOptions parameterise a generator. The zero value is each generator's
 // documented default shape.
@@ -58,6 +65,32 @@ var ErrGenerator = fmt.Errorf("generator")
 //     generating 64–320 tokens.
 //   - fanout: 150 groups at 2/s of 8 siblings sent at once with the same
 //     unique 1–6K-token prompt (n samples), each generating 128–512 tokens.
+//   - agents: coding-agent sessions. Sessions start in bursts (a Poisson
+//     process of bursts at 1 per 20 s, each starting 1–6 sessions within
+//     2 s of each other), 80 sessions in all. Each session uses one of 3
+//     agent harnesses (a shared tool/system prompt of 3–6K tokens) plus a
+//     200–2,000-token task, then runs 10–60 turns: every turn generates
+//     50–800 tokens (log-uniform) and the next appends a tool output of
+//     200–8,000 tokens (log-uniform), after a tool/think time drawn from a
+//     bounded Pareto distribution on [1 s, 30 s] (shape 1.2: median about
+//     1.8 s, one in ten above 6 s). A session ends early when its next
+//     prompt would pass 128K tokens (agents compact or hand off there).
+//   - grpo: GRPO-style RL rollouts. 8 training batches (at least 2 at any
+//     size), one every 30 s; each releases 4 tasks at once, each task a
+//     group of 8–16 samples sharing a 1K-token environment prompt (common
+//     to all tasks) and a 500–3,000-token task prompt. A sample is a
+//     trajectory of 3–12 steps that resends its whole history: each step
+//     generates 200–2,000 tokens and the next appends a tool result of
+//     100–1,500 tokens when the tool returns, after a delay drawn from a
+//     bounded Pareto distribution on [0.2 s, 60 s] (shape 1.1: median
+//     0.38 s, 83 % within a second, a few stragglers take tens of seconds).
+//     Meant to be pushed past saturation (-util 1.1).
+//   - mixed: the agents shape (20 sessions, bursts every 60 s), short
+//     chats (300 sessions of 1–4 turns over 4 shared 500–1,500-token system
+//     prompts, 30–500-token messages, 50–400-token answers, 2–20 s think)
+//     and one-shot documents (60 single requests of a unique
+//     20–100K-token document, 100–500 output tokens), chats and documents
+//     starting as Poisson processes over the span of the agents' starts.
 func Generate(name string, opt GenOptions) (*Workload, error) {
 	rs, ss := opt.RateScale, opt.SizeScale
 	if rs == 0 {
@@ -86,6 +119,12 @@ func Generate(name string, opt GenOptions) (*Workload, error) {
 		g.herding(w)
 	case GenFanout:
 		g.fanout(w)
+	case GenAgents:
+		g.agents(w, g.n(80), 20)
+	case GenGRPO:
+		g.grpo(w)
+	case GenMixed:
+		g.mixed(w)
 	default:
 		return nil, fmt.Errorf("%w: %q: unknown (want one of %v)", ErrGenerator, name, Generators())
 	}
@@ -220,4 +259,143 @@ func (g *gen) fanout(w *Workload) {
 			w.Sessions = append(w.Sessions, s)
 		}
 	}
+}
+
+// logUniform draws an integer in [lo, hi] whose logarithm is uniform.
+func (g *gen) logUniform(lo, hi int) int {
+	x := math.Exp(math.Log(float64(lo)) + g.rng.Float64()*(math.Log(float64(hi+1))-math.Log(float64(lo))))
+	return min(hi, max(lo, int(x)))
+}
+
+// pareto draws seconds from a Pareto distribution of shape alpha bounded
+// to [lo, hi] (inverse CDF).
+func (g *gen) pareto(lo, hi, alpha float64) time.Duration {
+	u := g.rng.Float64()
+	x := lo / math.Pow(1-u*(1-math.Pow(lo/hi, alpha)), 1/alpha)
+	return time.Duration(min(hi, x) * float64(time.Second))
+}
+
+// agentPromptCap ends an agent session before a prompt passes it.
+const agentPromptCap = 128 << 10
+
+// agentSessions appends n coding-agent sessions whose bursts start as a
+// Poisson process with mean gap burstGap seconds, starting at 0.
+func (g *gen) agentSessions(w *Workload, prefix string, n int, burstGap float64) {
+	harness := make([]Segment, 3)
+	for i := range harness {
+		harness[i] = g.seg(g.uniform(3072, 6144))
+	}
+	t := time.Duration(0)
+	for i := 0; i < n; {
+		t = g.poisson(t, 1/burstGap)
+		for range g.uniform(1, 6) {
+			if i >= n {
+				break
+			}
+			s := Session{Start: t + g.secs(0, 2)}
+			s.identify(key(prefix, i))
+			i++
+			h := harness[g.rng.IntN(len(harness))]
+			turns := g.uniform(10, 60)
+			first := Turn{Append: []Segment{h, g.seg(g.uniform(200, 2000))}, Output: g.logUniform(50, 800)}
+			s.Turns = append(s.Turns, first)
+			size := h.Len + first.Append[1].Len + first.Output
+			for k := 1; k < turns; k++ {
+				tu := Turn{
+					Append: []Segment{g.seg(g.logUniform(200, 8000))},
+					Output: g.logUniform(50, 800),
+					Gap:    g.pareto(1, 30, 1.2),
+				}
+				size += tu.Append[0].Len
+				if size > agentPromptCap {
+					break
+				}
+				size += tu.Output
+				s.Turns = append(s.Turns, tu)
+			}
+			w.Sessions = append(w.Sessions, s)
+		}
+	}
+}
+
+func (g *gen) agents(w *Workload, n int, burstGap float64) {
+	g.agentSessions(w, "agents-", n, burstGap)
+	sortSessions(w)
+}
+
+func (g *gen) grpo(w *Workload) {
+	env := g.seg(1024)
+	every := 30 * time.Second
+	id := 0
+	for b := range max(2, g.n(8)) {
+		at := time.Duration(b) * every
+		for range 4 {
+			task := g.seg(g.uniform(500, 3000))
+			for range g.uniform(8, 16) {
+				s := Session{Start: at}
+				s.identify(key("grpo-", id))
+				id++
+				steps := g.uniform(3, 12)
+				for k := range steps {
+					tu := Turn{Output: g.uniform(200, 2000)}
+					if k == 0 {
+						tu.Append = []Segment{env, task}
+					} else {
+						tu.Append = []Segment{g.seg(g.uniform(100, 1500))}
+						tu.Gap = g.pareto(0.2, 60, 1.1)
+					}
+					s.Turns = append(s.Turns, tu)
+				}
+				w.Sessions = append(w.Sessions, s)
+			}
+		}
+	}
+}
+
+func (g *gen) mixed(w *Workload) {
+	// The agents' bursts come every 60 s on average; chats and documents
+	// start over the span of the agents' starts.
+	nAgents := g.n(20)
+	g.agentSessions(w, "mixed-agent-", nAgents, 60)
+	span := 0.0
+	for _, s := range w.Sessions {
+		span = max(span, s.Start.Seconds())
+	}
+	span = max(span, 1)
+	sys := make([]Segment, 4)
+	for i := range sys {
+		sys[i] = g.seg(g.uniform(500, 1500))
+	}
+	nChats := g.n(300)
+	t := time.Duration(0)
+	for i := range nChats {
+		t = g.poisson(t, float64(nChats)/span)
+		s := Session{Start: t}
+		s.identify(key("mixed-chat-", i))
+		for k := range g.uniform(1, 4) {
+			tu := Turn{Append: []Segment{g.seg(g.uniform(30, 500))}, Output: g.uniform(50, 400)}
+			if k == 0 {
+				tu.Append = append([]Segment{sys[g.rng.IntN(len(sys))]}, tu.Append...)
+			} else {
+				tu.Gap = g.secs(2, 20)
+			}
+			s.Turns = append(s.Turns, tu)
+		}
+		w.Sessions = append(w.Sessions, s)
+	}
+	nDocs := g.n(60)
+	t = 0
+	for i := range nDocs {
+		t = g.poisson(t, float64(nDocs)/span)
+		s := Session{Start: t, Turns: []Turn{{Append: []Segment{g.seg(g.uniform(20000, 100000))}, Output: g.uniform(100, 500)}}}
+		s.identify(key("mixed-doc-", i))
+		w.Sessions = append(w.Sessions, s)
+	}
+	sortSessions(w)
+}
+
+// sortSessions orders sessions by start time (stable: equal starts keep
+// their order).
+func sortSessions(w *Workload) {
+	slices.SortStableFunc(w.Sessions, func(a, b Session) int { return cmp.Compare(a.Start, b.Start) })
 }
