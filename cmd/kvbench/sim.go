@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -140,15 +141,33 @@ type WorkloadTable struct {
 // gridFlags are the flags of sim and matrix that pick seeds, rates and
 // parallelism.
 type gridFlags struct {
-	seeds    string
-	utils    string
-	parallel int
+	seeds      string
+	utils      string
+	parallel   int
+	cpuProfile string
 }
 
 func (g *gridFlags) register(fs *flag.FlagSet, defaultUtils string) {
 	fs.StringVar(&g.seeds, "seeds", "", "seeds, e.g. 1-5 or 1,3,7: every case runs once per seed (generator, tie-breaks, event loss) and tables show medians and min-max (default: -seed)")
 	fs.StringVar(&g.utils, "util", defaultUtils, "offered prefill utilizations, comma-separated (e.g. 0.5,0.8,0.95,1.1): each sets the arrival rate so that prompt tokens per second over replicas x prefill tokens/s equals it (overrides -rate)")
 	fs.IntVar(&g.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS); results do not depend on it")
+	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
+}
+
+// profile starts the CPU profile when asked; the returned stop is never nil.
+func (g *gridFlags) profile() (stop func(), err error) {
+	if g.cpuProfile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(g.cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // parse returns the seeds (the -seed value when -seeds is empty) and the
@@ -232,7 +251,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !*quiet {
 		progress = g.progress(stderr)
 	}
+	stop, err := gf.profile()
+	if err != nil {
+		return err
+	}
 	results, err := bench.RunCases(ctx, g.cases, gf.parallel, progress)
+	stop()
 	if err != nil {
 		return err
 	}
