@@ -53,6 +53,9 @@ type Config struct {
 	// Default, when set, serves models not listed in Models (a remote or
 	// approximate tokenizer; a local one needs per-model files).
 	Default *ModelConfig `yaml:"default"`
+	// SelfCheck compares a sample of local tokenizations with the engine's
+	// /tokenize and demotes a local tokenizer that disagrees.
+	SelfCheck SelfCheckConfig `yaml:"self_check"`
 }
 
 // ModelConfig is one model's tokenizer.
@@ -158,6 +161,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("tokenize: model %q: %w", name, err)
 		}
 	}
+	if err := c.SelfCheck.WithDefaults().Validate(); err != nil {
+		return prefixErrors("tokenize: self_check.", err)
+	}
 	if c.Default != nil {
 		if c.Default.Kind == KindLocal {
 			return errors.New("tokenize: default: a local tokenizer must be configured per model")
@@ -167,4 +173,17 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// prefixErrors prefixes each error joined in err.
+func prefixErrors(prefix string, err error) error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return fmt.Errorf("%s%w", prefix, err)
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, fmt.Errorf("%s%w", prefix, e))
+	}
+	return errors.Join(out...)
 }

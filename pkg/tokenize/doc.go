@@ -78,8 +78,21 @@
 // schemas and arguments full of whole floats, exponents and huge integers.
 // Multimodal content parts are refused (ErrUnsupported).
 //
-// Concurrency: everything is safe for concurrent use. The package starts no
-// goroutines; the remote tokenizer's HTTP client owns its idle connections,
-// released by Tokenizer.Close. Caches are bounded (remote LRU entries, chunk
-// cache bytes, word cache entries).
+// Self-check (selfcheck.go): with Options.Replicas set, a sample of local
+// tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off
+// the request path with the engine's own POST /tokenize (chat requests
+// through the engine's chat rendering), by a bounded pool of workers fed
+// through a bounded queue (a full queue drops the sample; the request never
+// waits). The first mismatch demotes that model's local tokenizer: its
+// requests go to the remote tokenizer from then on, the mismatch is counted
+// (kvroute_tokenizer_self_checks_total{model,result},
+// kvroute_tokenizer_local_exact{model} drops to 0), logged once with the
+// first differing token position, and shown by Tokenizer.SelfCheckStates and
+// Tokenizer.Explain. Engine errors are counted, never demote.
+//
+// Concurrency: everything is safe for concurrent use. The only goroutines
+// are the self-check workers, started by New and stopped and joined by
+// Tokenizer.Close; the remote tokenizer's HTTP client owns its idle
+// connections, also released by Close. Caches are bounded (remote LRU
+// entries, chunk cache bytes, word cache entries).
 package tokenize

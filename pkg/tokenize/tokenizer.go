@@ -45,6 +45,8 @@ type Tokenizer struct {
 
 	defaults *modelCache
 	encoders map[string]*Encoder // by tokenizer.json path
+
+	checker *selfChecker // nil when no local model is self-checked
 }
 
 var _ route.Tokenizer = (*Tokenizer)(nil)
@@ -54,12 +56,15 @@ type modelTokenizer struct {
 	name   string
 	cfg    ModelConfig
 	local  *Local
-	remote *remote
+	remote *remote // a remote model's tokenizer; for a local one, its stand-in once demoted
 	approx *approximate
+	check  *checkState // self-check of a local model; nil when unchecked
 }
 
 // New builds the tokenizers cfg describes, loading local tokenizer files
 // now (a missing or unsupported file is an error here, not at request time).
+// With Options.Replicas set and the self-check enabled, it starts the
+// self-check workers, which Close stops and waits for.
 func New(cfg Config, opts Options) (*Tokenizer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -97,7 +102,32 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 		t.def, t.defOpts = &d, opts
 		t.defaults = &modelCache{m: map[string]*modelTokenizer{}}
 	}
+	sc := cfg.SelfCheck.WithDefaults()
+	if !sc.Disabled && opts.Replicas != nil {
+		for _, m := range t.models {
+			if m.cfg.Kind != KindLocal {
+				continue
+			}
+			engineCfg := m.cfg
+			engineCfg.Timeout = sc.Timeout
+			m.check = &checkState{engine: t.newRemote(m.name, engineCfg, opts, false)}
+			m.remote = t.newRemote(m.name, m.cfg, opts, true)
+			t.metrics.localExact.WithLabelValues(m.name).Set(1)
+		}
+		if t.hasChecks() {
+			t.checker = newSelfChecker(t, sc)
+		}
+	}
 	return t, nil
+}
+
+func (t *Tokenizer) hasChecks() bool {
+	for _, m := range t.models {
+		if m.check != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func newHTTPClient() *http.Client {
@@ -137,23 +167,29 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 		if opts.Replicas == nil {
 			return nil, errors.New("remote tokenizer needs Options.Replicas")
 		}
-		r := &remote{
-			model: name, cfg: mc, client: t.client, replicas: opts.Replicas, now: t.now,
-			hits: t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
-			breakers: &breakers{
-				failures: mc.BreakerFailures, openFor: mc.BreakerOpenFor, now: t.now, m: map[string]*breaker{},
-				onChange: func(base string, s breakerState) {
-					t.log.Warn("tokenize: remote breaker state", "model", name, "replica", base, "state", s.String())
-					t.metrics.breaker.WithLabelValues(name, s.String()).Inc()
-				},
-			},
-		}
-		if mc.CacheSize > 0 {
-			r.cache = newLRU(mc.CacheSize)
-		}
-		m.remote = r
+		m.remote = t.newRemote(name, mc, opts, true)
 	}
 	return m, nil
+}
+
+// newRemote builds a client of the replicas' /tokenize for model, with its
+// own breakers, and an LRU cache when cached is set and configured.
+func (t *Tokenizer) newRemote(name string, mc ModelConfig, opts Options, cached bool) *remote {
+	r := &remote{
+		model: name, cfg: mc, client: t.client, replicas: opts.Replicas, now: t.now,
+		hits: t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
+		breakers: &breakers{
+			failures: mc.BreakerFailures, openFor: mc.BreakerOpenFor, now: t.now, m: map[string]*breaker{},
+			onChange: func(base string, s breakerState) {
+				t.log.Warn("tokenize: remote breaker state", "model", name, "replica", base, "state", s.String())
+				t.metrics.breaker.WithLabelValues(name, s.String()).Inc()
+			},
+		},
+	}
+	if cached && mc.CacheSize > 0 {
+		r.cache = newLRU(mc.CacheSize)
+	}
+	return r
 }
 
 // modelCache holds the tokenizers built from Config.Default, one per model
@@ -203,9 +239,19 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	}
 	start := time.Now()
 	var toks route.Tokens
-	switch m.cfg.Kind {
+	kind := m.cfg.Kind
+	switch kind {
 	case KindLocal:
+		if m.check != nil && m.check.demoted.Load() {
+			// The engine disagreed with this local tokenizer: ask it.
+			kind = KindRemote
+			toks, err = m.remote.tokenize(ctx, in)
+			break
+		}
 		toks, err = m.local.Tokenize(in)
+		if err == nil && t.checker != nil {
+			t.checker.maybeSubmit(m, in, toks.IDs)
+		}
 	case KindRemote:
 		toks, err = m.remote.tokenize(ctx, in)
 	case KindPassthrough:
@@ -213,13 +259,13 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	case KindApproximate:
 		toks, err = m.approx.tokenize(in)
 	}
-	t.metrics.seconds.WithLabelValues(string(m.cfg.Kind)).Observe(time.Since(start).Seconds())
+	t.metrics.seconds.WithLabelValues(string(kind)).Observe(time.Since(start).Seconds())
 	if err == nil {
-		t.metrics.requests.WithLabelValues(string(m.cfg.Kind), "ok").Inc()
+		t.metrics.requests.WithLabelValues(string(kind), "ok").Inc()
 		return toks, nil
 	}
 	reason := errReason(err)
-	t.metrics.requests.WithLabelValues(string(m.cfg.Kind), reason).Inc()
+	t.metrics.requests.WithLabelValues(string(kind), reason).Inc()
 	// A caller that gave up wants nothing; an approximate answer for an
 	// approximate model's own failure would be the same failure.
 	if m.cfg.Fallback != FallbackApproximate || m.cfg.Kind == KindApproximate || errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -229,7 +275,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	if aerr != nil {
 		return route.Tokens{}, errors.Join(err, aerr)
 	}
-	t.metrics.fallbacks.WithLabelValues(model, string(m.cfg.Kind), reason).Inc()
+	t.metrics.fallbacks.WithLabelValues(model, string(kind), reason).Inc()
 	return toks, nil
 }
 
@@ -258,8 +304,13 @@ func errReason(err error) string {
 	return "error"
 }
 
-// Close releases idle connections of the Tokenizer's own HTTP client.
+// Close stops the self-check workers (waiting for them) and releases idle
+// connections of the Tokenizer's own HTTP client. Tokenize may still be
+// called afterwards (nothing more is sampled).
 func (t *Tokenizer) Close() {
+	if t.checker != nil {
+		t.checker.stop()
+	}
 	if t.ownHTTP {
 		t.client.CloseIdleConnections()
 	}
@@ -271,6 +322,9 @@ type metrics struct {
 	cacheHits *prometheus.CounterVec
 	breaker   *prometheus.CounterVec
 	seconds   *prometheus.HistogramVec
+
+	selfChecks *prometheus.CounterVec
+	localExact *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -296,9 +350,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Tokenization latency by tokenizer kind.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
 		}, []string{"kind"}),
+		selfChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_self_checks_total",
+			Help: "Sampled local tokenizations compared with the engine's /tokenize, by model and result (match, mismatch, error, dropped).",
+		}, []string{"model", "result"}),
+		localExact: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_tokenizer_local_exact",
+			Help: "1 while a self-checked local tokenizer agrees with the engine, 0 once a mismatch demoted it to the remote tokenizer.",
+		}, []string{"model"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.fallbacks, m.cacheHits, m.breaker, m.seconds} {
+		for _, c := range []prometheus.Collector{m.requests, m.fallbacks, m.cacheHits, m.breaker, m.seconds, m.selfChecks, m.localExact} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenize: register metrics: %w", err)
 			}

@@ -1,0 +1,307 @@
+package tokenize
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// Self-check: a local tokenizer claims exactness, and a wrong one (a
+// tokenizer file that is not the engine's, a template the engine renders
+// differently) would silently zero the hit rate. So a sample of local
+// tokenizations is compared, off the request path, with the engine's own
+// POST /tokenize (chat requests through the engine's chat rendering). The
+// first mismatch demotes that model's local tokenizer: its requests go to
+// the remote tokenizer from then on (with the model's usual fallback when
+// that fails), the mismatch is counted, logged once with the first
+// differing position, and shown by Tokenizer.SelfCheckStates and Explain.
+
+// Self-check defaults.
+const (
+	DefaultSelfCheckSampleRate = 0.01
+	DefaultSelfCheckWorkers    = 1
+	DefaultSelfCheckQueue      = 64
+	DefaultSelfCheckTimeout    = 2 * time.Second
+)
+
+// SelfCheckConfig configures the comparison of local tokens with the
+// engine's. It applies to every local model when Options.Replicas is set.
+type SelfCheckConfig struct {
+	// Disabled turns the self-check off (local tokenizers are then
+	// trusted unchecked and never demoted).
+	Disabled bool `yaml:"disabled"`
+	// SampleRate is the fraction of local tokenizations compared, in
+	// (0, 1] (default 0.01).
+	SampleRate float64 `yaml:"sample_rate"`
+	// Workers compare concurrently (default 1); Queue bounds the pending
+	// comparisons (default 64): a sample finding it full is dropped, never
+	// waited for.
+	Workers int `yaml:"workers"`
+	Queue   int `yaml:"queue"`
+	// Timeout bounds one engine /tokenize call (default 2s).
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// WithDefaults fills zero fields.
+func (c SelfCheckConfig) WithDefaults() SelfCheckConfig {
+	if c.SampleRate == 0 {
+		c.SampleRate = DefaultSelfCheckSampleRate
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultSelfCheckWorkers
+	}
+	if c.Queue == 0 {
+		c.Queue = DefaultSelfCheckQueue
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultSelfCheckTimeout
+	}
+	return c
+}
+
+// Validate reports every problem, each prefixed with its field.
+func (c SelfCheckConfig) Validate() error {
+	var errs []error
+	if c.SampleRate < 0 || c.SampleRate > 1 {
+		errs = append(errs, fmt.Errorf("sample_rate: must be in (0, 1], got %v", c.SampleRate))
+	}
+	if c.Workers < 0 || c.Workers > 64 {
+		errs = append(errs, fmt.Errorf("workers: must be in [1, 64], got %d", c.Workers))
+	}
+	if c.Queue < 0 {
+		errs = append(errs, fmt.Errorf("queue: must be positive, got %d", c.Queue))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout: must be positive, got %v", c.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// checkJob is one sampled local tokenization to compare.
+type checkJob struct {
+	m   *modelTokenizer
+	in  route.TokenizeInput
+	ids []uint32
+}
+
+// selfChecker owns the comparison workers: started by New, stopped and
+// joined by Tokenizer.Close.
+type selfChecker struct {
+	cfg    SelfCheckConfig
+	jobs   chan checkJob
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	t      *Tokenizer
+}
+
+func newSelfChecker(t *Tokenizer, cfg SelfCheckConfig) *selfChecker {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &selfChecker{cfg: cfg, jobs: make(chan checkJob, cfg.Queue), ctx: ctx, cancel: cancel, t: t}
+	for range cfg.Workers {
+		c.wg.Add(1)
+		go c.work()
+	}
+	return c
+}
+
+func (c *selfChecker) work() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case j := <-c.jobs:
+			c.check(j)
+		}
+	}
+}
+
+// stop cancels in-flight checks and waits for the workers.
+func (c *selfChecker) stop() {
+	c.once.Do(func() {
+		c.cancel()
+		c.wg.Wait()
+	})
+}
+
+// maybeSubmit samples a successful local tokenization. It never blocks:
+// a full queue drops the sample (counted).
+func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids []uint32) {
+	if m.check == nil || m.check.demoted.Load() || rand.Float64() >= c.cfg.SampleRate {
+		return
+	}
+	if c.ctx.Err() != nil {
+		return
+	}
+	// The request's buffers belong to the caller: copy what the check reads.
+	in.Messages = bytes.Clone(in.Messages)
+	in.Tools = bytes.Clone(in.Tools)
+	in.ChatTemplateKwargs = bytes.Clone(in.ChatTemplateKwargs)
+	j := checkJob{m: m, in: in, ids: slices.Clone(ids)}
+	select {
+	case c.jobs <- j:
+	default:
+		c.t.metrics.selfChecks.WithLabelValues(m.name, "dropped").Inc()
+		m.check.dropped.Add(1)
+	}
+}
+
+func (c *selfChecker) check(j checkJob) {
+	st := j.m.check
+	toks, err := st.engine.tokenize(c.ctx, j.in)
+	if err != nil {
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.t.metrics.selfChecks.WithLabelValues(j.m.name, "error").Inc()
+		st.errors.Add(1)
+		return
+	}
+	st.checks.Add(1)
+	pos := firstDiff(j.ids, toks.IDs)
+	if pos < 0 {
+		c.t.metrics.selfChecks.WithLabelValues(j.m.name, "match").Inc()
+		return
+	}
+	c.t.metrics.selfChecks.WithLabelValues(j.m.name, "mismatch").Inc()
+	st.mismatches.Add(1)
+	c.t.demote(j.m, pos, j.ids, toks.IDs, j.in.Chat)
+}
+
+// firstDiff returns the first index where a and b differ (the shorter
+// length when one is a prefix of the other), or -1 when they are equal.
+func firstDiff(a, b []uint32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return n
+	}
+	return -1
+}
+
+// checkState is one local model's self-check record.
+type checkState struct {
+	engine *remote // the engine's /tokenize, uncached, Timeout of the check
+
+	demoted    atomic.Bool
+	checks     atomic.Uint64
+	mismatches atomic.Uint64
+	errors     atomic.Uint64
+	dropped    atomic.Uint64
+
+	mu        sync.Mutex
+	demotedAt time.Time
+	reason    string
+	firstDiff int
+}
+
+// demote marks m's local tokenizer inexact; the first call logs.
+func (t *Tokenizer) demote(m *modelTokenizer, pos int, local, engine []uint32, chat bool) {
+	st := m.check
+	st.mu.Lock()
+	first := !st.demoted.Load()
+	if first {
+		st.demotedAt = t.now()
+		st.firstDiff = pos
+		mode := "completion"
+		if chat {
+			mode = "chat"
+		}
+		st.reason = fmt.Sprintf("a sampled %s request tokenized locally to %d ids, the engine's /tokenize to %d; first difference at token %d (local %v, engine %v)",
+			mode, len(local), len(engine), pos, window(local, pos), window(engine, pos))
+		st.demoted.Store(true)
+	}
+	reason := st.reason
+	st.mu.Unlock()
+	if first {
+		t.metrics.localExact.WithLabelValues(m.name).Set(0)
+		t.log.Warn("tokenize: local tokenizer disagrees with the engine; serving this model with the remote tokenizer from now on",
+			"model", m.name, "first_diff", pos, "detail", reason)
+	}
+}
+
+// window returns up to 4 ids on each side of pos.
+func window(ids []uint32, pos int) []uint32 {
+	return ids[max(0, pos-4):min(len(ids), pos+4)]
+}
+
+// SelfCheckState is one local model's self-check status.
+type SelfCheckState struct {
+	Model string
+	// Serving is "local", or "remote" once the local tokenizer was demoted.
+	Serving    string
+	Demoted    bool
+	DemotedAt  time.Time
+	FirstDiff  int    // first differing token position of the demoting check
+	Reason     string // what the demoting check saw
+	Checks     uint64 // comparisons completed
+	Mismatches uint64
+	Errors     uint64 // engine /tokenize failures (not counted as checks)
+	Dropped    uint64 // samples dropped because the queue was full
+}
+
+// SelfCheckStates returns the self-check status of every checked local
+// model, sorted by name (for /debug pages).
+func (t *Tokenizer) SelfCheckStates() []SelfCheckState {
+	var out []SelfCheckState
+	for _, m := range t.models {
+		if m.check != nil {
+			out = append(out, m.selfCheckState())
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	return out
+}
+
+func (m *modelTokenizer) selfCheckState() SelfCheckState {
+	st := m.check
+	s := SelfCheckState{
+		Model: m.name, Serving: string(KindLocal),
+		Checks: st.checks.Load(), Mismatches: st.mismatches.Load(), Errors: st.errors.Load(), Dropped: st.dropped.Load(),
+	}
+	if st.demoted.Load() {
+		st.mu.Lock()
+		s.Serving, s.Demoted, s.DemotedAt, s.FirstDiff, s.Reason = string(KindRemote), true, st.demotedAt, st.firstDiff, st.reason
+		st.mu.Unlock()
+	}
+	return s
+}
+
+// Explain says in a sentence how model's prompts are tokenized and why.
+func (t *Tokenizer) Explain(model string) string {
+	m, ok := t.models[model]
+	if !ok {
+		if t.def == nil {
+			return fmt.Sprintf("model %q: no tokenizer configured", model)
+		}
+		return fmt.Sprintf("model %q: default tokenizer (%s)", model, t.def.Kind)
+	}
+	switch {
+	case m.cfg.Kind != KindLocal:
+		return fmt.Sprintf("model %q: %s tokenizer", model, m.cfg.Kind)
+	case m.check == nil:
+		return fmt.Sprintf("model %q: local tokenizer, not checked against the engine (self-check disabled or no replicas)", model)
+	}
+	s := m.selfCheckState()
+	if s.Demoted {
+		return fmt.Sprintf("model %q: local tokenizer demoted at %s, serving the engine's /tokenize instead: %s",
+			model, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
+	}
+	return fmt.Sprintf("model %q: local tokenizer, %d of %d sampled comparisons with the engine's /tokenize matched (%d failed to reach the engine, %d dropped)",
+		model, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
+}
