@@ -14,7 +14,11 @@
 // for chat; the simulator never samples an end-of-sequence token, so every
 // request generates exactly max_tokens (finish_reason "length"), and n must
 // be 1. POST /tokenize
-// and /detokenize use the same tokenizer as the engine. GET /v1/models,
+// and /detokenize use the same tokenizer as the engine, except that with
+// --tokenizer-dir DIR POST /tokenize answers with a real HuggingFace
+// tokenizer (DIR/tokenizer.json, and DIR/tokenizer_config.json's chat
+// template for messages, rendered as vLLM does), so that a router's local
+// tokenizer can be self-checked against it; generation is unchanged. GET /v1/models,
 // /health, /metrics (vLLM's metric names on an own registry) and
 // /kv_event_sources (the bound endpoints); POST /reset_prefix_cache
 // (AllBlocksCleared; 409 while requests hold blocks). Errors are vLLM's body

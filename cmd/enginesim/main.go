@@ -51,6 +51,7 @@ type options struct {
 	seedSet              bool
 	stepMs, stepPerSeqMs float64
 	logLevel             string
+	tokenizerDir         string
 }
 
 type loraFlag struct{ mods *[]loraModule }
@@ -100,6 +101,7 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.Float64Var(&o.speed, "speed", 1, "time multiplier: 10 runs the simulation ten times faster than real time")
 	seed := fs.Uint64("seed", 0, "seed for block hashes, generated text and drops (default: random per process)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.tokenizerDir, "tokenizer-dir", "", "directory with a HuggingFace tokenizer.json (and tokenizer_config.json for chat) that POST /tokenize uses instead of the simulator's tokens")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -175,6 +177,12 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	if err != nil {
 		return err
 	}
+	var realTok *realTokenizer
+	if o.tokenizerDir != "" {
+		if realTok, err = loadRealTokenizer(o.tokenizerDir); err != nil {
+			return err
+		}
+	}
 	var pub *publisher
 	publish := func([]engine.Event) {}
 	if !o.eventsDisable {
@@ -196,7 +204,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	}
 	s := &server{
 		model: o.model, maxModelLen: eng.Config().MaxModelLen, promptDetails: o.promptDetails,
-		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log,
+		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
 	}
 	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
 

@@ -30,6 +30,7 @@ type server struct {
 	reg           *prometheus.Registry
 	created       int64
 	log           *slog.Logger
+	realTok       *realTokenizer // --tokenizer-dir: /tokenize with a real tokenizer
 }
 
 func (s *server) handler() http.Handler {
@@ -368,6 +369,10 @@ func (g *generation) stream(includeUsage, continuous bool) bool {
 }
 
 func (s *server) tokenize(w http.ResponseWriter, r *http.Request) {
+	if s.realTok != nil {
+		s.realTok.tokenize(s, w, r)
+		return
+	}
 	var req genRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeError(w, err)
