@@ -221,7 +221,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	if r.admin, err = admin.New(admin.Config{
 		Explainer: explainerFunc(explainer.Explain),
 		Parse:     parseRequest,
-		Replicas:  adminReplicas{fleet: r.fleet, reg: r.reg},
+		Replicas:  adminReplicas{fleet: r.fleet},
 		Index:     r.idx,
 		Logger:    log.With("component", "admin"),
 	}); err != nil {
@@ -324,59 +324,25 @@ func kubeConfig() (*rest.Config, error) {
 }
 
 // adminReplicas is the admin API's view of the replica set.
-type adminReplicas struct {
-	fleet *fleet.Controller
-	reg   *prometheus.Registry
-}
+type adminReplicas struct{ fleet *fleet.Controller }
 
 // ReplicaInfos implements admin.ReplicaLister.
 func (a adminReplicas) ReplicaInfos() []admin.ReplicaInfo {
-	pred, served := a.fidelityTotals()
 	var out []admin.ReplicaInfo
 	for _, m := range a.fleet.Members() {
 		out = append(out, admin.ReplicaInfo{
 			ID: m.ID, Address: m.Replica.Address, Model: m.Replica.Model, Engine: m.Replica.Engine,
-			Load:                  m.Load,
-			EventsConfigured:      m.Replica.EventsEndpoint != "",
-			Resyncing:             m.Stream.Known && m.Stream.Resyncing,
-			Warm:                  m.Stream.Known && m.Stream.CaughtUp,
-			LastSeq:               m.Stream.LastSeq,
-			Silent:                m.Stream.Silent,
-			Credit:                m.Trust,
-			PredictedCachedTokens: pred[string(m.ID)],
-			ServedCachedTokens:    served[string(m.ID)],
+			Load:             m.Load,
+			EventsConfigured: m.Replica.EventsEndpoint != "",
+			Resyncing:        m.Stream.Known && m.Stream.Resyncing,
+			Warm:             m.Stream.Known && m.Stream.CaughtUp,
+			LastSeq:          m.Stream.LastSeq,
+			Silent:           m.Stream.Silent,
+			Credit:           m.Trust,
+			Cache:            m.Cache,
 		})
 	}
 	return out
-}
-
-// fidelityTotals reads the fidelity counters back from the registry (the
-// admin API reports them per replica).
-func (a adminReplicas) fidelityTotals() (pred, served map[string]int64) {
-	pred, served = map[string]int64{}, map[string]int64{}
-	fams, err := a.reg.Gather()
-	if err != nil {
-		return pred, served
-	}
-	for _, f := range fams {
-		var dst map[string]int64
-		switch f.GetName() {
-		case "kvroute_cached_tokens_predicted_total":
-			dst = pred
-		case "kvroute_cached_tokens_served_total":
-			dst = served
-		default:
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "replica" {
-					dst[l.GetValue()] = int64(m.GetCounter().GetValue())
-				}
-			}
-		}
-	}
-	return pred, served
 }
 
 // serve runs every component under one errgroup until ctx ends or one

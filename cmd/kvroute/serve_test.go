@@ -344,7 +344,7 @@ readiness: {warm_timeout: 5s}
 	}()
 	ids := func() (listed, routable string) {
 		var l, rt []string
-		for _, ri := range (adminReplicas{fleet: r.fleet, reg: r.reg}).ReplicaInfos() {
+		for _, ri := range (adminReplicas{fleet: r.fleet}).ReplicaInfos() {
 			l = append(l, string(ri.ID))
 		}
 		for _, rep := range r.set.Replicas() {
@@ -387,4 +387,50 @@ readiness: {warm_timeout: 5s}
 	}
 	write(fmt.Sprintf("replicas:\n- {id: two, address: %q, model: m}\n", host(e2)))
 	want("two", "two")
+}
+
+// TestAdminShowsCacheTotals: the admin API's per-replica cached-token
+// totals are the fidelity figures of that replica (typed, not read back
+// from metrics by name), zero for a replica without observations.
+func TestAdminShowsCacheTotals(t *testing.T) {
+	e1, e2 := fakeEngine(t, 0), fakeEngine(t, 0)
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	cfg, err := ParseConfig(fmt.Appendf(nil, `
+replicas:
+  static:
+  - {id: a, address: %q, model: m}
+  - {id: b, address: %q, model: m}
+load: {scrape_interval: 20ms}
+readiness: {warm_timeout: 5s}
+`, host(e1), host(e2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, lis, _ := startServe(t, cfg)
+	waitUntil(t, "both replicas listed", func() bool { return len(r.set.All()) == 2 })
+	r.fid.Observe("a", 64, 16)
+	r.fid.Observe("a", 32, 32)
+	r.fid.Observe("b", 0, 8)
+
+	resp, err := http.Get("http://" + lis.admin.Addr().String() + "/debug/replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var reps kvroutev1.ReplicasResponse
+	if err := protojson.Unmarshal(b, &reps); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	type totals struct{ predicted, served int64 }
+	got := map[string]totals{}
+	for _, rep := range reps.GetReplicas() {
+		got[rep.GetId()] = totals{rep.GetPredictedCachedTokens(), rep.GetServedCachedTokens()}
+	}
+	want := map[string]totals{"a": {96, 48}, "b": {0, 8}}
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("replica %s: predicted/served %+v, want %+v", id, got[id], w)
+		}
+	}
 }

@@ -48,9 +48,9 @@ type ReplicaInfo struct {
 	Silent           bool
 	// Credit is the cache credit the router gives the replica's index view.
 	Credit float64
-	// Fidelity: cached tokens predicted at routing time vs served.
-	PredictedCachedTokens int64
-	ServedCachedTokens    int64
+	// Cache: cached tokens predicted at routing time vs served
+	// (load.Fidelity.Totals).
+	Cache load.CacheTotals
 }
 
 // ReplicaLister lists the current replica set.
@@ -182,8 +182,8 @@ func (s *Server) Replicas(context.Context, *kvroutev1.ReplicasRequest) (*kvroute
 			LastSeq:               r.LastSeq,
 			Silent:                r.Silent,
 			Credit:                r.Credit,
-			PredictedCachedTokens: r.PredictedCachedTokens,
-			ServedCachedTokens:    r.ServedCachedTokens,
+			PredictedCachedTokens: r.Cache.Predicted,
+			ServedCachedTokens:    r.Cache.Served,
 		})
 	}
 	return out, nil

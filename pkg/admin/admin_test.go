@@ -112,7 +112,7 @@ func newServer(t *testing.T, ex *fakeExplainer) *Server {
 			ID: "r0", Address: "10.0.0.1:8000", Model: "m", Engine: "vllm",
 			Load:             load.Load{ActivePrefillBlocks: 2, ActiveDecodeBlocks: 3, ActiveRequests: 1, WaitingRequests: 4, KVUsage: 0.5, Healthy: true},
 			EventsConfigured: true, Warm: true, LastSeq: 42, Credit: 0.9,
-			PredictedCachedTokens: 160, ServedCachedTokens: 144,
+			Cache: load.CacheTotals{Predicted: 160, Served: 144},
 		}},
 		Index: fakeIndex{Keys: 10, Holders: 12, Engine: 11, Replicas: 2, Bytes: 4096, Budget: 1 << 20, Evicted: 3},
 	})

@@ -258,6 +258,9 @@ type Member struct {
 	Trust float64
 	// Stream is the event stream's state (zero when not subscribed).
 	Stream events.ReplicaStatus
+	// Cache is the stream's cumulative predicted vs served cached tokens
+	// (zero without a Fidelity).
+	Cache load.CacheTotals
 }
 
 // Members lists every known replica, ready or not, one entry per
@@ -268,10 +271,14 @@ func (c *Controller) Members() []Member {
 	for _, rep := range s.All() {
 		for rank := range max(rep.DPRanks, 1) {
 			id := events.DPReplicaID(index.ReplicaID(rep.ID), rank)
-			out = append(out, Member{
+			m := Member{
 				ID: id, Replica: rep, Load: s.Load(id), Trust: s.Trust(id),
 				Stream: c.cfg.Streams.Status(id),
-			})
+			}
+			if f := s.cfg.Fidelity; f != nil {
+				m.Cache = f.Totals(string(id))
+			}
+			out = append(out, m)
 		}
 	}
 	return out

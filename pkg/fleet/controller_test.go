@@ -408,17 +408,24 @@ func TestMembers(t *testing.T) {
 	r.streams.credit = map[index.ReplicaID]float64{"a": 1, "c": 1, "c#dp1": 0}
 	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, specA, specB, specC)})
 	r.ctl.syncSources()
+	r.fid.Observe("c#dp1", 10, 4)
 	type row struct {
 		id      string
 		healthy bool
 		credit  float64
 		known   bool
+		cache   load.CacheTotals
 	}
 	var got []row
 	for _, m := range r.ctl.Members() {
-		got = append(got, row{string(m.ID), m.Load.Healthy, m.Trust, m.Stream.Known})
+		got = append(got, row{string(m.ID), m.Load.Healthy, m.Trust, m.Stream.Known, m.Cache})
 	}
-	want := []row{{"a", true, 1, true}, {"b", false, 0, false}, {"c", true, 1, true}, {"c#dp1", true, 0, true}}
+	want := []row{
+		{"a", true, 1, true, load.CacheTotals{}},
+		{"b", false, 0, false, load.CacheTotals{}},
+		{"c", true, 1, true, load.CacheTotals{}},
+		{"c#dp1", true, 0, true, load.CacheTotals{Predicted: 10, Served: 4, Observations: 1}},
+	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Members = %+v, want %+v", got, want)
 	}

@@ -23,11 +23,12 @@ type Creditor interface {
 	Credit(id index.ReplicaID) float64
 }
 
-// Fidelity is the served-vs-predicted cache credit per stream, and its
-// reset when a replica leaves (load.Fidelity).
+// Fidelity is the served-vs-predicted cache credit per stream, its reset
+// when a replica leaves, and the cumulative totals (load.Fidelity).
 type Fidelity interface {
 	Credit(replica string) float64
 	Reset(replica string)
+	Totals(replica string) load.CacheTotals
 }
 
 // SetConfig wires a Set.

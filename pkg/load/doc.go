@@ -27,6 +27,8 @@
 //   - Fidelity: compares predicted and served prefix-cache hits per replica
 //     and derives the cache credit the router gives the replica's index view
 //     (an EWMA of served/predicted, clamped to [Floor, 1]; see Fidelity).
+//     Totals returns a replica's cumulative predicted and served cached
+//     tokens: the figures its counters export, typed for the admin API.
 //   - View: combines the three into Load; its comment gives the formula,
 //     including the estimate of other routers' load (exact for this
 //     router's own requests, one scrape old and sized by this router's mean

@@ -61,10 +61,22 @@ func (c FidelityConfig) withDefaults() (FidelityConfig, error) {
 // serialises per replica.
 type Fidelity struct {
 	cfg      FidelityConfig
-	replicas sync.Map // string -> *fidelityState
+	replicas sync.Map // string -> *fidelityState, forgotten by Reset
+	totals   sync.Map // string -> *cacheCounts, never forgotten (counters)
+}
 
-	predicted, served *prometheus.CounterVec
-	observations      *prometheus.CounterVec
+// CacheTotals are one replica's cumulative fidelity figures since the
+// router started: the prompt tokens predicted to be, and reported, served
+// from its prefix cache, over Observations finished requests. They are what
+// the kvroute_cached_tokens_{predicted,served}_total and
+// kvroute_fidelity_observations_total counters export.
+type CacheTotals struct {
+	Predicted, Served int64
+	Observations      int64
+}
+
+type cacheCounts struct {
+	predicted, served, observations atomic.Int64
 }
 
 type fidelityState struct {
@@ -84,28 +96,10 @@ func NewFidelity(cfg FidelityConfig, reg prometheus.Registerer) (*Fidelity, erro
 	if err != nil {
 		return nil, err
 	}
-	f := &Fidelity{
-		cfg: cfg,
-		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_cached_tokens_predicted_total",
-			Help: "Prompt tokens the router predicted the replica would serve from its prefix cache (requests whose usage reported cached tokens).",
-		}, []string{"replica"}),
-		served: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_cached_tokens_served_total",
-			Help: "Prompt tokens the replica reported serving from its prefix cache (usage.prompt_tokens_details.cached_tokens).",
-		}, []string{"replica"}),
-		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_fidelity_observations_total",
-			Help: "Finished requests compared for cache fidelity.",
-		}, []string{"replica"}),
-	}
+	f := &Fidelity{cfg: cfg}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{f.predicted, f.served, f.observations, &creditCollector{f: f, desc: prometheus.NewDesc(
-			"kvroute_replica_cache_credit", "Cache credit in [0, 1] the router gives the replica's predicted hits (1 = full trust).",
-			[]string{"replica"}, nil)}} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
+		if err := reg.Register(newFidelityCollector(f)); err != nil {
+			return nil, err
 		}
 	}
 	return f, nil
@@ -126,9 +120,10 @@ func (f *Fidelity) state(replica string) *fidelityState {
 // Negative values are taken as 0.
 func (f *Fidelity) Observe(replica string, predicted, served int) {
 	predicted, served = max(predicted, 0), max(served, 0)
-	f.predicted.WithLabelValues(replica).Add(float64(predicted))
-	f.served.WithLabelValues(replica).Add(float64(served))
-	f.observations.WithLabelValues(replica).Inc()
+	t := f.counts(replica)
+	t.predicted.Add(int64(predicted))
+	t.served.Add(int64(served))
+	t.observations.Add(1)
 	if predicted == 0 {
 		return
 	}
@@ -158,26 +153,83 @@ func (f *Fidelity) Credit(replica string) float64 {
 	return math.Float64frombits(s.(*fidelityState).credit.Load())
 }
 
+func (f *Fidelity) counts(replica string) *cacheCounts {
+	if t, ok := f.totals.Load(replica); ok {
+		return t.(*cacheCounts)
+	}
+	t, _ := f.totals.LoadOrStore(replica, &cacheCounts{})
+	return t.(*cacheCounts)
+}
+
+// Totals returns replica's cumulative figures (zero for a replica never
+// observed, or a nil Fidelity). Reset does not clear them: they are
+// counters.
+func (f *Fidelity) Totals(replica string) CacheTotals {
+	if f == nil {
+		return CacheTotals{}
+	}
+	t, ok := f.totals.Load(replica)
+	if !ok {
+		return CacheTotals{}
+	}
+	c := t.(*cacheCounts)
+	return CacheTotals{Predicted: c.predicted.Load(), Served: c.served.Load(), Observations: c.observations.Load()}
+}
+
 // Reset forgets replica's history (after its cache was cleared, or when it
 // leaves the replica set): its credit returns to 1.
 func (f *Fidelity) Reset(replica string) {
 	f.replicas.Delete(replica)
 }
 
-type creditCollector struct {
-	f    *Fidelity
-	desc *prometheus.Desc
+// fidelityCollector exports the totals as counters and the credit as a
+// gauge, read from the same state Totals and Credit read.
+type fidelityCollector struct {
+	f                                  *Fidelity
+	predicted, served, observed, trust *prometheus.Desc
 }
 
-func (c *creditCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func newFidelityCollector(f *Fidelity) *fidelityCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"replica"}, nil)
+	}
+	return &fidelityCollector{
+		f: f,
+		predicted: d("kvroute_cached_tokens_predicted_total",
+			"Prompt tokens the router predicted the replica would serve from its prefix cache (requests whose usage reported cached tokens)."),
+		served: d("kvroute_cached_tokens_served_total",
+			"Prompt tokens the replica reported serving from its prefix cache (usage.prompt_tokens_details.cached_tokens)."),
+		observed: d("kvroute_fidelity_observations_total", "Finished requests compared for cache fidelity."),
+		trust: d("kvroute_replica_cache_credit",
+			"Cache credit in [0, 1] the router gives the replica's predicted hits (1 = full trust)."),
+	}
+}
 
-func (c *creditCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *fidelityCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.predicted
+	ch <- c.served
+	ch <- c.observed
+	ch <- c.trust
+}
+
+func (c *fidelityCollector) Collect(ch chan<- prometheus.Metric) {
+	totals := map[string]CacheTotals{}
+	c.f.totals.Range(func(k, _ any) bool {
+		totals[k.(string)] = c.f.Totals(k.(string))
+		return true
+	})
+	for _, r := range sortedKeys(totals) {
+		t := totals[r]
+		ch <- prometheus.MustNewConstMetric(c.predicted, prometheus.CounterValue, float64(t.Predicted), r)
+		ch <- prometheus.MustNewConstMetric(c.served, prometheus.CounterValue, float64(t.Served), r)
+		ch <- prometheus.MustNewConstMetric(c.observed, prometheus.CounterValue, float64(t.Observations), r)
+	}
 	credits := map[string]float64{}
 	c.f.replicas.Range(func(k, v any) bool {
 		credits[k.(string)] = math.Float64frombits(v.(*fidelityState).credit.Load())
 		return true
 	})
 	for _, r := range sortedKeys(credits) {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, credits[r], r)
+		ch <- prometheus.MustNewConstMetric(c.trust, prometheus.GaugeValue, credits[r], r)
 	}
 }

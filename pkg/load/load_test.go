@@ -200,3 +200,48 @@ func TestFidelityMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestFidelityTotals: the typed totals the admin API shows are the figures
+// the counters export, per replica, and survive Reset (they are counters).
+func TestFidelityTotals(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	f, err := NewFidelity(FidelityConfig{}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Observe("a", 64, 16)
+	f.Observe("a", 0, 32)
+	f.Observe("a", -5, -1) // counted as an observation of zeros
+	f.Observe("b#dp1", 10, 10)
+	f.Reset("a")
+	tests := []struct {
+		replica string
+		want    CacheTotals
+	}{
+		{"a", CacheTotals{Predicted: 64, Served: 48, Observations: 3}},
+		{"b#dp1", CacheTotals{Predicted: 10, Served: 10, Observations: 1}},
+		{"never", CacheTotals{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.replica, func(t *testing.T) {
+			got := f.Totals(tt.replica)
+			if got != tt.want {
+				t.Fatalf("Totals = %+v, want %+v", got, tt.want)
+			}
+			for name, want := range map[string]int64{
+				"kvroute_cached_tokens_predicted_total": got.Predicted,
+				"kvroute_cached_tokens_served_total":    got.Served,
+				"kvroute_fidelity_observations_total":   got.Observations,
+			} {
+				v, ok := gathered(t, reg, name, tt.replica)
+				if ok != (tt.want != CacheTotals{}) || int64(v) != want {
+					t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+				}
+			}
+		})
+	}
+	var nilF *Fidelity
+	if nilF.Totals("a") != (CacheTotals{}) {
+		t.Error("nil Fidelity has totals")
+	}
+}
