@@ -92,7 +92,7 @@ fixtures: ## Fetch the reference tokenizer files into $(TOKENIZER_CACHE) (idempo
 
 .PHONY: fixtures-regen
 fixtures-regen: fixtures ## Regenerate pkg/tokenize/testdata from HuggingFace transformers.
-	python3 hack/tokenizer-fixtures/gen.py --cache $(TOKENIZER_CACHE) --out pkg/tokenize/testdata qwen3 llama3_1
+	python3 hack/tokenizer-fixtures/gen.py --cache $(TOKENIZER_CACHE) --out pkg/tokenize/testdata
 
 test-unit: fixtures
 

@@ -13,7 +13,8 @@ For each tokenizer directory (tokenizer.json + tokenizer_config.json, fetched by
 Everything is deterministic (seeded); the corpus is built here, not downloaded.
 Each encoding is cross-checked against the tokenizers library on its own.
 
-Usage: gen.py --cache .cache/tokenizers --out pkg/tokenize/testdata qwen3 llama3_1
+Usage: gen.py --cache .cache/tokenizers --out pkg/tokenize/testdata [name...]
+(no names: every family fetch.sh fetches)
 Needs: pip install tokenizers transformers jinja2 (see hack/requirements-tokenizer.txt).
 """
 
@@ -400,11 +401,19 @@ def vllm_messages(msgs):
     return out
 
 
+FAMILIES = ["qwen3", "llama3_1", "llama3", "llama3_2", "gptoss", "deepseek_v3", "gemma3"]
+
+# Template arguments a family's chats always get: Llama 3.2's template prints
+# today's date unless date_string is given, which would tie the fixture to
+# the day it was made.
+FAMILY_KWARGS = {"llama3_2": {"date_string": "26 Jul 2024"}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("names", nargs="+")
+    ap.add_argument("names", nargs="*", default=FAMILIES)
     a = ap.parse_args()
     rng = random.Random(SEED)
     texts = handcrafted() + random_texts(rng, 160)
@@ -425,10 +434,19 @@ def main():
                 out.append({"text": text, "ids": ids, "ids_special": ids_special})
             return out
         plain, exact = encode_all(texts), encode_all(exact_texts)
-        chat = []
-        for c in convs:
-            rendered = tok.apply_chat_template(vllm_messages(c["messages"]), tools=c["tools"], tokenize=False,
-                                               add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
+        chat, raised = [], 0
+        if not tok.chat_template:
+            convs_here = []  # no chat template shipped (gpt-oss): completions and raw text only
+        else:
+            convs_here = convs
+        for c in convs_here:
+            c = dict(c, kwargs=dict(c["kwargs"], **FAMILY_KWARGS.get(name, {})))
+            try:
+                rendered = tok.apply_chat_template(vllm_messages(c["messages"]), tools=c["tools"], tokenize=False,
+                                                   add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
+            except Exception:  # the template raises (e.g. DeepSeek-V3 on object arguments): the engine rejects it too
+                raised += 1
+                continue
             ids = tok(rendered, add_special_tokens=False)["input_ids"]
             # The fixture keeps the request's own JSON text (numbers exactly
             # as sent), which the Go side decodes as the engine would.
@@ -436,11 +454,12 @@ def main():
                          "tools_json": json.dumps(c["tools"], ensure_ascii=False),
                          "add_generation_prompt": c["add_generation_prompt"],
                          "kwargs": c["kwargs"], "rendered": rendered, "ids": ids})
-        meta = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "seed": SEED}
+        meta = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "seed": SEED,
+                "chats_raised": raised}
         path = os.path.join(a.out, name + ".json.gz")
         with gzip.GzipFile(path, "wb", mtime=0) as f:
             f.write(json.dumps({"meta": meta, "plain": plain, "exact": exact, "chat": chat}, ensure_ascii=False).encode())
-        print("%s: %d texts, %d exactness texts, %d conversations -> %s (%d bytes)" % (name, len(plain), len(exact), len(chat), path, os.path.getsize(path)))
+        print("%s: %d texts, %d exactness texts, %d conversations (%d raised) -> %s (%d bytes)" % (name, len(plain), len(exact), len(chat), raised, path, os.path.getsize(path)))
 
 
 if __name__ == "__main__":
