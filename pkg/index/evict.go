@@ -13,8 +13,11 @@ func (ix *Index) totalBytes() int64 {
 	return ix.env.bytes + int64(cap(ix.bySlot))*8 + int64(cap(ix.freeSlot))*4 + int64(len(ix.arena.chunks))*24
 }
 
+// overBudget reports whether the index holds more than its budget less the
+// room one writer chunk may need (ix.step, at most an eighth of the budget):
+// evicting down to that keeps the peak, growth included, within the budget.
 func (ix *Index) overBudget() bool {
-	return ix.cfg.MaxBytes > 0 && ix.totalBytes() > ix.cfg.MaxBytes
+	return ix.cfg.MaxBytes > 0 && ix.totalBytes()+min(ix.step, ix.cfg.MaxBytes/8) > ix.cfg.MaxBytes
 }
 
 // evictStep bounds the work of one eviction lock hold.

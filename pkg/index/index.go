@@ -13,6 +13,11 @@ import (
 // waits at most for one chunk (plus, rarely, one bounded sub-table rebuild).
 const chunkBlocks = 32
 
+// stepPrior is what the index assumes one writer chunk may grow by until it
+// has seen more: a split of a full key and engine sub-table, with a
+// directory doubling.
+const stepPrior = 128 << 10
+
 // replicaBytes estimates a replica's fixed cost besides its engine table:
 // the replica struct, the id-map entry and the slot-table entry.
 const replicaBytes = 160
@@ -32,6 +37,9 @@ type Index struct {
 	holders  int
 	engine   int
 	hand     hand
+	// step is the most the index's bytes have grown within one writer
+	// chunk: under a budget, writers evict to leave that much room.
+	step int64
 
 	unknownParent int64
 	badShape      int64
@@ -48,6 +56,8 @@ type replica struct {
 // New returns an empty index. It starts no goroutine.
 func New(cfg Config) *Index {
 	ix := &Index{cfg: cfg, byID: make(map[ReplicaID]*replica)}
+	ix.env.budget = cfg.MaxBytes
+	ix.step = stepPrior
 	ix.keys = newXtab(keyKind, &ix.env)
 	ix.arena.env = &ix.env
 	return ix
@@ -137,6 +147,11 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 			}
 			keys[i-start] = parent
 		}
+		if ix.cfg.MaxBytes > 0 {
+			// Make room for this chunk's growth first, so that the
+			// index stays within its budget at its peak too.
+			ix.enforceBudget()
+		}
 		ix.mu.Lock()
 		rs := ix.replicaFor(ev.Replica, true)
 		if rs == nil {
@@ -144,6 +159,8 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 			ix.mu.Unlock()
 			return StoreResult{Blocks: start, NoSlot: true}
 		}
+		before := ix.env.bytes
+		ix.env.peak = before
 		for i := start; i < end; i++ {
 			rs.eng.prefetch(ev.Hashes[i])
 			ix.keys.prefetch(uint64(keys[i-start]))
@@ -151,12 +168,9 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 		for i := start; i < end; i++ {
 			ix.storeBlock(rs, ev.Hashes[i], keys[i-start], ev.Tier)
 		}
+		ix.step = max(ix.step, ix.env.peak-before)
 		ix.updatePressure()
-		over := ix.overBudget()
 		ix.mu.Unlock()
-		if over {
-			ix.enforceBudget()
-		}
 	}
 	return StoreResult{Blocks: len(ev.Hashes)}
 }

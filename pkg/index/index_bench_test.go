@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"testing"
@@ -57,6 +58,9 @@ func getFixture(promptBlocks, nKeys, replicas int) *fixture {
 	return f
 }
 
+// fillHook, when set, is called before every conversation fill stores.
+var fillHook func()
+
 // fill stores conversations until the index has nKeys distinct keys, each on
 // `copies` replicas, or until it has stored 4*nKeys blocks (an index under a
 // budget never gets there); it keeps up to keep prompts for queries.
@@ -73,6 +77,9 @@ func fill(f *fixture, ix *Index, promptBlocks, nKeys, replicas, copies, keep int
 	hs := make([]uint64, promptBlocks)
 	stored := 0
 	for c := 0; ix.Stats().Keys < nKeys && stored < 4*nKeys; c++ {
+		if fillHook != nil {
+			fillHook()
+		}
 		copy(toks, sys)
 		for i := len(sys); i < len(toks); i++ {
 			toks[i] = uint32(r.IntN(50000))
@@ -278,17 +285,35 @@ func BenchmarkMemory10M(b *testing.B) {
 	}
 }
 
+// heapObjects is the bytes of the heap's objects, live or not yet swept:
+// what the heap holds at this moment, garbage included.
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
 // BenchmarkBudget stores 12M block entries (about six times what fits) into
 // an index with a 64 MiB budget and reports how the index and the heap
-// compare with the budget, and the apply rate while evicting.
+// compare with the budget, after the fill (heap after GC) and at the peak
+// during it: the heap's objects (garbage not yet collected included,
+// runtime/metrics) sampled before every conversation, and the index's own
+// Stats.Bytes at its highest.
 func BenchmarkBudget(b *testing.B) {
 	for range b.N {
 		const budget = 64 << 20
 		before := heapAfterGC()
 		f := &fixture{ix: New(Config{MaxBytes: budget})}
+		var peakHeap uint64
+		var peakStats int64
+		fillHook = func() {
+			peakHeap = max(peakHeap, heapObjects())
+			peakStats = max(peakStats, f.ix.Stats().Bytes)
+		}
 		t0 := time.Now()
 		fill(f, f.ix, 256, 3_000_000, 16, 1, 0)
 		b.ReportMetric(12e6/time.Since(t0).Seconds(), "stored-blocks/s")
+		fillHook = nil
 		after := heapAfterGC()
 		s := f.ix.Stats()
 		if s.Evicted == 0 {
@@ -296,6 +321,8 @@ func BenchmarkBudget(b *testing.B) {
 		}
 		b.ReportMetric(float64(s.Bytes)/budget, "stats/budget")
 		b.ReportMetric(float64(after-before)/budget, "heap/budget")
+		b.ReportMetric(float64(peakHeap-before)/budget, "peak-heap/budget")
+		b.ReportMetric(float64(peakStats)/budget, "peak-stats/budget")
 		b.ReportMetric(float64(s.Holders), "entries")
 		runtime.KeepAlive(f)
 	}

@@ -105,6 +105,19 @@ func checkInvariants(t testing.TB, ix *Index) {
 	for _, fl := range ix.arena.free {
 		total += int64(cap(fl)) * 4
 	}
+	var pooled int64
+	for c, l := range ix.env.pool {
+		for _, s := range l {
+			if len(s) != c {
+				t.Fatalf("pooled array of %d slots in the list of %d", len(s), c)
+			}
+			pooled += int64(c) * slotBytes
+		}
+	}
+	if pooled != ix.env.pooled {
+		t.Fatalf("pool holds %d bytes, accounts %d", pooled, ix.env.pooled)
+	}
+	total += pooled
 	if total != ix.env.bytes {
 		t.Fatalf("bytes: structures hold %d, accounted %d", total, ix.env.bytes)
 	}
@@ -559,9 +572,11 @@ func TestCleared(t *testing.T) {
 	if s.Keys != 0 || s.Holders != 0 || s.Engine != 0 || s.Replicas != 0 {
 		t.Fatalf("everything cleared: %+v", s)
 	}
+	// Besides the pool of freed slot arrays kept for reuse (bounded),
+	// the cleared index is as small as an empty one.
 	empty := New(Config{}).Stats()
-	if s.Bytes > empty.Bytes+4096 {
-		t.Fatalf("cleared index holds %d bytes, an empty one %d", s.Bytes, empty.Bytes)
+	if s.Bytes-ix.env.pooled > empty.Bytes+4096 || ix.env.pooled > ix.env.poolMax() {
+		t.Fatalf("cleared index holds %d bytes (%d pooled), an empty one %d", s.Bytes, ix.env.pooled, empty.Bytes)
 	}
 	checkInvariants(t, ix)
 }
@@ -655,6 +670,28 @@ func TestBudget(t *testing.T) {
 			checkInvariants(t, ix)
 		})
 	}
+}
+
+// TestBudgetPeak: under a budget large enough for the index's growth steps
+// to be small beside it (an eighth at most), the bytes the index holds
+// never pass the budget, inside writer steps included: tables and the arena
+// grow only into room that eviction made first.
+func TestBudgetPeak(t *testing.T) {
+	const budget = 512 << 10
+	w := newWorkload(22, 12, 3000, 60, 2)
+	w.maxRun, w.storePct, w.removePct, w.evicting = 60, 90, 9, true
+	ix := New(Config{MaxBytes: budget})
+	m := newModel()
+	for op := range 20000 {
+		w.step(t, ix, m)
+		if p := ix.env.maxPeak + ix.totalBytes() - ix.env.bytes; p > budget {
+			t.Fatalf("op %d: peaked at %d bytes, over a budget of %d (largest step %d)", op, p, budget, ix.step)
+		}
+	}
+	if s := ix.Stats(); s.Evicted == 0 || s.Bytes < budget*3/4 {
+		t.Fatalf("budget never bit: %+v", s)
+	}
+	checkInvariants(t, ix)
 }
 
 // TestEvictionKeepsRecent: keys matched since the eviction hand last passed

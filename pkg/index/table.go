@@ -30,11 +30,43 @@ const (
 	maxLoadNum, maxLoadDen = 9, 10
 )
 
-// env is what every table of one index shares: the byte count and the
-// pressure flag.
+// env is what every table of one index shares: the byte count, the
+// pressure flag and the pool of freed slot arrays.
 type env struct {
 	bytes    int64
 	pressure bool
+	// budget is the index's byte budget (0: none); it bounds the pool.
+	budget int64
+	// pool keeps freed slot arrays, by capacity, for the next table of
+	// that size: a rebuild then reuses memory instead of leaving garbage
+	// for the Go collector, whose lag would let the heap's peak run past
+	// the budget. Pooled arrays count in bytes; pooled is their total.
+	pool   map[int][][]slot
+	pooled int64
+	// goCap maps a slot class to the capacity Go gives an array of it.
+	goCap map[int]int
+	// peak is the highest bytes has been since a writer last reset it;
+	// maxPeak the highest ever.
+	peak, maxPeak int64
+}
+
+// poolMax bounds the pool: 1/32 of the budget, or of what the index holds
+// when it has no budget, and at least 256 KiB.
+func (e *env) poolMax() int64 {
+	if e.budget > 0 {
+		return e.budget / 8
+	}
+	return max(256<<10, e.bytes/32)
+}
+
+// slotClass rounds a capacity up to one of eight sizes per doubling, so
+// that freed arrays fit later requests.
+func slotClass(n int) int {
+	if n <= 16 {
+		return max(minCap, (n+7)&^7)
+	}
+	shift := bits.Len(uint(n-1)) - 4
+	return ((n-1)>>shift + 1) << shift
 }
 
 // tabKind says how a table reads its slots: a slot is occupied when
@@ -102,6 +134,10 @@ func newXtab(kind tabKind, e *env) xtab {
 func (t *xtab) account(d int64) {
 	t.own += d
 	t.env.bytes += d
+	if t.env.bytes > t.env.peak {
+		t.env.peak = t.env.bytes
+		t.env.maxPeak = max(t.env.maxPeak, t.env.bytes)
+	}
 }
 
 func (t *xtab) allocDir(n int) []dirEnt {
@@ -120,10 +156,60 @@ func (t *xtab) refresh(sb *sub) {
 }
 
 func (t *xtab) allocSlots(n int) []slot {
-	s := slices.Grow([]slot(nil), n)
+	e := t.env
+	r := slotClass(n)
+	if c, ok := e.goCap[r]; ok {
+		if l := e.pool[c]; len(l) > 0 {
+			s := l[len(l)-1]
+			l[len(l)-1] = nil
+			e.pool[c] = l[:len(l)-1]
+			clear(s)
+			e.pooled -= int64(c) * slotBytes
+			t.own += int64(c) * slotBytes
+			return s
+		}
+	}
+	s := slices.Grow([]slot(nil), r)
 	s = s[:cap(s)] // use the whole size class that was allocated
+	if e.goCap == nil {
+		e.goCap = map[int]int{}
+		e.pool = map[int][][]slot{}
+	}
+	e.goCap[r] = len(s)
 	t.account(int64(len(s)) * slotBytes)
 	return s
+}
+
+// freeSlots gives back a slot array the table no longer uses: to the pool
+// while it has room, else to the Go collector.
+func (t *xtab) freeSlots(s []slot) {
+	e := t.env
+	size := int64(len(s)) * slotBytes
+	for e.pool != nil && e.pooled+size > e.poolMax() && e.pooled > 0 {
+		// Full: the arrays of the most stocked size make way.
+		big, most := 0, int64(0)
+		for c, l := range e.pool {
+			if b := int64(len(l)*c) * slotBytes; b > most {
+				big, most = c, b
+			}
+		}
+		if big == len(s) {
+			break
+		}
+		l := e.pool[big]
+		l[len(l)-1] = nil
+		e.pool[big] = l[:len(l)-1]
+		b := int64(big) * slotBytes
+		e.pooled -= b
+		e.bytes -= b
+	}
+	if e.pool != nil && e.pooled+size <= e.poolMax() {
+		e.pool[len(s)] = append(e.pool[len(s)], s)
+		e.pooled += size
+		t.own -= size
+		return
+	}
+	t.account(-size)
 }
 
 func (t *xtab) newSub(capacity int, ld uint8, pre uint64) *sub {
@@ -133,6 +219,11 @@ func (t *xtab) newSub(capacity int, ld uint8, pre uint64) *sub {
 
 // release gives back everything the table holds (the table is dropped).
 func (t *xtab) release() {
+	for di, de := range t.dir {
+		if di&(1<<(t.gd-de.ld)-1) == 0 {
+			t.freeSlots(de.sb.s)
+		}
+	}
 	t.env.bytes -= t.own
 	t.own = 0
 	t.dir = nil
@@ -308,7 +399,8 @@ func (t *xtab) grow(sb *sub, di int) {
 	}
 	t.refresh(halves[0])
 	t.refresh(halves[1])
-	t.account(-int64(len(sb.s))*slotBytes - subBytes)
+	t.freeSlots(sb.s)
+	t.account(-subBytes)
 	sb.s = nil
 }
 
@@ -324,7 +416,7 @@ func (t *xtab) rebuild(sb *sub, c int) {
 		}
 	}
 	t.refresh(sb)
-	t.account(-int64(len(old)) * slotBytes)
+	t.freeSlots(old)
 }
 
 // remove deletes the entry in slot s (a pointer returned by find or
