@@ -33,9 +33,12 @@
 // ServerOptions also fixes large HTTP/2 flow-control windows, so that
 // large bodies sharing the proxy's one connection do not wait on window
 // updates.
-// For the subset hint and the served endpoint to arrive, the proxy must
-// forward the metadata namespaces envoy.lb.subset_hint and envoy.lb
-// (ext_proc metadata_options.forwarding_namespaces.untyped).
+// For the subset hint to arrive, the proxy must forward the metadata
+// namespace envoy.lb.subset_hint (ext_proc
+// metadata_options.forwarding_namespaces.untyped); forwarding envoy.lb too
+// reports the served endpoint (a span attribute) but makes Envoy echo the
+// pick on every later message, each streamed chunk included, so the
+// shipped configs do not.
 //
 // New has no side effects beyond registering metrics; the gRPC server owns
 // the stream goroutines (one per ext_proc stream, i.e. per HTTP request),
