@@ -356,9 +356,11 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(gctx))
 	defer stopBG()
 
-	extSrv := grpc.NewServer(
+	// ServerOptions: the receive limit derived from extproc's body limit and
+	// flow-control windows that let large bodies through without waiting.
+	extSrv := grpc.NewServer(append(r.ext.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	r.ext.Register(extSrv)
 	r.health.Register(extSrv)
 
