@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/overhead"
+)
+
+// runOverhead measures kvroute's added latency and CPU against plain
+// Envoy round robin on loopback (package overhead).
+func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	bin := fs.String("bin", "", "directory with the kvroute and enginesim binaries (default <repo>/bin; make build)")
+	loads := fs.String("workloads", "small@200,small@500,229KB@c32,229KB@c150,533KB@c1", "SIZE@RATE (open loop) or SIZE@cN (closed loop, N clients), comma-separated")
+	dur := fs.Duration("duration", 10*time.Second, "length of one phase (one target, one workload)")
+	runs := fs.Int("runs", 3, "alternating runs per workload (kvroute, round robin, kvroute, ...); medians are reported")
+	tok := fs.String("tokenizer", "", "kvroute tokenizer: local (default when the Qwen3 files are fetched: make fixtures) or remote")
+	events := fs.Bool("events", false, "keep the engines' KV event streams on")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	ws, err := overhead.ParseWorkloads(*loads)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	rep, err := overhead.Run(ctx, overhead.Options{
+		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, Log: stderr,
+	})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.Print(stdout)
+	return nil
+}

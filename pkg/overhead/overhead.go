@@ -1,0 +1,395 @@
+package overhead
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/testbed"
+)
+
+// Tokenizer modes for kvroute.
+const (
+	TokenizerLocal  = "local"  // Qwen3 tokenizer files, in process
+	TokenizerRemote = "remote" // the engines' /tokenize (kvroute's default)
+)
+
+// Options configure Run.
+type Options struct {
+	// Bin holds the kvroute and enginesim binaries (make build).
+	Bin string
+	// Root is the repository (envoy/envoy.yaml); default found upward
+	// from the working directory.
+	Root string
+	// Workloads to run, in order; default DefaultWorkloads.
+	Workloads []Workload
+	// Duration of one phase (one target, one workload); default 10s.
+	Duration time.Duration
+	// Runs alternate kvroute and round robin this many times; default 1.
+	Runs int
+	// Tokenizer is TokenizerLocal (default when TokenizerDir has the
+	// files) or TokenizerRemote.
+	Tokenizer string
+	// TokenizerDir holds tokenizer.json and tokenizer_config.json for the
+	// local tokenizer; default <Root>/.cache/tokenizers/qwen3.
+	TokenizerDir string
+	// Engines is the number of simulated engines; default 4.
+	Engines int
+	// EnvoyConcurrency is each Envoy's worker threads; default 2.
+	EnvoyConcurrency int
+	// Events keeps the engines' KV event streams on (kvroute then also
+	// spends CPU indexing every prompt block; off by default: the
+	// simulated engines count one token per byte, four times a real
+	// tokenizer's blocks).
+	Events bool
+	// Log receives progress lines; nil discards.
+	Log io.Writer
+}
+
+// DefaultWorkloads are issue 11's loads: small chats at 200 and 500
+// req/s, 229 KB chats at concurrency 32 and 150, 533 KB (≈100k-token)
+// chats one at a time.
+func DefaultWorkloads() []Workload {
+	return []Workload{
+		{Name: "small", BodyBytes: 1 << 10, Rate: 200},
+		{Name: "small", BodyBytes: 1 << 10, Rate: 500},
+		{Name: "229KB", BodyBytes: 229_000, Concurrency: 32},
+		{Name: "229KB", BodyBytes: 229_000, Concurrency: 150},
+		{Name: "533KB", BodyBytes: 533_000, Concurrency: 1},
+	}
+}
+
+// Phase is one target's measurement of one workload in one run.
+type Phase struct {
+	Workload Workload
+	Target   string // "kvroute" or "round-robin"
+	Run      int
+	Stats    Stats
+}
+
+// Row compares the targets on one workload: medians over runs.
+type Row struct {
+	Workload        Workload
+	KVRoute, RR     Stats
+	AddedTTFTp50    time.Duration
+	AddedTTFTp99    time.Duration
+	AddedE2Ep50     time.Duration
+	AddedE2Ep99     time.Duration
+	AddedITLp50     time.Duration
+	ThroughputRatio float64 // kvroute / round robin
+}
+
+// Report is a whole run.
+type Report struct {
+	Phases []Phase
+	Rows   []Row
+}
+
+const model = "sim-model"
+
+func (o *Options) defaults() error {
+	if o.Root == "" {
+		r, err := testbed.RepoRoot()
+		if err != nil {
+			return err
+		}
+		o.Root = r
+	}
+	if o.Bin == "" {
+		o.Bin = filepath.Join(o.Root, "bin")
+	}
+	if len(o.Workloads) == 0 {
+		o.Workloads = DefaultWorkloads()
+	}
+	if o.Duration <= 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Runs <= 0 {
+		o.Runs = 1
+	}
+	if o.Engines <= 0 {
+		o.Engines = 4
+	}
+	if o.EnvoyConcurrency <= 0 {
+		o.EnvoyConcurrency = 2
+	}
+	if o.TokenizerDir == "" {
+		cache := os.Getenv("KVROUTE_TOKENIZER_CACHE") // as make fixtures sets it
+		if cache == "" {
+			cache = filepath.Join(o.Root, ".cache", "tokenizers")
+		}
+		o.TokenizerDir = filepath.Join(cache, "qwen3")
+	}
+	if o.Tokenizer == "" {
+		o.Tokenizer = TokenizerLocal
+		if _, err := os.Stat(filepath.Join(o.TokenizerDir, "tokenizer.json")); err != nil {
+			o.Tokenizer = TokenizerRemote
+		}
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	switch o.Tokenizer {
+	case TokenizerLocal, TokenizerRemote:
+	default:
+		return fmt.Errorf("tokenizer %q: want local or remote", o.Tokenizer)
+	}
+	for _, w := range o.Workloads {
+		if w.BodyBytes <= 0 || (w.Rate <= 0 && w.Concurrency <= 0) {
+			return fmt.Errorf("workload %s: needs a body size and a rate or a concurrency", w.Name)
+		}
+	}
+	return nil
+}
+
+func (o *Options) kvrouteExtra() string {
+	var b strings.Builder
+	b.WriteString("telemetry: {log_level: warn}\n")
+	if o.Tokenizer == TokenizerLocal {
+		fmt.Fprintf(&b, "tokenizer:\n  models:\n    %s: {kind: local, tokenizer_json: %q, tokenizer_config: %q}\n",
+			model, filepath.Join(o.TokenizerDir, "tokenizer.json"), filepath.Join(o.TokenizerDir, "tokenizer_config.json"))
+	}
+	return b.String()
+}
+
+// Run starts the stack, measures every workload on both targets and
+// stops everything it started.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	bin, err := testbed.FindBinaries(o.Bin)
+	if err != nil {
+		return nil, fmt.Errorf("binaries (make build): %w", err)
+	}
+	tmpl, err := os.ReadFile(filepath.Join(o.Root, "envoy", "envoy.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvbench-overhead")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	g, err := testbed.NewGroup(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = g.Stop() }()
+
+	engineArgs := []string{
+		"--speed", "100", "--decode-step-ms", "10", "--decode-step-per-seq-ms", "0",
+		"--prefill-tokens-per-s", "1e9", "--max-model-len", "4000000", "--max-num-batched-tokens", "4000000",
+		"--num-gpu-blocks", "4000000", "--max-num-seqs", "1024", "--log-level", "warn",
+	}
+	kvArgs := []string{}
+	if !o.Events {
+		engineArgs = append(engineArgs, "--kv-events-disable")
+		kvArgs = append(kvArgs, "--warm-timeout", "1s")
+	}
+	so := testbed.StackOptions{
+		Bin: bin, Envoy: tmpl, Engines: o.Engines, Model: model,
+		EngineArgs:   func(int) []string { return engineArgs },
+		KVRouteExtra: o.kvrouteExtra(), KVRouteArgs: kvArgs,
+		EnvoyConcurrency: o.EnvoyConcurrency,
+	}
+	fmt.Fprintf(o.Log, "starting %d engines, kvroute (%s tokenizer), Envoy via kvroute and a plain round-robin Envoy\n", o.Engines, o.Tokenizer)
+	st, err := testbed.StartStack(ctx, g, so)
+	if err != nil {
+		return nil, err
+	}
+	plain, err := st.StartPlainEnvoy(ctx, g, so)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Log, "kvroute pid %d; Envoy via kvroute %s, plain Envoy %s\n", st.KV.Proc.Pid(), st.Envoy.URL(), plain.URL())
+	client := &http.Client{Transport: &http.Transport{
+		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true,
+	}}
+	defer client.CloseIdleConnections()
+	targets := []struct {
+		name string
+		url  string
+	}{{"kvroute", st.Envoy.URL()}, {"round-robin", plain.URL()}}
+
+	rep := &Report{}
+	for _, w := range o.Workloads {
+		f := newBodyFactory(model, w.BodyBytes)
+		// Warm both paths (connections, tokenizer, template) before timing.
+		for _, t := range targets {
+			for range 3 {
+				send(ctx, client, t.url, f.next())
+			}
+		}
+		for run := range o.Runs {
+			for _, t := range targets {
+				if ctx.Err() != nil {
+					return rep, ctx.Err()
+				}
+				cpu0, _ := procCPU(st.KV.Proc.Pid())
+				dec0, _ := decisions(ctx, st.KV)
+				start := time.Now()
+				rs, late := drive(ctx, client, t.url, w, f, o.Duration)
+				s := summarize(rs, time.Since(start), late)
+				if t.name == "kvroute" {
+					cpu1, err := procCPU(st.KV.Proc.Pid())
+					dec1, _ := decisions(ctx, st.KV)
+					if err == nil && s.Requests > 0 {
+						s.CPUPerRequest = (cpu1 - cpu0) / time.Duration(s.Requests)
+						s.Routed = (dec1 - dec0) / float64(s.Requests)
+					}
+				}
+				rep.Phases = append(rep.Phases, Phase{Workload: w, Target: t.name, Run: run, Stats: s})
+				fmt.Fprintf(o.Log, "%-28s %-11s run %d: %d requests, %d errors, e2e p50 %v p99 %v, %.1f req/s\n",
+					w, t.name, run+1, s.Requests, s.Errors, s.E2Ep50.Round(10*time.Microsecond), s.E2Ep99.Round(10*time.Microsecond), s.Throughput)
+			}
+		}
+		rep.Rows = append(rep.Rows, row(w, rep.Phases))
+	}
+	if !st.KV.Proc.Running() {
+		return rep, errors.New("kvroute exited during the run: " + st.KV.Proc.Tail(2000))
+	}
+	return rep, nil
+}
+
+// row takes the medians of a workload's phases per target.
+func row(w Workload, phases []Phase) Row {
+	pick := func(target string) []Stats {
+		var out []Stats
+		for _, p := range phases {
+			if p.Workload == w && p.Target == target {
+				out = append(out, p.Stats)
+			}
+		}
+		return out
+	}
+	kv, rr := medianStats(pick("kvroute")), medianStats(pick("round-robin"))
+	r := Row{Workload: w, KVRoute: kv, RR: rr,
+		AddedTTFTp50: kv.TTFTp50 - rr.TTFTp50, AddedTTFTp99: kv.TTFTp99 - rr.TTFTp99,
+		AddedE2Ep50: kv.E2Ep50 - rr.E2Ep50, AddedE2Ep99: kv.E2Ep99 - rr.E2Ep99,
+		AddedITLp50: kv.ITLp50 - rr.ITLp50,
+	}
+	if rr.Throughput > 0 {
+		r.ThroughputRatio = kv.Throughput / rr.Throughput
+	}
+	return r
+}
+
+// medianStats takes each field's median over runs.
+func medianStats(ss []Stats) Stats {
+	if len(ss) == 0 {
+		return Stats{}
+	}
+	md := func(get func(Stats) time.Duration) time.Duration {
+		xs := make([]time.Duration, len(ss))
+		for i, s := range ss {
+			xs[i] = get(s)
+		}
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	mf := func(get func(Stats) float64) float64 {
+		xs := make([]float64, len(ss))
+		for i, s := range ss {
+			xs[i] = get(s)
+		}
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	out := Stats{
+		TTFTp50: md(func(s Stats) time.Duration { return s.TTFTp50 }), TTFTp99: md(func(s Stats) time.Duration { return s.TTFTp99 }),
+		E2Ep50: md(func(s Stats) time.Duration { return s.E2Ep50 }), E2Ep99: md(func(s Stats) time.Duration { return s.E2Ep99 }),
+		ITLp50:        md(func(s Stats) time.Duration { return s.ITLp50 }),
+		CPUPerRequest: md(func(s Stats) time.Duration { return s.CPUPerRequest }),
+		Throughput:    mf(func(s Stats) float64 { return s.Throughput }),
+		Routed:        mf(func(s Stats) float64 { return s.Routed }),
+	}
+	for _, s := range ss {
+		out.Requests += s.Requests
+		out.Errors += s.Errors
+		out.Late += s.Late
+	}
+	return out
+}
+
+// Print writes the side-by-side table.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\trouted\terrors kv/RR\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%.2f\t%d / %d\t\n",
+			row.Workload, ms(row.KVRoute.E2Ep50), ms(row.RR.E2Ep50), ms(row.AddedE2Ep50),
+			ms(row.KVRoute.E2Ep99), ms(row.RR.E2Ep99), ms(row.AddedE2Ep99), ms(row.AddedTTFTp50), us(row.AddedITLp50),
+			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), row.KVRoute.Routed,
+			row.KVRoute.Errors, row.RR.Errors)
+	}
+	_ = tw.Flush()
+}
+
+func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + " ms" }
+func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) + " µs" }
+
+// procCPU is a process's user plus system CPU time from /proc.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesized command name; utime and stime are
+	// fields 14 and 15 (1-based), in clock ticks.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / ticks, nil
+}
+
+// decisions sums kvroute_decisions_total from kvroute's metrics.
+func decisions(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, kv.MetricsURL("/metrics"), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	total := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "kvroute_decisions_total{") {
+			continue
+		}
+		if i := strings.LastIndexByte(l, ' '); i > 0 {
+			v, err := strconv.ParseFloat(l[i+1:], 64)
+			if err == nil {
+				total += v
+			}
+		}
+	}
+	return total, sc.Err()
+}
