@@ -21,6 +21,8 @@ const (
 	// flavorGPT2 is GPT-2's ByteLevel pattern:
 	//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 	flavorGPT2
+	// flavorO200k is gpt-oss's pattern (pretok_o200k.go).
+	flavorO200k
 )
 
 const (
@@ -38,6 +40,8 @@ func flavorOf(pattern string) (splitFlavor, bool) {
 		return flavorQwen2, true
 	case patternGPT2:
 		return flavorGPT2, true
+	case patternO200k:
+		return flavorO200k, true
 	}
 	return 0, false
 }
@@ -127,6 +131,9 @@ func splitPieces(f splitFlavor, s string, emit func(start, end int)) {
 // nextPiece returns the end of the pre-token starting at i (i < len(s)),
 // trying the pattern's alternatives in order as the regex engine would.
 func nextPiece(f splitFlavor, s string, i int) int {
+	if f == flavorO200k {
+		return nextPieceO200k(s, i)
+	}
 	c0, r0, w0 := classAt(s, i)
 	n := len(s)
 	// Contractions.
