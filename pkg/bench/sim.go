@@ -395,13 +395,16 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	matched := dec.MatchedBlocks()
 	predicted := min(matched*bs, (len(prompt)-1)/bs*bs)
 	lv := &live{
-		sess: sess, turn: turn, replica: ri, prompt: prompt,
+		sess: sess, turn: turn, replica: ri,
 		keepOut:   turn+1 < len(s.w.Sessions[sess].Turns),
 		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
 		predicted: predicted,
 		ceiling:   s.ceiling(prompt),
 		truncated: truncated,
 		reason:    dec.Reason,
+	}
+	if lv.keepOut {
+		lv.prompt = prompt // the next turn resends it
 	}
 	s.live[ri][id] = lv
 	r.res.Requests++

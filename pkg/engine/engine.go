@@ -532,13 +532,17 @@ func (e *Engine) commit(r *request) {
 		if i > 0 {
 			ev.Parent, ev.HasParent = r.hashes[i-1], true
 		}
+		// The run's tokens are copied once; the event and the blocks'
+		// metadata share the copy, so a cached block does not keep its
+		// request's whole token array alive.
+		ev.Tokens = append(ev.Tokens, r.tokens[i*bs:j*bs]...)
 		for k := i; k < j; k++ {
 			m := &metas[k-i]
 			e.fillMeta(m, r, k)
+			m.tokens = ev.Tokens[(k-i)*bs : (k-i+1)*bs : (k-i+1)*bs]
 			h := r.hashes[k]
 			e.pool.cache(r.blocks[k], h, m)
 			ev.Hashes = append(ev.Hashes, h)
-			ev.Tokens = append(ev.Tokens, m.tokens...)
 			ev.ExtraKeys = append(ev.ExtraKeys, m.extra)
 		}
 		e.events = append(e.events, ev)
