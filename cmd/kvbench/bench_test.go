@@ -175,3 +175,55 @@ func TestLiveAgainstFakeStack(t *testing.T) {
 		t.Fatalf("live report %s", out)
 	}
 }
+
+// A small matrix: every case judged, the summary counts them, the JSON file
+// matches stdout, and the numbers do not depend on parallelism.
+func TestMatrixSmall(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"matrix", "-replicas", "2,4", "-workloads", "herding,chat", "-util", "0.5,1.1", "-seeds", "1-2",
+		"-size", "0.02", "-gpu-blocks", "4096", "-cpu-blocks", "0", "-policies", "roundrobin,leastload,kvroute", "-q"}
+	a := kvbench(t, append(args, "-json", "-parallel", "1", "-json-out", filepath.Join(dir, "m.json"))...)
+	b := kvbench(t, append(args, "-json", "-parallel", "3")...)
+	if !bytes.Equal(a, b) {
+		t.Fatal("matrix output depends on parallelism")
+	}
+	if f, err := os.ReadFile(filepath.Join(dir, "m.json")); err != nil || !bytes.Equal(f, a) {
+		t.Fatalf("json-out file differs from stdout (%v)", err)
+	}
+	var rep MatrixReport
+	if err := json.Unmarshal(a, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cases) != 8 || rep.Summary.Cases != 8 {
+		t.Fatalf("%d cases, summary %+v", len(rep.Cases), rep.Summary)
+	}
+	passed := 0
+	for _, c := range rep.Cases {
+		if len(c.Results) != 3 || len(c.Results[0].PerSeed) != 2 {
+			t.Fatalf("case %+v", c)
+		}
+		want := 3 // mean, p99, hit at 0.5
+		if c.Util > 0.95 {
+			want = 2 // mean and p99 against round robin
+		}
+		if len(c.Verdict.Checks) != want {
+			t.Fatalf("%s r%d util %v: checks %+v", c.Workload, c.Replicas, c.Util, c.Verdict.Checks)
+		}
+		if c.Verdict.Pass {
+			passed++
+		}
+	}
+	if passed != rep.Summary.Passed {
+		t.Fatalf("summary passed %d, cases passing %d", rep.Summary.Passed, passed)
+	}
+	md := string(kvbench(t, args...))
+	for _, want := range []string{"| 2 | herding | 0.50 |", "| 4 | chat | 1.10 |", "cases pass."} {
+		if !strings.Contains(md, want) {
+			t.Errorf("table lacks %q:\n%s", want, md)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"matrix", "-policies", "leastload,kvroute"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "baseline") {
+		t.Errorf("matrix without the baseline: exit %d, %s", code, errb.String())
+	}
+}

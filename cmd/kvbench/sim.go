@@ -37,13 +37,24 @@ type simFlags struct {
 
 func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.workloads, "workload", "trace", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all")
-	fs.StringVar(&f.trace, "trace", "", "Mooncake-format trace (default ../shared/traces/synthetic_trace.jsonl from the repository root)")
 	fs.Float64Var(&f.rate, "rate", 1, "arrival-rate scale (2 = twice as fast)")
+	fs.IntVar(&f.replicas, "replicas", 8, "replicas in the fleet")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed for generators, tie-breaks and event loss")
+	f.registerSource(fs)
+	f.registerFleet(fs)
+}
+
+// registerSource registers the flags that shape the workloads' content.
+func (f *simFlags) registerSource(fs *flag.FlagSet) {
+	fs.StringVar(&f.trace, "trace", "", "Mooncake-format trace (default shared/traces/synthetic_trace.jsonl in the nearest directory above the repository root that has it)")
 	fs.IntVar(&f.limit, "limit", 0, "use only the trace's first N requests (0 = all)")
 	fs.IntVar(&f.repeat, "repeat", 1, "replay the trace this many times back to back, each copy with its own block ids (3 gives 11,979 requests)")
 	fs.Float64Var(&f.size, "size", 1, "generator size scale (number of sessions)")
-	fs.IntVar(&f.replicas, "replicas", 8, "replicas in the fleet")
-	fs.Uint64Var(&f.seed, "seed", 1, "seed for generators, tie-breaks and event loss")
+}
+
+// registerFleet registers the engine and router flags (all but the
+// number of replicas).
+func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 	fs.DurationVar(&f.delay, "event-delay", 0, "delay of KV events to the router's index")
 	fs.Float64Var(&f.loss, "event-loss", 0, "probability a KV-event batch is lost")
 	fs.IntVar(&f.gpuBlocks, "gpu-blocks", 0, "GPU KV blocks per replica (default 24576 blocks of 16 tokens; with -block-size, the same memory in bigger blocks)")
