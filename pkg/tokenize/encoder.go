@@ -216,25 +216,37 @@ func parsePreTokenizer(raw json.RawMessage) (splitFlavor, error) {
 		}
 		return flavorGPT2, nil
 	case "Sequence":
-		if len(p.Pretokenizers) != 2 {
-			return 0, fmt.Errorf("%w: pre-tokenizer sequence of %d", ErrUnsupported, len(p.Pretokenizers))
+		n := len(p.Pretokenizers)
+		if n < 2 {
+			return 0, fmt.Errorf("%w: pre-tokenizer sequence of %d", ErrUnsupported, n)
 		}
-		var split, bl preTok
-		if err := json.Unmarshal(p.Pretokenizers[0], &split); err != nil {
+		var splits []string
+		for _, raw := range p.Pretokenizers[:n-1] {
+			var split preTok
+			if err := json.Unmarshal(raw, &split); err != nil {
+				return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
+			}
+			if split.Type != "Split" || split.Behavior != "Isolated" || split.Invert {
+				return 0, fmt.Errorf("%w: pre-tokenizer %s/%s", ErrUnsupported, split.Type, split.Behavior)
+			}
+			splits = append(splits, split.Pattern["Regex"])
+		}
+		var bl preTok
+		if err := json.Unmarshal(p.Pretokenizers[n-1], &bl); err != nil {
 			return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
-		}
-		if err := json.Unmarshal(p.Pretokenizers[1], &bl); err != nil {
-			return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
-		}
-		if split.Type != "Split" || split.Behavior != "Isolated" || split.Invert {
-			return 0, fmt.Errorf("%w: pre-tokenizer %s/%s", ErrUnsupported, split.Type, split.Behavior)
 		}
 		if bl.Type != "ByteLevel" || bl.UseRegex || bl.AddPrefixSpace {
-			return 0, fmt.Errorf("%w: second pre-tokenizer %s", ErrUnsupported, bl.Type)
+			return 0, fmt.Errorf("%w: last pre-tokenizer %s", ErrUnsupported, bl.Type)
 		}
-		fl, ok := flavorOf(split.Pattern["Regex"])
+		if len(splits) == 3 && splits[0] == patternDeepSeekNum && splits[1] == patternDeepSeekCJK && splits[2] == patternDeepSeek3 {
+			return flavorDeepSeek, nil
+		}
+		if len(splits) != 1 {
+			return 0, fmt.Errorf("%w: pre-tokenizer sequence of %d splits %q", ErrUnsupported, len(splits), splits)
+		}
+		fl, ok := flavorOf(splits[0])
 		if !ok {
-			return 0, fmt.Errorf("%w: split pattern %q", ErrUnsupported, split.Pattern["Regex"])
+			return 0, fmt.Errorf("%w: split pattern %q", ErrUnsupported, splits[0])
 		}
 		return fl, nil
 	}

@@ -23,6 +23,9 @@ const (
 	flavorGPT2
 	// flavorO200k is gpt-oss's pattern (pretok_o200k.go).
 	flavorO200k
+	// flavorDeepSeek is DeepSeek-V3's sequence of three splits
+	// (pretok_deepseek.go).
+	flavorDeepSeek
 )
 
 const (
@@ -131,8 +134,11 @@ func splitPieces(f splitFlavor, s string, emit func(start, end int)) {
 // nextPiece returns the end of the pre-token starting at i (i < len(s)),
 // trying the pattern's alternatives in order as the regex engine would.
 func nextPiece(f splitFlavor, s string, i int) int {
-	if f == flavorO200k {
+	switch f {
+	case flavorO200k:
 		return nextPieceO200k(s, i)
+	case flavorDeepSeek:
+		return nextPieceDeepSeek(s, i)
 	}
 	c0, r0, w0 := classAt(s, i)
 	n := len(s)
