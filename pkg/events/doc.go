@@ -12,6 +12,7 @@
 //	m.NoteRouted(id, now)   // the router routed a request there (feeds the silence check)
 //	m.Status(id)            // state, last sequence, last event, silent flag, bound endpoint
 //	m.Warm()                // every source settled its first warm-up (readiness)
+//	m.Readiness()           // Warm, plus which sources are degraded and why (/readyz detail)
 //
 // Config is the "events" section of kvroute's config file (YAML keys
 // workers, queue_size, replay_timeout, ...): zero fields take the Default*
@@ -117,6 +118,24 @@
 //     vLLM and SGLang, until seq 0xFFFFFFFFFFFFFFFF). Each wait is bounded
 //     by ReplayTimeout. Live batches arriving meanwhile are buffered
 //     (ReplayBuffer) and applied after, deduplicated by sequence.
+//   - A catch-up runs in rounds, each a fresh replay request from the first
+//     sequence still missing. vLLM's replay ROUTER keeps libzmq's default
+//     send HWM (1000 messages) and drops replies past it, end marker
+//     included, so a long replay (a full buffer holds 10,000 batches)
+//     arrives in pieces: a reply that skips a sequence after the round has
+//     delivered from where it asked, or a pause of 250ms without its end
+//     marker once it has delivered (no reply for ReplayTimeout otherwise),
+//     ends the round ("partial") and the next round asks from the hole. The
+//     worker paces the replay (replayed batches wait for queue room, which
+//     does not count as a pause). A full live buffer is dropped and asked
+//     for by the next round (the engine buffers those batches too). Only
+//     three rounds in a row that apply nothing give up (replay_rounds).
+//     Status(id).Replay reports the progress (first and next sequence,
+//     rounds, batches replayed, live batches waiting); replays_total
+//     {result=partial} and replayed_batches_total count it.
+//   - A first reply later than asked means the engine no longer buffers
+//     what was missing (its buffer wrapped): the view is cleared and the
+//     catch-up ends "truncated", whatever later rounds bring.
 //   - A lower sequence that is not a late copy of a batch already applied
 //     (same sequence and payload fingerprint) means the engine restarted:
 //     the replica is cleared and replayed from 0.
@@ -128,6 +147,14 @@
 //     replay and the subscription is missed. An engine that does not
 //     connect within ReplayTimeout stops holding readiness back (Warm) and
 //     stays at Credit 0.
+//
+// Warm reports that every source finished its first warm-up: its replay
+// reached the live stream, or ended truncated or failed, or its engine did
+// not connect in time. Readiness adds the detail: how many sources are
+// caught up, and each degraded one (Credit 0) with why (warming,
+// replaying with progress, unreachable, no_replay_endpoint, or the last
+// resync reason such as replay_truncated); the degraded gauge is 1 for a
+// source whose warm-up ended without a complete view.
 //
 // A replica is "caught up", and gets Credit 1, when one of these holds:
 // a replay from 0 started at sequence 0 and reached the live stream without
@@ -156,10 +183,12 @@
 //
 // Metrics, prefixed kvroute_events_ and labelled by replica: batches_total,
 // events_total{type}, decode_errors_total{reason}, gaps_total,
-// replays_total{result=ok|truncated|failed}, resyncs_total{reason},
+// replays_total{result=ok|truncated|failed|partial},
+// replayed_batches_total, resyncs_total{reason},
 // unknown_parent_blocks_total, skipped_total{reason},
-// queue_overflows_total, block_size_mismatch_total, lag_seconds, resyncing,
-// silent; queue_depth{worker}. Logs are structured and emitted on state
+// queue_overflows_total, block_size_mismatch_total,
+// unknown_spec_kind_total, group_held_total, engine_block_size,
+// lag_seconds, resyncing, degraded, silent; queue_depth{worker}. Logs are structured and emitted on state
 // changes only.
 //
 // # Goroutines

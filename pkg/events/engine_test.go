@@ -43,6 +43,10 @@ type engineOpts struct {
 	noReplay   bool
 	connectTo  string // connect the PUB to this endpoint (router listens)
 	holes      map[uint64]bool
+	// vllmHWM leaves the replay ROUTER at libzmq's default send HWM (1000
+	// messages), as vLLM does: a long replay overruns it and the ROUTER
+	// drops replies, the END marker included.
+	vllmHWM bool
 }
 
 func newFakeEngine(t testing.TB, o engineOpts) *fakeEngine {
@@ -78,7 +82,9 @@ func newFakeEngine(t testing.TB, o engineOpts) *fakeEngine {
 		e.router, err = zctx.NewSocket(zmq.ROUTER)
 		must(err)
 		must(e.router.SetLinger(0))
-		must(e.router.SetSndhwm(0))
+		if !o.vllmHWM {
+			must(e.router.SetSndhwm(0))
+		}
 		must(e.router.Bind("tcp://127.0.0.1:*"))
 		e.replayEP, err = e.router.GetLastEndpoint()
 		must(err)
@@ -189,6 +195,20 @@ func (e *fakeEngine) publish(payload []byte, drop bool) uint64 {
 		}
 	})
 	return s
+}
+
+// publishAll publishes payloads in order, in one call.
+func (e *fakeEngine) publishAll(payloads [][]byte) {
+	e.call(func() {
+		for _, p := range payloads {
+			e.ring = append(e.ring, liveMsg{e.seq, p})
+			_, _ = e.pub.SendMessage(e.topic, seq8(e.seq), p)
+			e.seq++
+		}
+		if len(e.ring) > e.steps {
+			e.ring = e.ring[len(e.ring)-e.steps:]
+		}
+	})
 }
 
 // sendRaw sends arbitrary frames on the PUB socket.

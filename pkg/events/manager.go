@@ -1,12 +1,14 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +95,8 @@ type ReplicaStatus struct {
 	Silent bool
 	// Endpoint is the endpoint in use (the bound one in listen mode).
 	Endpoint string
+	// Replay is the progress of the catch-up running, nil when none is.
+	Replay *ReplayProgress
 }
 
 // maxSockets is the ZMQ context's socket limit.
@@ -163,6 +167,9 @@ type replica struct {
 	lastSeq  uint64
 	endpoint string
 	silent   bool
+	// progress of the catch-up running, if replaying
+	progress  ReplayProgress
+	replaying bool
 }
 
 func (r *replica) set(f func(r *replica)) {
@@ -256,6 +263,81 @@ func (m *Manager) Warm() bool {
 	return true
 }
 
+// Readiness is the events side of readiness, with the detail /readyz
+// shows.
+type Readiness struct {
+	// Warm is Manager.Warm: every source finished its first warm-up.
+	Warm bool
+	// Sources and CaughtUp count the sources and those whose view is
+	// complete (Credit 1).
+	Sources, CaughtUp int
+	// Degraded lists, by ID, the sources whose view is not complete, and
+	// why.
+	Degraded []Degraded
+}
+
+// Degraded is a source whose view is incomplete: its cache credit is 0.
+type Degraded struct {
+	ID index.ReplicaID
+	// State is ReplicaStatus.State.
+	State string
+	// Reason: "warming" (first warm-up not finished), "replaying" (a
+	// catch-up is running; Replay has its progress), "unreachable" (the
+	// engine never connected), "no_replay_endpoint" (waiting for the quiet
+	// window), or the reason of the last resync (replay_truncated,
+	// replay_failed, replay_rounds, gap, decode_error, restart, ...).
+	Reason string
+	// Settled reports the first warm-up finished.
+	Settled bool
+	// Replay is the running catch-up's progress, if any.
+	Replay *ReplayProgress
+}
+
+// Readiness reports whether the sources are warm and which are degraded
+// and why. A source is warm once its first warm-up finished: its replay
+// reached the live stream (complete: Credit 1), or ended without a complete
+// view (truncated or failed: degraded, Credit 0 until the quiet window), or
+// its engine did not connect in time (degraded "unreachable"). Replays go
+// on round after round while they make progress, so a full engine buffer
+// (vLLM keeps 10,000 batches) is replayed to the end before the source
+// counts as warm.
+func (m *Manager) Readiness() Readiness {
+	m.mu.RLock()
+	reps := make([]*replica, 0, len(m.replicas))
+	for _, r := range m.replicas {
+		reps = append(reps, r)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(reps, func(a, b *replica) int { return cmp.Compare(a.src.ID, b.src.ID) })
+	rd := Readiness{Warm: true, Sources: len(reps)}
+	for _, r := range reps {
+		st := m.Status(r.src.ID)
+		if !st.Known {
+			continue // removed meanwhile
+		}
+		if !st.Settled {
+			rd.Warm = false
+		}
+		if st.CaughtUp {
+			rd.CaughtUp++
+			continue
+		}
+		d := Degraded{ID: r.src.ID, State: st.State, Reason: st.Reason, Settled: st.Settled, Replay: st.Replay}
+		switch {
+		case st.Replay != nil:
+			d.Reason = "replaying"
+		case st.State == "connecting" && st.Settled:
+			d.Reason = "unreachable"
+		case !st.Settled:
+			d.Reason = "warming"
+		case r.src.ReplayEndpoint == "":
+			d.Reason = "no_replay_endpoint"
+		}
+		rd.Degraded = append(rd.Degraded, d)
+	}
+	return rd
+}
+
 // NoteRouted tells the Manager a request was routed to id at now; it feeds
 // the silent-replica check. Cheap and non-blocking.
 func (m *Manager) NoteRouted(id index.ReplicaID, now time.Time) {
@@ -299,6 +381,10 @@ func (m *Manager) Status(id index.ReplicaID) ReplicaStatus {
 	}
 	r.mu.Lock()
 	st.State, st.Reason, st.HasSeq, st.LastSeq, st.Endpoint = r.state, r.reason, r.hasSeq, r.lastSeq, r.endpoint
+	if r.replaying {
+		p := r.progress
+		st.Replay = &p
+	}
 	r.mu.Unlock()
 	return st
 }

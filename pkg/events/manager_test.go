@@ -538,6 +538,11 @@ func TestTruncatedWarmReplay(t *testing.T) {
 	if !h.m.Warm() {
 		t.Error("a settled source holds readiness back")
 	}
+	rd := h.m.Readiness()
+	if !rd.Warm || rd.Sources != 1 || rd.CaughtUp != 0 || len(rd.Degraded) != 1 ||
+		rd.Degraded[0].ID != "r1" || rd.Degraded[0].Reason != "replay_truncated" || !rd.Degraded[0].Settled {
+		t.Errorf("readiness %+v", rd)
+	}
 }
 
 // A reconnect (seen by the socket monitor) clears and replays from 0.
@@ -612,6 +617,12 @@ func TestUnreachableEngineSettles(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // longer than the quiet window
 	if st := h.m.Status("r1"); h.m.Credit("r1") != 0 || st.State != "connecting" || !st.Settled {
 		t.Errorf("unreachable engine: credit %v, %+v", h.m.Credit("r1"), st)
+	}
+	if rd := h.m.Readiness(); !rd.Warm || len(rd.Degraded) != 1 || rd.Degraded[0].Reason != "unreachable" {
+		t.Errorf("readiness %+v", rd)
+	}
+	if got := h.counter("kvroute_events_degraded"); got != 1 {
+		t.Errorf("degraded gauge %v", got)
 	}
 }
 

@@ -27,6 +27,8 @@ type metrics struct {
 	lag           *prometheus.GaugeVec
 	resyncing     *prometheus.GaugeVec
 	silent        *prometheus.GaugeVec
+	degraded      *prometheus.GaugeVec
+	replayed      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,6 +52,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		sizeMismatch:  counter("block_size_mismatch_total", "BlockStored events whose block size differs from the replica's configured block size (indexed as given, except group-tagged events, which are skipped).", "replica"),
 		unknownKind:   counter("unknown_spec_kind_total", "Events of a KV-cache group whose kv_cache_spec_kind this router does not know; presumed full attention and applied.", "replica"),
 		groupHeld:     counter("group_held_total", "Block removals of one KV-cache group not applied to the index because another group still holds the block.", "replica"),
+		degraded:      gauge("degraded", "1 when the replica's warm-up ended without a complete view (engine unreachable, replay truncated or failed, no replay endpoint): cache credit 0 until it catches up; Manager.Readiness says why.", "replica"),
+		replayed:      counter("replayed_batches_total", "Batches applied from replay replies (warm-up and gap catch-ups).", "replica"),
 		engineBlock:   gauge("engine_block_size", "Block size (SGLang: page size) of the replica's last BlockStored event, in tokens.", "replica"),
 		queueDepth:    gauge("queue_depth", "Items waiting in a worker queue.", "worker"),
 		lag:           gauge("lag_seconds", "Now minus the timestamp of the last applied batch.", "replica"),
@@ -90,7 +94,8 @@ type replicaMetrics struct {
 	overflows                      prometheus.Counter
 	gaps                           prometheus.Counter
 	lag                            prometheus.Gauge
-	resyncing, silent              prometheus.Gauge
+	resyncing, silent, degraded    prometheus.Gauge
+	replayed                       prometheus.Counter
 }
 
 func (m *metrics) forReplica(id string) *replicaMetrics {
@@ -113,6 +118,8 @@ func (m *metrics) forReplica(id string) *replicaMetrics {
 		lag:           m.lag.WithLabelValues(id),
 		resyncing:     m.resyncing.WithLabelValues(id),
 		silent:        m.silent.WithLabelValues(id),
+		degraded:      m.degraded.WithLabelValues(id),
+		replayed:      m.replayed.WithLabelValues(id),
 	}
 }
 
@@ -120,10 +127,10 @@ func (m *metrics) forReplica(id string) *replicaMetrics {
 func (m *metrics) forget(id string) {
 	l := prometheus.Labels{"replica": id}
 	for _, v := range []*prometheus.CounterVec{m.batches, m.events, m.decodeErrors, m.gaps, m.replays, m.resyncs,
-		m.unknownParent, m.skipped, m.overflows, m.sizeMismatch, m.unknownKind, m.groupHeld} {
+		m.unknownParent, m.skipped, m.overflows, m.sizeMismatch, m.unknownKind, m.groupHeld, m.replayed} {
 		v.DeletePartialMatch(l)
 	}
-	for _, v := range []*prometheus.GaugeVec{m.lag, m.resyncing, m.silent, m.engineBlock} {
+	for _, v := range []*prometheus.GaugeVec{m.lag, m.resyncing, m.silent, m.engineBlock, m.degraded} {
 		v.DeletePartialMatch(l)
 	}
 }

@@ -16,8 +16,11 @@ import (
 // a late duplicate from an engine restart.
 const ringSize = 1024
 
-// maxReplayRounds bounds how many times one catch-up re-asks for batches
-// that went missing while it was replaying.
+// maxReplayRounds bounds how many rounds of one catch-up in a row may apply
+// nothing before it gives up. A round that makes progress never counts: a
+// long replay whose replies the engine drops past its send HWM (vLLM's
+// ROUTER keeps libzmq's default of 1000) goes on from where it stopped,
+// round after round, until it reaches the live stream.
 const maxReplayRounds = 3
 
 type ringEntry struct {
@@ -73,6 +76,9 @@ const (
 	replayOK replayResult = iota
 	replayTruncated
 	replayFailed
+	// replayPartial: the round lost replies (a hole, or no end marker) after
+	// making progress; the next round asks from where it stopped.
+	replayPartial
 )
 
 func (r replayResult) String() string {
@@ -81,6 +87,8 @@ func (r replayResult) String() string {
 		return "ok"
 	case replayTruncated:
 		return "truncated"
+	case replayPartial:
+		return "partial"
 	}
 	return "failed"
 }
@@ -116,12 +124,13 @@ const (
 
 // action is one step the subscriber carries out.
 type action struct {
-	kind   actKind
-	msg    liveMsg // actEnqueue; actRestart: the batch that went backwards
-	live   bool    // actEnqueue: never wait
-	reason string  // actClear, actCaughtUp
-	from   uint64  // actReplay; actRestart: the sequence expected
-	result replayResult
+	kind     actKind
+	msg      liveMsg // actEnqueue; actRestart: the batch that went backwards
+	live     bool    // actEnqueue: never wait
+	replayed bool    // actEnqueue: a replay reply
+	reason   string  // actClear, actCaughtUp
+	from     uint64  // actReplay; actRestart: the sequence expected
+	result   replayResult
 }
 
 // seqConfig is what the machine needs to know of its source and Config.
@@ -132,14 +141,20 @@ type seqConfig struct {
 	resyncQuiet  time.Duration // gap-free window that catches up an unreplayable replica
 }
 
-// replayRun is an outstanding catch-up.
+// replayRun is an outstanding catch-up: one or more rounds (replay
+// requests), each asking from the first sequence still missing.
 type replayRun struct {
-	start     uint64
-	full      bool // the replica was cleared and start is 0: success catches it up
-	round     int
-	first     bool // no reply yet in this round
-	truncated bool
-	pending   []liveMsg // live batches that arrived meanwhile
+	start      uint64 // this round's first sequence asked for
+	from       uint64 // the catch-up's first sequence asked for
+	full       bool   // the replica was cleared and from is 0: success catches it up
+	idle       int    // rounds in a row that applied nothing
+	rounds     int    // rounds so far
+	first      bool   // no reply yet in this round
+	truncated  bool   // some round found the engine no longer buffers what was missing
+	applied    int    // batches applied by this round
+	total      int    // batches applied by the catch-up
+	overflowed bool   // live batches were dropped from pending: ask again for them
+	pending    []liveMsg
 }
 
 // sequencer is the pure state machine of one event stream. Not safe for
@@ -224,9 +239,11 @@ func (q *sequencer) Live(now time.Time, msg liveMsg) []action {
 	q.begin(now)
 	if q.rp != nil {
 		if len(q.rp.pending) >= q.cfg.replayBuffer {
+			// The engine buffers these too: drop them and ask the replay
+			// for them once this round ends.
 			q.emit(action{kind: actReplayOverflow})
-			q.replayFailed()
-			return q.done()
+			q.rp.pending = q.rp.pending[:0]
+			q.rp.overflowed = true
 		}
 		q.rp.pending = append(q.rp.pending, msg)
 		return q.done()
@@ -274,7 +291,8 @@ func (q *sequencer) ReplayBatch(now time.Time, msg liveMsg) []action {
 	if rp == nil {
 		return q.done()
 	}
-	if rp.first {
+	first := rp.first
+	if first {
 		rp.first = false
 		if !q.have {
 			q.have, q.next = true, rp.start
@@ -283,15 +301,40 @@ func (q *sequencer) ReplayBatch(now time.Time, msg liveMsg) []action {
 	switch {
 	case msg.seq < q.next:
 		return q.done() // already applied
-	case msg.seq > q.next:
-		// The engine no longer buffers what was asked for, or dropped
-		// replies: the view has a hole.
+	case msg.seq > q.next && (first || rp.applied == 0):
+		// The engine no longer buffers what was asked for: the view has
+		// a hole.
 		rp.truncated = true
 		q.clear("replay_truncated")
 		q.have, q.next = true, msg.seq
+	case msg.seq > q.next:
+		// A reply went missing after this round had delivered from
+		// where it was asked: the engine still buffers the rest, so
+		// ask again from the hole, on a fresh request.
+		q.emit(action{kind: actReplayDone, result: replayPartial, from: rp.start})
+		q.nextRound()
+		return q.done()
 	}
+	rp.applied++
+	rp.total++
 	q.enqueue(msg, false)
+	q.out[len(q.out)-1].replayed = true
 	return q.done()
+}
+
+// nextRound asks for the batches from next on a new request, keeping the
+// catch-up's pending batches.
+func (q *sequencer) nextRound() {
+	rp := q.rp
+	if rp.applied == 0 {
+		rp.idle++
+	} else {
+		rp.idle = 0
+	}
+	// truncated stays: a hole found by an earlier round is still a hole.
+	rp.start, rp.first, rp.applied = q.next, true, 0
+	rp.rounds++
+	q.emit(action{kind: actReplay, from: q.next})
 }
 
 // ReplayEnd: the replay endpoint sent its end marker.
@@ -307,10 +350,14 @@ func (q *sequencer) ReplayEnd(now time.Time) []action {
 		// Nothing published yet: the stream starts at start, and anything
 		// later is a gap.
 		q.have, q.next = true, rp.start
-	case rp.first:
-		// Nothing is buffered from start on: what was missed is gone.
+	case rp.first && q.missedBeyond():
+		// Nothing is buffered from start on, yet later batches exist:
+		// what was missed is gone.
 		q.clear("replay_truncated")
 		res = replayTruncated
+	case rp.first:
+		// Nothing after what was applied (a round that repeats a lost
+		// end marker): nothing is missing.
 	case rp.truncated:
 		res = replayTruncated
 	}
@@ -323,13 +370,63 @@ func (q *sequencer) ReplayEnd(now time.Time) []action {
 	return q.done()
 }
 
-// ReplayFailed: the replay could not be run or timed out.
+// ReplayFailed: the replay could not be run or timed out. A round that had
+// made progress (its end marker was lost) goes on with another round.
 func (q *sequencer) ReplayFailed(now time.Time) []action {
 	q.begin(now)
-	if q.rp != nil {
+	if rp := q.rp; rp != nil {
+		if rp.applied > 0 {
+			q.emit(action{kind: actReplayDone, result: replayPartial, from: rp.start})
+			q.nextRound()
+			return q.done()
+		}
 		q.replayFailed()
 	}
 	return q.done()
+}
+
+// missedBeyond reports whether batches after next are known to exist (live
+// batches buffered during the catch-up, or dropped from that buffer).
+func (q *sequencer) missedBeyond() bool {
+	rp := q.rp
+	if rp.overflowed {
+		return true
+	}
+	for _, m := range rp.pending {
+		if m.seq >= q.next {
+			return true
+		}
+	}
+	return false
+}
+
+// ReplayProgress describes an outstanding catch-up.
+type ReplayProgress struct {
+	// From is the first sequence the catch-up asked for; Next the first
+	// still missing.
+	From, Next uint64
+	// Rounds is how many replay requests it made so far; Batches how many
+	// replayed batches it applied.
+	Rounds, Batches int
+	// Pending counts live batches waiting for the replay to end.
+	Pending int
+}
+
+// Progress reports the outstanding catch-up; ok is false when none is.
+func (q *sequencer) Progress() (p ReplayProgress, ok bool) {
+	rp := q.rp
+	if rp == nil {
+		return p, false
+	}
+	return ReplayProgress{From: rp.from, Next: q.next, Rounds: rp.rounds + 1, Batches: rp.total, Pending: len(rp.pending)}, true
+}
+
+// RoundApplied is how many batches the current replay round applied.
+func (q *sequencer) RoundApplied() int {
+	if q.rp == nil {
+		return 0
+	}
+	return q.rp.applied
 }
 
 // Replaying reports whether a replay is outstanding.
@@ -357,6 +454,16 @@ func (q *sequencer) endReplay() {
 // and deduplicated; a hole among them asks again (bounded rounds).
 func (q *sequencer) merge() {
 	rp := q.rp
+	if rp.overflowed {
+		// Live batches were dropped: the engine has them; ask again.
+		rp.overflowed = false
+		q.emit(action{kind: actGap})
+		if q.giveUp() {
+			return
+		}
+		q.nextRound()
+		return
+	}
 	gapAt := -1
 	for i, msg := range rp.pending {
 		if q.have && msg.seq < q.next {
@@ -384,17 +491,30 @@ func (q *sequencer) merge() {
 		return
 	}
 	q.emit(action{kind: actGap})
-	pending := rp.pending[gapAt:]
-	if rp.round+1 >= maxReplayRounds {
-		q.endReplay()
-		q.fallback("replay_rounds")
-		for _, msg := range pending {
-			q.live(msg, false)
-		}
+	rp.pending = rp.pending[gapAt:]
+	if q.giveUp() {
 		return
 	}
-	q.rp = &replayRun{start: q.next, full: rp.full, round: rp.round + 1, first: true, pending: pending}
-	q.emit(action{kind: actReplay, from: q.next})
+	q.nextRound()
+}
+
+// giveUp ends a catch-up whose rounds keep applying nothing: the view
+// falls back to the quiet window and the pending batches are fed live.
+func (q *sequencer) giveUp() bool {
+	rp := q.rp
+	idle := rp.idle
+	if rp.applied == 0 {
+		idle++
+	}
+	if idle < maxReplayRounds {
+		return false
+	}
+	q.endReplay()
+	q.fallback("replay_rounds")
+	for _, msg := range rp.pending {
+		q.live(msg, false)
+	}
+	return true
 }
 
 // live handles one live batch in sequence order. allowReplay is false for
@@ -506,7 +626,7 @@ func (q *sequencer) replayFrom(start uint64, full bool, pending []liveMsg) {
 	if q.rp != nil {
 		pending = append(q.rp.pending, pending...)
 	}
-	q.rp = &replayRun{start: start, full: full, first: true, pending: pending}
+	q.rp = &replayRun{start: start, from: start, full: full, first: true, pending: pending}
 	q.state = stReplaying
 	q.emit(action{kind: actReplay, from: start})
 }

@@ -183,7 +183,7 @@ func TestSequencerTransitions(t *testing.T) {
 			seqStep{in: "rend", want: []string{"done ok", "enqueue 4"}, state: "live caught settled"},
 			seqStep{in: "live", seq: 5, want: []string{"enqueue 5 live"}},
 		)},
-		{"a hole in the merged batches asks again, at most three rounds", withReplay(), append(append(slices.Clone(connected), liveTo(0, 1)...),
+		{"a hole in the merged batches asks again while rounds make progress, three idle rounds give up", withReplay(), append(append(slices.Clone(connected), liveTo(0, 1)...),
 			seqStep{in: "live", seq: 4, want: []string{"gap", "replay 2"}},
 			seqStep{in: "live", seq: 6, want: nil},
 			seqStep{in: "live", seq: 8, want: nil},
@@ -191,9 +191,40 @@ func TestSequencerTransitions(t *testing.T) {
 			seqStep{in: "rend", want: []string{"done ok", "gap", "replay 3"}, state: "replaying caught settled"},
 			seqStep{in: "rbatch", seq: 3, want: []string{"enqueue 3"}},
 			seqStep{in: "rend", want: []string{"done ok", "enqueue 4", "gap", "replay 5"}},
-			seqStep{in: "rbatch", seq: 5, want: []string{"enqueue 5"}},
-			seqStep{in: "rend", want: []string{"done ok", "enqueue 6", "gap", "clear replay_rounds", "enqueue 8 live"}, state: "resyncing settled quiet"},
+			seqStep{in: "rbatch", seq: 4, want: nil}, // nothing new: an idle round
+			seqStep{in: "rend", want: []string{"done ok", "gap", "replay 5"}},
+			seqStep{in: "rbatch", seq: 4, want: nil},
+			seqStep{in: "rend", want: []string{"done ok", "gap", "replay 5"}},
+			seqStep{in: "rbatch", seq: 4, want: nil},
+			seqStep{in: "rend", want: []string{"done ok", "gap", "clear replay_rounds", "enqueue 6 live", "gap", "clear gap", "enqueue 8 live"}, state: "resyncing settled quiet"},
 		)},
+		{"a reply lost in the middle of a round asks again from the hole", withReplay(), []seqStep{
+			{in: "start", want: []string{"clear"}},
+			{in: "connect", want: []string{"clear connect", "replay 0"}},
+			{in: "rbatch", seq: 0, want: []string{"enqueue 0"}},
+			{in: "rbatch", seq: 1, want: []string{"enqueue 1"}},
+			{in: "rbatch", seq: 3, want: []string{"done partial", "replay 2"}, state: "replaying"},
+			{in: "rbatch", seq: 2, want: []string{"enqueue 2"}},
+			{in: "rbatch", seq: 3, want: []string{"enqueue 3"}},
+			{in: "rend", want: []string{"done ok", "caughtup replay"}, state: "live caught settled"},
+		}},
+		{"a hole found by one round keeps the catch-up truncated after later rounds", withReplay(), []seqStep{
+			{in: "start", want: []string{"clear"}},
+			{in: "connect", want: []string{"clear connect", "replay 0"}},
+			{in: "rbatch", seq: 1, want: []string{"clear replay_truncated", "enqueue 1"}}, // seq 0 is gone
+			{in: "rbatch", seq: 2, want: []string{"enqueue 2"}},
+			{in: "rbatch", seq: 4, want: []string{"done partial", "replay 3"}},
+			{in: "rbatch", seq: 3, want: []string{"enqueue 3"}},
+			{in: "rbatch", seq: 4, want: []string{"enqueue 4"}},
+			{in: "rend", at: time.Second, want: []string{"done truncated"}, state: "resyncing settled quiet"},
+		}},
+		{"a round whose end marker is lost goes on; a repeat with nothing new is complete", withReplay(), []seqStep{
+			{in: "start", want: []string{"clear"}},
+			{in: "connect", want: []string{"clear connect", "replay 0"}},
+			{in: "rbatch", seq: 0, want: []string{"enqueue 0"}},
+			{in: "rfail", want: []string{"done partial", "replay 1"}, state: "replaying"},
+			{in: "rend", want: []string{"done ok", "caughtup replay"}, state: "live caught settled"},
+		}},
 		{"a merged round whose replay has nothing buffered restarts from the live batches", withReplay(), append(append(slices.Clone(connected), liveTo(0, 1)...),
 			seqStep{in: "live", seq: 4, want: []string{"gap", "replay 2"}},
 			seqStep{in: "rbatch", seq: 2, want: []string{"enqueue 2"}},
@@ -211,11 +242,29 @@ func TestSequencerTransitions(t *testing.T) {
 			{in: "connect", want: []string{"clear connect", "replay 0"}, state: "replaying"},
 			{in: "rfail", want: []string{"done failed", "clear replay_failed"}, state: "resyncing settled quiet"},
 		}},
-		{"live batches overflowing the replay buffer fail the replay", seqConfig{replay: true, replayBuffer: 1, resyncQuiet: time.Second}, []seqStep{
+		{"live batches overflowing the replay buffer are dropped and replayed", seqConfig{replay: true, replayBuffer: 1, resyncQuiet: time.Second}, []seqStep{
 			{in: "start", want: []string{"clear"}},
 			{in: "connect", want: []string{"clear connect", "replay 0"}},
 			{in: "live", seq: 7, want: nil},
-			{in: "live", seq: 8, want: []string{"replay_overflow", "done failed", "clear replay_failed", "enqueue 7 live"}, state: "resyncing settled quiet"},
+			{in: "live", seq: 8, want: []string{"replay_overflow"}, state: "replaying"},
+			{in: "rbatch", seq: 0, want: []string{"enqueue 0"}},
+			{in: "rend", want: []string{"done ok", "gap", "replay 1"}},
+			{in: "rbatch", seq: 1, want: []string{"enqueue 1"}},
+			{in: "rbatch", seq: 2, want: []string{"enqueue 2"}},
+			{in: "rend", want: []string{"done ok", "gap", "replay 3"}}, // pending holds 8, 3..7 missing
+			{in: "rbatch", seq: 3, want: []string{"enqueue 3"}},
+			{in: "rbatch", seq: 4, want: []string{"enqueue 4"}},
+			{in: "rbatch", seq: 5, want: []string{"enqueue 5"}},
+			{in: "rbatch", seq: 6, want: []string{"enqueue 6"}},
+			{in: "rbatch", seq: 7, want: []string{"enqueue 7"}},
+			{in: "rbatch", seq: 8, want: []string{"enqueue 8"}},
+			{in: "rend", want: []string{"done ok", "caughtup replay"}, state: "live caught settled"},
+		}},
+		{"a replay that fails without progress falls back", seqConfig{replay: true, replayBuffer: 4, resyncQuiet: time.Second}, []seqStep{
+			{in: "start", want: []string{"clear"}},
+			{in: "connect", want: []string{"clear connect", "replay 0"}},
+			{in: "live", seq: 7, want: nil},
+			{in: "rfail", want: []string{"done failed", "clear replay_failed", "enqueue 7 live"}, state: "resyncing settled quiet"},
 		}},
 		{"a gap without replay clears and waits for the quiet window", noReplay(), []seqStep{
 			{in: "start", want: []string{"clear"}},
@@ -312,5 +361,28 @@ func TestSequencerDuplicateVersusRestart(t *testing.T) {
 	}
 	if q.isDup(liveMsg{3, []byte("other")}) || q.isDup(liveMsg{7, []byte("batch-7")}) {
 		t.Error("different batch taken for a duplicate")
+	}
+}
+
+// A catch-up reports where it stands: first and next sequence, rounds,
+// batches replayed, live batches waiting.
+func TestSequencerProgress(t *testing.T) {
+	q := newSequencer(withReplay())
+	if _, ok := q.Progress(); ok {
+		t.Fatal("progress without a replay")
+	}
+	q.Start(t0)
+	q.Connected(t0)
+	q.ReplayBatch(t0, liveMsg{0, []byte("a")})
+	q.ReplayBatch(t0, liveMsg{1, []byte("b")})
+	q.Live(t0, liveMsg{9, []byte("x")})
+	q.ReplayBatch(t0, liveMsg{3, []byte("d")}) // a lost reply: round 2 from 2
+	p, ok := q.Progress()
+	want := ReplayProgress{From: 0, Next: 2, Rounds: 2, Batches: 2, Pending: 1}
+	if !ok || p != want {
+		t.Fatalf("progress %+v, want %+v", p, want)
+	}
+	if q.RoundApplied() != 0 {
+		t.Fatalf("round applied %d", q.RoundApplied())
 	}
 }

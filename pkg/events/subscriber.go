@@ -237,7 +237,9 @@ func (s *zmqSubscriber) step(ctx context.Context, acts []action) {
 		s.replayWant = false
 		from := s.replayAt
 		if err := s.replay(ctx, from); err != nil && ctx.Err() == nil {
-			s.log.Warn("replay failed", slog.Any("error", err), slog.Uint64("from", from))
+			if !errors.Is(err, errReplayIdle) {
+				s.log.Warn("replay failed", slog.Any("error", err), slog.Uint64("from", from))
+			}
 			s.exec(ctx, s.seq.ReplayFailed(s.cfg().Now()))
 		}
 	}
@@ -266,6 +268,9 @@ func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
 			if !s.send(ctx, s.batchItem(a.msg)) {
 				return
 			}
+			if a.replayed {
+				s.rep.met.replayed.Inc()
+			}
 		case actClear:
 			e := s.rep.epoch.Add(1)
 			s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
@@ -287,8 +292,14 @@ func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
 			s.rep.met.gaps.Inc()
 		case actReplayDone:
 			s.m.met.replays.WithLabelValues(id, a.result.String()).Inc()
-			if a.result == replayTruncated {
+			switch a.result {
+			case replayTruncated:
 				s.log.Warn("replay started later than asked; engine buffer moved on", slog.Uint64("from", a.from))
+			case replayPartial:
+				if p, ok := s.seq.Progress(); ok {
+					s.log.Info("replay round lost replies; asking again from where it stopped",
+						slog.Uint64("round_from", a.from), slog.Uint64("next", p.Next), slog.Int("replayed", p.Batches))
+				}
 			}
 		case actRestart:
 			s.log.Info("sequence went backwards; engine restarted", slog.Uint64("seq", a.msg.seq), slog.Uint64("expected", a.from))
@@ -312,9 +323,15 @@ func (s *zmqSubscriber) publish() {
 		if q.hasSeq {
 			r.hasSeq, r.lastSeq = true, q.lastSeq
 		}
+		r.progress, r.replaying = q.Progress()
 	})
 	if q.settled && !s.rep.settled.Load() {
 		s.rep.settled.Store(true)
+	}
+	if q.settled && !q.caughtUp {
+		s.rep.met.degraded.Set(1)
+	} else {
+		s.rep.met.degraded.Set(0)
 	}
 }
 
@@ -343,7 +360,14 @@ func (s *zmqSubscriber) send(ctx context.Context, it item) bool {
 	}
 }
 
-var errReplayTimeout = errors.New("replay timed out")
+var (
+	errReplayTimeout = errors.New("replay timed out")
+	errReplayIdle    = errors.New("replay round went quiet without its end marker")
+)
+
+// replayIdle is how long a replay round that has delivered batches may go
+// without a reply before its end marker counts as lost.
+const replayIdle = 250 * time.Millisecond
 
 // replay runs one replay request on a fresh DEALER: replies go to the
 // sequencer, and so do live batches arriving meanwhile (it buffers them).
@@ -378,14 +402,24 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 	poller := zmq.NewPoller()
 	poller.Add(dealer, zmq.POLLIN)
 	poller.Add(s.sub, zmq.POLLIN)
-	deadline := s.cfg().Now().Add(s.cfg().ReplayTimeout)
+	now := s.cfg().Now()
+	deadline := now.Add(s.cfg().ReplayTimeout)
+	// Once the round has applied batches, a pause of replayIdle means the
+	// engine finished sending and its end marker was lost (a ROUTER drops
+	// replies past its send HWM): go on with the next round at once.
+	idle := min(s.cfg().ReplayTimeout, replayIdle)
+	lastReply := now
 	// finished: this request is over (the sequencer ended or replaced it).
 	finished := func() bool { return ctx.Err() != nil || !s.seq.Replaying() || s.replayWant }
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := min(s.cfg().PollInterval, deadline.Sub(s.cfg().Now()))
+		now := s.cfg().Now()
+		if s.seq.RoundApplied() > 0 && now.Sub(lastReply) >= idle {
+			return errReplayIdle
+		}
+		wait := min(s.cfg().PollInterval, deadline.Sub(now))
 		if wait <= 0 {
 			return errReplayTimeout
 		}
@@ -413,7 +447,7 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 					return fmt.Errorf("replay receive: %w", err)
 				}
 				now := s.cfg().Now()
-				deadline = now.Add(s.cfg().ReplayTimeout)
+				deadline, lastReply = now.Add(s.cfg().ReplayTimeout), now
 				seq, payload, ok := parseReply(frames)
 				if !ok {
 					s.m.met.decodeErrors.WithLabelValues(string(s.rep.src.ID), "replay_frames").Inc()
@@ -424,6 +458,9 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 				} else {
 					s.exec(ctx, s.seq.ReplayBatch(now, liveMsg{seq, payload}))
 				}
+				// Time spent waiting for room in the worker queue is ours,
+				// not the engine's: it does not count as a pause.
+				lastReply = s.cfg().Now()
 				if finished() {
 					return nil
 				}
