@@ -376,7 +376,7 @@ func writeTable(w io.Writer, t WorkloadTable) {
 		fmt.Fprintln(w)
 		return
 	}
-	fmt.Fprintf(w, "### %s (%d requests, %s)\n\n", t.Workload, t.Requests, util)
+	fmt.Fprintf(w, "### %s (%d requests, %s; one seed: compare policies with -seeds 1-5)\n\n", t.Workload, t.Requests, util)
 	fmt.Fprintln(w, "| policy | TTFT mean s | p50 s | p90 s | p99 s | E2E p99 s | tok/s | hit rate | ceiling | hit/ceiling | load CV | preemptions | queue factor | run util | makespan s |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, a := range t.Results {
