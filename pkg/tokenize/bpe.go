@@ -48,6 +48,7 @@ type bpe struct {
 	merges       map[uint64]merge // (left<<32 | right) -> merge
 	ignoreMerges bool
 	cache        *wordCache
+	char         *charModel // character-level with byte fallback (bpe_char.go); nil for byte-level
 }
 
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
@@ -59,7 +60,7 @@ func (m *bpe) encodeWord(dst []uint32, word string) ([]uint32, error) {
 			return append(dst, id), nil
 		}
 	}
-	if len(word) == 1 {
+	if len(word) == 1 && m.char == nil {
 		if !m.hasByte[word[0]] {
 			return dst, errByteMissing(word[0])
 		}
@@ -182,12 +183,22 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 	sc := scratchPool.Get().(*mergeScratch)
 	defer scratchPool.Put(sc)
 	syms := sc.syms[:0]
-	for i := 0; i < len(word); i++ {
-		b := word[i]
-		if !m.hasByte[b] {
-			return dst, errByteMissing(b)
+	if m.char != nil {
+		var err error
+		if syms, err = m.charSymbols(syms, word); err != nil {
+			return dst, err
 		}
-		syms = append(syms, symbol{id: m.byteID[b], prev: int32(i) - 1, next: int32(i) + 1, size: 1})
+	} else {
+		for i := 0; i < len(word); i++ {
+			b := word[i]
+			if !m.hasByte[b] {
+				return dst, errByteMissing(b)
+			}
+			syms = append(syms, symbol{id: m.byteID[b], prev: int32(i) - 1, next: int32(i) + 1, size: 1})
+		}
+	}
+	if len(syms) == 0 {
+		return dst, nil
 	}
 	syms[len(syms)-1].next = -1
 	h := sc.heap[:0]

@@ -49,6 +49,9 @@ type Encoder struct {
 	model  *bpe
 	flavor splitFlavor
 	nfc    bool
+	// metaspace: the normalizer replaces " " with U+2581 (SentencePiece
+	// style, Gemma 3), and the model is character-level.
+	metaspace bool
 
 	added      []addedToken
 	addedFirst [256][]int // first byte -> indexes into added, longest first
@@ -99,6 +102,8 @@ type hfFile struct {
 		Merges                  json.RawMessage   `json:"merges"`
 		IgnoreMerges            bool              `json:"ignore_merges"`
 		ByteFallback            bool              `json:"byte_fallback"`
+		UnkToken                *string           `json:"unk_token"`
+		FuseUnk                 bool              `json:"fuse_unk"`
 		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
 		Dropout                 *float64          `json:"dropout"`
@@ -113,18 +118,24 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 	}
 	e := &Encoder{addedByID: map[uint32]string{}, addedIDs: map[string]uint32{}}
 	var err error
-	if e.nfc, err = parseNormalizer(f.Normalizer); err != nil {
+	var norms normalizers
+	if norms, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err
 	}
+	e.nfc, e.metaspace = norms.nfc, norms.metaspace
 	if e.flavor, err = parsePreTokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}
 	m := f.Model
+	charLevel := e.flavor == flavorWhole
 	switch {
 	case m.Type != "BPE":
-		return nil, fmt.Errorf("%w: model type %q (only byte-level BPE)", ErrUnsupported, m.Type)
-	case m.ByteFallback:
-		return nil, fmt.Errorf("%w: byte_fallback BPE", ErrUnsupported)
+		return nil, fmt.Errorf("%w: model type %q (only BPE)", ErrUnsupported, m.Type)
+	case charLevel != e.metaspace:
+		// A split on " " is a no-op only after " " became U+2581.
+		return nil, fmt.Errorf("%w: space split without the metaspace normalizer (or the reverse)", ErrUnsupported)
+	case m.ByteFallback && !charLevel:
+		return nil, fmt.Errorf("%w: byte_fallback in a byte-level BPE", ErrUnsupported)
 	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "",
 		m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
 		return nil, fmt.Errorf("%w: subword prefix/suffix", ErrUnsupported)
@@ -133,7 +144,14 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 	case len(m.Vocab) == 0:
 		return nil, errors.New("tokenizer.json has an empty vocabulary")
 	}
-	if e.model, err = buildBPE(m.Vocab, m.Merges, m.IgnoreMerges); err != nil {
+	if charLevel {
+		if m.IgnoreMerges {
+			return nil, fmt.Errorf("%w: ignore_merges in a character-level BPE", ErrUnsupported)
+		}
+		if e.model, err = buildCharBPE(m.Vocab, m.Merges, m.ByteFallback, m.UnkToken, m.FuseUnk); err != nil {
+			return nil, err
+		}
+	} else if e.model, err = buildBPE(m.Vocab, m.Merges, m.IgnoreMerges); err != nil {
 		return nil, err
 	}
 	for _, a := range f.AddedTokens {
@@ -161,31 +179,51 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 	return e, nil
 }
 
-func parseNormalizer(raw json.RawMessage) (nfc bool, err error) {
+// normalizers are the normalizer components the encoder implements.
+type normalizers struct {
+	nfc       bool
+	metaspace bool // Replace " " -> U+2581
+}
+
+func parseNormalizer(raw json.RawMessage) (normalizers, error) {
+	var out normalizers
 	if len(raw) == 0 || string(raw) == "null" {
-		return false, nil
+		return out, nil
 	}
 	var t struct {
 		Type        string            `json:"type"`
 		Normalizers []json.RawMessage `json:"normalizers"`
+		Pattern     map[string]string `json:"pattern"`
+		Content     string            `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &t); err != nil {
-		return false, fmt.Errorf("parse normalizer: %w", err)
+		return out, fmt.Errorf("parse normalizer: %w", err)
 	}
 	switch t.Type {
 	case "NFC":
-		return true, nil
+		out.nfc = true
+		return out, nil
+	case "Replace":
+		if len(t.Pattern) == 1 && t.Pattern["String"] == " " && t.Content == "\u2581" {
+			out.metaspace = true
+			return out, nil
+		}
+		return out, fmt.Errorf("%w: Replace normalizer %v -> %q", ErrUnsupported, t.Pattern, t.Content)
 	case "Sequence":
 		for _, n := range t.Normalizers {
 			sub, err := parseNormalizer(n)
 			if err != nil {
-				return false, err
+				return out, err
 			}
-			nfc = nfc || sub
+			if sub.nfc && out.metaspace {
+				return out, fmt.Errorf("%w: NFC after a Replace normalizer", ErrUnsupported)
+			}
+			out.nfc = out.nfc || sub.nfc
+			out.metaspace = out.metaspace || sub.metaspace
 		}
-		return nfc, nil
+		return out, nil
 	}
-	return false, fmt.Errorf("%w: normalizer %q", ErrUnsupported, t.Type)
+	return out, fmt.Errorf("%w: normalizer %q", ErrUnsupported, t.Type)
 }
 
 type preTok struct {
@@ -207,6 +245,13 @@ func parsePreTokenizer(raw json.RawMessage) (splitFlavor, error) {
 		return 0, fmt.Errorf("parse pre_tokenizer: %w", err)
 	}
 	switch p.Type {
+	case "Split":
+		// Gemma 3: split on " " after the normalizer turned every " "
+		// into U+2581, which leaves the text whole.
+		if p.Pattern["String"] == " " && len(p.Pattern) == 1 && p.Behavior == "MergedWithPrevious" && !p.Invert {
+			return flavorWhole, nil
+		}
+		return 0, fmt.Errorf("%w: split %v/%s", ErrUnsupported, p.Pattern, p.Behavior)
 	case "ByteLevel":
 		if p.AddPrefixSpace {
 			return 0, fmt.Errorf("%w: ByteLevel add_prefix_space", ErrUnsupported)
@@ -350,19 +395,9 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 			m.hasByte[raw[0]] = true
 		}
 	}
-	var pairs [][2]string
-	var asStrings []string
-	if err := json.Unmarshal(mergesRaw, &asStrings); err == nil {
-		pairs = make([][2]string, 0, len(asStrings))
-		for _, s := range asStrings {
-			a, b, ok := strings.Cut(s, " ")
-			if !ok {
-				return nil, fmt.Errorf("merge %q: want two tokens", s)
-			}
-			pairs = append(pairs, [2]string{a, b})
-		}
-	} else if err := json.Unmarshal(mergesRaw, &pairs); err != nil {
-		return nil, fmt.Errorf("parse merges: %w", err)
+	pairs, err := parseMerges(mergesRaw)
+	if err != nil {
+		return nil, err
 	}
 	m.merges = make(map[uint64]merge, len(pairs))
 	for rank, p := range pairs {
@@ -492,7 +527,7 @@ const (
 )
 
 func (e *Encoder) chunkEnd(s string) int {
-	if e.flavor == flavorGPT2 || len(s) <= targetChunk {
+	if e.flavor == flavorGPT2 || e.flavor == flavorWhole || len(s) <= targetChunk {
 		return len(s)
 	}
 	for i := targetChunk; i+1 < len(s); i++ {
@@ -540,6 +575,9 @@ func (e *Encoder) encodePlain(dst []uint32, s string) ([]uint32, error) {
 	}
 	if e.nfc {
 		s = nfc(s)
+	}
+	if e.metaspace {
+		s = strings.ReplaceAll(s, " ", "\u2581")
 	}
 	var err error
 	for i := 0; i < len(s); {

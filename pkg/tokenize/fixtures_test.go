@@ -14,7 +14,7 @@ import (
 // (hack/tokenizer-fixtures/gen.py); the tokenizer files they were made from
 // are fetched by `make fixtures` into .cache/tokenizers/<name>/.
 
-var fixtureNames = []string{"qwen3", "llama3_1", "llama3", "llama3_2", "gptoss", "deepseek_v3"}
+var fixtureNames = []string{"qwen3", "llama3_1", "llama3", "llama3_2", "gptoss", "deepseek_v3", "gemma3"}
 
 // benchNames are the families the throughput benchmarks compare (the
 // general corpus, same run as HuggingFace).

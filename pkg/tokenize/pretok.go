@@ -26,6 +26,9 @@ const (
 	// flavorDeepSeek is DeepSeek-V3's sequence of three splits
 	// (pretok_deepseek.go).
 	flavorDeepSeek
+	// flavorWhole leaves each segment whole (Gemma 3: its split on " "
+	// runs after every " " became U+2581); the model is character-level.
+	flavorWhole
 )
 
 const (
@@ -135,6 +138,8 @@ func splitPieces(f splitFlavor, s string, emit func(start, end int)) {
 // trying the pattern's alternatives in order as the regex engine would.
 func nextPiece(f splitFlavor, s string, i int) int {
 	switch f {
+	case flavorWhole:
+		return len(s)
 	case flavorO200k:
 		return nextPieceO200k(s, i)
 	case flavorDeepSeek:
