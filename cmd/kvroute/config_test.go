@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/telemetry"
 	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
@@ -41,7 +45,14 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"approximate entries", c.Routing.Approximate.MaxEntries, 1 << 18},
 		{"warm timeout", c.Readiness.WarmTimeout, DefaultWarmTimeout},
 		{"log level", c.Telemetry.LogLevel, "info"},
-		{"index budget", c.Index.MaxBytes, int64(DefaultIndexMaxBytes)},
+		{"index budget", c.Index.MaxBytes, int64(index.DefaultMaxBytes)},
+		{"events queue", c.Events.QueueSize, events.DefaultQueueSize},
+		{"events replay timeout", c.Events.ReplayTimeout, events.DefaultReplayTimeout},
+		{"scrape interval", c.Load.ScrapeInterval, load.DefaultScrapeInterval},
+		{"fidelity floor", c.Load.FidelityFloor, load.DefaultFidelityFloor},
+		{"stale after", c.Load.StaleAfter, load.DefaultStaleAfter},
+		{"service name", c.Telemetry.ServiceName, telemetry.DefaultServiceName},
+		{"log format", c.Telemetry.LogFormat, "text"},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -130,6 +141,13 @@ replicas:
 		{"several errors are all reported", minimal + "telemetry: {log_level: loud, log_format: xml}\n",
 			[]string{"telemetry.log_level", "telemetry.log_format"}},
 		{"two documents", minimal + "---\n" + minimal, []string{"single YAML document"}},
+		{"events poll interval", minimal + "events: {poll_interval: -1s}\n", []string{"events.poll_interval"}},
+		{"scrape timeout", minimal + "load: {scrape_timeout: -1s}\n", []string{"load.scrape_timeout"}},
+		{"index budget", minimal + "index: {max_bytes: -1}\n", []string{"index.max_bytes"}},
+		{"dns port", "replicas:\n  dns: {host: h, defaults: {model: m}}\n", []string{"replicas.dns.port"}},
+		{"dns defaults", "replicas:\n  dns: {host: h, port: 1, defaults: {model: m, dp_ranks: -1}}\n", []string{"replicas.dns.defaults.dp_ranks"}},
+		{"kubernetes defaults engine", "replicas:\n  kubernetes: {namespace: ns, service: s, defaults: {engine: trt}}\n", []string{"replicas.kubernetes.defaults.engine"}},
+		{"kubernetes client is not a setting", "replicas:\n  kubernetes: {namespace: ns, service: s, client: x}\n", []string{"field client not found"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,6 +196,133 @@ replicas:
 	}
 	if k := c.Replicas.Kubernetes; k.Namespace != "inference" || k.Service != "vllm" || k.MinInterval != time.Second || k.Defaults.EventsPort != 5557 {
 		t.Fatalf("kubernetes source = %+v", k)
+	}
+}
+
+// TestEveryErrorNamesItsPath: a config wrong in every section reports
+// every problem at once, one line each, each starting with its full field
+// path from the top of the file, each matching ErrConfig.
+func TestEveryErrorNamesItsPath(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
+	_, err := ParseConfig([]byte(`
+listeners: {admin: nope, drain_timeout: -1s}
+replicas:
+  kubernetes: {service: vllm, selector: 'a=b', min_interval: -1s, defaults: {block_size: -1}}
+events: {queue_size: -1, replay_timeout: -1s, backoff_min: 2s, backoff_max: 1s}
+load: {scrape_interval: -1s, fidelity_alpha: 2, fidelity_min_samples: -1}
+index: {max_bytes: -1}
+routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}}
+telemetry: {log_level: loud, log_format: xml}
+readiness: {warm_timeout: -1s}
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := []string{
+		"listeners.admin", "listeners.drain_timeout",
+		"replicas.kubernetes.namespace", "replicas.kubernetes.service", "replicas.kubernetes.min_interval",
+		"replicas.kubernetes.defaults.block_size",
+		"events.queue_size", "events.replay_timeout", "events.backoff_max",
+		"load.scrape_interval", "load.fidelity_alpha", "load.fidelity_min_samples",
+		"index.max_bytes",
+		"routing.block_size", "routing.session_header", "routing.approximate.ttl", "routing.approximate.max_entries",
+		"telemetry.log_level", "telemetry.log_format",
+		"readiness.warm_timeout",
+	}
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		lines = append(lines, strings.TrimPrefix(l, "config: "))
+	}
+	for _, w := range want {
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, w+": ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d errors start with %q, want 1", n, w)
+		}
+	}
+	if len(lines) != len(want) {
+		t.Errorf("%d errors, want %d:\n%s", len(lines), len(want), strings.Join(lines, "\n"))
+	}
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) {
+		t.Fatal("not a joined error")
+	}
+	for _, e := range joined.Unwrap() {
+		if !errors.Is(e, ErrConfig) {
+			t.Errorf("%v does not match ErrConfig", e)
+		}
+	}
+}
+
+// TestConfigKeysBackwardCompatible: every key the config file accepted
+// before the sections moved into their packages still decodes into the
+// same setting.
+func TestConfigKeysBackwardCompatible(t *testing.T) {
+	c, err := ParseConfig([]byte(`
+replicas:
+  dns:
+    host: vllm.svc
+    port: 8000
+    srv: false
+    srv_service: ""
+    srv_proto: ""
+    ip_family: IPv4
+    interval: 7s
+    timeout: 3s
+    defaults: {model: m, engine: sglang, block_size: 32, events_port: 5557, replay_port: 5558, topic: kv, dp_ranks: 2, metrics_port: 9100}
+events:
+  workers: 3
+  queue_size: 10
+  replay_timeout: 1s
+  replay_buffer: 20
+  backoff_min: 50ms
+  backoff_max: 5s
+  silent_after: 1m
+  resync_quiet: 10s
+load:
+  scrape_interval: 100ms
+  scrape_timeout: 90ms
+  stale_after: 1s
+  fidelity_alpha: 0.5
+  fidelity_floor: 0.5
+  fidelity_min_samples: 4
+index: {max_bytes: 4096}
+routing: {approximate: {ttl: 1m, max_entries: 10}}
+telemetry: {service_name: kv, log_level: debug, log_format: json}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Replicas.DNS
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"dns.interval", d.Interval, 7 * time.Second},
+		{"dns.timeout", d.Timeout, 3 * time.Second},
+		{"dns.ip_family", d.IPFamily, "IPv4"},
+		{"dns.defaults", d.Defaults, discovery.Defaults{Model: "m", Engine: "sglang", BlockSize: 32, EventsPort: 5557, ReplayPort: 5558, Topic: "kv", DPRanks: 2, MetricsPort: 9100}},
+		{"events.workers", c.Events.Workers, 3},
+		{"events.queue_size", c.Events.QueueSize, 10},
+		{"events.replay_buffer", c.Events.ReplayBuffer, 20},
+		{"events.backoff_max", c.Events.BackoffMax, 5 * time.Second},
+		{"events.silent_after", c.Events.SilentAfter, time.Minute},
+		{"events.resync_quiet", c.Events.ResyncQuiet, 10 * time.Second},
+		{"load.scrape_timeout", c.Load.ScrapeTimeout, 90 * time.Millisecond},
+		{"load.stale_after", c.Load.StaleAfter, time.Second},
+		{"load.fidelity", c.Load.Fidelity(), load.FidelityConfig{Alpha: 0.5, Floor: 0.5, MinSamples: 4}},
+		{"index.max_bytes", c.Index.MaxBytes, int64(4096)},
+		{"routing.approximate.max_entries", c.Routing.Approximate.MaxEntries, 10},
+		{"telemetry", c.Telemetry, telemetry.Config{ServiceName: "kv", LogLevel: "debug", LogFormat: "json"}},
+	}
+	for _, ck := range checks {
+		if ck.got != ck.want {
+			t.Errorf("%s = %v, want %v", ck.name, ck.got, ck.want)
+		}
 	}
 }
 

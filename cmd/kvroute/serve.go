@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -18,10 +17,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/pkg/admin"
 	"github.com/kvroute/kvroute/pkg/discovery"
@@ -91,7 +86,7 @@ func loadServeConfig(f *serveFlags) (*Config, error) {
 	set(&c.Telemetry.LogLevel, f.logLevel)
 	set(&c.Telemetry.LogFormat, f.logFormat)
 	if f.replicasFile != "" {
-		c.Replicas = ReplicasConfig{File: &FileSourceConfig{Path: f.replicasFile}}
+		c.Replicas = discovery.Config{File: &discovery.FileConfig{Path: f.replicasFile}}
 	}
 	if f.warmTimeout != 0 {
 		c.Readiness.WarmTimeout = f.warmTimeout
@@ -99,7 +94,7 @@ func loadServeConfig(f *serveFlags) (*Config, error) {
 	if f.drainTimeout != 0 {
 		c.Listeners.DrainTimeout = f.drainTimeout
 	}
-	c.ApplyDefaults()
+	*c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -138,29 +133,20 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	r.reg.MustRegister(buildInfo)
 
 	var err error
-	r.idx = index.New(index.Config{MaxBytes: cfg.Index.MaxBytes})
+	r.idx = index.New(cfg.Index)
 	r.reg.MustRegister(newIndexCollector(r.idx))
-	ec := cfg.Events
-	r.events = events.NewManager(r.idx, events.Config{
-		Workers: ec.Workers, QueueSize: ec.QueueSize, ReplayTimeout: ec.ReplayTimeout,
-		ReplayBuffer: ec.ReplayBuffer, BackoffMin: ec.BackoffMin, BackoffMax: ec.BackoffMax,
-		SilentAfter: ec.SilentAfter, ResyncQuiet: ec.ResyncQuiet,
-	}, r.reg, log.With("component", "events"))
+	r.events = events.NewManager(r.idx, cfg.Events, r.reg, log.With("component", "events"))
 	tracker, err := load.NewTracker(r.reg)
 	if err != nil {
 		return nil, fmt.Errorf("load tracker: %w", err)
 	}
-	if r.scrape, err = load.NewScraper(load.ScraperConfig{
-		Interval: cfg.Load.ScrapeInterval, Timeout: cfg.Load.ScrapeTimeout,
-		Logger: log.With("component", "scraper"), Registerer: r.reg,
-		// Sampled at each scrape: View tells other routers' requests from ours.
-		Tracker: tracker,
-	}); err != nil {
+	sc := cfg.Load.Scraper()
+	sc.Logger, sc.Registerer = log.With("component", "scraper"), r.reg
+	sc.Tracker = tracker // sampled at each scrape: View tells other routers' requests from ours
+	if r.scrape, err = load.NewScraper(sc); err != nil {
 		return nil, fmt.Errorf("load scraper: %w", err)
 	}
-	if r.fid, err = load.NewFidelity(load.FidelityConfig{
-		Alpha: cfg.Load.FidelityAlpha, Floor: cfg.Load.FidelityFloor, MinSamples: cfg.Load.FidelityMinSamples,
-	}, r.reg); err != nil {
+	if r.fid, err = load.NewFidelity(cfg.Load.Fidelity(), r.reg); err != nil {
 		return nil, fmt.Errorf("fidelity: %w", err)
 	}
 	r.view = &load.View{Tracker: tracker, Scraper: r.scrape, Fidelity: r.fid, StaleAfter: cfg.Load.StaleAfter}
@@ -188,9 +174,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	}
 	// One dispatch-learned index for replicas without events: the decider
 	// records its picks there, the explainer only reads it.
-	approx := route.NewApproxIndex(route.ApproxConfig{
-		TTL: cfg.Routing.Approximate.TTL, MaxEntries: cfg.Routing.Approximate.MaxEntries,
-	})
+	approx := route.NewApproxIndex(cfg.Routing.Approximate)
 	r.reg.MustRegister(newApproxCollector(approx))
 	routeOpts := route.Options{Matcher: r.idx, State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx}
 	decider := route.New(routeOpts)
@@ -227,7 +211,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	}); err != nil {
 		return nil, err
 	}
-	if r.source, err = newSource(cfg, log, r.reg); err != nil {
+	if r.source, err = cfg.Replicas.NewSource(log.With("component", "discovery"), r.reg); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -273,54 +257,6 @@ func parseRequest(path string, body []byte) (route.Request, error) {
 	var req route.Request
 	extproc.FillRequest(&req, p)
 	return req, nil
-}
-
-func newSource(cfg *Config, log *slog.Logger, reg prometheus.Registerer) (discovery.Source, error) {
-	rc := cfg.Replicas
-	switch {
-	case len(rc.Static) > 0:
-		rs, err := discovery.BuildReplicas("replicas.static", rc.Static)
-		if err != nil {
-			return nil, err
-		}
-		return discovery.Static(rs), nil
-	case rc.File != nil:
-		return discovery.NewFile(discovery.FileConfig{
-			Path: rc.File.Path, Interval: rc.File.Interval,
-			Logger: log.With("component", "discovery"), Registerer: reg,
-		})
-	case rc.DNS != nil:
-		dc := rc.DNS.discovery()
-		dc.Logger, dc.Registerer = log.With("component", "discovery"), reg
-		return discovery.NewDNS(dc)
-	case rc.Kubernetes != nil:
-		kc := rc.Kubernetes.discovery()
-		rest, err := kubeConfig()
-		if err != nil {
-			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
-		}
-		if kc.Client, err = kubernetes.NewForConfig(rest); err != nil {
-			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
-		}
-		if kc.Dynamic, err = dynamic.NewForConfig(rest); err != nil {
-			return nil, fmt.Errorf("replicas.kubernetes: %w", err)
-		}
-		kc.Logger, kc.Registerer = log.With("component", "discovery"), reg
-		return discovery.NewKubernetes(kc)
-	}
-	return nil, errors.New("no replica source")
-}
-
-// kubeConfig is the in-cluster API config, or $KUBECONFIG's outside one.
-func kubeConfig() (*rest.Config, error) {
-	c, err := rest.InClusterConfig()
-	if err == nil {
-		return c, nil
-	}
-	if path := os.Getenv("KUBECONFIG"); path != "" {
-		return clientcmd.BuildConfigFromFlags("", path)
-	}
-	return nil, fmt.Errorf("not in a cluster and KUBECONFIG is unset: %w", err)
 }
 
 // adminReplicas is the admin API's view of the replica set.

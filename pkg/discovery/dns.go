@@ -31,34 +31,85 @@ const (
 // DNSConfig configures a DNSSource.
 type DNSConfig struct {
 	// Name is the snapshots' Source; default "dns".
-	Name string
+	Name string `yaml:"-"`
 	// Host is the name to resolve, e.g. the headless Service
 	// "vllm.inference.svc.cluster.local". Required.
-	Host string
+	Host string `yaml:"host"`
 	// Port is the serving port of every address (A/AAAA mode). Required
 	// unless SRV is set.
-	Port int
+	Port int `yaml:"port"`
 	// SRV looks up SRV records instead: _<SRVService>._<SRVProto>.<Host>
 	// (both empty: Host is the full SRV name). Each record's target is
 	// resolved to its addresses and its port is the serving port.
-	SRV        bool
-	SRVService string
-	SRVProto   string
+	SRV        bool   `yaml:"srv"`
+	SRVService string `yaml:"srv_service"`
+	SRVProto   string `yaml:"srv_proto"`
 	// IPFamily keeps only IPv4 or IPv6 addresses; empty keeps both.
-	IPFamily string
-	// Interval between resolutions; default 10s.
-	Interval time.Duration
+	IPFamily string `yaml:"ip_family"`
+	// Interval between resolutions; default DefaultDNSInterval.
+	Interval time.Duration `yaml:"interval"`
 	// Timeout bounds one resolution; default Interval.
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout"`
 	// Defaults give model, engine, event/replay/metrics ports etc. for every
 	// replica; Defaults.Model is required.
-	Defaults Defaults
+	Defaults Defaults `yaml:"defaults"`
 	// Resolver; nil uses net.DefaultResolver.
-	Resolver Resolver
+	Resolver Resolver `yaml:"-"`
 	// Logger; nil discards.
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 	// Registerer for the source's metrics; nil registers none.
-	Registerer prometheus.Registerer
+	Registerer prometheus.Registerer `yaml:"-"`
+}
+
+// WithDefaults returns c with Name, Interval and Timeout defaulted.
+func (c DNSConfig) WithDefaults() DNSConfig {
+	if c.Name == "" {
+		c.Name = "dns"
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultDNSInterval
+	}
+	if c.Timeout == 0 {
+		c.Timeout = c.Interval
+	}
+	return c
+}
+
+// Validate reports every problem, each prefixed with its field's YAML path
+// ("host: is required").
+func (c DNSConfig) Validate() error { return errors.Join(c.check("")...) }
+
+// check validates the YAML fields; prefix is prepended to every path.
+func (c DNSConfig) check(prefix string) []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{prefix + field, fmt.Sprintf(format, args...)})
+	}
+	if c.Host == "" {
+		bad("host", "is required")
+	}
+	if !c.SRV && (c.Port < 1 || c.Port > 65535) {
+		bad("port", "%d is outside [1, 65535] (required without srv)", c.Port)
+	}
+	if c.SRV && (c.SRVService == "") != (c.SRVProto == "") {
+		bad("srv_service", "srv_service and srv_proto must be both set or both empty")
+	}
+	if c.IPFamily != "" && c.IPFamily != IPv4 && c.IPFamily != IPv6 {
+		bad("ip_family", "%q is not %q, %q or empty", c.IPFamily, IPv4, IPv6)
+	}
+	if c.Interval < 0 {
+		bad("interval", "must not be negative")
+	}
+	if c.Timeout < 0 {
+		bad("timeout", "must not be negative")
+	}
+	if c.Defaults.Model == "" {
+		bad("defaults.model", "is required")
+	}
+	if err := validateDefaults(prefix+"defaults", c.Defaults); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // DNSSource resolves a name (A/AAAA or SRV records, typically a headless
@@ -77,43 +128,10 @@ var _ Source = (*DNSSource)(nil)
 
 // NewDNS validates cfg and registers the source's metrics; it starts nothing.
 func NewDNS(cfg DNSConfig) (*DNSSource, error) {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, &FieldError{"dns." + field, fmt.Sprintf(format, args...)})
-	}
-	if cfg.Host == "" {
-		bad("host", "is required")
-	}
-	if !cfg.SRV && (cfg.Port < 1 || cfg.Port > 65535) {
-		bad("port", "%d is outside [1, 65535] (required without srv)", cfg.Port)
-	}
-	if cfg.SRV && (cfg.SRVService == "") != (cfg.SRVProto == "") {
-		bad("srv_service", "srv_service and srv_proto must be both set or both empty")
-	}
-	if cfg.IPFamily != "" && cfg.IPFamily != IPv4 && cfg.IPFamily != IPv6 {
-		bad("ip_family", "%q is not %q, %q or empty", cfg.IPFamily, IPv4, IPv6)
-	}
-	if cfg.Interval < 0 || cfg.Timeout < 0 {
-		bad("interval", "interval and timeout must not be negative")
-	}
-	if cfg.Defaults.Model == "" {
-		bad("defaults.model", "is required")
-	}
-	if err := validateDefaults("dns.defaults", cfg.Defaults); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
+	if errs := cfg.check("dns."); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	if cfg.Name == "" {
-		cfg.Name = "dns"
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = 10 * time.Second
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = cfg.Interval
-	}
+	cfg = cfg.WithDefaults()
 	if cfg.Resolver == nil {
 		cfg.Resolver = net.DefaultResolver
 	}

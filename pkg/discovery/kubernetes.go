@@ -78,45 +78,109 @@ var InferencePoolGVR = schema.GroupVersionResource{
 // Selector and InferencePool selects the replicas.
 type KubernetesConfig struct {
 	// Name is the snapshots' Source; default "kubernetes".
-	Name string
-	// Client is required.
-	Client kubernetes.Interface
-	// Namespace to watch. Required.
-	Namespace string
+	Name string `yaml:"-"`
+	// Client is required by NewKubernetes (Config.NewSource makes one
+	// in-cluster, or from $KUBECONFIG).
+	Client kubernetes.Interface `yaml:"-"`
+	// Namespace to watch. Required (Config.WithDefaults takes
+	// $POD_NAMESPACE).
+	Namespace string `yaml:"namespace"`
 	// Service selects the EndpointSlices of this Service (label
 	// kubernetes.io/service-name).
-	Service string
+	Service string `yaml:"service"`
 	// Selector selects EndpointSlices by label selector (EndpointSlices
 	// carry their Service's labels).
-	Selector string
+	Selector string `yaml:"selector"`
 	// InferencePool names an InferencePool (inference.networking.k8s.io/v1)
 	// in Namespace: its spec.selector.matchLabels selects Pods and its first
 	// spec.targetPorts entry is the serving port. Needs Dynamic.
-	InferencePool string
+	InferencePool string `yaml:"inference_pool"`
 	// Dynamic is the client for InferencePool; required with it.
-	Dynamic dynamic.Interface
+	Dynamic dynamic.Interface `yaml:"-"`
 	// PortName names the serving port in EndpointSlices; default "http". A
 	// slice with a single unnamed port uses that port.
-	PortName string
+	PortName string `yaml:"port_name"`
 	// AddressType is the EndpointSlice address family to use, IPv4 (default)
 	// or IPv6; a dual-stack Service has one slice set per family.
-	AddressType string
+	AddressType string `yaml:"address_type"`
 	// IgnorePods disables the Pod watch in EndpointSlice mode: annotations
 	// are not read (only Defaults and named ports apply) and the source
 	// needs no RBAC on pods.
-	IgnorePods bool
+	IgnorePods bool `yaml:"ignore_pods"`
 	// PodSelector narrows the Pod watch in EndpointSlice mode (label
 	// selector); empty watches every pod in Namespace.
-	PodSelector string
+	PodSelector string `yaml:"pod_selector"`
 	// Defaults for fields neither annotations nor named ports give.
-	Defaults Defaults
+	Defaults Defaults `yaml:"defaults"`
 	// MinInterval is the minimum time between two rebuilds of the replica
-	// set: informer events within it are coalesced. Default 1s.
-	MinInterval time.Duration
+	// set: informer events within it are coalesced. Default
+	// DefaultKubernetesMinInterval.
+	MinInterval time.Duration `yaml:"min_interval"`
 	// Logger; nil discards.
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 	// Registerer for the source's metrics; nil registers none.
-	Registerer prometheus.Registerer
+	Registerer prometheus.Registerer `yaml:"-"`
+}
+
+// WithDefaults returns c with Name, PortName and MinInterval defaulted.
+func (c KubernetesConfig) WithDefaults() KubernetesConfig {
+	if c.Name == "" {
+		c.Name = "kubernetes"
+	}
+	if c.PortName == "" {
+		c.PortName = DefaultPortName
+	}
+	if c.MinInterval == 0 {
+		c.MinInterval = DefaultKubernetesMinInterval
+	}
+	return c
+}
+
+// Validate reports every problem of the YAML fields (not the clients),
+// each prefixed with its field's YAML path ("namespace: is required").
+func (c KubernetesConfig) Validate() error { return errors.Join(c.check("")...) }
+
+func (c KubernetesConfig) check(prefix string) []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{prefix + field, fmt.Sprintf(format, args...)})
+	}
+	if c.Namespace == "" {
+		bad("namespace", "is required")
+	}
+	modes := 0
+	for _, s := range []string{c.Service, c.Selector, c.InferencePool} {
+		if s != "" {
+			modes++
+		}
+	}
+	if modes != 1 {
+		bad("service", "exactly one of service, selector and inference_pool must be set")
+	}
+	if c.Selector != "" {
+		if sel, err := labels.Parse(c.Selector); err != nil {
+			bad("selector", "%v", err)
+		} else if sel.Empty() {
+			bad("selector", "must not be empty")
+		}
+	}
+	if c.PodSelector != "" {
+		if _, err := labels.Parse(c.PodSelector); err != nil {
+			bad("pod_selector", "%v", err)
+		}
+	}
+	switch c.AddressType {
+	case "", IPv4, IPv6:
+	default:
+		bad("address_type", "%q is not %q or %q", c.AddressType, IPv4, IPv6)
+	}
+	if c.MinInterval < 0 {
+		bad("min_interval", "must not be negative")
+	}
+	if err := validateDefaults(prefix+"defaults", c.Defaults); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // KubernetesSource watches EndpointSlices (or an InferencePool's Pods) with
@@ -143,66 +207,27 @@ func NewKubernetes(cfg KubernetesConfig) (*KubernetesSource, error) {
 	if cfg.Client == nil {
 		bad("client", "is required")
 	}
-	if cfg.Namespace == "" {
-		bad("namespace", "is required")
-	}
-	modes := 0
-	for _, s := range []string{cfg.Service, cfg.Selector, cfg.InferencePool} {
-		if s != "" {
-			modes++
-		}
-	}
-	if modes != 1 {
-		bad("service", "exactly one of service, selector and inference_pool must be set")
-	}
 	if cfg.InferencePool != "" && cfg.Dynamic == nil {
 		bad("inference_pool", "needs a dynamic client")
 	}
-	s := &KubernetesSource{cfg: cfg, sliceSel: labels.Everything(), podSel: labels.Everything()}
+	errs = append(errs, cfg.check("kubernetes.")...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	s := &KubernetesSource{cfg: cfg.WithDefaults(), sliceSel: labels.Everything(), podSel: labels.Everything()}
+	// The selectors parse: check said so.
 	switch {
 	case cfg.Service != "":
 		s.sliceSel = labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: cfg.Service})
 	case cfg.Selector != "":
-		sel, err := labels.Parse(cfg.Selector)
-		if err != nil {
-			bad("selector", "%v", err)
-		} else if sel.Empty() {
-			bad("selector", "must not be empty")
-		}
-		s.sliceSel = sel
+		s.sliceSel, _ = labels.Parse(cfg.Selector)
 	}
 	if cfg.PodSelector != "" {
-		sel, err := labels.Parse(cfg.PodSelector)
-		if err != nil {
-			bad("pod_selector", "%v", err)
-		}
-		s.podSel = sel
+		s.podSel, _ = labels.Parse(cfg.PodSelector)
 	}
-	switch cfg.AddressType {
-	case "", IPv4:
-		s.addressType = discoveryv1.AddressTypeIPv4
-	case IPv6:
+	s.addressType = discoveryv1.AddressTypeIPv4
+	if cfg.AddressType == IPv6 {
 		s.addressType = discoveryv1.AddressTypeIPv6
-	default:
-		bad("address_type", "%q is not %q or %q", cfg.AddressType, IPv4, IPv6)
-	}
-	if cfg.MinInterval < 0 {
-		bad("min_interval", "must not be negative")
-	}
-	if err := validateDefaults("kubernetes.defaults", cfg.Defaults); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	if s.cfg.Name == "" {
-		s.cfg.Name = "kubernetes"
-	}
-	if s.cfg.PortName == "" {
-		s.cfg.PortName = DefaultPortName
-	}
-	if s.cfg.MinInterval == 0 {
-		s.cfg.MinInterval = time.Second
 	}
 	s.log = loggerOr(cfg.Logger)
 	m, err := newMetrics(cfg.Registerer, s.cfg.Name)

@@ -86,23 +86,23 @@ func ParseReplicas(data []byte) ([]Replica, error) {
 type Defaults struct {
 	// Model is the served model name (required unless every Kubernetes pod
 	// carries AnnotationModel).
-	Model string
+	Model string `yaml:"model"`
 	// Engine is EngineVLLM (default) or EngineSGLang.
-	Engine string
+	Engine string `yaml:"engine"`
 	// BlockSize in tokens; 0 = the consumer's per-model default.
-	BlockSize int
+	BlockSize int `yaml:"block_size"`
 	// EventsPort is the engine's KV-event PUB port on the replica's IP;
 	// 0 = no events.
-	EventsPort int
+	EventsPort int `yaml:"events_port"`
 	// ReplayPort is the engine's replay ROUTER port; 0 = none.
-	ReplayPort int
+	ReplayPort int `yaml:"replay_port"`
 	// Topic is the engine's event topic.
-	Topic string
+	Topic string `yaml:"topic"`
 	// DPRanks is the data-parallel size; 0 means 1.
-	DPRanks int
+	DPRanks int `yaml:"dp_ranks"`
 	// MetricsPort is the port of /metrics when it differs from the serving
 	// port; 0 = the serving port.
-	MetricsPort int
+	MetricsPort int `yaml:"metrics_port"`
 }
 
 // overrides are per-replica values that beat Defaults (Kubernetes).

@@ -48,15 +48,41 @@ func (s *StaticSource) Run(ctx context.Context, updates chan<- Snapshot) error {
 // FileConfig configures a FileSource.
 type FileConfig struct {
 	// Name is the snapshots' Source; default "file".
-	Name string
+	Name string `yaml:"-"`
 	// Path is the YAML file (see ParseReplicas for the format). Required.
-	Path string
-	// Interval between reads; default 5s.
-	Interval time.Duration
+	Path string `yaml:"path"`
+	// Interval between reads; default DefaultFileInterval.
+	Interval time.Duration `yaml:"interval"`
 	// Logger; nil discards.
-	Logger *slog.Logger
+	Logger *slog.Logger `yaml:"-"`
 	// Registerer for the source's metrics; nil registers none.
-	Registerer prometheus.Registerer
+	Registerer prometheus.Registerer `yaml:"-"`
+}
+
+// WithDefaults returns c with Name and Interval defaulted.
+func (c FileConfig) WithDefaults() FileConfig {
+	if c.Name == "" {
+		c.Name = "file"
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultFileInterval
+	}
+	return c
+}
+
+// Validate reports every problem, each prefixed with its field's YAML path
+// ("path: is required").
+func (c FileConfig) Validate() error { return errors.Join(c.check("")...) }
+
+func (c FileConfig) check(prefix string) []error {
+	var errs []error
+	if c.Path == "" {
+		errs = append(errs, &FieldError{prefix + "path", "is required"})
+	}
+	if c.Interval < 0 {
+		errs = append(errs, &FieldError{prefix + "interval", "must not be negative"})
+	}
+	return errs
 }
 
 // FileSource publishes the replicas listed in a YAML file and reloads it when
@@ -80,18 +106,10 @@ var _ Source = (*FileSource)(nil)
 // NewFile validates cfg and registers the source's metrics. It starts
 // nothing and does not read the file (Run does).
 func NewFile(cfg FileConfig) (*FileSource, error) {
-	if cfg.Path == "" {
-		return nil, errors.New("discovery: file: path is required")
+	if errs := cfg.check("file."); len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
-	if cfg.Interval < 0 {
-		return nil, fmt.Errorf("discovery: file: negative interval %v", cfg.Interval)
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = 5 * time.Second
-	}
-	if cfg.Name == "" {
-		cfg.Name = "file"
-	}
+	cfg = cfg.WithDefaults()
 	m, err := newMetrics(cfg.Registerer, cfg.Name)
 	if err != nil {
 		return nil, err

@@ -120,12 +120,3 @@ type Stats struct {
 	BadShape      int64 // stored events dropped for a bad shape
 	NoSlot        int64 // stored events cut short for want of a replica slot
 }
-
-// Config configures an Index.
-type Config struct {
-	// MaxBytes bounds Stats.Bytes; 0 means unbounded. Over budget,
-	// router-side entries are evicted, least recently stored or matched
-	// first (CLOCK, see the package comment): eviction loses affinity, never
-	// correctness.
-	MaxBytes int64
-}

@@ -12,34 +12,23 @@ import (
 
 // FidelityConfig tunes the cache-credit signal. Zero fields take defaults.
 type FidelityConfig struct {
-	// Alpha is the EWMA weight of a new observation, in (0, 1]. Default 0.1.
+	// Alpha is the EWMA weight of a new observation, in (0, 1]. Default
+	// DefaultFidelityAlpha (0.1).
 	Alpha float64
 	// Floor is the lowest credit a replica can fall to, in [0, 1]. Default
-	// 0.25: a replica whose hits never materialise still keeps some cache
+	// DefaultFidelityFloor (0.25): a replica whose hits never materialise still keeps some cache
 	// credit, so a recovering replica can earn it back.
 	Floor float64
 	// MinSamples is how many observations (with predicted hits) a replica
-	// needs before its credit may fall below 1. Default 8.
+	// needs before its credit may fall below 1. Default
+	// DefaultFidelityMinSamples (8).
 	MinSamples int
 }
 
 func (c FidelityConfig) withDefaults() (FidelityConfig, error) {
-	if c.Alpha == 0 {
-		c.Alpha = 0.1
-	}
-	if c.Floor == 0 {
-		c.Floor = 0.25
-	}
-	if c.MinSamples == 0 {
-		c.MinSamples = 8
-	}
-	switch {
-	case !(c.Alpha > 0 && c.Alpha <= 1):
-		return c, fmt.Errorf("load: fidelity alpha %v not in (0, 1]", c.Alpha)
-	case !(c.Floor >= 0 && c.Floor <= 1):
-		return c, fmt.Errorf("load: fidelity floor %v not in [0, 1]", c.Floor)
-	case c.MinSamples < 0:
-		return c, errors.New("load: fidelity min samples must not be negative")
+	c.Alpha, c.Floor, c.MinSamples = c.defaulted()
+	if errs := c.validate("alpha", "floor", "min_samples"); len(errs) > 0 {
+		return c, fmt.Errorf("load: fidelity: %w", errors.Join(errs...))
 	}
 	return c, nil
 }

@@ -52,9 +52,11 @@ type Scraped struct {
 
 // ScraperConfig configures a Scraper. Zero fields take defaults.
 type ScraperConfig struct {
-	// Interval between scrapes of one replica. Default 200ms.
+	// Interval between scrapes of one replica. Default
+	// DefaultScrapeInterval (200ms).
 	Interval time.Duration
-	// Timeout bounds each HTTP request. Default 300ms.
+	// Timeout bounds each HTTP request. Default DefaultScrapeTimeout
+	// (300ms).
 	Timeout time.Duration
 	// MetricsPath is scraped for load figures. Default "/metrics".
 	MetricsPath string
@@ -84,10 +86,10 @@ type ScraperConfig struct {
 
 func (c ScraperConfig) withDefaults() (ScraperConfig, error) {
 	if c.Interval == 0 {
-		c.Interval = 200 * time.Millisecond
+		c.Interval = DefaultScrapeInterval
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 300 * time.Millisecond
+		c.Timeout = DefaultScrapeTimeout
 	}
 	if c.MetricsPath == "" {
 		c.MetricsPath = "/metrics"

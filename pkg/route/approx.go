@@ -8,22 +8,6 @@ import (
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
 
-// Defaults of ApproxConfig.
-const (
-	DefaultApproxTTL        = 2 * time.Minute
-	DefaultApproxMaxEntries = 1 << 18
-)
-
-// ApproxConfig configures an ApproxIndex.
-type ApproxConfig struct {
-	// TTL is how long a dispatch is remembered after the last request that
-	// carried the block went to the replica (default 2m).
-	TTL time.Duration
-	// MaxEntries bounds the (block key, replica) entries (default 1<<18);
-	// past it the least recently dispatched are evicted.
-	MaxEntries int
-}
-
 // ApproxStats describes an ApproxIndex.
 type ApproxStats struct {
 	Keys    int   // distinct block keys
@@ -75,12 +59,8 @@ type approxEntry struct {
 // NewApproxIndex returns an empty index; zero or negative fields of cfg take
 // their defaults.
 func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
-	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultApproxTTL
-	}
-	if cfg.MaxEntries <= 0 {
-		cfg.MaxEntries = DefaultApproxMaxEntries
-	}
+	cfg.TTL, cfg.MaxEntries = max(cfg.TTL, 0), max(cfg.MaxEntries, 0)
+	cfg = cfg.WithDefaults()
 	x := &ApproxIndex{ttl: int64(cfg.TTL), max: cfg.MaxEntries, keys: map[kvblock.Key]*approxEntry{}}
 	x.lru.next, x.lru.prev = &x.lru, &x.lru
 	return x
