@@ -1,13 +1,17 @@
 package events
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,4 +238,128 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// vLLM's own ZmqEventPublisher (publisher.py) holds 10,000 batches that no
+// subscriber saw, and keeps publishing; a router started now (a restart)
+// relearns the engine's whole cache from the replay and follows the live
+// stream. Its view equals the one built from every payload the publisher
+// sent. Needs what TestVLLMWireConformance needs, plus pyzmq.
+func TestVLLMPublisherWarmRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("publishes 10,000 batches")
+	}
+	py, err := exec.LookPath("python3")
+	need := os.Getenv("KVROUTE_VLLM_WIRE") == "require"
+	if err == nil {
+		err = exec.Command(py, "-c", "import importlib.util as u, msgspec, zmq; import sys; sys.exit(u.find_spec('vllm') is None)").Run()
+	}
+	if err != nil {
+		if need {
+			t.Fatalf("python3 with msgspec, pyzmq and vllm: %v", err)
+		}
+		t.Skip("python3 lacks msgspec, pyzmq or vllm")
+	}
+	const n = 10000
+	dir := t.TempDir()
+	ipc, logPath := filepath.Join(dir, "pub.sock"), filepath.Join(dir, "payloads.hex")
+	cmd := exec.Command(py, filepath.Join("testdata", "vllmwire", "publisher.py"), ipc, logPath, fmt.Sprint(n))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("publisher stderr:\n%s", stderr.String())
+		}
+	})
+	lines := bufio.NewScanner(stdout)
+	line := func() string {
+		if !lines.Scan() {
+			t.Fatalf("publisher ended: %v\n%s", lines.Err(), stderr.String())
+		}
+		return lines.Text()
+	}
+	var replayEP string
+	if _, err := fmt.Sscanf(line(), "ready %s", &replayEP); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	h := newHarness(t, testConfig(), Source{ID: "r1", Model: "m", Endpoint: "ipc://" + ipc, ReplayEndpoint: replayEP, Topic: "kv@t@m", BlockSize: 4})
+	eventually(t, "caught up by replay", func() error {
+		if st := h.m.Status("r1"); !st.CaughtUp {
+			return fmt.Errorf("not caught up: %+v", st)
+		}
+		return nil
+	})
+	affinity := time.Since(start)
+	t.Logf("vLLM publisher, %d buffered batches: cache affinity %v after the router started (%v partial rounds)",
+		n, affinity.Round(time.Millisecond), h.counter("kvroute_events_replays_total", "result", "partial"))
+
+	if _, err := io.WriteString(stdin, "stop\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := line(); got != "stopped" {
+		t.Fatalf("publisher said %q", got)
+	}
+	// The reference: every payload the publisher sent, applied in order.
+	raw, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := index.New(index.Config{})
+	ap := NewApplier(ref)
+	var roots [][]uint32
+	payloads := strings.Fields(string(raw))
+	for _, hx := range payloads {
+		b, err := DecodeBatch(must(hex.DecodeString(hx)), HashVLLM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range b.Events {
+			if ev.Type == EventBlockStored && !ev.HasParent {
+				roots = append(roots, slices.Clone(ev.Tokens))
+			}
+		}
+		ap.Apply(Target{Replica: "r1", Model: "m", BlockSize: 4}, &b)
+	}
+	if len(payloads) <= n {
+		t.Fatalf("publisher logged %d batches", len(payloads))
+	}
+	root := kvblock.Root("m", "")
+	eventually(t, "view equals the engine's", func() error {
+		st := h.m.Status("r1")
+		if !st.HasSeq || st.LastSeq != uint64(len(payloads)-1) || !st.CaughtUp {
+			return fmt.Errorf("status %+v, want last seq %d", st, len(payloads)-1)
+		}
+		if got, want := h.idx.Stats().Engine, ref.Stats().Engine; got != want {
+			return fmt.Errorf("engine hashes %d, reference %d", got, want)
+		}
+		for i, toks := range roots {
+			keys := kvblock.Keys(nil, root, toks, 4, kvblock.Options{})
+			if got, want := matchOf(h.idx, keys, "r1"), matchOf(ref, keys, "r1"); got != want {
+				return fmt.Errorf("prompt %d: %d blocks, reference %d", i, got, want)
+			}
+		}
+		return nil
+	})
 }

@@ -51,8 +51,9 @@ def load(path):
     for pkg in ("vllm", "vllm.config", "vllm.utils", "vllm.v1", "vllm.v1.core", "vllm.distributed"):
         stub(pkg, __path__=[])
 
-    class KVEventsConfig:  # only used in type hints and the factory
-        pass
+    class KVEventsConfig:  # the publisher records its settings in one
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
 
     stub("vllm.config.kv_events", KVEventsConfig=KVEventsConfig)
     stub("vllm.logger", init_logger=logging.getLogger)
