@@ -16,9 +16,9 @@
 // kvroute's CPU time is read from /proc for its process over each
 // kvroute phase and divided by the requests completed; routed counts the
 // decisions kvroute made, so a request that Envoy sent round robin
-// because kvroute failed open is visible. Engines are simulated at high
-// speed with prefill effectively free, so both targets see the same
-// upstream and the difference is the router's.
+// because kvroute failed open is visible. Engines are simulated with
+// prefill effectively free and one output token per millisecond, so both
+// targets see the same upstream and the difference is the router's.
 //
 // Run owns every process and goroutine it starts and returns after
 // stopping and joining all of them.

@@ -188,7 +188,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer func() { _ = g.Stop() }()
 
 	engineArgs := []string{
-		"--speed", "100", "--decode-step-ms", "10", "--decode-step-per-seq-ms", "0",
+		// One token per millisecond: fast, yet slower than one router round
+		// trip per chunk, as real engines are (a faster stream would queue
+		// chunks behind the router and turn per-chunk cost into delay).
+		"--speed", "10", "--decode-step-ms", "10", "--decode-step-per-seq-ms", "0",
 		"--prefill-tokens-per-s", "1e9", "--max-model-len", "4000000", "--max-num-batched-tokens", "4000000",
 		"--num-gpu-blocks", "4000000", "--max-num-seqs", "1024", "--log-level", "warn",
 	}
