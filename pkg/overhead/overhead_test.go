@@ -86,11 +86,18 @@ func TestProcCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+	// Spin until the kernel has charged at least one more clock tick (on a
+	// loaded host a fixed wall time may get less than one).
+	after := before
+	for end := time.Now().Add(10 * time.Second); after <= before && time.Now().Before(end); {
+		for spin := time.Now().Add(20 * time.Millisecond); time.Now().Before(spin); {
+		}
+		if after, err = procCPU(os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	after, err := procCPU(os.Getpid())
-	if err != nil || after <= before {
-		t.Errorf("CPU %v then %v (%v)", before, after, err)
+	if after <= before {
+		t.Errorf("CPU time did not advance: %v then %v", before, after)
 	}
 	if _, err := procCPU(-1); err == nil {
 		t.Error("no error for a missing process")
