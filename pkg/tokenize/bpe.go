@@ -249,6 +249,9 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 	return dst, nil
 }
 
+// wordCacheEntries bounds the word cache of each model.
+const wordCacheEntries = 1 << 16
+
 // maxCachedWord bounds the pre-tokens the word cache keeps: long pieces (runs
 // of white space or symbols) are rare and would crowd out common words.
 const maxCachedWord = 256

@@ -25,7 +25,7 @@ type charModel struct {
 }
 
 func buildCharBPE(vocab map[string]uint32, mergesRaw json.RawMessage, byteFallback bool, unk *string, fuseUnk bool) (*bpe, error) {
-	m := &bpe{vocab: make(map[string]uint32, len(vocab)), cache: newWordCache(1 << 16), char: &charModel{byteFB: byteFallback, fuseUnk: fuseUnk}}
+	m := &bpe{vocab: make(map[string]uint32, len(vocab)), cache: newWordCache(wordCacheEntries), char: &charModel{byteFB: byteFallback, fuseUnk: fuseUnk}}
 	var maxID uint32
 	for _, id := range vocab {
 		maxID = max(maxID, id)

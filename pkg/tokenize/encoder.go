@@ -362,7 +362,7 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 	m := &bpe{
 		vocab:        make(map[string]uint32, len(vocab)),
 		ignoreMerges: ignoreMerges,
-		cache:        newWordCache(1 << 16),
+		cache:        newWordCache(wordCacheEntries),
 	}
 	var maxID uint32
 	for _, id := range vocab {
