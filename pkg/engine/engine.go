@@ -84,7 +84,8 @@ type StepResult struct {
 	Finished       []Finished
 	Preempted      []ReqID
 	// Events are the cache events of the step, in order; one published
-	// batch when not empty.
+	// batch when not empty. They belong to the caller but are read-only:
+	// their Tokens are shared with the engine's block metadata.
 	Events []Event
 }
 
