@@ -9,12 +9,12 @@ import (
 // simulation allocates fast and keeps a live heap of a few hundred MB (its
 // engines' cache metadata and the router's index): collecting at 4x the
 // live heap instead of 2x cut the collector's share of CPU from about 10 %
-// to about 1 % on the trace, and the soft limit makes it collect harder
-// before parallel simulations take more than a few GB of the shared
+// to about 2 % on the trace, and the soft limit makes it collect harder
+// before parallel simulations take more than 3 GiB of the shared
 // machine.
 const (
 	simGCPercent   = 300
-	simMemoryLimit = 6 << 30
+	simMemoryLimit = 3 << 30
 )
 
 func tuneGC() {
