@@ -13,6 +13,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/bench"
+	"github.com/kvroute/kvroute/pkg/policy"
 )
 
 // kvbench runs the command line and returns stdout, failing on a non-zero
@@ -181,7 +185,7 @@ func TestLiveAgainstFakeStack(t *testing.T) {
 func TestMatrixSmall(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"matrix", "-replicas", "2,4", "-workloads", "herding,chat", "-util", "0.5,1.1", "-seeds", "1-2",
-		"-size", "0.02", "-gpu-blocks", "4096", "-cpu-blocks", "0", "-policies", "roundrobin,leastload,kvroute", "-q"}
+		"-size", "0.02", "-duration", "0", "-gpu-blocks", "4096", "-cpu-blocks", "0", "-policies", "roundrobin,leastload,kvroute", "-q"}
 	a := kvbench(t, append(args, "-json", "-parallel", "1", "-json-out", filepath.Join(dir, "m.json"))...)
 	b := kvbench(t, append(args, "-json", "-parallel", "3")...)
 	if !bytes.Equal(a, b) {
@@ -225,5 +229,35 @@ func TestMatrixSmall(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"matrix", "-policies", "leastload,kvroute"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "baseline") {
 		t.Errorf("matrix without the baseline: exit %d, %s", code, errb.String())
+	}
+}
+
+// With -duration every generator is sized so that its session starts span
+// the duration at the case's utilization: more sessions for a higher
+// utilization and a bigger fleet.
+func TestGridDuration(t *testing.T) {
+	sf := simFlags{size: 1, rate: 1, replicas: 4, cpuBlocks: -1}
+	small := sf.fleet()
+	sf.replicas = 8
+	big := sf.fleet()
+	const d = 10 * time.Minute
+	for _, name := range bench.Generators() {
+		g, err := buildGrid(&sf, []string{name}, []uint64{1}, []float64{0.5, 1}, d,
+			[]bench.FleetConfig{small, big}, []string{"roundrobin"}, policy.Config{}, false)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var reqs []int
+		for _, c := range g.cases {
+			o := c.Workload.Offered()
+			if name != bench.GenGRPO && (o.Span < d*6/10 || o.Span > d*14/10) {
+				t.Errorf("%s on %d replicas: start span %v, want about %v", name, c.Fleet.Replicas, o.Span, d)
+			}
+			reqs = append(reqs, c.Workload.Requests())
+		}
+		// Cases: (4 replicas, 0.5), (4, 1), (8, 0.5), (8, 1).
+		if !(reqs[0] <= reqs[1] && reqs[1] <= reqs[3] && reqs[0] <= reqs[2] && reqs[0] < reqs[3]) {
+			t.Errorf("%s: requests %v do not grow with utilization and fleet size", name, reqs)
+		}
 	}
 }

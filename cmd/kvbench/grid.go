@@ -49,7 +49,43 @@ type workloadCache struct {
 }
 
 func (c *workloadCache) get(name string, seed uint64, rate float64) (*bench.Workload, error) {
-	key := fmt.Sprintf("%s/%d/%v", name, seed, rate)
+	return c.getSized(name, seed, rate, c.sf.size)
+}
+
+// sized returns the generator workload name at utilization u on fleet
+// whose session starts span duration: it measures the start span of the
+// size-1 workload at that utilization and scales the number of sessions
+// (the generator's size) by duration over that span. The trace is not
+// resized.
+func (c *workloadCache) sized(name string, seed uint64, u float64, fleet bench.FleetConfig, duration time.Duration) (*bench.Workload, error) {
+	if name == "trace" {
+		return c.get(name, seed, 1)
+	}
+	base, err := c.getSized(name, seed, 1, 1)
+	if err != nil {
+		return nil, err
+	}
+	o := base.Offered()
+	util := base.OfferedUtil(fleet)
+	if !(util > 0) || o.Span <= 0 {
+		return nil, fmt.Errorf("workload %s has no offered rate to scale", name)
+	}
+	span := o.Span.Seconds() * util / u // the start span at utilization u
+	size := duration.Seconds() / span
+	// A tiny size may leave a single start time (no rate to scale): grow
+	// it until the workload has two.
+	for range 20 {
+		w, err := c.getSized(name, seed, 1, size)
+		if err != nil || w.Offered().Span > 0 {
+			return w, err
+		}
+		size *= 2
+	}
+	return nil, fmt.Errorf("workload %s: no size gives two session start times", name)
+}
+
+func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (*bench.Workload, error) {
+	key := fmt.Sprintf("%s/%d/%v/%v", name, seed, rate, size)
 	if w, ok := c.built[key]; ok {
 		return w, nil
 	}
@@ -77,7 +113,7 @@ func (c *workloadCache) get(name string, seed uint64, rate float64) (*bench.Work
 		w = c.trace
 	} else {
 		var err error
-		w, err = bench.Generate(name, bench.GenOptions{Seed: seed, SizeScale: c.sf.size})
+		w, err = bench.Generate(name, bench.GenOptions{Seed: seed, SizeScale: size})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
@@ -90,9 +126,11 @@ func (c *workloadCache) get(name string, seed uint64, rate float64) (*bench.Work
 }
 
 // buildGrid lays out every (fleet, workload, util, policy, seed) case. With
-// no utils the workloads run at -rate. keepFirst keeps the first seed's
-// runs (for figures).
-func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64, fleets []bench.FleetConfig,
+// no utils the workloads run at -rate. With a duration (and utils), each
+// generator's size is set so that its session starts span duration at the
+// case's utilization (see workloadCache.sized). keepFirst keeps the first
+// seed's runs (for figures).
+func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64, duration time.Duration, fleets []bench.FleetConfig,
 	names []string, pcfg policy.Config, keepFirst bool) (*grid, error) {
 	wc := &workloadCache{sf: sf, built: map[string]*bench.Workload{}}
 	g := &grid{start: time.Now()}
@@ -105,7 +143,13 @@ func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64
 			for _, u := range levels {
 				cell := gridCell{replicas: fleet.Replicas, workload: wname, util: u, names: names, policies: make([][]int, len(names))}
 				for si, seed := range seeds {
-					w, err := wc.get(wname, seed, sf.rate)
+					var w *bench.Workload
+					var err error
+					if duration > 0 && u > 0 {
+						w, err = wc.sized(wname, seed, u, fleet, duration)
+					} else {
+						w, err = wc.get(wname, seed, sf.rate)
+					}
 					if err != nil {
 						return nil, err
 					}

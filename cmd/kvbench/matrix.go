@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/bench"
 	"github.com/kvroute/kvroute/pkg/policy"
@@ -53,6 +54,9 @@ type MatrixSummary struct {
 	FailedByCheck    map[string]int `json:"failed_by_check"`
 }
 
+// defaultMatrixDuration is the matrix's default span of session starts.
+const defaultMatrixDuration = 5 * time.Minute
+
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("matrix", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -60,7 +64,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	sf.registerSource(fs)
 	sf.registerFleet(fs)
 	var gf gridFlags
-	gf.register(fs, "0.5,0.8,0.95,1.1")
+	gf.register(fs, "0.5,0.8,0.95,1.1", defaultMatrixDuration)
 	replicas := fs.String("replicas", "4,8,16", "fleet sizes, comma-separated")
 	workloads := fs.String("workloads", "all", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all")
 	policies := fs.String("policies", strings.Join(bench.ComparedPolicies(), ","), "policies, comma-separated (must include -default and -baseline)")
@@ -131,7 +135,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if !contains(names, *def) || !contains(names, *baseline) {
 		return fmt.Errorf("%w: -policies must include the default %q and the baseline %q", errUsage, *def, *baseline)
 	}
-	g, err := buildGrid(&sf, wnames, seeds, utils, fleets, names, pcfg, false)
+	g, err := buildGrid(&sf, wnames, seeds, utils, gf.duration, fleets, names, pcfg, false)
 	if err != nil {
 		return err
 	}

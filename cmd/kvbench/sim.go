@@ -154,11 +154,13 @@ type WorkloadTable struct {
 type gridFlags struct {
 	seeds      string
 	utils      string
+	duration   time.Duration
 	parallel   int
 	cpuProfile string
 }
 
-func (g *gridFlags) register(fs *flag.FlagSet, defaultUtils string) {
+func (g *gridFlags) register(fs *flag.FlagSet, defaultUtils string, defaultDuration time.Duration) {
+	fs.DurationVar(&g.duration, "duration", defaultDuration, "with -util: size each generator so that its sessions start over this much simulated time at the case's utilization (more sessions for bigger fleets and higher utilization; -size is then ignored; the trace keeps its length); 0 uses -size")
 	fs.StringVar(&g.seeds, "seeds", "", "seeds, e.g. 1-5 or 1,3,7: every case runs once per seed (generator, tie-breaks, event loss) and tables show medians and min-max (default: -seed)")
 	fs.StringVar(&g.utils, "util", defaultUtils, "offered prefill utilizations, comma-separated (e.g. 0.5,0.8,0.95,1.1): each sets the arrival rate so that prompt tokens per second over replicas x prefill tokens/s equals it (overrides -rate)")
 	fs.IntVar(&g.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS); results do not depend on it")
@@ -208,7 +210,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var sf simFlags
 	sf.register(fs)
 	var gf gridFlags
-	gf.register(fs, "")
+	gf.register(fs, "", 0)
 	policies := fs.String("policies", strings.Join(bench.ComparedPolicies(), ","), "policies to compare, comma-separated")
 	asJSON := fs.Bool("json", false, "print JSON instead of Markdown tables")
 	out := fs.String("out", "", "directory for figures (default cmd/kvbench/out under the repository root); figures show the first seed")
@@ -254,7 +256,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		dir = root + "/cmd/kvbench/out"
 	}
 	fleet := sf.fleet()
-	g, err := buildGrid(&sf, sf.workloadNames(), seeds, utils, []bench.FleetConfig{fleet}, names, pcfg, !*noPlots)
+	g, err := buildGrid(&sf, sf.workloadNames(), seeds, utils, gf.duration, []bench.FleetConfig{fleet}, names, pcfg, !*noPlots)
 	if err != nil {
 		return err
 	}

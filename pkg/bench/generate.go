@@ -76,8 +76,7 @@ var ErrGenerator = fmt.Errorf("generator")
 //     1.8 s, one in ten above 6 s). A session ends early when its next
 //     prompt would pass 128K tokens (agents compact or hand off there).
 //   - grpo: GRPO-style RL rollouts. 8 training batches (at least 2 at any
-//     size), one every 30 s; each releases 4 tasks at once (scaled with the
-//     size like the batches, at least 1), each task a
+//     size), one every 30 s; each releases 4 tasks at once, each task a
 //     group of 8–16 samples sharing a 1K-token environment prompt (common
 //     to all tasks) and a 500–3,000-token task prompt. A sample is a
 //     trajectory of 3–12 steps that resends its whole history: each step
@@ -330,7 +329,7 @@ func (g *gen) grpo(w *Workload) {
 	id := 0
 	for b := range max(2, g.n(8)) {
 		at := time.Duration(b) * every
-		for range g.n(4) {
+		for range 4 {
 			task := g.seg(g.uniform(500, 3000))
 			for range g.uniform(8, 16) {
 				s := Session{Start: at}
