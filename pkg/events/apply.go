@@ -22,6 +22,10 @@ type ApplyStats struct {
 	// EngineBlockSize is the block size of the last store (0 if none):
 	// what the engine publishes (SGLang's page size).
 	EngineBlockSize int
+	// Lookahead is the number of lookahead tokens per block of the last
+	// store that carried lookahead_token_ids (0 if none): the n a request
+	// must be hashed with (kvblock.Options.WithLookahead).
+	Lookahead int
 }
 
 // Applier applies decoded batches of one replica to an index. It keeps
@@ -157,6 +161,9 @@ func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
 		return
 	}
 	st.EngineBlockSize = ev.BlockSize
+	if len(ev.Lookahead) > 0 {
+		st.Lookahead = len(ev.Lookahead[0])
+	}
 	if t.BlockSize > 0 && ev.BlockSize != t.BlockSize {
 		st.BlockSizeMismatch++
 		if g != nil {

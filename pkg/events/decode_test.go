@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -338,6 +339,22 @@ func FuzzDecodeBatch(f *testing.F) {
 		f.Add(readHex(f, name))
 	}
 	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
+	// Frames vLLM 0.33's own structs produced (every field).
+	raw, err := os.ReadFile(vllmWireGolden)
+	if err != nil {
+		f.Fatal(err)
+	}
+	var w vllmWire
+	if err := json.Unmarshal(raw, &w); err != nil {
+		f.Fatal(err)
+	}
+	for _, c := range w.Cases {
+		p, err := hex.DecodeString(c.Hex)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(p)
+	}
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var d Decoder
 		var b Batch
@@ -352,6 +369,10 @@ func FuzzDecodeBatch(f *testing.F) {
 			total += cap(ev.Hashes) + cap(ev.Tokens) + cap(ev.ExtraKeys)
 			for _, ks := range ev.ExtraKeys {
 				total += cap(ks)
+			}
+			total += cap(ev.Lookahead)
+			for _, la := range ev.Lookahead {
+				total += cap(la)
 			}
 		}
 		if total > 2*len(p)+1 {

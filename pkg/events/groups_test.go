@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/kvblock"
@@ -260,7 +261,7 @@ func TestLookaheadKeys(t *testing.T) {
 		la = append(la, all[end:end+n])
 	}
 	st := w.apply(w.store(g{"group_idx": 0, "lookahead_token_ids": la, "extra_keys": []any{[]any{"salt-1"}, nil, nil, nil}}))
-	if st.StoredBlocks != 4 {
+	if st.StoredBlocks != 4 || st.Lookahead != n || st.EngineBlockSize != gbs {
 		t.Fatalf("stored %+v", st)
 	}
 	root := kvblock.Root("m", "")
@@ -301,5 +302,34 @@ func TestClassifyKind(t *testing.T) {
 	// High group indices share the last bit; tiers never collide.
 	if groupBit(15, index.TierGPU) != groupBit(40, index.TierGPU) || groupBit(0, index.TierCPU)&tierMask(index.TierGPU) != 0 {
 		t.Fatal("group bits")
+	}
+}
+
+// Status reports what the engine's events say about how to hash requests
+// for it: its block (SGLang: page) size and its lookahead.
+func TestStatusReportsEngineBlockSizeAndLookahead(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewManager(index.New(index.Config{}), Config{}, reg, nil)
+	if err := m.SetSources([]Source{{ID: "r", Model: "m", Endpoint: "tcp://127.0.0.1:1", Engine: "sglang", BlockSize: 16}}); err != nil {
+		t.Fatal(err)
+	}
+	rep := m.lookup("r")
+	w := &worker{m: m, ap: NewApplier(m.idx)}
+	ev := map[string]any{"type": "BlockStored", "block_hashes": []uint64{1, 2}, "parent_block_hash": nil,
+		"token_ids": []int{1, 2}, "block_size": 1, "medium": "GPU", "lookahead_token_ids": [][]int{{2, 3}, {3, 4}}}
+	w.handle(item{rep: rep, kind: itemBatch, epoch: rep.epoch.Load(), payload: enc(t, []any{ts, []any{ev}, 0})})
+	st := m.Status("r")
+	if st.EngineBlockSize != 1 || st.Lookahead != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	if got := gather(t, reg, "kvroute_events_engine_block_size"); got != 1 {
+		t.Fatalf("engine_block_size %v", got)
+	}
+	if got := gather(t, reg, "kvroute_events_block_size_mismatch_total"); got != 1 {
+		t.Fatalf("mismatch %v", got)
+	}
+	want := "SGLang publishes pages of 1 tokens but the replica's block_size is 16; requests will not match: set block_size: 1 on the replica, or start SGLang with --page-size 16"
+	if got := blockSizeAdvice(HashSGLang, 1, 16); got != want {
+		t.Fatalf("advice %q", got)
 	}
 }

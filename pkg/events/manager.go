@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,14 @@ type ReplicaStatus struct {
 	Endpoint string
 	// Replay is the progress of the catch-up running, nil when none is.
 	Replay *ReplayProgress
+	// EngineBlockSize is the block size (SGLang: page size) the engine's
+	// last BlockStored carried, 0 before any.
+	EngineBlockSize int
+	// Lookahead is how many tokens after each block the engine folds into
+	// its block hashes (vLLM lookahead_token_ids), 0 if none seen: requests
+	// for this replica must be hashed with kvblock.Options.WithLookahead
+	// to meet its keys.
+	Lookahead int
 }
 
 // maxSockets is the ZMQ context's socket limit.
@@ -157,6 +166,8 @@ type replica struct {
 	rankLogged   atomic.Bool
 	decodeLogged atomic.Bool
 	lastEventNs  atomic.Int64
+	engineBlock  atomic.Int32 // block size of the last store
+	lookahead    atomic.Int32 // lookahead tokens per block of the last store with them
 	routedNs     atomic.Int64 // first request routed since the last event; 0 if none
 	lastRouted   atomic.Int64
 
@@ -373,6 +384,7 @@ func (m *Manager) Status(id index.ReplicaID) ReplicaStatus {
 		Silent:   r.silentAt(m.cfg.Now(), m.cfg.SilentAfter),
 	}
 	st.Resyncing = !st.CaughtUp
+	st.EngineBlockSize, st.Lookahead = int(r.engineBlock.Load()), int(r.lookahead.Load())
 	if ns := r.lastEventNs.Load(); ns != 0 {
 		st.LastEvent = time.Unix(0, ns)
 	}
@@ -639,11 +651,16 @@ func (w *worker) handle(it item) {
 	}
 	if st.EngineBlockSize > 0 {
 		rm.engineBlock.Set(float64(st.EngineBlockSize))
+		r.engineBlock.Store(int32(min(st.EngineBlockSize, math.MaxInt32)))
+	}
+	if st.Lookahead > 0 {
+		r.lookahead.Store(int32(min(st.Lookahead, math.MaxInt32)))
 	}
 	if st.BlockSizeMismatch > 0 {
 		rm.sizeMismatch.Add(float64(st.BlockSizeMismatch))
 		if !r.sizeLogged.Swap(true) {
-			r.log.Warn(blockSizeAdvice(r.mode, st.EngineBlockSize, r.src.BlockSize),
+			r.log.Warn("engine block size differs from the replica's; requests will not match these blocks",
+				slog.String("fix", blockSizeAdvice(r.mode, st.EngineBlockSize, r.src.BlockSize)),
 				slog.Int("engine", st.EngineBlockSize), slog.Int("configured", r.src.BlockSize))
 		}
 	}
