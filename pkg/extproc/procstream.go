@@ -153,8 +153,8 @@ func (st *procStream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proc
 		if st.s.cfg.isStripped(name) && !slices.Contains(st.strip, name) {
 			st.strip = append(st.strip, name)
 		}
-		if !strings.HasPrefix(name, ":") {
-			st.carrier.Set(name, val)
+		if st.s.propFields[name] {
+			st.carrier.Set(name, val) // only what the propagator reads
 		}
 	}
 	slices.Sort(st.strip)

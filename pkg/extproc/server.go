@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
@@ -26,6 +27,8 @@ type Server struct {
 	cfg     Config
 	tracer  trace.Tracer
 	metrics *metrics
+	// propFields are the (lower-case) headers the propagator reads.
+	propFields map[string]bool
 }
 
 // New validates cfg, applies defaults and registers the request-path
@@ -39,7 +42,11 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("extproc: register metrics: %w", err)
 	}
-	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m}, nil
+	fields := map[string]bool{}
+	for _, f := range cfg.Propagator.Fields() {
+		fields[strings.ToLower(f)] = true
+	}
+	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields}, nil
 }
 
 // ServerOptions are the gRPC server options this server's configuration
@@ -75,8 +82,12 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 			err = nil
 		}
 	}()
+	// One request message per stream, decoded into again for each message
+	// (decoding resets it): the stream state keeps no reference into it
+	// beyond byte slices, which decoding allocates afresh.
+	req := new(extprocv3.ProcessingRequest)
 	for {
-		req, rerr := ps.Recv()
+		rerr := ps.RecvMsg(req)
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) || status.Code(rerr) == codes.Canceled {
 				return nil
