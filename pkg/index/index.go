@@ -4,7 +4,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -365,12 +364,11 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	// The home slot of key i+matchAhead-1 is prefetched when key i is
 	// looked up, so that matchAhead lookups are in flight at once and each
 	// find reads a slot that has (mostly) arrived.
-	var hs [matchAhead]uint64
+	var starts [matchAhead]probe
 	for i, k := range keys[:min(len(keys), matchAhead)] {
-		hs[i] = mix(uint64(k))
-		prefetch(unsafe.Pointer(t.homeSlot(hs[i])))
+		starts[i] = t.probeStart(mix(uint64(k)))
 	}
-	ks := t.findKey(uint64(keys[0]), hs[0])
+	ks := t.findFrom(uint64(keys[0]), starts[0])
 	if ks == nil {
 		return dst
 	}
@@ -399,10 +397,9 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	}
 	for i := 1; i < len(keys); i++ {
 		if j := i + matchAhead - 1; j < len(keys) {
-			hs[j%matchAhead] = mix(uint64(keys[j]))
-			prefetch(unsafe.Pointer(t.homeSlot(hs[j%matchAhead])))
+			starts[j%matchAhead] = t.probeStart(mix(uint64(keys[j])))
 		}
-		ks := t.findKey(uint64(keys[i]), hs[i%matchAhead])
+		ks := t.findFrom(uint64(keys[i]), starts[i%matchAhead])
 		if ks == nil {
 			break
 		}

@@ -480,20 +480,25 @@ func keySlotAt(e *dirEnt, i uint64) *slot {
 	return (*slot)(unsafe.Add(e.s, i*slotBytes))
 }
 
-// homeSlot is the home slot of hash h: where a probe for it starts.
-func (t *xtab) homeSlot(h uint64) *slot {
-	e := &t.dir[h>>(64-uint(t.gd))]
-	hi, _ := bits.Mul64(h<<e.ld, uint64(e.c))
-	return keySlotAt(e, hi)
+// probe is where a lookup starts: a directory entry and the home position.
+type probe struct {
+	e *dirEnt
+	i uint64
 }
 
-// findKey is findHashed for the key table (keyKind: a slot is occupied when
-// v is not zero, keys compare whole), reading only the directory entry and
-// the slots.
-func (t *xtab) findKey(q, h uint64) *slot {
+// probeStart returns where the lookup of hash h starts and starts fetching
+// that slot.
+func (t *xtab) probeStart(h uint64) probe {
 	e := &t.dir[h>>(64-uint(t.gd))]
-	c := uint64(e.c)
-	i, _ := bits.Mul64(h<<e.ld, c)
+	i, _ := bits.Mul64(h<<e.ld, uint64(e.c))
+	prefetch(unsafe.Pointer(keySlotAt(e, i)))
+	return probe{e, i}
+}
+
+// findFrom is findHashed for the key table (keyKind: a slot is occupied
+// when v is not zero, keys compare whole), from the start p of q's probe.
+func (t *xtab) findFrom(q uint64, p probe) *slot {
+	e, i, c := p.e, p.i, uint64(p.e.c)
 	for d := 0; ; d++ {
 		s := keySlotAt(e, i)
 		if atomic.LoadUint64(&s.v) == 0 {
