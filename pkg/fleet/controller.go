@@ -162,10 +162,11 @@ func (c *Controller) apply(snap discovery.Snapshot) {
 	c.cfg.Set.set(rs)
 	for _, rep := range changes.Removed {
 		for rank := range max(rep.DPRanks, 1) {
-			c.cfg.Index.Cleared(events.DPReplicaID(index.ReplicaID(rep.ID), rank))
-		}
-		if f := c.cfg.Set.cfg.Fidelity; f != nil {
-			f.Reset(rep.ID)
+			id := events.DPReplicaID(index.ReplicaID(rep.ID), rank)
+			c.cfg.Index.Cleared(id)
+			if f := c.cfg.Set.cfg.Fidelity; f != nil {
+				f.Reset(string(id)) // fidelity is per stream, like the index
+			}
 		}
 	}
 	c.prev = rs

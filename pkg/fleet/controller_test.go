@@ -262,16 +262,24 @@ func TestControllerScrapeTargetsFollowSnapshot(t *testing.T) {
 	}
 }
 
+// TestControllerRemovalResetsFidelity: a removed replica's served-vs-
+// predicted history is forgotten for every data-parallel rank, so that a
+// replica coming back under the same ID starts with full trust.
 func TestControllerRemovalResetsFidelity(t *testing.T) {
 	r := newRig(t, time.Minute)
-	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, specA)})
-	r.fid.Observe("a", 100, 10)
-	if c := r.fid.Credit("a"); c >= 1 {
-		t.Fatalf("fidelity credit %v after a bad observation: the test proves nothing", c)
+	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, specA, specC)})
+	streams := []string{"a", "c", "c#dp1"}
+	for _, id := range streams {
+		r.fid.Observe(id, 100, 10)
+		if c := r.fid.Credit(id); c >= 1 {
+			t.Fatalf("%s: fidelity credit %v after a bad observation: the test proves nothing", id, c)
+		}
 	}
 	r.ctl.apply(discovery.Snapshot{Replicas: nil})
-	if c := r.fid.Credit("a"); c != 1 {
-		t.Errorf("fidelity credit %v after removal, want 1 (forgotten)", c)
+	for _, id := range streams {
+		if c := r.fid.Credit(id); c != 1 {
+			t.Errorf("%s: fidelity credit %v after removal, want 1 (forgotten)", id, c)
+		}
 	}
 }
 
