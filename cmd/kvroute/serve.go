@@ -303,7 +303,7 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 	adminGRPC := grpc.NewServer()
 	r.admin.Register(adminGRPC)
 	adminHTTP := &http.Server{
-		Handler:           adminHandler(adminGRPC, r.admin.Handler()),
+		Handler:           adminHandler(adminGRPC, r.debugMux()),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	adminHTTP.Protocols = new(http.Protocols)
@@ -382,6 +382,16 @@ func adminHandler(g *grpc.Server, mirror http.Handler) http.Handler {
 		}
 		mirror.ServeHTTP(w, req)
 	})
+}
+
+// debugMux is the admin HTTP mirror plus GET /debug/tokenizer (each local
+// tokenizer's self-check against the engine, and why it is or is not
+// trusted).
+func (r *wiring) debugMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /debug/tokenizer", r.tok.DebugHandler())
+	mux.Handle("/", r.admin.Handler())
+	return mux
 }
 
 func (r *wiring) metricsHandler() http.Handler {

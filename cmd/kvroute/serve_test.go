@@ -192,6 +192,19 @@ readiness: {warm_timeout: 5s}
 	if err := protojson.Unmarshal(b, &reps); err != nil || len(reps.Replicas) != 2 || reps.Replicas[0].GetLoad().GetActiveRequests() != 3 {
 		t.Fatalf("GET /debug/replicas: %v\n%s", err, b)
 	}
+	// The tokenizer's page (each local tokenizer's self-check) beside it.
+	resp, err = http.Get(admin + "/debug/tokenizer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var tokPage struct {
+		Models *[]json.RawMessage `json:"models"`
+	}
+	if err := json.Unmarshal(b, &tokPage); err != nil || resp.StatusCode != http.StatusOK || tokPage.Models == nil {
+		t.Fatalf("GET /debug/tokenizer: %d %v\n%s", resp.StatusCode, err, b)
+	}
 	// Metrics.
 	resp, err = http.Get(metrics + "/metrics")
 	if err != nil {

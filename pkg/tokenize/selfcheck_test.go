@@ -132,6 +132,17 @@ func TestSelfCheckDemotesWrongTokenizer(t *testing.T) {
 	if !strings.Contains(tok.Explain("m"), "demoted") {
 		t.Errorf("Explain = %q", tok.Explain("m"))
 	}
+	rec := httptest.NewRecorder()
+	tok.DebugHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/tokenizer", nil))
+	var page struct {
+		Models []ModelDebug `json:"models"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil || len(page.Models) != 1 {
+		t.Fatalf("debug page %q: %v", rec.Body.String(), err)
+	}
+	if d := page.Models[0]; d.Model != "m" || d.Kind != KindLocal || d.SelfCheck == nil || !d.SelfCheck.Demoted || !strings.Contains(d.Explain, "demoted") {
+		t.Errorf("debug page entry = %+v", d)
+	}
 	tok.Close() // joins the workers: the log is complete
 	if n := strings.Count(logs.String(), "disagrees with the engine"); n != 1 {
 		t.Errorf("logged %d times:\n%s", n, logs.String())

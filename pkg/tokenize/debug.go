@@ -1,0 +1,42 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+)
+
+// ModelDebug is one configured model's tokenizer as GET /debug/tokenizer
+// shows it.
+type ModelDebug struct {
+	Model     string          `json:"model"`
+	Kind      Kind            `json:"kind"`
+	Explain   string          `json:"explain"`
+	SelfCheck *SelfCheckState `json:"self_check,omitempty"`
+}
+
+// Debug returns every configured model's tokenizer, its explanation and
+// its self-check state, sorted by model.
+func (t *Tokenizer) Debug() []ModelDebug {
+	out := make([]ModelDebug, 0, len(t.models))
+	for name, m := range t.models {
+		d := ModelDebug{Model: name, Kind: m.cfg.Kind, Explain: t.Explain(name)}
+		if m.check != nil {
+			st := m.selfCheckState()
+			d.SelfCheck = &st
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	return out
+}
+
+// DebugHandler serves Debug as JSON ({"models": [...]}).
+func (t *Tokenizer) DebugHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(map[string]any{"models": t.Debug()})
+	})
+}
