@@ -300,7 +300,9 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 	r.ext.Register(extSrv)
 	r.health.Register(extSrv)
 
-	adminGRPC := grpc.NewServer()
+	// Explain over gRPC takes the bodies ext_proc takes (HTTP explain reads
+	// up to admin.MaxExplainBody, the same 16 MiB).
+	adminGRPC := grpc.NewServer(grpc.MaxRecvMsgSize(r.ext.MaxRecvMsgBytes()))
 	r.admin.Register(adminGRPC)
 	adminHTTP := &http.Server{
 		Handler:           adminHandler(adminGRPC, r.debugMux()),

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvroute/kvroute/pkg/admin"
 )
 
 // TestShippedEnvoyLimitsAgree renders the shipped Envoy configurations and
@@ -62,6 +64,14 @@ func TestShippedEnvoyLimitsAgree(t *testing.T) {
 		if string(s[1]) != strconv.Itoa(DefaultMaxBodyBytes) {
 			t.Errorf("chart envoy.yaml: request_body_buffer_limit %s, want %d", s[1], DefaultMaxBodyBytes)
 		}
+	}
+}
+
+// TestExplainTakesTheSameBodies: the admin explain endpoint reads request
+// bodies as ext_proc does; its HTTP limit is the same setting's default.
+func TestExplainTakesTheSameBodies(t *testing.T) {
+	if admin.MaxExplainBody != DefaultMaxBodyBytes {
+		t.Errorf("admin.MaxExplainBody %d, extproc.DefaultMaxBodyBytes %d: explain and routing would accept different bodies", admin.MaxExplainBody, DefaultMaxBodyBytes)
 	}
 }
 

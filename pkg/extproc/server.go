@@ -53,6 +53,11 @@ func New(cfg Config) (*Server, error) {
 // needs (Config.ServerOptions of its validated configuration).
 func (s *Server) ServerOptions() []grpc.ServerOption { return s.cfg.ServerOptions() }
 
+// MaxRecvMsgBytes is the gRPC receive limit this server's configuration
+// needs (Config.MaxRecvMsgBytes); other gRPC services that take the same
+// request bodies (explain) use it too.
+func (s *Server) MaxRecvMsgBytes() int { return s.cfg.MaxRecvMsgBytes() }
+
 // Register adds the ext_proc service to g.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
