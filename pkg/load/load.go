@@ -15,6 +15,11 @@ type Load struct {
 	WaitingRequests int
 	// KVUsage is the engine's KV cache usage in [0, 1] (scraped).
 	KVUsage float64
+	// KVBlocks is the engine's number of GPU KV blocks (vLLM's
+	// cache_config_info num_gpu_blocks); 0 when unknown. With KVUsage it
+	// gives the free blocks a placement may use before the engine has to
+	// preempt.
+	KVBlocks float64
 	// Healthy is false when the replica failed its health checks or is not
 	// ready; unhealthy replicas are never picked.
 	Healthy bool

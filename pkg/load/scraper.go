@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +38,11 @@ type Scraped struct {
 	// KVUsage its KV cache usage in [0, 1]. Valid when MetricsAt is set.
 	Running, Waiting int
 	KVUsage          float64
-	MetricsAt        time.Time
+	// KVBlocks is the engine's GPU KV block count (vLLM's
+	// cache_config_info num_gpu_blocks label; the largest when several
+	// engines report), 0 when not exposed.
+	KVBlocks  int
+	MetricsAt time.Time
 	// LocalRequests is the router's own in-flight request count to the
 	// replica (Tracker) around the scrape that produced Running and
 	// Waiting: the larger of the counts just before the request and just
@@ -283,6 +288,7 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 		cur.ProbedAt = time.Now()
 		if mErr == nil {
 			cur.Engine, cur.Running, cur.Waiting, cur.KVUsage = m.engine, m.running, m.waiting, m.kvUsage
+			cur.KVBlocks = m.kvBlocks
 			cur.LocalRequests, cur.LocalKnown = m.local, m.localKnown
 			cur.MetricsAt = cur.ProbedAt
 		}
@@ -315,6 +321,7 @@ type engineMetrics struct {
 	engine           string
 	running, waiting int
 	kvUsage          float64
+	kvBlocks         int
 	local            int // Tracker's in-flight requests around the scrape
 	localKnown       bool
 }
@@ -447,7 +454,7 @@ func engineFigures(fams map[string]*dto.MetricFamily) (engineMetrics, error) {
 		if !okR && !okW {
 			continue
 		}
-		m := engineMetrics{engine: e.name, running: int(sum(run)), waiting: int(sum(wait))}
+		m := engineMetrics{engine: e.name, running: int(sum(run)), waiting: int(sum(wait)), kvBlocks: kvBlocks(fams)}
 		for _, name := range e.kvUsage {
 			if f, ok := fams[name]; ok {
 				m.kvUsage = min(max(maxValue(f), 0), 1)
@@ -457,6 +464,23 @@ func engineFigures(fams map[string]*dto.MetricFamily) (engineMetrics, error) {
 		return m, nil
 	}
 	return engineMetrics{}, errNoEngineMetrics
+}
+
+// kvBlocks reads vLLM's cache_config_info num_gpu_blocks label (the
+// largest over its series), 0 when absent or not a number.
+func kvBlocks(fams map[string]*dto.MetricFamily) int {
+	n := 0
+	for _, m := range fams["vllm:cache_config_info"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() != "num_gpu_blocks" {
+				continue
+			}
+			if v, err := strconv.Atoi(l.GetValue()); err == nil && v > n {
+				n = v
+			}
+		}
+	}
+	return n
 }
 
 func value(m *dto.Metric) float64 {

@@ -45,8 +45,11 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
 vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.99
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1234
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="24576"} 1
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="bad"} 1
 `,
-			want: engineMetrics{engine: "vllm", running: 5, waiting: 4, kvUsage: 0.5},
+			want: engineMetrics{engine: "vllm", running: 5, waiting: 4, kvUsage: 0.5, kvBlocks: 24576},
 		},
 		{
 			name: "old vllm falls back to gpu_cache_usage_perc",

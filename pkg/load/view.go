@@ -29,7 +29,7 @@ const DefaultRequestBlocks = 32
 //	ActiveRequests        = L + U - WaitingRequests
 //	ActivePrefillBlocks   = P + U·W/(R+W) · mean prefill blocks
 //	ActiveDecodeBlocks    = D + U·R/(R+W) · mean decode blocks
-//	KVUsage               = scraped usage
+//	KVUsage, KVBlocks     = scraped usage and GPU KV block count
 //	Healthy               = the prober's verdict; true when r is not a scrape target
 //
 // U is what the engine reported beyond this router's own requests at the
@@ -91,6 +91,7 @@ func (v *View) Load(replica string) Load {
 		return l
 	}
 	l.KVUsage = s.KVUsage
+	l.KVBlocks = float64(s.KVBlocks)
 	base := local.Requests
 	if s.LocalKnown {
 		base = s.LocalRequests
