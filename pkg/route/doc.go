@@ -29,6 +29,15 @@
 // modes never mix. Decide records the pick's keys there when the pick has no
 // events; Explain records nothing.
 //
+// Sessions: every request's session key is the x-session-id header, else
+// one derived from the body (SessionKey: a hash of a chat's opening up to
+// its first assistant message, else the OpenAI `user`). The Router
+// remembers, per key, the replica that served the session's last request
+// (bounded: two generations of Options.SessionMemory/2 keys) and marks that
+// candidate policy.Candidate.Home, a hint the policy weighs (kvroute
+// charges a move away from it and never applies its load bound there),
+// never a pin. Decide records the pick as the new home; Explain does not.
+//
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
 // goroutine. Per-call buffers come from a sync.Pool; policy randomness comes
 // from one *rand.Rand over a mutex-guarded PCG seeded from Options.Seed, so a

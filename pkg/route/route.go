@@ -55,6 +55,11 @@ type Options struct {
 	// replicas never use it, and approximate tokens never reach the
 	// Matcher. Routers may share one ApproxIndex.
 	Approx *ApproxIndex
+	// SessionMemory is how many sessions' home replicas (the replica that
+	// served a session's last request) the Router remembers for the
+	// policy (policy.Candidate.Home); 0 means DefaultSessionMemory, a
+	// negative value remembers none.
+	SessionMemory int
 	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
 	// DefaultApproxTrust.
 	ApproxTrust float64
@@ -68,6 +73,7 @@ const DefaultApproxTrust = 1.0
 // no goroutine and owns none.
 type Router struct {
 	opts    Options
+	homes   *homes
 	rand    *rand.Rand
 	scratch sync.Pool // *scratch
 }
@@ -118,9 +124,13 @@ func New(opts Options) *Router {
 	if !(opts.ApproxTrust > 0 && opts.ApproxTrust <= 1) {
 		opts.ApproxTrust = DefaultApproxTrust
 	}
+	if opts.SessionMemory == 0 {
+		opts.SessionMemory = DefaultSessionMemory
+	}
 	r := &Router{
-		opts: opts,
-		rand: rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
+		opts:  opts,
+		homes: newHomes(opts.SessionMemory),
+		rand:  rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 	}
 	r.scratch.New = func() any { return new(scratch) }
 	return r
@@ -148,7 +158,8 @@ func (s *lockedSource) Uint64() uint64 {
 // Policy returns the router's policy.
 func (r *Router) Policy() policy.Policy { return r.opts.Policy }
 
-// Decide picks a replica for req and, when the pick is a replica without
+// Decide picks a replica for req, remembers it as the home of the
+// request's session (SessionKey), and, when the pick is a replica without
 // events and Options.Approx is set, records the request's keys for it there.
 // Errors: ErrNoReplica when the set is
 // empty, the subset admits none of the model's replicas, or none of them is
@@ -161,7 +172,7 @@ func (r *Router) Decide(ctx context.Context, req Request) (Decision, error) {
 }
 
 // Explain is Decide without side effects on the router: it records nothing
-// in Options.Approx. (The policy is still asked to pick: give an explaining
+// in Options.Approx nor in the session memory. (The policy is still asked to pick: give an explaining
 // Router its own instance of a stateful policy.)
 func (r *Router) Explain(ctx context.Context, req Request) (Decision, error) {
 	return r.decide(ctx, req, false)
@@ -218,12 +229,14 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// matched against engine events (an event-fed replica gets trust 0),
 	// replicas without events use the dispatch-learned index when there
 	// is one.
+	d.Session = SessionKey(req)
+	home, hasHome := r.homes.get(d.Session)
 	feeds, _ := r.opts.State.(EventFeeds)
 	useApprox := false
 	sc.cands, sc.src, sc.bs = sc.cands[:0], sc.src[:0], sc.bs[:0]
 	for _, i := range cands {
 		rep := reps[i]
-		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID)}
+		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID), Home: hasHome && rep.ID == home}
 		src := srcEvents
 		switch {
 		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
@@ -268,7 +281,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	res := r.opts.Policy.Pick(policy.Request{
 		PromptBlocks:         d.PromptBlocks,
 		PromptTokens:         d.PromptTokens,
-		SessionKey:           req.SessionKey,
+		SessionKey:           d.Session,
 		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
 	}, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
@@ -282,6 +295,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		raw[k].Trust = c.Trust
 		raw[k].Load = c.Load
 		raw[k].Eligible = c.Load.Healthy
+		raw[k].Home = c.Home
 		raw[k].Approximate = useApprox && sc.src[k] == srcApprox
 		raw[k].Cost = math.NaN()
 		if res.Costs != nil {
@@ -300,6 +314,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
 		r.opts.Approx.Record(sc.keys, d.Replica, start)
+	}
+	if learn {
+		r.homes.set(d.Session, d.Replica)
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil

@@ -40,7 +40,11 @@ type Request struct {
 	Tokens []uint32
 	Input  TokenizeInput
 	// SessionKey is the session affinity key (x-session-id header).
+	// Without it the router derives one (see SessionKey).
 	SessionKey string
+	// User is the OpenAI `user` field, if any: the last resort of
+	// SessionKey.
+	User string
 	// MaxTokens is the request's output limit, 0 when absent.
 	MaxTokens int
 	// Subset, when not nil, restricts the pick to these addresses (the
@@ -114,6 +118,8 @@ type Candidate struct {
 	Load     load.Load
 	Cost     float64 // the policy's score; NaN when it has none
 	Eligible bool    // healthy, in the subset, serving the model
+	// Home marks the replica that served the session's previous request.
+	Home bool
 	// Approximate is set when Matched and Trust come from the
 	// dispatch-learned index (Options.Approx), not from engine events.
 	Approximate bool
@@ -138,6 +144,9 @@ type Decision struct {
 	TokenizeTime time.Duration
 	DecideTime   time.Duration
 	Candidates   []Candidate
+	// Session is the session key the decision used (SessionKey: the
+	// header, else one derived from the request), "" for none.
+	Session string
 }
 
 // MatchedBlocks returns the picked replica's matched blocks over all tiers.
