@@ -380,6 +380,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		Model:      s.cfg.Engine.Model,
 		Tokens:     prompt,
 		SessionKey: s.w.Sessions[sess].Key,
+		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,
 	})
 	if err != nil {
@@ -595,6 +596,7 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 		ActiveRequests:      reqs - r.scraped.Waiting,
 		WaitingRequests:     r.scraped.Waiting,
 		KVUsage:             r.scraped.KVUsage,
+		KVBlocks:            float64(r.scraped.NumGPUBlocks),
 		Healthy:             true,
 	}
 }

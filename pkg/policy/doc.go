@@ -1,5 +1,6 @@
 // Package policy decides which replica serves a request, given every
-// candidate's matched prefix (by tier), trust and load.
+// candidate's matched prefix (by tier), trust, load and whether it is the
+// session's home.
 //
 // Policies are small types behind one interface, built by New(name, Config):
 //
@@ -14,17 +15,24 @@
 //     experiments only: it herds (see the seed reproduction in kvbench).
 //   - weighted: llm-d's scorers (prefix 3, queue 2, KV utilisation 2, each
 //     normalised to [0, 1]) and a max-score picker.
-//   - kvroute: the router's default; the request's own uncached prefill
-//     plus the replica's prefill backlog and a per-request charge, with a
-//     bounded-load rule: a replica over its share of the in-flight
-//     requests earns no cache credit (Reason "load_bound" when that
-//     changed the pick). See KVRoute and the kvroute benchmarks in
+//   - kvroute: the router's default. It predicts each candidate's cost in
+//     blocks of prefill: half the prefill queued there, the request's own
+//     uncached prefill, a move charge when the request would leave its
+//     session's home (the history it re-prefills, times the fleet's
+//     pressure busy/(1-busy): free on an idle fleet, several times the
+//     work on a saturated one), a KV-memory overflow charge (blocks past
+//     the replica's free KV, which the engine would preempt), and two
+//     blocks per request in flight; a bounded-load safety net takes the
+//     cache credit of a replica over its share of the in-flight requests,
+//     never at the session's home (Reason "load_bound" when that changed
+//     the pick). See KVRoute and the kvroute benchmarks in
 //     docs/benchmarks.md.
 //
 // Rules every policy follows:
 //   - Only eligible candidates (Load.Healthy) are picked; with none,
 //     Result.Pick is -1.
-//   - Candidate.Trust in [0, 1] scales the cache credit a candidate earns;
+//   - Candidate.Trust in [0, 1] scales the cache credit a candidate earns
+//     (the trusted share of its matched blocks);
 //     0 (a resyncing replica) removes it entirely.
 //   - With a cold or empty index (no eligible candidate has a creditable
 //     match) the cache-aware policies and leastload pick the least loaded

@@ -6,94 +6,113 @@ import (
 	"github.com/kvroute/kvroute/pkg/index"
 )
 
-// KVRoute is kvroute's own policy and the router's default: an estimate,
-// in prefill blocks, of how long the request would wait for its first
-// token on each candidate, plus a small charge per request already there.
-// Lowest wins:
+// KVRoute is kvroute's own policy and the router's default. It predicts,
+// for each candidate, what placing the request there costs, in blocks of
+// prefill (a prefill block is a fixed amount of replica time), and picks
+// the lowest:
 //
-//	credit   = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight)
-//	           * overlap_credit * Candidate.Trust
-//	own      = max(0, prompt_blocks - credit)     the request's own uncached prefill
-//	backlog  = active_prefill_blocks              uncached prefill queued ahead of it
-//	cost     = backlog_weight*backlog + own + decode_weight*active_decode_blocks
-//	           + request_weight*(running + waiting requests)
+//	hit     = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight) * Candidate.Trust
+//	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
+//	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it
+//	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one)
+//	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
+//	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt
+//	cost    = wait + own + move + memory + decode_weight*active_decode_blocks
+//	          + request_weight*(running + waiting requests)
 //
-// Defaults: overlap_credit 1.25, backlog_weight 0.5, decode_weight 0,
-// request_weight 2. A matched block is worth a little more than the block
-// of prefill it saves: keeping a conversation where its history is cached
-// also saves its next turns the prefill. The router charges a request's uncached blocks to the
-// replica's active prefill until its first token, so on average half of
-// the charged backlog is already computed when the next request looks:
-// backlog_weight 0.5 is that expectation. The per-request charge spreads
-// sessions that start on a cold index (sibling rollouts, fan-out) and
-// evens out the decode work they bring, without outweighing a cache hit of
-// more than a couple of blocks.
+// wait + own is the request's own time to first token on the candidate:
+// the router charges a request's uncached blocks to the replica's active
+// prefill until its first token, so on average half of the charged backlog
+// is already computed when the next request looks (backlog_weight 0.5).
 //
-// It differs from Dynamo's blended cost (see Blended) in two ways that
-// matter under load. The overlap credit only discounts the request's own
-// prefill: it never cancels backlog a cache-rich replica already carries,
-// so a replica that holds a prefix but has a long prefill queue loses to
-// an idle one as soon as the queue outweighs the saving (no decay knob
-// needed; bursts that queue little prefill are the load bound's, below). And decode footprint, which costs a decode step
-// little and first-token latency almost nothing, is charged at a small
-// weight instead of block for block, so that a replica holding a long
-// conversation's KV is not pushed away from that conversation's next turn.
+// The move charge is what moving a session away from its history costs
+// the others. The session's home (Candidate.Home: the replica that served
+// its previous request) holds its history; re-prefilling it on another
+// replica is work every request queued behind it there waits for, and at load the fleet has no spare capacity to
+// absorb it: more work means longer queues everywhere, which move more
+// sessions away from their history, which adds more work (the cache-thrash
+// cliff). fleet_pressure is busy/(1-busy), busy being the share of eligible
+// candidates with prefill queued or requests waiting, capped at
+// move_pressure_max: 0 on an idle fleet (a move costs only the request's
+// own prefill), 1 with half the fleet busy, move_pressure_max when nearly
+// all of it is. So at light load a session moves away from its history as
+// soon as its holder's queue outweighs the history's prefill, and at
+// saturation only when the holder's queue outweighs it several times over:
+// trajectories stay home. A request without a home (a new session, or no
+// session key) pays no move charge: prefilling a shared prefix (a system
+// prompt, a task prompt) on one more replica is a one-off investment the
+// replica's later requests reuse, not a loss, so new sessions and groups
+// spread on queued prefill, own prefill and requests alone.
+//
+// The memory term reads KV headroom: with the candidate's KV blocks known
+// (Load.KVBlocks), the blocks in use are the larger of the engine's
+// reported usage and the router's own in-flight footprint; the request
+// needs its prompt blocks plus its expected output blocks; whatever would
+// exceed (1 - memory_reserve) of the cache is overflow, which the engine
+// resolves by preempting a running request and recomputing it later.
+// Without Load.KVBlocks the term is 0.
+//
+// Herding protection comes from the prediction: a burst's queued prefill
+// is in the router's in-flight view (wait), and its requests in the
+// per-request charge. The load bound below is a safety net for light
+// bursts that share a long prefix (they queue little prefill), and it
+// never takes a session's credit on its home replica (Candidate.Home, the
+// replica that served the session's previous request): a session leaves
+// its history only when the prediction says the holder is slower.
 // Candidate.Trust (the closed-loop fidelity of the replica's served hits)
-// scales the credit, so a replica whose predicted hits do not materialise
-// stops attracting traffic on them. Ties go to the less loaded candidate,
-// then at random. KVRoute holds no state.
+// scales the hit. Ties go to the less loaded candidate, then at random.
+// KVRoute holds no state.
 //
 // Bounded load (load_bound c, default 1.25; 0 turns it off), after
 // consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam):
 // with T the running plus waiting requests summed over the eligible
-// candidates and N of them, a candidate already carrying
+// candidates and N of them, a candidate other than the session's home
+// already carrying
 //
 //	bound = max(load_bound_min, ceil(c * (T+1) / N))
 //
-// requests or more earns no cache credit for this request. The cost terms
-// above weigh queued prefill, not the number of requests a replica serves,
-// so a light burst that shares a long prefix (a system prompt cached on one
-// replica) would otherwise all land on that replica: each request there
-// prefills a few blocks instead of the whole prompt, and a handful of
-// requests in flight never outweighs that saving. The bound caps how far
-// ahead of its fair share a cache-rich replica can get before it competes
-// on load alone, whatever the saving. It removes the credit rather than
-// skipping the candidate: an over-bound replica can still win on load (when
-// the others' prefill queues are longer), and no special case is needed
-// when every candidate is over the bound. Reason "load_bound" marks a pick
-// the bound changed (an over-bound candidate would have won with its credit).
-//
-// The floor load_bound_min (default 4 requests) keeps the bound from firing
-// on a nearly idle fleet, where ceil(c*(T+1)/N) is 1 or 2 and a replica
-// running two requests would lose a conversation whose whole history it
-// holds: on the Mooncake trace (8 replicas) a floor of 1 moved 8% of the
-// requests, nearly all with over 90% of their prompt cached, and cost 27%
-// of mean TTFT and 18% of the hit rate (docs/benchmarks.md, "Routing
-// quality"). At four requests a replica is far from busy, and the
-// end-to-end herding burst (16 concurrent requests on 4 replicas, one
-// holding their shared system prompt) spreads the same with floors 3 to 5.
+// requests or more earns no cache credit for this request (its hit counts
+// 0, so extra and move are computed as for a cold replica). It removes
+// the credit rather than skipping the candidate: an over-bound replica can
+// still win on load, and no special case is needed when every candidate
+// is over the bound. Reason "load_bound" marks a pick the bound changed.
+// The floor load_bound_min (default 6 requests) keeps the bound from
+// firing on a lightly loaded fleet, where a replica holding a shared
+// prefix serves a few requests faster than a cold one; 6 is also the
+// bound of the end-to-end herding burst (16 in flight on 4 replicas),
+// which keeps the holder under 40% of it.
 type KVRoute struct {
-	overlapCredit, backlogWeight, decodeWeight, requestWeight float64
-	loadBound, loadBoundMin                                   float64
-	tierWeight                                                [index.NumTiers]float64
+	backlogWeight, decodeWeight, requestWeight float64
+	moveWeight, movePressureMax                float64
+	memoryWeight, memoryReserve                float64
+	loadBound, loadBoundMin                    float64
+	tierWeight                                 [index.NumTiers]float64
 }
 
 func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	k := &KVRoute{
-		overlapCredit: orDefault(c.OverlapCredit, DefaultKVRouteOverlapCredit),
-		backlogWeight: orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
-		decodeWeight:  orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
-		requestWeight: orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
-		loadBound:     orDefault(c.LoadBound, DefaultKVRouteLoadBound),
-		loadBoundMin:  orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
+		backlogWeight:   orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
+		decodeWeight:    orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
+		requestWeight:   orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
+		moveWeight:      orDefault(c.MoveWeight, DefaultKVRouteMoveWeight),
+		movePressureMax: orDefault(c.MovePressureMax, DefaultKVRouteMovePressureMax),
+		memoryWeight:    orDefault(c.MemoryWeight, DefaultKVRouteMemoryWeight),
+		memoryReserve:   orDefault(c.MemoryReserve, DefaultKVRouteMemoryReserve),
+		loadBound:       orDefault(c.LoadBound, DefaultKVRouteLoadBound),
+		loadBoundMin:    orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 	}
 	if err := allFiniteNonNeg(
-		knob{"kvroute.overlap_credit", k.overlapCredit},
 		knob{"kvroute.backlog_weight", k.backlogWeight},
 		knob{"kvroute.decode_weight", k.decodeWeight},
 		knob{"kvroute.request_weight", k.requestWeight},
+		knob{"kvroute.move_weight", k.moveWeight},
+		knob{"kvroute.move_pressure_max", k.movePressureMax},
+		knob{"kvroute.memory_weight", k.memoryWeight},
 	); err != nil {
 		return nil, err
+	}
+	if r := k.memoryReserve; !(r >= 0 && r < 1) {
+		return nil, fieldErr("kvroute.memory_reserve", r, "in [0, 1)")
 	}
 	if b := k.loadBound; math.IsNaN(b) || math.IsInf(b, 0) || (b != 0 && b < 1) {
 		return nil, fieldErr("kvroute.load_bound", b, "0 (off) or a finite number >= 1")
@@ -115,32 +134,107 @@ func NewKVRoute(cfg KVRouteConfig) (*KVRoute, error) { return cfg.resolve() }
 // Name implements Policy.
 func (k *KVRoute) Name() string { return NameKVRoute }
 
-// CreditBlocks is the overlap credit, in blocks, the candidate earns.
-func (k *KVRoute) CreditBlocks(c Candidate) float64 {
+// HitBlocks is the candidate's trusted cache hit for the request, in
+// blocks: its matched blocks weighted by tier, times its trust.
+func (k *KVRoute) HitBlocks(c Candidate) float64 {
 	matched := 0.0
 	for tier, m := range c.Matched {
 		matched += float64(m) * k.tierWeight[tier]
 	}
-	return k.overlapCredit * matched * trust(c)
+	return matched * trust(c)
 }
 
-// Cost is the candidate's cost for this request, with its cache credit
-// (the load bound is not applied: see Pick).
-func (k *KVRoute) Cost(req Request, c Candidate) float64 {
-	return k.cost(req, c, k.CreditBlocks(c))
+// Fleet is what KVRoute's cost reads of the other candidates: the own
+// prefill at the session's home and the fleet's pressure.
+type Fleet struct {
+	// HomeOwn is the request's own uncached prefill, in blocks, at its
+	// session's eligible home replica; +Inf without one (no move charge).
+	HomeOwn float64
+	// Pressure is busy/(1-busy) capped at move_pressure_max, busy being
+	// the share of eligible candidates with prefill queued or requests
+	// waiting.
+	Pressure float64
 }
 
-func (k *KVRoute) cost(req Request, c Candidate, creditBlocks float64) float64 {
-	own := math.Max(0, float64(req.PromptBlocks)-creditBlocks)
-	return k.backlogWeight*c.Load.ActivePrefillBlocks + own +
-		k.decodeWeight*c.Load.ActiveDecodeBlocks +
-		k.requestWeight*float64(c.Load.Requests())
+// Prediction is one candidate's predicted cost, term by term, in blocks.
+type Prediction struct {
+	Wait, Own, Move, Memory, Decode, Requests float64
 }
 
-// LoadBound is the request count at or above which a candidate earns no
-// cache credit: max(load_bound_min, ceil(c*(T+1)/N)) with T the eligible
-// candidates' running plus waiting requests and N their number. It is +Inf
-// when the bound is off or no candidate is eligible.
+// Total is the cost the pick compares.
+func (p Prediction) Total() float64 {
+	return p.Wait + p.Own + p.Move + p.Memory + p.Decode + p.Requests
+}
+
+// own is the request's uncached prefill on c given its hit.
+func own(req Request, hit float64) float64 {
+	return math.Max(0, float64(req.PromptBlocks)-hit)
+}
+
+// FleetOf computes the fleet figures for the request over cands, where
+// credited reports whether a candidate keeps its cache credit (the load
+// bound); nil credits every candidate.
+func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidate) bool) Fleet {
+	f := Fleet{HomeOwn: math.Inf(1)}
+	busy, n := 0, 0
+	for _, c := range cands {
+		if !eligible(c) {
+			continue
+		}
+		n++
+		if c.Home {
+			hit := 0.0
+			if credited == nil || credited(c) {
+				hit = k.HitBlocks(c)
+			}
+			f.HomeOwn = own(req, hit)
+		}
+		if c.Load.ActivePrefillBlocks > 0 || c.Load.WaitingRequests > 0 {
+			busy++
+		}
+	}
+	if n == 0 {
+		return f
+	}
+	b := float64(busy) / float64(n)
+	if b >= 1 {
+		f.Pressure = k.movePressureMax
+	} else {
+		f.Pressure = math.Min(k.movePressureMax, b/(1-b))
+	}
+	return f
+}
+
+// Predict is the candidate's cost for the request, term by term, with its
+// cache credit (hit blocks) as given.
+func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Prediction {
+	o := own(req, hit)
+	p := Prediction{
+		Wait:     k.backlogWeight * c.Load.ActivePrefillBlocks,
+		Own:      o,
+		Move:     k.moveWeight * f.Pressure * math.Max(0, o-f.HomeOwn),
+		Decode:   k.decodeWeight * c.Load.ActiveDecodeBlocks,
+		Requests: k.requestWeight * float64(c.Load.Requests()),
+	}
+	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
+		used := math.Max(c.Load.KVUsage*total, c.Load.ActiveDecodeBlocks)
+		need := float64(req.PromptBlocks) + req.ExpectedOutputBlocks
+		p.Memory = k.memoryWeight * math.Max(0, used+need-(1-k.memoryReserve)*total)
+	}
+	return p
+}
+
+// Cost is the candidate's cost for this request among cands, with its
+// cache credit (the load bound is not applied: see Pick).
+func (k *KVRoute) Cost(req Request, c Candidate, cands []Candidate) float64 {
+	return k.Predict(req, c, k.HitBlocks(c), k.FleetOf(req, cands, nil)).Total()
+}
+
+// LoadBound is the request count at or above which a candidate other than
+// the session's home earns no cache credit: max(load_bound_min,
+// ceil(c*(T+1)/N)) with T the eligible candidates' running plus waiting
+// requests and N their number. It is +Inf when the bound is off or no
+// candidate is eligible.
 func (k *KVRoute) LoadBound(cands []Candidate) float64 {
 	if k.loadBound == 0 {
 		return math.Inf(1)
@@ -164,37 +258,39 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 		return none()
 	}
 	bound := k.LoadBound(cands)
-	over := func(c Candidate) bool { return float64(c.Load.Requests()) >= bound }
+	credited := func(c Candidate) bool { return c.Home || float64(c.Load.Requests()) < bound }
+	f := k.FleetOf(req, cands, credited)
 	pick, costs := lowestCost(cands, env, func(c Candidate) float64 {
-		cr := 0.0
-		if !over(c) {
-			cr = k.CreditBlocks(c)
+		hit := 0.0
+		if credited(c) {
+			hit = k.HitBlocks(c)
 		}
-		return k.cost(req, c, cr)
+		return k.Predict(req, c, hit, f).Total()
 	})
 	reason := ReasonCost
 	switch {
 	case cold(cands):
 		reason = ReasonColdIndex
-	case k.boundChanged(req, cands, pick, costs[pick], over):
+	case k.boundChanged(req, cands, pick, costs[pick], credited):
 		reason = ReasonLoadBound
 	}
 	return Result{Pick: pick, Reason: reason, Costs: costs}
 }
 
-// boundChanged reports whether some over-bound candidate other than the
-// pick would have cost less than the pick with its cache credit: the bound,
-// not the cost alone, decided.
-func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCost float64, over func(Candidate) bool) bool {
+// boundChanged reports whether the pick would have been another,
+// over-bound candidate had the bound not taken its credit: the bound, not
+// the prediction alone, decided.
+func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCost float64, credited func(Candidate) bool) bool {
+	var f *Fleet
 	for i, c := range cands {
-		if i == pick || !eligible(c) || !over(c) {
+		if i == pick || !eligible(c) || credited(c) || k.HitBlocks(c) == 0 {
 			continue
 		}
-		cr := k.CreditBlocks(c)
-		if cr == 0 {
-			continue
+		if f == nil {
+			ff := k.FleetOf(req, cands, nil)
+			f = &ff
 		}
-		if v := k.cost(req, c, cr); v < pickCost && !floatEq(v, pickCost) {
+		if v := k.Predict(req, c, k.HitBlocks(c), *f).Total(); v < pickCost && !floatEq(v, pickCost) {
 			return true
 		}
 	}
@@ -203,35 +299,50 @@ func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCos
 
 // KVRouteConfig are the kvroute policy's knobs (see KVRoute).
 type KVRouteConfig struct {
-	// OverlapCredit scales the cache credit (default 1.25; 0 turns cache
-	// awareness off).
-	OverlapCredit *float64 `yaml:"overlap_credit"`
-	// BacklogWeight weighs the active prefill blocks queued ahead.
+	// BacklogWeight weighs the active prefill blocks queued ahead
+	// (default 0.5).
 	BacklogWeight *float64 `yaml:"backlog_weight"`
-	// DecodeWeight charges blocks per active decode block.
+	// DecodeWeight charges blocks per active decode block (default 0).
 	DecodeWeight *float64 `yaml:"decode_weight"`
-	// RequestWeight charges blocks per running or waiting request.
+	// RequestWeight charges blocks per running or waiting request
+	// (default 2).
 	RequestWeight *float64 `yaml:"request_weight"`
+	// MoveWeight scales the move charge: extra prefill times the fleet's
+	// pressure (default 1; 0 charges a move only the request's own
+	// prefill).
+	MoveWeight *float64 `yaml:"move_weight"`
+	// MovePressureMax caps the fleet pressure busy/(1-busy) (default 4).
+	MovePressureMax *float64 `yaml:"move_pressure_max"`
+	// MemoryWeight charges blocks per KV block of predicted overflow
+	// (default 2; 0 ignores memory headroom).
+	MemoryWeight *float64 `yaml:"memory_weight"`
+	// MemoryReserve is the share of a replica's KV blocks kept for the
+	// growth of running decodes, in [0, 1) (default 0.05).
+	MemoryReserve *float64 `yaml:"memory_reserve"`
 	// HostCacheHitWeight credits a CPU-tier block (default 0.75).
 	HostCacheHitWeight *float64 `yaml:"host_cache_hit_weight"`
 	// DiskCacheHitWeight credits a disk-tier block (default 0.25).
 	DiskCacheHitWeight *float64 `yaml:"disk_cache_hit_weight"`
-	// LoadBound c: a candidate with max(load_bound_min, ceil(c*(T+1)/N))
-	// or more running plus waiting requests (T summed over the N eligible
-	// candidates) earns no cache credit (default 1.25; 0 turns the bound
-	// off; otherwise it must be >= 1).
+	// LoadBound c: a candidate other than the session's home with
+	// max(load_bound_min, ceil(c*(T+1)/N)) or more running plus waiting
+	// requests (T summed over the N eligible candidates) earns no cache
+	// credit (default 1.25; 0 turns the bound off; otherwise it must be
+	// >= 1).
 	LoadBound *float64 `yaml:"load_bound"`
-	// LoadBoundMin is the bound's floor in requests (default 4; a whole
+	// LoadBoundMin is the bound's floor in requests (default 6; a whole
 	// number >= 1).
 	LoadBoundMin *float64 `yaml:"load_bound_min"`
 }
 
 // kvroute's defaults.
 const (
-	DefaultKVRouteOverlapCredit = 1.25
-	DefaultKVRouteBacklogWeight = 0.5
-	DefaultKVRouteDecodeWeight  = 0.0
-	DefaultKVRouteRequestWeight = 2.0
-	DefaultKVRouteLoadBound     = 1.25
-	DefaultKVRouteLoadBoundMin  = 4.0
+	DefaultKVRouteBacklogWeight   = 0.5
+	DefaultKVRouteDecodeWeight    = 0.0
+	DefaultKVRouteRequestWeight   = 2.0
+	DefaultKVRouteMoveWeight      = 1.0
+	DefaultKVRouteMovePressureMax = 4.0
+	DefaultKVRouteMemoryWeight    = 2.0
+	DefaultKVRouteMemoryReserve   = 0.05
+	DefaultKVRouteLoadBound       = 1.25
+	DefaultKVRouteLoadBoundMin    = 6.0
 )

@@ -46,40 +46,157 @@ func TestWeightedScores(t *testing.T) {
 	}
 }
 
-func TestKVRouteCost(t *testing.T) {
+func TestKVRoutePredict(t *testing.T) {
 	k, err := NewKVRoute(KVRouteConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := Request{PromptBlocks: 10}
+	req := Request{PromptBlocks: 10, ExpectedOutputBlocks: 4}
+	idle := Fleet{HomeOwn: math.Inf(1)}
 	tests := []struct {
 		name string
 		c    Candidate
-		want float64
+		f    Fleet
+		want Prediction
 	}{
-		{"idle, cold", cand("a", 0, 0, 0), 10},
-		{"idle, 6 matched at credit 1.25", cand("a", 6, 0, 0), 10 - 7.5},
-		{"backlog is never cancelled by credit", cand("a", 10, 30, 0), 15},
-		{"credit beyond the prompt is clamped", cand("a", 12, 5, 0), 2.5},
-		{"two blocks per request", withReqs(cand("a", 0, 0, 0), 3, 1), 10 + 2*4},
-		{"resyncing replica earns no credit", func() Candidate { c := cand("a", 10, 0, 0); c.Trust = 0; return c }(), 10},
-		{"half fidelity halves the credit", func() Candidate { c := cand("a", 4, 0, 0); c.Trust = 0.5; return c }(), 10 - 2.5},
-		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), 10 - 1.25*(2+3)},
-		{"decode footprint is free by default", cand("a", 0, 0, 1000), 10},
+		{"idle, cold", cand("a", 0, 0, 0), idle, Prediction{Own: 10}},
+		{"idle, 6 matched", cand("a", 6, 0, 0), idle, Prediction{Own: 4}},
+		{"half the backlog is still queued", cand("a", 10, 30, 0), idle, Prediction{Wait: 15}},
+		{"a hit beyond the prompt is clamped", cand("a", 12, 0, 0), idle, Prediction{}},
+		{"two blocks per request", withReqs(cand("a", 0, 0, 0), 3, 1), idle, Prediction{Own: 10, Requests: 8}},
+		{"a move costs the extra prefill times the pressure", cand("a", 0, 0, 0), Fleet{HomeOwn: 2, Pressure: 3}, Prediction{Own: 10, Move: 3 * 8}},
+		{"no home: no move charge", cand("a", 0, 0, 0), Fleet{HomeOwn: math.Inf(1), Pressure: 3}, Prediction{Own: 10}},
+		{"better cached than home: no move charge", cand("a", 9, 0, 0), Fleet{HomeOwn: 4, Pressure: 3}, Prediction{Own: 1}},
+		{"resyncing replica hits nothing", func() Candidate { c := cand("a", 10, 0, 0); c.Trust = 0; return c }(), Fleet{HomeOwn: 0, Pressure: 1}, Prediction{Own: 10, Move: 10}},
+		{"half trust halves the hit", func() Candidate { c := cand("a", 4, 0, 0); c.Trust = 0.5; return c }(), idle, Prediction{Own: 8}},
+		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), idle, Prediction{Own: 10 - (2 + 3)}},
+		{"decode footprint is free by default", cand("a", 0, 0, 1000), idle, Prediction{Own: 10}},
+		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
+		{"headroom left: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.5; return c }(), idle, Prediction{Own: 10}},
+		{"overflow is charged twice", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.95; return c }(), idle, Prediction{Own: 10, Memory: 2 * 14}},
+		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := k.Cost(req, tt.c); math.Abs(got-tt.want) > 1e-9 {
-				t.Errorf("cost %v, want %v", got, tt.want)
+			got := k.Predict(req, tt.c, k.HitBlocks(tt.c), tt.f)
+			if math.Abs(got.Total()-tt.want.Total()) > 1e-9 || math.Abs(got.Move-tt.want.Move) > 1e-9 || math.Abs(got.Memory-tt.want.Memory) > 1e-9 {
+				t.Errorf("prediction %+v, want %+v", got, tt.want)
 			}
 		})
 	}
-	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(0.5), DecodeWeight: Float(0.1), RequestWeight: Float(2), OverlapCredit: Float(0.5)})
+	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(1), DecodeWeight: Float(0.1), RequestWeight: Float(3), MoveWeight: Float(0.5)})
 	c := withReqs(cand("a", 8, 20, 100), 3, 1)
-	if got, want := k2.Cost(req, c), 0.5*20+(10-0.5*8)+0.1*100+2*4; math.Abs(got-want) > 1e-9 {
+	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), 20+2+0.5*2*2+0.1*100+3*4; math.Abs(got-want) > 1e-9 {
 		t.Errorf("knobbed cost %v, want %v", got, want)
 	}
 }
+
+func TestKVRouteFleetPressure(t *testing.T) {
+	k, _ := NewKVRoute(KVRouteConfig{})
+	busy := func(c Candidate) Candidate { c.Load.ActivePrefillBlocks = 5; return c }
+	waiting := func(c Candidate) Candidate { c.Load.WaitingRequests = 1; return c }
+	req := Request{PromptBlocks: 10}
+	tests := []struct {
+		name  string
+		cands []Candidate
+		want  Fleet
+	}{
+		{"idle fleet", []Candidate{cand("a", 0, 0, 0), cand("b", 6, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 0}},
+		{"the home's own prefill", []Candidate{cand("a", 8, 0, 0), func() Candidate { c := cand("b", 6, 0, 0); c.Home = true; return c }()}, Fleet{HomeOwn: 4, Pressure: 0}},
+		{"an unhealthy home is no home", []Candidate{cand("a", 8, 0, 0), func() Candidate { c := unhealthy(cand("b", 6, 0, 0)); c.Home = true; return c }()}, Fleet{HomeOwn: math.Inf(1), Pressure: 0}},
+		{"half busy", []Candidate{busy(cand("a", 0, 0, 0)), cand("b", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 1}},
+		{"waiting requests make a replica busy", []Candidate{waiting(cand("a", 0, 0, 0)), cand("b", 0, 0, 0), cand("c", 0, 0, 0), cand("d", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 1.0 / 3}},
+		{"all busy: the cap", []Candidate{busy(cand("a", 0, 0, 0)), busy(cand("b", 0, 0, 0))}, Fleet{HomeOwn: math.Inf(1), Pressure: DefaultKVRouteMovePressureMax}},
+		{"7 of 8 busy: the cap", append([]Candidate{cand("h", 0, 0, 0)}, busy(cand("a", 0, 0, 0)), busy(cand("b", 0, 0, 0)), busy(cand("c", 0, 0, 0)), busy(cand("d", 0, 0, 0)), busy(cand("e", 0, 0, 0)), busy(cand("f", 0, 0, 0)), busy(cand("g", 0, 0, 0))), Fleet{HomeOwn: math.Inf(1), Pressure: 4}},
+		{"the unhealthy are not counted", []Candidate{unhealthy(busy(cand("a", 9, 0, 0))), cand("b", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := k.FleetOf(req, tt.cands, nil); !(got.HomeOwn == tt.want.HomeOwn || math.Abs(got.HomeOwn-tt.want.HomeOwn) <= 1e-9) || math.Abs(got.Pressure-tt.want.Pressure) > 1e-9 {
+				t.Errorf("fleet %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// A trajectory's next step on a saturated fleet stays with its history even
+// when the holder's queue is longer than the history's prefill; on a fleet
+// with idle replicas it moves as soon as the holder is slower.
+func TestKVRouteTrajectoryStaysHome(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 200, ExpectedOutputBlocks: 32}
+	fleet := func(otherBacklog float64) []Candidate {
+		cs := []Candidate{withReqs(cand("home", 190, 500, 0), 4, 0)}
+		cs[0].Home = true
+		for i := range 7 {
+			cs = append(cs, withReqs(cand(fmt.Sprint("r", i), 0, otherBacklog, 0), 4, 0))
+		}
+		return cs
+	}
+	if res := p.Pick(req, fleet(100), seeded(1)); res.Pick != 0 {
+		t.Errorf("saturated fleet: picked %d (%s), want the home replica; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	if res := p.Pick(req, fleet(0), seeded(1)); res.Pick == 0 {
+		t.Errorf("idle others: the trajectory stayed behind a 500-block queue; costs %v", res.Costs)
+	}
+}
+
+// New groups spread: without a home there is no move charge, so siblings arriving together go by queued prefill and
+// requests, never piling on one replica.
+func TestKVRouteSpreadsNewGroup(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	cs := make([]Candidate, 4)
+	for i := range cs {
+		cs[i] = cand(fmt.Sprint("r", i), 0, 0, 0)
+	}
+	env := seeded(2)
+	var placed [4]int
+	for range 16 { // 16 siblings of one 128-block task prompt, none prefilled yet
+		res := p.Pick(Request{PromptBlocks: 128}, cs, env)
+		placed[res.Pick]++
+		cs[res.Pick].Load.ActivePrefillBlocks += 128
+		cs[res.Pick].Load.ActiveRequests++
+	}
+	if placed != [4]int{4, 4, 4, 4} {
+		t.Errorf("placed %v, want 4 each", placed)
+	}
+}
+
+// A replica whose KV cache is nearly full loses a request it would
+// otherwise win on its cache hit: the placement would make the engine
+// preempt.
+func TestKVRouteAvoidsMemoryOverflow(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 100, ExpectedOutputBlocks: 64}
+	full := withReqs(cand("full", 40, 0, 0), 2, 0)
+	full.Load.KVBlocks, full.Load.KVUsage = 2000, 0.97
+	roomy := withReqs(cand("roomy", 0, 0, 0), 2, 0)
+	roomy.Load.KVBlocks, roomy.Load.KVUsage = 2000, 0.3
+	if res := p.Pick(req, []Candidate{full, roomy}, seeded(1)); res.Pick != 1 {
+		t.Errorf("picked %d, want the replica with headroom; costs %v", res.Pick, res.Costs)
+	}
+	full.Load.KVUsage = 0.5
+	if res := p.Pick(req, []Candidate{full, roomy}, seeded(1)); res.Pick != 0 {
+		t.Errorf("with headroom on both, picked %d, want the cache hit; costs %v", res.Pick, res.Costs)
+	}
+}
+
+// The load bound never takes a session's credit at its home replica.
+func TestKVRouteBoundSparesHome(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 105}
+	holder := withReqs(cand("holder", 95, 0, 0), 6, 0)
+	cs := []Candidate{withReqs(cand("a", 0, 0, 0), 0, 0), holder, withReqs(cand("b", 0, 0, 0), 1, 0), withReqs(cand("c", 0, 0, 0), 0, 0)}
+	if res := p.Pick(req, cs, seeded(1)); res.Pick == 1 || res.Reason != ReasonLoadBound {
+		t.Fatalf("not home: pick %d (%s), want the bound to move it", res.Pick, res.Reason)
+	}
+	cs[1].Home = true
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 1 || res.Reason != ReasonCost {
+		t.Errorf("home: pick %d (%s), want the holder; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+}
+
+func home(c Candidate) Candidate { c.Home = true; return c }
 
 func TestKVRoutePicks(t *testing.T) {
 	p := mustNew(t, NameKVRoute, Config{})
@@ -93,6 +210,8 @@ func TestKVRoutePicks(t *testing.T) {
 		{"cache wins between idle replicas", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 0, 0)}, 1, ReasonCost},
 		{"cache wins over a small backlog", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 10, 0)}, 1, ReasonCost},
 		{"a backlog larger than the saving loses", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 22, 0)}, 0, ReasonCost},
+		{"at home, a backlog larger than the saving and the move loses", []Candidate{cand("a", 0, 0, 0), home(cand("b", 8, 40, 0))}, 0, ReasonCost},
+		{"at home, a backlog smaller than the saving and the move wins", []Candidate{cand("a", 0, 0, 0), home(cand("b", 8, 30, 0))}, 1, ReasonCost},
 		{"requests already there count", []Candidate{withReqs(cand("a", 0, 0, 0), 5, 0), withReqs(cand("b", 0, 4, 0), 0, 0)}, 1, ReasonColdIndex},
 		{"cold index: least prefill backlog", []Candidate{cand("a", 0, 7, 0), cand("b", 0, 3, 50), cand("c", 0, 9, 0)}, 1, ReasonColdIndex},
 		{"equal cost: fewer load blocks", []Candidate{cand("a", 0, 0, 40), cand("b", 0, 0, 10)}, 1, ReasonColdIndex},
@@ -139,7 +258,11 @@ func TestKVRouteWeightedConfigErrors(t *testing.T) {
 		cfg   Config
 		field string
 	}{
-		{NameKVRoute, Config{KVRoute: KVRouteConfig{OverlapCredit: Float(-1)}}, "kvroute.overlap_credit"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{MoveWeight: Float(-1)}}, "kvroute.move_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{MovePressureMax: Float(math.Inf(1))}}, "kvroute.move_pressure_max"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{MemoryWeight: Float(math.NaN())}}, "kvroute.memory_weight"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{MemoryReserve: Float(1)}}, "kvroute.memory_reserve"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{MemoryReserve: Float(-0.1)}}, "kvroute.memory_reserve"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{BacklogWeight: Float(math.NaN())}}, "kvroute.backlog_weight"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{DecodeWeight: Float(math.Inf(1))}}, "kvroute.decode_weight"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{RequestWeight: Float(-2)}}, "kvroute.request_weight"},
@@ -180,20 +303,21 @@ func TestKVRouteLoadBound(t *testing.T) {
 	tests := []struct {
 		name  string
 		c     float64
-		min   *float64 // nil: the default floor (4)
+		min   *float64 // nil: the default floor (6)
 		cands []Candidate
 		want  float64
 	}{
-		{"idle fleet: the floor", 1.25, nil, loads(0, 0, 0, 0), 4},
+		{"idle fleet: the floor", 1.25, nil, loads(0, 0, 0, 0), 6},
 		{"idle fleet, floor 1", 1.25, Float(1), loads(0, 0, 0, 0), 1},
 		{"light load rounds up to one", 1.25, Float(1), loads(1, 0, 1, 0), 1},
-		{"16 in flight on 4, including the newcomer", 1.25, nil, loads(15, 0, 0, 0), 5},
+		{"16 in flight on 4, including the newcomer", 1.25, Float(4), loads(15, 0, 0, 0), 5},
+		{"the default floor holds there", 1.25, nil, loads(15, 0, 0, 0), 6},
 		{"ceil, not round", 1.25, Float(1), loads(4, 4, 4, 4, 0, 0, 0, 0), 3},
-		{"under the floor the floor holds", 1.25, nil, loads(4, 4, 4, 4, 0, 0, 0, 0), 4},
+		{"under the floor the floor holds", 1.25, Float(4), loads(4, 4, 4, 4, 0, 0, 0, 0), 4},
 		{"c 1 is the mean, rounded up", 1, Float(1), loads(3, 3, 3, 2), 3},
-		{"c 2 doubles it", 2, nil, loads(3, 3, 3, 2), 6},
-		{"waiting requests count", 1.25, nil, []Candidate{withReqs(cand("a", 0, 0, 0), 2, 5), withReqs(cand("b", 0, 0, 0), 0, 0)}, 5},
-		{"ineligible replicas count neither load nor share", 1.25, nil, []Candidate{withReqs(cand("a", 0, 0, 0), 3, 0), unhealthy(withReqs(cand("b", 0, 0, 0), 40, 0))}, 5},
+		{"c 2 doubles it", 2, Float(1), loads(3, 3, 3, 2), 6},
+		{"waiting requests count", 1.25, Float(4), []Candidate{withReqs(cand("a", 0, 0, 0), 2, 5), withReqs(cand("b", 0, 0, 0), 0, 0)}, 5},
+		{"ineligible replicas count neither load nor share", 1.25, Float(4), []Candidate{withReqs(cand("a", 0, 0, 0), 3, 0), unhealthy(withReqs(cand("b", 0, 0, 0), 40, 0))}, 5},
 		{"off", 0, nil, loads(15, 0, 0, 0), math.Inf(1)},
 		{"none eligible", 1.25, nil, []Candidate{unhealthy(cand("a", 0, 0, 0))}, math.Inf(1)},
 	}
@@ -224,12 +348,12 @@ func TestKVRouteLoadBoundPicks(t *testing.T) {
 	}{
 		{"idle holder keeps its session", KVRouteConfig{}, []Candidate{idle("a", 0), holder(0), idle("b", 0)}, 1, ReasonCost},
 		{"holder under the bound keeps its session", KVRouteConfig{}, []Candidate{idle("a", 1), holder(1), idle("b", 1), idle("c", 1), idle("d", 1), idle("e", 1), idle("f", 1), idle("g", 1)}, 1, ReasonCost},
-		{"under the floor the holder keeps its session", KVRouteConfig{}, []Candidate{idle("a", 0), holder(3), idle("b", 0), idle("c", 0)}, 1, ReasonCost},
-		{"holder at the bound loses its credit", KVRouteConfig{}, []Candidate{idle("a", 0), holder(5), idle("b", 1), idle("c", 0)}, 0, ReasonLoadBound},
-		{"without the bound the holder wins", KVRouteConfig{LoadBound: Float(0)}, []Candidate{idle("a", 0), holder(5), idle("b", 1), idle("c", 0)}, 1, ReasonCost},
+		{"under the floor the holder keeps its session", KVRouteConfig{}, []Candidate{idle("a", 0), holder(5), idle("b", 0), idle("c", 0)}, 1, ReasonCost},
+		{"holder at the bound loses its credit", KVRouteConfig{}, []Candidate{idle("a", 0), holder(6), idle("b", 1), idle("c", 0)}, 0, ReasonLoadBound},
+		{"without the bound the holder wins", KVRouteConfig{LoadBound: Float(0)}, []Candidate{idle("a", 0), holder(6), idle("b", 1), idle("c", 0)}, 1, ReasonCost},
 		{"floor 1: one request is at a light fleet's bound", floor1, []Candidate{idle("a", 0), holder(1), idle("b", 0), idle("c", 0)}, 0, ReasonLoadBound},
 		{"floor 1: an idle holder keeps its session", floor1, []Candidate{idle("a", 1), holder(0), idle("b", 1), idle("c", 0)}, 1, ReasonCost},
-		{"an over-bound holder still wins on load", KVRouteConfig{}, []Candidate{withReqs(cand("a", 0, 300, 0), 1, 0), holder(5)}, 1, ReasonCost},
+		{"an over-bound holder still wins on load", KVRouteConfig{}, []Candidate{withReqs(cand("a", 0, 300, 0), 1, 0), holder(8)}, 1, ReasonCost},
 		{"cold index reason wins over the bound", KVRouteConfig{}, []Candidate{idle("a", 4), idle("b", 0)}, 1, ReasonColdIndex},
 	}
 	for _, tt := range tests {

@@ -20,6 +20,11 @@ type Candidate struct {
 	// earns.
 	Trust float64
 	Load  load.Load
+	// Home marks the replica that served the previous request of the
+	// request's session (route's session memory); false when the request
+	// has no session key or the session is new. Only kvroute reads it: its
+	// load bound never takes a session's credit at home.
+	Home bool
 	// Footprint is the replica's cached footprint (for instance the blocks
 	// it holds in the router's index); 0 when unknown. Only prefixaffinity
 	// reads it: its low-match branch prefers the smallest footprint and
