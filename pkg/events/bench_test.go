@@ -2,6 +2,7 @@ package events
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +15,12 @@ import (
 // vocabulary, map encoding) and the batch of BlockRemoved events that evicts
 // the same blocks.
 func benchBatches(tb testing.TB, n, perBatch int) (stored, removed [][]byte, blocks int) {
+	return benchBatchesGroup(tb, n, perBatch, true)
+}
+
+// benchBatchesGroup is benchBatches with or without group_idx (and the
+// spec kind) on the events: without, the KV-cache group tracking is off.
+func benchBatchesGroup(tb testing.TB, n, perBatch int, grouped bool) (stored, removed [][]byte, blocks int) {
 	r := rand.New(rand.NewPCG(7, 7))
 	const nBlocks, bs = 64, 16
 	for range n {
@@ -27,12 +34,17 @@ func benchBatches(tb testing.TB, n, perBatch int) (stored, removed [][]byte, blo
 			for i := range toks {
 				toks[i] = uint32(r.IntN(128000))
 			}
-			sev = append(sev, map[string]any{
+			st := map[string]any{
 				"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil, "token_ids": toks,
 				"block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": nil,
-				"extra_keys": make([]any, nBlocks), "group_idx": 0, "kv_cache_spec_kind": "full_attention",
-			})
-			rev = append(rev, map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0})
+				"extra_keys": make([]any, nBlocks),
+			}
+			rm := map[string]any{"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}
+			if grouped {
+				st["group_idx"], st["kv_cache_spec_kind"], rm["group_idx"] = 0, "full_attention", 0
+			}
+			sev = append(sev, st)
+			rev = append(rev, rm)
 			blocks += nBlocks
 		}
 		stored = append(stored, enc(tb, []any{ts, sev, 0}))
@@ -47,9 +59,15 @@ func benchBatches(tb testing.TB, n, perBatch int) (stored, removed [][]byte, blo
 // blocks is decoded and applied too (its cost is included; its blocks are
 // not counted). The metric stored_blocks/s counts blocks of BlockStored
 // events only.
-func BenchmarkDecodeApply(b *testing.B) {
+func BenchmarkDecodeApply(b *testing.B) { benchDecodeApply(b, true) }
+
+// BenchmarkDecodeApplyNoGroup is BenchmarkDecodeApply with events that name
+// no KV-cache group (older vLLM, SGLang): no group holdings are tracked.
+func BenchmarkDecodeApplyNoGroup(b *testing.B) { benchDecodeApply(b, false) }
+
+func benchDecodeApply(b *testing.B, grouped bool) {
 	const ring = 32
-	stored, removed, perBatch := benchBatches(b, ring, 16)
+	stored, removed, perBatch := benchBatchesGroup(b, ring, 16, grouped)
 	idx := index.New(index.Config{})
 	ap := NewApplier(idx)
 	t := Target{Replica: "r0", Model: "m", BlockSize: 16}
@@ -142,4 +160,31 @@ func BenchmarkDecodeApplyStoreOnly(b *testing.B) {
 	cpu += cpuTime(b) - cpu0
 	b.ReportMetric(float64(i*perBatch)/b.Elapsed().Seconds(), "stored_blocks/s")
 	b.ReportMetric(float64(i*perBatch)/cpu.Seconds(), "stored_blocks/cpu-s")
+}
+
+// BenchmarkGroupTracker measures the KV-cache group holdings: the memory
+// the Applier keeps per engine hash of a group-tagged store (vLLM 0.33 tags
+// every GPU event with group_idx), and the cost of recording and removing.
+func BenchmarkGroupTracker(b *testing.B) {
+	const n = 1 << 20
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		hashes[i] = uint64(i)*0x9e3779b97f4a7c15 | 1
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	g := newGroupTracker()
+	g.stored(0, index.TierGPU, hashes)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perHash := float64(after.HeapAlloc-before.HeapAlloc) / n
+	var dst []uint64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		h := hashes[i%n : i%n+1]
+		g.stored(1, index.TierGPU, h)
+		dst, _ = g.removed(dst[:0], 1, index.TierGPU, h)
+	}
+	b.ReportMetric(perHash, "heap-bytes/hash")
 }
