@@ -69,7 +69,8 @@
 // The index is safe for concurrent use by many matchers and writers. A
 // readers-writer lock guards it. Match holds the read lock for its whole
 // descent, so it sees the index as it was between two writer steps; it
-// takes no other lock and allocates nothing when dst has room. Writers never
+// takes no other lock and allocates nothing when dst has room and at most
+// 32 replicas hold the first block. Writers never
 // hold the write lock for long: Stored and Removed apply their blocks in
 // chunks of 32 per lock hold (router keys are hashed outside the lock),
 // Cleared detaches the replica's engine table at once and releases its keys
@@ -83,13 +84,19 @@
 // # Memory
 //
 // Stats.Bytes is what the structures hold: the capacity of every table and
-// of the arena as allocated (Go size classes included), plus a fixed
-// estimate per replica; it does not count garbage the Go runtime has yet to
-// collect (set GOMEMLIMIT accordingly). With Config.MaxBytes set, the index
-// keeps Stats.Bytes within the budget, exceeding it only between a writer
-// step and the eviction that follows it (one step's growth). Near the
-// budget, sub-tables are rebuilt denser (load 0.8 to 0.9) so that freed
-// entries give their bytes back. Eviction is a CLOCK over the replicas'
+// of the arena as allocated (Go size classes included), freed slot arrays
+// kept for reuse, plus a fixed estimate per replica; it does not count
+// garbage the Go runtime has yet to collect. With Config.MaxBytes set, the
+// index keeps Stats.Bytes within the budget at every step, growth included:
+// before each writer chunk it evicts down to the budget less the largest
+// growth one chunk has shown (a sub-table split, a directory doubling, an
+// arena chunk; at most an eighth of the budget). Freed slot arrays are
+// pooled by size (at most 1/32 of the budget) and reused, so that rebuilds
+// leave little garbage; what they do leave the Go collector reclaims only
+// when the heap has grown by GOGC percent, so set GOMEMLIMIT to the budget
+// plus the rest of the process to bound the heap's peak. Near the budget,
+// sub-tables are rebuilt denser (load 0.8 to 0.9) so that freed entries
+// give their bytes back. Eviction is a CLOCK over the replicas'
 // engine entries: the hand skips an entry whose key was stored or matched
 // since the hand last passed (clearing the key's reference bit) and evicts
 // any other, releasing its holds. Eviction loses affinity, never

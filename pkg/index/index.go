@@ -353,7 +353,8 @@ func (ix *Index) Cleared(r ReplicaID) {
 // makes one descent: a replica drops out at its first missing block, and the
 // descent stops at the first block nobody still alive holds. It holds the
 // read lock for the whole descent, so it sees the index between two writer
-// chunks, and allocates nothing when dst has room.
+// chunks, and allocates nothing when dst has room and at most 32 replicas
+// hold the first block.
 func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	if len(keys) == 0 {
 		return dst
