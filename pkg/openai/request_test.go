@@ -3,6 +3,7 @@ package openai
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -240,6 +241,7 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"chat_template_kwargs":{}}`,
 		`{"prompt":["a","b"],"cache_salt":"s"}`,
 		`{"model":"m","prompt":[1e3]}`,
+		`{"model":"m","prompt":[-0,7]}`, `{"model":"m","prompt":["a\u00e9\ud800"],"model":"n"}`,
 		`{`, `null`, `[]`, `""`,
 	} {
 		f.Add(false, []byte(s))
@@ -277,6 +279,44 @@ func FuzzParse(f *testing.F) {
 		}
 		if req.MaxTokens < 0 {
 			t.Fatalf("negative MaxTokens %d", req.MaxTokens)
+		}
+		// What was decoded is what encoding/json decodes (exact keys, the
+		// last of duplicates, as a map holds them).
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Fatalf("encoding/json rejects an accepted body: %v", err)
+		}
+		var model string
+		_ = json.Unmarshal(top["model"], &model)
+		if model != req.Model {
+			t.Fatalf("model %q, encoding/json %q", req.Model, model)
+		}
+		if !chat && len(req.Prompt.Texts) > 0 {
+			var one string
+			var many []string
+			if json.Unmarshal(top["prompt"], &one) == nil {
+				many = []string{one}
+			} else if err := json.Unmarshal(top["prompt"], &many); err != nil {
+				t.Fatalf("prompt texts from %s: %v", top["prompt"], err)
+			}
+			if !slices.Equal(many, req.Prompt.Texts) {
+				t.Fatalf("prompt %q, encoding/json %q", req.Prompt.Texts, many)
+			}
+		}
+		if !chat && len(req.Prompt.TokenIDs) > 0 {
+			var one []int64 // as vLLM reads them: -0 is 0
+			var many [][]int64
+			if json.Unmarshal(top["prompt"], &one) == nil {
+				many = [][]int64{one}
+			} else if err := json.Unmarshal(top["prompt"], &many); err != nil {
+				t.Fatalf("prompt ids from %s: %v", top["prompt"], err)
+			}
+			same := slices.EqualFunc(many, req.Prompt.TokenIDs, func(a []int64, b []uint32) bool {
+				return slices.EqualFunc(a, b, func(x int64, y uint32) bool { return x == int64(y) })
+			})
+			if !same {
+				t.Fatalf("prompt %v, encoding/json %v", req.Prompt.TokenIDs, many)
+			}
 		}
 		if !req.Stream && req.IncludeUsage {
 			t.Fatal("IncludeUsage without Stream")
