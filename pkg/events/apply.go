@@ -1,6 +1,8 @@
 package events
 
 import (
+	"strings"
+
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -48,11 +50,26 @@ func NewApplier(idx *index.Index) *Applier {
 // than by an AllBlocksCleared event it applied.
 func (a *Applier) Forget(r index.ReplicaID) { delete(a.groups, r) }
 
-func (a *Applier) tracker(r index.ReplicaID) *groupTracker {
-	g := a.groups[r]
+// Reset drops a replica's KV-cache group holdings but keeps the group kinds
+// it learned: call it when the replica is cleared in the index for a resync.
+func (a *Applier) Reset(r index.ReplicaID) {
+	if g := a.groups[r]; g != nil {
+		g.clear()
+	}
+}
+
+func (a *Applier) tracker(t Target) *groupTracker {
+	g := a.groups[t.Replica]
 	if g == nil {
 		g = newGroupTracker()
-		a.groups[r] = g
+		if t.GroupKinds != "" {
+			for i, k := range strings.Split(t.GroupKinds, ",") {
+				if k = strings.TrimSpace(k); k != "" && i < maxGroups {
+					g.kinds[i] = classifyKind(k)
+				}
+			}
+		}
+		a.groups[t.Replica] = g
 	}
 	return g
 }
@@ -65,6 +82,8 @@ type Target struct {
 	// model with; a store with another size is indexed as given and
 	// counted. 0 disables the check.
 	BlockSize int
+	// GroupKinds labels KV-cache groups by index (Source.GroupKinds).
+	GroupKinds string
 }
 
 // Apply applies b's events in order and returns what they did.
@@ -106,7 +125,7 @@ func eventTier(ev *Event) (index.Tier, bool) {
 func (a *Applier) group(t Target, ev *Event, st *ApplyStats) (g *groupTracker, skip bool) {
 	var kind groupKind
 	if ev.GroupIdx >= 0 {
-		g = a.tracker(t.Replica)
+		g = a.tracker(t)
 		kind = g.kind(ev.GroupIdx, ev.SpecKind)
 	} else {
 		kind = classifyKind(ev.SpecKind)

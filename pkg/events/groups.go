@@ -12,7 +12,8 @@ import "github.com/kvroute/kvroute/pkg/index"
 //
 //   - Group kinds come from kv_cache_spec_kind when an event carries it
 //     (vLLM 0.33 sets it on offload events, not on GPU events) and are
-//     remembered per group. full_attention, mla_attention and
+//     remembered per group (across resyncs); Source.GroupKinds labels groups
+//     up front ("full_attention,sliding_window"); an event's kind wins. full_attention, mla_attention and
 //     sink_full_attention are full attention. sliding_window,
 //     sliding_window_mla, chunked_local_attention, mamba,
 //     encoder_only_attention and cross_attention are partial: their blocks

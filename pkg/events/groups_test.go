@@ -333,3 +333,52 @@ func TestStatusReportsEngineBlockSizeAndLookahead(t *testing.T) {
 		t.Fatalf("advice %q", got)
 	}
 }
+
+// Kinds configured per source (Source.GroupKinds) label groups that vLLM's
+// GPU events leave unlabelled; a kind on an event still wins; a resync
+// keeps learned kinds.
+func TestGroupKindsConfigured(t *testing.T) {
+	w := newGroupWorld(t, 3)
+	w.tg.GroupKinds = "full_attention, sliding_window"
+	if st := w.apply(w.store(g{"group_idx": 1})); st.OtherGroup != 1 || st.Stored != 0 {
+		t.Fatalf("configured sliding-window group stored: %+v", st)
+	}
+	w.apply(w.store(g{"group_idx": 0}))
+	if st := w.apply(w.remove(g{"group_idx": 1})); st.OtherGroup != 1 || st.RemovedBlocks != 0 {
+		t.Fatalf("configured sliding-window removal: %+v", st)
+	}
+	w.wantBlocks("full attention intact", 3)
+	// Group 2 learns its kind from an event; a resync keeps it.
+	w.apply(w.store(g{"group_idx": 2, "kv_cache_spec_kind": "mamba"}))
+	w.idx.Cleared("r")
+	w.ap.Reset("r")
+	if st := w.apply(w.store(g{"group_idx": 2})); st.OtherGroup != 1 {
+		t.Fatalf("learned kind lost on reset: %+v", st)
+	}
+	// An event's kind wins over the configured one.
+	if st := w.apply(w.store(g{"group_idx": 1, "kv_cache_spec_kind": "full_attention"})); st.Stored != 1 {
+		t.Fatalf("event kind did not win: %+v", st)
+	}
+	// Forget (the source left or changed) drops everything.
+	w.ap.Forget("r")
+	w.tg.GroupKinds = ""
+	if st := w.apply(w.store(g{"group_idx": 2})); st.Stored != 1 {
+		t.Fatalf("forgotten kinds still apply: %+v", st)
+	}
+}
+
+func TestSourceGroupKindsValidation(t *testing.T) {
+	m := NewManager(index.New(index.Config{}), Config{}, nil, nil)
+	for kinds, ok := range map[string]bool{
+		"":                                  true,
+		"full_attention,sliding_window":     true,
+		",sliding_window":                   true,
+		"full_attention,slidng_window":      false,
+		"a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q": false,
+	} {
+		err := m.SetSources([]Source{{ID: "r", Endpoint: "tcp://127.0.0.1:1", GroupKinds: kinds}})
+		if (err == nil) != ok {
+			t.Errorf("GroupKinds %q: err %v", kinds, err)
+		}
+	}
+}

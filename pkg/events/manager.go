@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,13 @@ type Source struct {
 	// with; stores with another size are indexed as given and counted. 0
 	// disables the check.
 	BlockSize int
+	// GroupKinds labels the engine's KV-cache groups by index, comma
+	// separated kv_cache_spec_kind values ("full_attention,sliding_window"
+	// for a model whose group 1 is sliding window). vLLM 0.33 does not put
+	// the kind on GPU events; without a label a group is presumed full
+	// attention (see groups.go). A kind carried by an event wins. Empty
+	// entries leave a group unlabelled.
+	GroupKinds string
 }
 
 func (s Source) validate() error {
@@ -62,6 +70,17 @@ func (s Source) validate() error {
 	}
 	if s.DPRank < 0 || s.BlockSize < 0 {
 		return fmt.Errorf("source %q: negative rank or block size", s.ID)
+	}
+	if s.GroupKinds != "" {
+		kinds := strings.Split(s.GroupKinds, ",")
+		if len(kinds) > maxGroups {
+			return fmt.Errorf("source %q: group kinds name %d groups, at most %d", s.ID, len(kinds), maxGroups)
+		}
+		for i, k := range kinds {
+			if k = strings.TrimSpace(k); k != "" && classifyKind(k) == kindUnknown {
+				return fmt.Errorf("source %q: group %d: unknown kv_cache_spec_kind %q", s.ID, i, k)
+			}
+		}
 	}
 	return nil
 }
@@ -231,7 +250,7 @@ func (m *Manager) newReplica(s Source) *replica {
 	r := &replica{
 		src:    s,
 		mode:   mode,
-		target: Target{Replica: s.ID, Model: s.Model, BlockSize: s.BlockSize},
+		target: Target{Replica: s.ID, Model: s.Model, BlockSize: s.BlockSize, GroupKinds: s.GroupKinds},
 		shard:  int(h.Sum32() % uint32(m.cfg.Workers)),
 		met:    m.met.forReplica(string(s.ID)),
 		log:    m.log.With("replica", string(s.ID)),
@@ -575,7 +594,7 @@ func (w *worker) handle(it item) {
 	case itemReset:
 		if it.epoch == r.epoch.Load() {
 			w.m.idx.Cleared(r.src.ID)
-			w.ap.Forget(r.src.ID)
+			w.ap.Reset(r.src.ID)
 		}
 		return
 	}
