@@ -8,8 +8,9 @@ Two measurements per tokenizer family:
            False, one call per text, as a router tokenizes one request at a
            time), caches warm: MB/s, median of --runs passes.
   100k     one prompt of about 100k tokens (the general fixture texts joined
-           by newlines until 100k reference tokens, exactly as the Go
-           benchmark builds it). "cold": a tokenizer whose caches are empty
+           by newlines until 100k reference tokens, each repetition of the
+           corpus with its ASCII letters shifted so no word repeats, exactly as
+           the Go benchmark builds it). "cold": a tokenizer whose caches are empty
            (HF: Tokenizer.from_file afresh before each timed encode, loading
            not timed; Go: the word cache emptied before each op). "warm": the
            same text encoded again by the same tokenizer. Median of --runs.
@@ -40,14 +41,30 @@ def fixture(name):
         return json.load(f)["plain"]
 
 
+def caesar(s, k):
+    """Shifts ASCII letters by k places (as corpusText in bench_test.go)."""
+    if k % 26 == 0:
+        return s
+    def sh(c):
+        if "a" <= c <= "z":
+            return chr(ord("a") + (ord(c) - ord("a") + k) % 26)
+        if "A" <= c <= "Z":
+            return chr(ord("A") + (ord(c) - ord("A") + k) % 26)
+        return c
+    return "".join(sh(c) for c in s)
+
+
 def prompt_100k(plain, n=100_000):
-    parts, tokens = [], 0
+    """The corpus repeated to about n reference tokens, repetition k with its
+    letters shifted by k so that no word repeats (a cold run stays cold)."""
+    parts, tokens, k = [], 0, 0
     while tokens < n:
         for p in plain:
-            parts.append(p["text"] + "\n")
+            parts.append(caesar(p["text"], k) + "\n")
             tokens += len(p["ids"]) + 1
             if tokens >= n:
                 break
+        k += 1
     return "".join(parts)
 
 
