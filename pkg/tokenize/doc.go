@@ -17,14 +17,17 @@
 //     a pause one probe goes through), an LRU cache keyed by a hash of the
 //     request body (model included), and failover to the next candidate
 //     URL that Options.Replicas returned.
-//   - local: a HuggingFace tokenizer.json (byte-level BPE: Llama-3,
-//     Qwen2/Qwen3 and GPT-2 split patterns, merge ranks, ignore_merges,
-//     added and special tokens, NFC normalizer, TemplateProcessing
-//     post-processor) implemented in Go in Encoder, and the chat template
-//     of tokenizer_config.json rendered by ChatTemplate with a Go Jinja2
+//   - local: a HuggingFace tokenizer.json implemented in Go in Encoder:
+//     byte-level BPE with the split patterns of Llama-3 (3, 3.1, 3.2),
+//     Qwen2/Qwen3, GPT-2, gpt-oss (o200k) and DeepSeek-V3 (three chained
+//     splits), and character-level BPE with byte fallback and a metaspace
+//     normalizer (Gemma 3); merge ranks, ignore_merges, added and special
+//     tokens, NFC, TemplateProcessing post-processor. The chat template of
+//     tokenizer_config.json is rendered by ChatTemplate with a Go Jinja2
 //     engine after vLLM's message preprocessing. Components it does not
 //     implement are refused at load time with ErrUnsupported, never
-//     approximated.
+//     approximated. Fixtures from HuggingFace cover all seven families
+//     (gpt-oss's npm files ship no chat template: completions only).
 //   - approximate: no tokenizer; one pseudo token per 4 bytes. Exact is
 //     false, and the router never matches such ids against keys learned
 //     from engine events.
@@ -44,7 +47,8 @@
 // independently of its neighbours, and a long span is further cut only
 // after a newline followed by an ASCII letter, where the Llama-3/Qwen2 split
 // patterns always end a piece (see Encoder.chunkEnd). Templates that render
-// messages without special tokens between them, and GPT-2-pattern
+// messages without special tokens between them, and GPT-2-pattern and
+// Gemma 3 (character-level: merges cross newlines)
 // tokenizers, still tokenize exactly but reuse less (only repeated whole
 // spans). Tests compare cached and full encodings turn by turn.
 //
