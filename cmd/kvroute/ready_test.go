@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -92,6 +93,18 @@ readiness: {warm_timeout: %s}
 			}
 			if r.events.Warm() {
 				t.Fatal("the events manager reports warm for a stream that never connected: the test proves nothing")
+			}
+			// /readyz says why: the replica is probed, its stream is not warm.
+			resp, err := http.Get("http://" + lis.metrics.Addr().String() + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range []string{"not ready\n", "replicas: 1 (1 probed)\n", "event streams: 1 (0 caught up, warm: false)\n", "degraded: a "} {
+				if !strings.Contains(string(body), want) {
+					t.Errorf("/readyz lacks %q:\n%s", want, body)
+				}
 			}
 		})
 	}

@@ -403,11 +403,12 @@ func (r *wiring) metricsHandler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.fleet.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
+		st := r.fleet.ReadyStatus()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !st.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		_, _ = io.WriteString(w, "ready\n")
+		_, _ = io.WriteString(w, st.String())
 	})
 	return mux
 }

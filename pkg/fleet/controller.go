@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +25,8 @@ type Streams interface {
 	SetSources(srcs []events.Source) error
 	// Warm reports whether every subscribed stream has caught up or settled.
 	Warm() bool
+	// Readiness is Warm with the detail: which streams are degraded, why.
+	Readiness() events.Readiness
 	// Status is one stream's state (zero when not subscribed).
 	Status(id index.ReplicaID) events.ReplicaStatus
 }
@@ -245,7 +249,59 @@ func (c *Controller) checkReady(start time.Time) {
 	if c.cfg.Readiness != nil {
 		c.cfg.Readiness.SetReady(true)
 	}
-	c.log.Info("ready", slog.Bool("events_warm", warm), slog.Duration("after", after))
+	attrs := []any{slog.Bool("events_warm", warm), slog.Duration("after", after)}
+	if !warm {
+		var cold []string
+		for _, d := range c.cfg.Streams.Readiness().Degraded {
+			cold = append(cold, string(d.ID)+" "+d.Reason)
+		}
+		attrs = append(attrs, slog.Any("degraded", cold))
+	}
+	c.log.Info("ready", attrs...)
+}
+
+// ReadyStatus is the detail behind Ready, as /readyz shows it.
+type ReadyStatus struct {
+	Ready bool
+	// Applied: a first discovery snapshot was applied.
+	Applied bool
+	// Replicas known, and how many of them were probed at least once.
+	Replicas, Probed int
+	// Events is the event streams' side (events.Manager.Readiness).
+	Events events.Readiness
+}
+
+// ReadyStatus reports readiness with its detail. Safe for concurrent use.
+func (c *Controller) ReadyStatus() ReadyStatus {
+	st := ReadyStatus{Ready: c.ready.Load(), Applied: c.applied.Load(), Events: c.cfg.Streams.Readiness()}
+	for _, rep := range c.cfg.Set.All() {
+		st.Replicas++
+		if s, ok := c.cfg.Probes.Get(rep.ID); ok && !s.ProbedAt.IsZero() {
+			st.Probed++
+		}
+	}
+	return st
+}
+
+// String renders the status as /readyz's body: a first line "ready" or
+// "not ready", then one line per part and one per degraded stream.
+func (s ReadyStatus) String() string {
+	var b strings.Builder
+	if s.Ready {
+		b.WriteString("ready\n")
+	} else {
+		b.WriteString("not ready\n")
+	}
+	if !s.Applied {
+		b.WriteString("replicas: no discovery snapshot yet\n")
+	} else {
+		fmt.Fprintf(&b, "replicas: %d (%d probed)\n", s.Replicas, s.Probed)
+	}
+	fmt.Fprintf(&b, "event streams: %d (%d caught up, warm: %t)\n", s.Events.Sources, s.Events.CaughtUp, s.Events.Warm)
+	for _, d := range s.Events.Degraded {
+		fmt.Fprintf(&b, "degraded: %s %s\n", d.ID, d.Reason)
+	}
+	return b.String()
 }
 
 // Member is one stream of the replica set as the admin API lists it.

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +58,24 @@ func (f *fakeStreams) Warm() bool {
 }
 
 func (f *fakeStreams) Credit(id index.ReplicaID) float64 { return f.credit[id] }
+
+func (f *fakeStreams) Readiness() events.Readiness {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rd := events.Readiness{Warm: f.warm}
+	if len(f.calls) == 0 {
+		return rd
+	}
+	for _, s := range f.calls[len(f.calls)-1] {
+		rd.Sources++
+		if f.warm {
+			rd.CaughtUp++
+		} else {
+			rd.Degraded = append(rd.Degraded, events.Degraded{ID: s.ID, Reason: "warming"})
+		}
+	}
+	return rd
+}
 
 func (f *fakeStreams) Status(id index.ReplicaID) events.ReplicaStatus {
 	f.mu.Lock()
@@ -436,5 +455,36 @@ func TestMembers(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Members = %+v, want %+v", got, want)
+	}
+}
+
+// TestReadyStatus: the detail /readyz shows, before and after turning
+// ready, and the cold streams named in the log when the warm timeout
+// releases readiness.
+func TestReadyStatus(t *testing.T) {
+	var logs strings.Builder
+	r := newRig(t, time.Second)
+	r.ctl.log = slog.New(slog.NewTextHandler(&logs, nil))
+	start := r.clock.t
+	if got := r.ctl.ReadyStatus().String(); got != "not ready\nreplicas: no discovery snapshot yet\nevent streams: 0 (0 caught up, warm: false)\n" {
+		t.Errorf("before any snapshot:\n%s", got)
+	}
+	r.loads["a"], r.loads["c"] = true, true
+	r.probes.probed["a"] = true
+	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, specA, specC)})
+	r.ctl.syncSources()
+	want := "not ready\nreplicas: 2 (1 probed)\nevent streams: 3 (0 caught up, warm: false)\n" +
+		"degraded: a warming\ndegraded: c warming\ndegraded: c#dp1 warming\n"
+	if got := r.ctl.ReadyStatus().String(); got != want {
+		t.Errorf("cold:\n%s\nwant:\n%s", got, want)
+	}
+	r.clock.t = start.Add(time.Second)
+	r.ctl.checkReady(start)
+	st := r.ctl.ReadyStatus()
+	if !st.Ready || !strings.HasPrefix(st.String(), "ready\n") {
+		t.Errorf("after the warm timeout:\n%s", st)
+	}
+	if !strings.Contains(logs.String(), `events_warm=false`) || !strings.Contains(logs.String(), `degraded="[a warming c warming c#dp1 warming]"`) {
+		t.Errorf("ready log does not name the cold streams:\n%s", logs.String())
 	}
 }

@@ -28,7 +28,10 @@
 // Readiness: the Controller turns ready once the first snapshot is applied,
 // every replica has been probed once, and every subscribed stream is warm;
 // or once WarmTimeout has passed since Run started, whichever comes first.
-// It then stays ready until Shutdown.
+// It then stays ready until Shutdown. ReadyStatus gives the detail (replicas
+// probed, streams caught up, each degraded stream and why) that /readyz
+// shows; when the timeout releases readiness, the log names the cold
+// streams.
 //
 // The package drives the events manager, the index, the scraper and a
 // readiness sink through small interfaces declared here (Streams, Clearer,
