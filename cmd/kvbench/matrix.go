@@ -225,6 +225,10 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
+// lightRun marks a case whose realized utilization (the default's run
+// util) is under this fraction of its target.
+const lightRun = 0.7
+
 // writeMatrix prints one row per case and the summary; with details, every
 // policy's medians per case.
 func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
@@ -232,6 +236,7 @@ func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 	fmt.Fprintf(w, "### kvbench matrix: %s judged, medians of %d seeds (%v)\n\n", d, len(rep.Seeds), rep.Seeds)
 	fmt.Fprintf(w, "| replicas | workload | util | run util | requests | %s mean s | best other mean | %s p99 s | best other p99 | hit/ceiling | load CV | preemptions (%s / %s) | verdict |\n", d, d, d, rep.Baseline)
 	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---|")
+	light := 0
 	for _, c := range rep.Cases {
 		var da, ba bench.Aggregate
 		for _, a := range c.Results {
@@ -260,8 +265,13 @@ func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 			}
 			verdict = "FAIL: " + strings.Join(bad, "; ")
 		}
-		fmt.Fprintf(w, "| %d | %s | %.2f | %.2f | %d | %.3f (%.3f–%.3f) | %s | %.3f (%.3f–%.3f) | %s | %.3f | %.3f | %.0f / %.0f | %s |\n",
-			c.Replicas, c.Workload, c.Util, da.RunUtil.Median, c.Requests,
+		runUtil := fmt.Sprintf("%.2f", da.RunUtil.Median)
+		if da.RunUtil.Median < lightRun*c.Util {
+			runUtil += " (light)"
+			light++
+		}
+		fmt.Fprintf(w, "| %d | %s | %.2f | %s | %d | %.3f (%.3f–%.3f) | %s | %.3f (%.3f–%.3f) | %s | %.3f | %.3f | %.0f / %.0f | %s |\n",
+			c.Replicas, c.Workload, c.Util, runUtil, c.Requests,
 			da.TTFTMean.Median, da.TTFTMean.Min, da.TTFTMean.Max, other("mean"),
 			da.TTFTP99.Median, da.TTFTP99.Min, da.TTFTP99.Max, other("p99"),
 			da.HitOverCeiling.Median, da.LoadCV.Median, da.Preemptions.Median, ba.Preemptions.Median, verdict)
@@ -287,6 +297,9 @@ func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 		fmt.Fprintf(w, " Failing by %s: %s.", part.name, strings.Join(items, ", "))
 	}
 	fmt.Fprintln(w)
+	if light > 0 {
+		fmt.Fprintf(w, "\n%d cases are light: the default's realized load on the run's bulk is under %.0f %% of the target (sessions outlast their start span); lengthen -duration.\n", light, 100*lightRun)
+	}
 	if !details {
 		return
 	}
