@@ -106,11 +106,17 @@ func run(ctx context.Context, o options) error {
 	}()
 
 	fmt.Println("starting 4 enginesim replicas, kvroute and Envoy on 127.0.0.1 ...")
+	// The demo's prompts stay under 8k tokens; kvbench's generators
+	// (herding: up to 8k prompt plus output) need more.
+	maxLen := "8192"
+	if o.serve {
+		maxLen = "16384"
+	}
 	so := testbed.StackOptions{
 		Bin: bins, Envoy: tmpl, Engines: 4,
 		EngineArgs: func(i int) []string {
 			return []string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
-				"--max-model-len", "8192", "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}
+				"--max-model-len", maxLen, "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}
 		},
 		KVRouteExtra:     kvrouteConfig(o),
 		UpstreamHeader:   "x-upstream",
