@@ -111,12 +111,20 @@ type Generator struct {
 
 // NewGenerator returns the generator for a prompt under seed.
 func NewGenerator(seed uint64, prompt []uint32) *Generator {
-	buf := make([]byte, 0, 4*len(prompt))
-	for _, t := range prompt {
-		buf = binary.LittleEndian.AppendUint32(buf, t)
+	// Stream the prompt's little-endian bytes through the hasher in small
+	// chunks (the same hash as one call over all of them) instead of
+	// materialising a copy four times the prompt's length.
+	var chunk [1024]byte
+	h := xxh3.New()
+	for len(prompt) > 0 {
+		n := min(len(prompt), len(chunk)/4)
+		for i, t := range prompt[:n] {
+			binary.LittleEndian.PutUint32(chunk[4*i:], t)
+		}
+		_, _ = h.Write(chunk[:4*n])
+		prompt = prompt[n:]
 	}
-	h := xxh3.Hash(buf)
-	return &Generator{rng: rand.New(rand.NewPCG(seed, h))}
+	return &Generator{rng: rand.New(rand.NewPCG(seed, h.Sum64()))}
 }
 
 // Next returns the next output token (always a printable ASCII byte).

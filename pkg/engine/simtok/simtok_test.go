@@ -1,8 +1,12 @@
 package simtok
 
 import (
+	"encoding/binary"
+	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 func TestEncode(t *testing.T) {
@@ -84,6 +88,28 @@ func TestGeneratorDeterministic(t *testing.T) {
 	for _, c := range a {
 		if c != ' ' && (c < 'a' || c > 'z') {
 			t.Fatalf("unexpected character %q in %q", c, a)
+		}
+	}
+}
+
+// The streamed prompt hash equals one hash over the whole little-endian
+// encoding, at every length around the chunk boundary.
+func TestGeneratorSeedStreamed(t *testing.T) {
+	for _, n := range []int{0, 1, 255, 256, 257, 1000, 5000} {
+		prompt := make([]uint32, n)
+		for i := range prompt {
+			prompt[i] = uint32(i*2654435761) ^ 0x5bd1e995
+		}
+		buf := make([]byte, 0, 4*n)
+		for _, tk := range prompt {
+			buf = binary.LittleEndian.AppendUint32(buf, tk)
+		}
+		want := rand.New(rand.NewPCG(7, xxh3.Hash(buf)))
+		g := NewGenerator(7, prompt)
+		for k := range 5 {
+			if a, b := g.rng.Uint64(), want.Uint64(); a != b {
+				t.Fatalf("prompt of %d tokens, draw %d: %x, want %x", n, k, a, b)
+			}
 		}
 	}
 }
