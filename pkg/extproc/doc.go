@@ -64,9 +64,11 @@
 //
 // The pick: header x-gateway-destination-endpoint (Config.DestinationHeader)
 // = "ip:port", dynamic metadata envoy.lb / x-gateway-destination-endpoint
-// with the same value, clear_route_cache set, and the ordered fallbacks in
-// x-gateway-destination-endpoint-fallback (or folded into the destination
-// value with Config.FallbacksInDestination, the protocol's list form). Every
+// with the ordered list "pick,fallback,..." (the protocol's list form, which
+// Envoy's override_host load balancer walks on retries), clear_route_cache
+// set, and the ordered fallbacks in x-gateway-destination-endpoint-fallback
+// (or folded into the header's value too with Config.FallbacksInDestination;
+// off by default because an ORIGINAL_DST cluster needs one address). Every
 // client-sent x-gateway-destination-endpoint* header is removed, even when
 // the router then sets the same one. The caller's W3C trace context is
 // continued: a server span kvroute.request per stream, a child

@@ -352,11 +352,19 @@ func FillRequest(req *route.Request, p openai.Request) {
 // pickFor turns a decision into the header mutation and metadata.
 func (st *procStream) pickFor(dec route.Decision) *pick {
 	cfg := &st.s.cfg
-	dest := dec.Address
-	if cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
-		dest = strings.Join(append([]string{dec.Address}, dec.Fallbacks...), ",")
+	// The metadata always carries the ordered list (pick first): Envoy's
+	// override_host load balancer reads it and moves to the next address on
+	// a retry. The header carries the list only when configured, since an
+	// ORIGINAL_DST cluster needs a single address there.
+	all := dec.Address
+	if len(dec.Fallbacks) > 0 {
+		all = strings.Join(append([]string{dec.Address}, dec.Fallbacks...), ",")
 	}
-	p := &pick{remove: st.strip, metadata: destinationMetadata(dest)}
+	dest := dec.Address
+	if cfg.FallbacksInDestination {
+		dest = all
+	}
+	p := &pick{remove: st.strip, metadata: destinationMetadata(all)}
 	p.set = append(p.set, setHeader(cfg.DestinationHeader, dest))
 	if !cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
 		p.set = append(p.set, setHeader(cfg.FallbackHeader, strings.Join(dec.Fallbacks, ",")))

@@ -59,7 +59,7 @@ func wantPickHeaders(remove ...string) *extprocv3.ProcessingResponse {
 				ClearRouteCache: true,
 			},
 		}},
-		DynamicMetadata: lbMetadata("10.0.0.1:8000"),
+		DynamicMetadata: lbMetadata("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"), // the pick, then the fallbacks
 	}
 }
 
@@ -132,7 +132,7 @@ func TestRequestTranscripts(t *testing.T) {
 							ClearRouteCache: true,
 						},
 					}},
-					DynamicMetadata: lbMetadata("10.0.0.1:8000"),
+					DynamicMetadata: lbMetadata("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"), // the pick, then the fallbacks
 				},
 			},
 			wantReqs: []route.Request{{Model: "m", Input: route.TokenizeInput{Prompt: "hello", AddSpecialTokens: true}}},

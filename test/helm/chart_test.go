@@ -902,40 +902,60 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 			t.Errorf("forwarded metadata namespaces %v", fwd)
 		}
 
-		// Client destination headers are stripped before ext_proc runs,
-		// and routing follows the header kvroute sets.
-		filters := e2names(env.hcm(t, "inference")["http_filters"])
-		if i, j := slices.Index(filters, "envoy.filters.http.header_mutation"), slices.Index(filters, "envoy.filters.http.ext_proc"); i < 0 || i > j {
-			t.Errorf("http filters %v: header_mutation must run before ext_proc", filters)
-		}
+		// Client destination headers are stripped before the route is
+		// chosen (early header mutation), so a request carrying one is
+		// still served by the fallback while kvroute is down.
+		hcm := env.hcm(t, "inference")
 		var removed []string
-		for _, m := range dig(t, env.httpFilter(t, "inference", "envoy.filters.http.header_mutation"), "mutations", "request_mutations").([]any) {
+		for _, m := range dig(t, hcm, "early_header_mutation_extensions", 0, "typed_config", "mutations").([]any) {
 			removed = append(removed, m.(map[string]any)["remove"].(string))
 		}
-		if !slices.Contains(removed, want.destHeader) || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") {
-			t.Errorf("stripped headers %v, want %s among them", removed, want.destHeader)
+		if !slices.Contains(removed, want.destHeader) || !slices.Contains(removed, "x-gateway-destination-endpoint") || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") {
+			t.Errorf("early-stripped headers %v, want %s and the fallback header among them", removed, want.destHeader)
 		}
-		routes := dig(t, env.hcm(t, "inference"), "route_config", "virtual_hosts", 0, "routes").([]any)
-		picked := named(t, routes, "picked")
-		if dig(t, picked, "match", "headers", 0, "name") != want.destHeader || dig(t, picked, "route", "cluster") != "picked_endpoint" {
-			t.Errorf("picked route %v", picked)
+		// HTTP/1.0 and oversized headers are answered (426, 431): the limits
+		// are explicit and ext_proc, which would hold those local replies,
+		// runs only for requests that reached the virtual host.
+		if dig(t, hcm, "http_protocol_options", "accept_http_10") != false || intValue(t, hcm, 0, "max_request_headers_kb") != 60 {
+			t.Errorf("protocol limits: http_protocol_options %v, max_request_headers_kb %v", hcm["http_protocol_options"], hcm["max_request_headers_kb"])
 		}
-		if got := dig(t, env.cluster(t, "picked_endpoint"), "original_dst_lb_config", "http_header_name"); got != want.destHeader {
-			t.Errorf("ORIGINAL_DST header %v, want %s", got, want.destHeader)
+		if named(t, hcm["http_filters"], "envoy.filters.http.ext_proc")["disabled"] != true {
+			t.Errorf("ext_proc must be disabled at the listener (enabled per virtual host)")
+		}
+		if got := dig(t, hcm, "route_config", "virtual_hosts", 0, "typed_per_filter_config", "envoy.filters.http.ext_proc", "config", "@type"); got != "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute" {
+			t.Errorf("virtual host does not enable ext_proc: %v", got)
+		}
+		// One route to the engines' cluster; its override_host policy
+		// follows kvroute's list (envoy.lb metadata), a retry moves to the
+		// next address (previous_hosts), round robin without a list.
+		routes := dig(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
+		if len(routes) != 1 || dig(t, routes[0], "route", "cluster") != "fallback_round_robin" {
+			t.Errorf("routes %v", routes)
+		}
+		if got := dig(t, routes[0], "route", "retry_policy", "retry_host_predicate", 0, "name"); got != "envoy.retry_host_predicates.previous_hosts" {
+			t.Errorf("retry host predicate %v", got)
+		}
+		oh := dig(t, env.cluster(t, "fallback_round_robin"), "load_balancing_policy", "policies", 0, "typed_extension_config")
+		if dig(t, oh, "name") != "envoy.load_balancing_policies.override_host" ||
+			dig(t, oh, "typed_config", "override_host_sources", 0, "metadata", "key") != "envoy.lb" ||
+			dig(t, oh, "typed_config", "override_host_sources", 0, "metadata", "path", 0, "key") != "x-gateway-destination-endpoint" {
+			t.Errorf("engines' cluster load balancing %v", oh)
 		}
 		if want.destHeader != "x-gateway-destination-endpoint" {
 			if got := dig(t, cfg, "routing", "destination_header"); got != want.destHeader {
-				t.Errorf("kvroute sets %v, Envoy routes on %s", got, want.destHeader)
+				t.Errorf("kvroute sets %v, Envoy strips %s", got, want.destHeader)
 			}
 		}
 
-		// Fallback: round robin over the engines' headless Service.
+		// The engines' headless Service; round robin is override_host's
+		// fallback policy (checked above with the override sources).
 		fb := env.cluster(t, "fallback_round_robin")
 		fbe := env.clusterEndpoints(t, "fallback_round_robin")
 		enginesPort := intValue(t, vals, 8000, "engines", "port")
 		fqdn := fmt.Sprintf("%s.%s.svc.cluster.local", strValue(vals, "vllm", "engines", "service"), want.enginesNS)
-		if fb["type"] != "STRICT_DNS" || fb["lb_policy"] != "ROUND_ROBIN" || len(fbe) != 1 || fbe[0] != [2]any{fqdn, enginesPort} {
-			t.Errorf("fallback cluster %v %v %v, want STRICT_DNS ROUND_ROBIN %s:%d", fb["type"], fb["lb_policy"], fbe, fqdn, enginesPort)
+		rr := dig(t, fb, "load_balancing_policy", "policies", 0, "typed_extension_config", "typed_config", "fallback_policy", "policies", 0, "typed_extension_config", "name")
+		if fb["type"] != "STRICT_DNS" || rr != "envoy.load_balancing_policies.round_robin" || len(fbe) != 1 || fbe[0] != [2]any{fqdn, enginesPort} {
+			t.Errorf("fallback cluster %v %v %v, want STRICT_DNS, round robin fallback, %s:%d", fb["type"], rr, fbe, fqdn, enginesPort)
 		}
 
 		// Envoy reads the rendered ConfigMap.
