@@ -597,6 +597,9 @@ func (e *Encoder) Decode(ids []uint32) (string, error) {
 	var b bytes.Buffer
 	for _, id := range ids {
 		if s, ok := e.addedByID[id]; ok {
+			if e.metaspace { // the decoder's Replace applies to added tokens too
+				s = strings.ReplaceAll(s, "\u2581", " ")
+			}
 			b.WriteString(s)
 			continue
 		}
