@@ -84,17 +84,20 @@
 // # Memory
 //
 // Stats.Bytes is what the structures hold: the capacity of every table and
-// of the arena as allocated (Go size classes included), freed slot arrays
-// kept for reuse, plus a fixed estimate per replica; it does not count
-// garbage the Go runtime has yet to collect. With Config.MaxBytes set, the
+// of the arena as allocated (Go size classes or whole pages included), freed
+// slot arrays kept for reuse, plus a fixed estimate per replica; it does not
+// count garbage the Go runtime has yet to collect. With Config.MaxBytes set, the
 // index keeps Stats.Bytes within the budget at every step, growth included:
 // before each writer chunk it evicts down to the budget less the largest
 // growth one chunk has shown (a sub-table split, a directory doubling, an
-// arena chunk; at most an eighth of the budget). Freed slot arrays are
-// pooled by size (at most 1/32 of the budget) and reused, so that rebuilds
-// leave little garbage; what they do leave the Go collector reclaims only
-// when the heap has grown by GOGC percent, so set GOMEMLIMIT to the budget
-// plus the rest of the process to bound the heap's peak. Near the budget,
+// arena chunk; at most an eighth of the budget). Slot arrays of 4 KiB or
+// more are mapped from the OS outside the Go heap (they hold no Go
+// pointers) and unmapped as soon as a rebuild frees them, unless the budget
+// is under 4 MiB, where page-sized steps would make eviction coarse; a
+// cleanup unmaps what a dropped index still holds. So rebuilds hand the
+// collector little garbage, and the process's peak (heap plus mapped
+// arrays) stays near the budget without GOMEMLIMIT. Freed slot arrays are
+// also pooled by size (at most an eighth of the budget) and reused. Near the budget,
 // sub-tables are rebuilt denser (load 0.8 to 0.9) so that freed entries
 // give their bytes back. Eviction is a CLOCK over the replicas'
 // engine entries: the hand skips an entry whose key was stored or matched

@@ -56,6 +56,9 @@ type replica struct {
 func New(cfg Config) *Index {
 	ix := &Index{cfg: cfg, byID: make(map[ReplicaID]*replica)}
 	ix.env.budget = cfg.MaxBytes
+	if cfg.MaxBytes == 0 || cfg.MaxBytes >= slabMinBudget {
+		ix.env.slab = newSlab(ix)
+	}
 	ix.step = stepPrior
 	ix.keys = newXtab(keyKind, &ix.env)
 	ix.arena.env = &ix.env

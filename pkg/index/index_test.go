@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -117,6 +118,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 	if pooled != ix.env.pooled {
 		t.Fatalf("pool holds %d bytes, accounts %d", pooled, ix.env.pooled)
 	}
+	checkSlab(t, ix)
 	total += pooled
 	if total != ix.env.bytes {
 		t.Fatalf("bytes: structures hold %d, accounted %d", total, ix.env.bytes)
@@ -677,16 +679,38 @@ func TestBudget(t *testing.T) {
 // never pass the budget, inside writer steps included: tables and the arena
 // grow only into room that eviction made first.
 func TestBudgetPeak(t *testing.T) {
+	t.Run("heap", func(t *testing.T) { testBudgetPeak(t, false) })
+	// Under this small budget the index keeps its slot arrays on the heap
+	// (slabMinBudget); forcing them off it checks the mapped path under
+	// eviction and compaction.
+	t.Run("off-heap", func(t *testing.T) { testBudgetPeak(t, true) })
+}
+
+func testBudgetPeak(t *testing.T, offHeap bool) {
 	const budget = 512 << 10
 	w := newWorkload(22, 12, 3000, 60, 2)
 	w.maxRun, w.storePct, w.removePct, w.evicting = 60, 90, 9, true
 	ix := New(Config{MaxBytes: budget})
+	if ix.env.slab != nil {
+		t.Fatal("a 512 KiB budget got a slab")
+	}
+	mapped := false
+	if offHeap {
+		ix.env.slab = newSlab(ix)
+	}
 	m := newModel()
 	for op := range 20000 {
 		w.step(t, ix, m)
 		if p := ix.env.maxPeak + ix.totalBytes() - ix.env.bytes; p > budget {
 			t.Fatalf("op %d: peaked at %d bytes, over a budget of %d (largest step %d)", op, p, budget, ix.step)
 		}
+		if op%100 == 0 && ix.env.slab != nil && ix.env.slab.mapped > 0 {
+			mapped = true
+			checkInvariants(t, ix)
+		}
+	}
+	if offHeap != mapped {
+		t.Fatalf("off-heap %v, but slot arrays mapped: %v", offHeap, mapped)
 	}
 	if s := ix.Stats(); s.Evicted == 0 || s.Bytes < budget*3/4 {
 		t.Fatalf("budget never bit: %+v", s)
@@ -963,5 +987,53 @@ func TestHoldersInlineSpill(t *testing.T) {
 	}
 	if spills == 0 || unspills == 0 {
 		t.Fatalf("spilled %d times, back inline %d times", spills, unspills)
+	}
+}
+
+// checkSlab: every mapped slot array is in a table or the pool, once, and
+// the slab's total is theirs (nothing mapped is lost or counted twice).
+func checkSlab(t testing.TB, ix *Index) {
+	t.Helper()
+	sl := ix.env.slab
+	if sl == nil {
+		return
+	}
+	seen := map[unsafe.Pointer]bool{}
+	var mapped int64
+	note := func(s []slot) {
+		p := unsafe.Pointer(unsafe.SliceData(s))
+		size, ok := sl.live[p]
+		if !ok {
+			return
+		}
+		if seen[p] {
+			t.Fatalf("mapped array %p used twice", p)
+		}
+		if size != len(s)*slotBytes {
+			t.Fatalf("mapped array of %d bytes used as %d slots", size, len(s))
+		}
+		seen[p] = true
+		mapped += int64(size)
+	}
+	tabs := []*xtab{&ix.keys}
+	for _, rs := range ix.bySlot {
+		if rs != nil {
+			tabs = append(tabs, &rs.eng)
+		}
+	}
+	for _, tab := range tabs {
+		for di, de := range tab.dir {
+			if di&(1<<(tab.gd-de.ld)-1) == 0 {
+				note(de.sb.s)
+			}
+		}
+	}
+	for _, l := range ix.env.pool {
+		for _, s := range l {
+			note(s)
+		}
+	}
+	if mapped != sl.mapped || len(seen) != len(sl.live) {
+		t.Fatalf("slab maps %d arrays (%d bytes); tables and pool use %d (%d bytes)", len(sl.live), sl.mapped, len(seen), mapped)
 	}
 }

@@ -385,10 +385,16 @@ func TestOracle(t *testing.T) {
 		{"many-replicas", 3, 40, 30, 16, 12000, 0},
 		// Counts past 7 spill inline holders to arena records and back.
 		{"many-groups", 4, 6, 8, 10, 12000, 12},
+		// Every slot array mapped off the Go heap (offheapMin lowered).
+		{"off-heap", 5, 10, 60, 24, 12000, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorkload(tc.seed, tc.replicas, tc.convs, tc.blocks, 4)
 			w.groups = tc.groups
+			if tc.name == "off-heap" {
+				defer func(m int) { offheapMin = m }(offheapMin)
+				offheapMin = 0
+			}
 			ix := New(Config{})
 			m := newModel()
 			counts := map[string]int{}
@@ -405,13 +411,16 @@ func TestOracle(t *testing.T) {
 					checkStats(t, ix, m, op)
 					checkInvariants(t, ix)
 					counts["spilled keys"] += spilledKeys(ix)
+					if ix.env.slab.mapped > 0 {
+						counts["off-heap checks"]++
+					}
 				}
 			}
 			for _, c := range w.convs {
 				checkMatch(t, ix, m, c.keys, tc.ops)
 			}
 			checkStats(t, ix, m, tc.ops)
-			if counts["stored"] < tc.ops/2 || counts["removed"] < tc.ops/4 || counts["cleared"] == 0 || counts["deep matches"] < tc.ops/10 || tc.groups > 0 && counts["spilled keys"] == 0 {
+			if counts["stored"] < tc.ops/2 || counts["removed"] < tc.ops/4 || counts["cleared"] == 0 || counts["deep matches"] < tc.ops/10 || tc.groups > 0 && counts["spilled keys"] == 0 || tc.name == "off-heap" && counts["off-heap checks"] == 0 {
 				t.Fatalf("workload mix is off: %v", counts)
 			}
 		})

@@ -99,7 +99,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 	per := blocksPer / scaleConv / 2 // own conversations per replica
 	for range b.N {
-		heap0 := heapAfterGC()
+		heap0 := heapAfterGC() + uint64(mappedTotal.Load())
 		ix := New(Config{})
 		sys := tokens(rand.New(rand.NewPCG(1, 2)), scaleSys*benchBS)
 		streams := make([]scaleStream, scaleReplicas)
@@ -131,7 +131,7 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(warm.Seconds(), "warm-s")
 		b.ReportMetric(entries/warm.Seconds(), "warm-block-events/s")
 		b.ReportMetric(entries/warmCPU.Seconds(), "warm-cpu-block-events/s")
-		heap1 := heapAfterGC()
+		heap1 := heapAfterGC() + uint64(mappedTotal.Load())
 		b.ReportMetric(entries, "entries")
 		b.ReportMetric(float64(s.Keys), "keys")
 		b.ReportMetric(float64(heap1-heap0)/entries, "heap-B/entry")

@@ -45,6 +45,9 @@ type env struct {
 	pooled int64
 	// goCap maps a slot class to the capacity Go gives an array of it.
 	goCap map[int]int
+	// slab holds the slot arrays of offheapMin bytes or more, outside the
+	// Go heap (nil: all on the heap).
+	slab *slab
 	// peak is the highest bytes has been since a writer last reset it;
 	// maxPeak the highest ever.
 	peak, maxPeak int64
@@ -125,7 +128,7 @@ type xtab struct {
 
 func newXtab(kind tabKind, e *env) xtab {
 	t := xtab{kind: kind, env: e}
-	sb := t.newSub(minCap, 0, 0)
+	sb := t.newSub(minCap, 0, 0, 0)
 	t.dir = t.allocDir(1)
 	t.refresh(sb)
 	return t
@@ -155,10 +158,19 @@ func (t *xtab) refresh(sb *sub) {
 	}
 }
 
-func (t *xtab) allocSlots(n int) []slot {
+// allocSlots returns a zeroed slot array of about n slots for a table of
+// entries entries. Arrays of offheapMin bytes or more are mapped outside
+// the Go heap, in whole pages: the page count nearest to n, or more when
+// that would leave the table loaded past about 0.85.
+func (t *xtab) allocSlots(n, entries int) []slot {
 	e := t.env
+	if e.goCap == nil {
+		e.goCap = map[int]int{}
+		e.pool = map[int][][]slot{}
+	}
+	c, known := t.capFor(n, entries)
 	r := slotClass(n)
-	if c, ok := e.goCap[r]; ok {
+	if known {
 		if l := e.pool[c]; len(l) > 0 {
 			s := l[len(l)-1]
 			l[len(l)-1] = nil
@@ -169,15 +181,33 @@ func (t *xtab) allocSlots(n int) []slot {
 			return s
 		}
 	}
-	s := slices.Grow([]slot(nil), r)
-	s = s[:cap(s)] // use the whole size class that was allocated
-	if e.goCap == nil {
-		e.goCap = map[int]int{}
-		e.pool = map[int][][]slot{}
+	var s []slot
+	if known && c%(pageSize/slotBytes) == 0 {
+		s = e.slab.alloc(c) // whole pages, off the Go heap
 	}
-	e.goCap[r] = len(s)
+	if s == nil {
+		s = slices.Grow([]slot(nil), r)
+		s = s[:cap(s)] // use the whole size class that was allocated
+		e.goCap[r] = len(s)
+	}
 	t.account(int64(len(s)) * slotBytes)
 	return s
+}
+
+// capFor is the capacity allocSlots gives for n slots and entries entries,
+// and whether it is known yet (a heap size class is learned on first use).
+func (t *xtab) capFor(n, entries int) (int, bool) {
+	e := t.env
+	if e.slab != nil && offheapOK && n*slotBytes >= offheapMin {
+		per := pageSize / slotBytes
+		c := max(1, (n+per/2)/per) * per
+		if need := entries*20/17 + 2; c < need {
+			c = (need + per - 1) / per * per
+		}
+		return c, true
+	}
+	c, ok := e.goCap[slotClass(n)]
+	return c, ok
 }
 
 // freeSlots gives back a slot array the table no longer uses: to the pool
@@ -197,6 +227,7 @@ func (t *xtab) freeSlots(s []slot) {
 			break
 		}
 		l := e.pool[big]
+		e.slab.free(l[len(l)-1])
 		l[len(l)-1] = nil
 		e.pool[big] = l[:len(l)-1]
 		b := int64(big) * slotBytes
@@ -209,12 +240,13 @@ func (t *xtab) freeSlots(s []slot) {
 		t.own -= size
 		return
 	}
+	e.slab.free(s)
 	t.account(-size)
 }
 
-func (t *xtab) newSub(capacity int, ld uint8, pre uint64) *sub {
+func (t *xtab) newSub(capacity, entries int, ld uint8, pre uint64) *sub {
 	t.account(subBytes)
-	return &sub{s: t.allocSlots(capacity), ld: ld, pre: pre}
+	return &sub{s: t.allocSlots(capacity, entries), ld: ld, pre: pre}
 }
 
 // release gives back everything the table holds (the table is dropped).
@@ -388,7 +420,7 @@ func (t *xtab) grow(sb *sub, di int) {
 	}
 	var halves [2]*sub
 	for j := range halves {
-		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), sb.ld+1, sb.pre<<1|uint64(j))
+		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), cnt[j], sb.ld+1, sb.pre<<1|uint64(j))
 	}
 	for i := range sb.s {
 		s := &sb.s[i]
@@ -407,7 +439,7 @@ func (t *xtab) grow(sb *sub, di int) {
 // rebuild rehashes sb into capacity c.
 func (t *xtab) rebuild(sb *sub, c int) {
 	old := sb.s
-	sb.s = t.allocSlots(c)
+	sb.s = t.allocSlots(c, sb.n)
 	sb.n = 0
 	for i := range old {
 		s := &old[i]
@@ -464,12 +496,12 @@ func (t *xtab) maybeShrink(sb *sub) {
 	switch {
 	case t.env.pressure && sb.n*10 < c*7:
 		nc := max(minCap, sb.n*20/17+1)
-		if nc < c {
+		if ac, ok := t.capFor(nc, sb.n); nc < c && (!ok || ac < c) {
 			t.rebuild(sb, nc)
 		}
 	case sb.n*4 < c:
 		nc := max(minCap, sb.n*10/6+1)
-		if nc < c {
+		if ac, ok := t.capFor(nc, sb.n); nc < c && (!ok || ac < c) {
 			t.rebuild(sb, nc)
 		}
 	}
