@@ -72,6 +72,7 @@ func TestRootsSaltAndExtras(t *testing.T) {
 	for name, other := range map[string][]Key{
 		"other model": Keys(nil, Root("m2", ""), toks, 16, Options{}),
 		"lora":        Keys(nil, Root("m", "adapter"), toks, 16, Options{}),
+		"other lora":  Keys(nil, Root("m", "adapter2"), toks, 16, Options{}),
 		"salt":        Keys(nil, Root("m", ""), toks, 16, Options{CacheSalt: "tenant-a"}),
 		"extra on 0":  Keys(nil, Root("m", ""), toks, 16, Options{Extras: [][]byte{[]byte("img")}}),
 	} {
@@ -80,6 +81,10 @@ func TestRootsSaltAndExtras(t *testing.T) {
 				t.Errorf("%s: key %d equals the plain key", name, i)
 			}
 		}
+	}
+	// Two adapters never share a key.
+	if matched(Keys(nil, Root("m", "adapter"), toks, 16, Options{}), Keys(nil, Root("m", "adapter2"), toks, 16, Options{})) != 0 {
+		t.Error("two adapters share keys")
 	}
 	// A LoRA adapter's keys do not depend on the base model name.
 	if matched(Keys(nil, Root("m", "a"), toks, 16, Options{}), Keys(nil, Root("other", "a"), toks, 16, Options{})) != 4 {

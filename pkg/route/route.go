@@ -186,10 +186,14 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	defer r.scratch.Put(sc)
 
 	reps := r.opts.State.Replicas()
-	cands, err := candidates(reps, req, sc.idx[:0])
+	cands, err := candidates(reps, &req, sc.idx[:0])
 	sc.idx = cands
 	if err != nil {
 		return d, err
+	}
+	tokModel := req.Model
+	if req.LoRA != "" {
+		tokModel = reps[cands[0]].Model // an adapter uses its base model's tokenizer
 	}
 
 	// Tokens.
@@ -201,7 +205,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		d.Degraded = DegradedNoTokenizer
 	default:
 		t0 := r.opts.Now()
-		toks, err = r.opts.Tokenizer.Tokenize(ctx, req.Model, req.Input)
+		toks, err = r.opts.Tokenizer.Tokenize(ctx, tokModel, req.Input)
 		d.TokenizeTime = r.opts.Now().Sub(t0)
 		switch {
 		case err == nil:
@@ -323,14 +327,29 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 }
 
 // candidates returns the indexes into reps of the replicas serving the
-// request's model (all when it names none) and admitted by its subset.
-func candidates(reps []Replica, req Request, out []int) ([]int, error) {
+// request's model (all when it names none) and admitted by its subset. A
+// model no replica serves as its base model but some list among their
+// Adapters is a LoRA request: req.LoRA is set to it and the candidates are
+// the replicas serving that adapter (whose keys kvblock.Root roots at the
+// adapter, as pkg/events does for blocks stored with its lora_name).
+func candidates(reps []Replica, req *Request, out []int) ([]int, error) {
 	if len(reps) == 0 {
 		return out, fmt.Errorf("%w: the replica set is empty", ErrNoReplica)
 	}
+	adapter := req.LoRA == "" && req.Model != "" &&
+		!slices.ContainsFunc(reps, func(r Replica) bool { return r.Model == req.Model }) &&
+		slices.ContainsFunc(reps, func(r Replica) bool { return slices.Contains(r.Adapters, req.Model) })
+	if adapter {
+		req.LoRA = req.Model
+	}
 	served := false
 	for i, rep := range reps {
-		if req.Model != "" && rep.Model != req.Model {
+		switch {
+		case adapter:
+			if !slices.Contains(rep.Adapters, req.LoRA) {
+				continue
+			}
+		case req.Model != "" && rep.Model != req.Model:
 			continue
 		}
 		served = true

@@ -403,3 +403,64 @@ func TestNewDefaults(t *testing.T) {
 	}()
 	New(Options{})
 }
+
+func TestDecideRoutesAdaptersToTheirReplicas(t *testing.T) {
+	st := fleet(3)
+	st.reps[1].Adapters = []string{"sql-lora"}
+	st.reps[2].Adapters = []string{"sql-lora", "chat-lora"}
+	for _, r := range st.reps {
+		st.loads[r.ID] = load.Load{Healthy: true} // tied: the cache decides
+	}
+	ix := index.New(index.Config{})
+	prompt := seq(8*16, 5)
+	// r2 holds the prompt under the adapter's root (as events with
+	// lora_name store it), r0 under the base model's.
+	store(t, ix, "r0", model, prompt, 16)
+	res := ix.Stored(index.Stored{Replica: "r2", Root: kvblock.Root(model, "sql-lora"), Hashes: seqHashes(8), Tokens: prompt, BlockSize: 16, Tier: index.TierGPU})
+	if res.Blocks != 8 {
+		t.Fatalf("store: %+v", res)
+	}
+	var asked string
+	tok := tokenizerFunc(func(_ context.Context, m string, _ TokenizeInput) (Tokens, error) {
+		asked = m
+		return Tokens{IDs: prompt, Source: "remote", Exact: true}, nil
+	})
+	p, _ := policy.New(policy.NameBlended, policy.Config{})
+	rt := New(Options{Matcher: ix, State: st, Policy: p, Tokenizer: tok, Seed: 1})
+
+	d, err := rt.Decide(t.Context(), Request{Model: "sql-lora", Input: TokenizeInput{Prompt: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked != model {
+		t.Errorf("tokenized with model %q, want the base model %q", asked, model)
+	}
+	if len(d.Candidates) != 2 || d.Candidates[0].Replica != "r1" || d.Candidates[1].Replica != "r2" {
+		t.Fatalf("candidates %+v, want r1 and r2 (the replicas serving sql-lora)", d.Candidates)
+	}
+	if d.Replica != "r2" || d.Candidates[1].Matched[0] != 8 || d.Candidates[0].Matched[0] != 0 {
+		t.Fatalf("picked %s, matched %v/%v: want r2 with the adapter's 8 blocks", d.Replica, d.Candidates[0].Matched, d.Candidates[1].Matched)
+	}
+	// Another adapter on the same replica does not see sql-lora's blocks.
+	d, err = rt.Decide(t.Context(), Request{Model: "chat-lora", Tokens: prompt})
+	if err != nil || d.Replica != "r2" || d.MatchedBlocks() != 0 {
+		t.Fatalf("chat-lora: picked %s matched %d (%v)", d.Replica, d.MatchedBlocks(), err)
+	}
+	// The base model sees its own blocks only, on every replica.
+	d, err = rt.Decide(t.Context(), Request{Model: model, Tokens: prompt})
+	if err != nil || len(d.Candidates) != 3 || d.Replica != "r0" || d.Candidates[2].Matched[0] != 0 {
+		t.Fatalf("base: picked %s, candidates %d (%v)", d.Replica, len(d.Candidates), err)
+	}
+	// An adapter nobody serves is an unknown model.
+	if _, err := rt.Decide(t.Context(), Request{Model: "nope-lora", Tokens: prompt}); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("unknown adapter: %v", err)
+	}
+}
+
+func seqHashes(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = 0xada0000 + uint64(i)
+	}
+	return out
+}

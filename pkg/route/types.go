@@ -28,12 +28,19 @@ type Replica struct {
 	// BlockSize is the engine's KV block size in tokens (the router hashes
 	// requests for this replica's model with it).
 	BlockSize int
+	// Adapters are the LoRA adapters the replica serves on top of Model
+	// (vLLM --lora-modules): a request naming one of them is routed only
+	// among the replicas listing it, keyed under the adapter's root.
+	Adapters []string
 }
 
 // Request is the protocol-free view of one inference request.
 type Request struct {
-	Model     string
-	LoRA      string // adapter name when the model names a LoRA adapter
+	Model string
+	// LoRA is the adapter name when the request's model names a LoRA
+	// adapter. Decide sets it itself when Model is an adapter some replica
+	// lists in Replica.Adapters.
+	LoRA      string
 	CacheSalt string
 	// Tokens are the prompt's token ids when already known (a pre-tokenized
 	// prompt); otherwise Input is given to the tokenizer.
