@@ -112,6 +112,7 @@ type wiring struct {
 	idx    *index.Index
 	events *events.Manager
 	scrape *load.Scraper
+	models *fleet.Models
 	fid    *load.Fidelity
 	view   *load.View
 	set    *fleet.Set
@@ -150,7 +151,12 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 		return nil, fmt.Errorf("fidelity: %w", err)
 	}
 	r.view = &load.View{Tracker: tracker, Scraper: r.scrape, Fidelity: r.fid, StaleAfter: cfg.Load.StaleAfter}
-	r.set = fleet.NewSet(fleet.SetConfig{Loads: r.view, Events: r.events, Fidelity: r.fid, BlockSize: cfg.Routing.BlockSize})
+	// LoRA adapters: the replica specs' lora_adapters plus each engine's
+	// /v1/models (vLLM lists adapters with their parent).
+	if r.models, err = fleet.NewModels(fleet.ModelsConfig{Logger: log.With("component", "models")}); err != nil {
+		return nil, fmt.Errorf("models prober: %w", err)
+	}
+	r.set = fleet.NewSet(fleet.SetConfig{Loads: r.view, Events: r.events, Fidelity: r.fid, BlockSize: cfg.Routing.BlockSize, Models: r.models})
 
 	if r.tok, err = tokenize.New(cfg.Tokenizer, tokenize.Options{
 		Registerer: r.reg, Replicas: r.set.TokenizerURLs, Logger: log.With("component", "tokenize"),
@@ -362,6 +368,7 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 		}
 		return nil
 	})
+	g.Go(func() error { return r.models.Run(bg) })
 	g.Go(func() error { return r.fleet.Run(bg, updates) })
 	err := g.Wait()
 	r.tok.Close()

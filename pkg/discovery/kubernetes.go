@@ -52,6 +52,9 @@ const (
 	// AnnotationMetricsPort is the /metrics port when it is not the serving
 	// port (used when no port is named PortNameMetrics).
 	AnnotationMetricsPort = "kvroute.io/metrics-port"
+	// AnnotationLoRAAdapters is a comma-separated list of the LoRA adapters
+	// the pod serves (vLLM --lora-modules names).
+	AnnotationLoRAAdapters = "kvroute.io/lora-adapters"
 )
 
 // Port names the Kubernetes source looks for (Service ports, as they appear
@@ -751,6 +754,13 @@ func podOverrides(id string, pod *corev1.Pod) (overrides, error) {
 	o.replayPort = num(AnnotationReplayPort)
 	o.dpRanks = num(AnnotationDPRanks)
 	o.metricsPort = num(AnnotationMetricsPort)
+	if v, ok := ann[AnnotationLoRAAdapters]; ok {
+		for a := range strings.SplitSeq(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.loraAdapters = append(o.loraAdapters, a)
+			}
+		}
+	}
 	for _, p := range []struct {
 		key string
 		v   *int

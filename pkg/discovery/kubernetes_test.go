@@ -155,6 +155,7 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 		AnnotationModel: "llama", AnnotationDPRanks: "2", AnnotationReplayPort: "5600",
 		AnnotationEventsPort: "6000", // loses to the kv-events named port
 		AnnotationTopic:      "kv@vllm-0", AnnotationBlockSize: "16", "unrelated.io/x": "y",
+		AnnotationLoRAAdapters: " sql-lora, ,chat-lora",
 	})
 	pod1 := mkPod("vllm-1", "10.0.0.2", nil)
 	slice := mkSlice("vllm-abc", "vllm", stdPorts,
@@ -168,7 +169,8 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 	want := []Replica{
 		{ID: ns + "/vllm-0", Address: "10.0.0.1:8000", Model: "llama", Engine: EngineVLLM, BlockSize: 16,
 			EventsEndpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:5600", Topic: "kv@vllm-0", DPRanks: 2,
-			MetricsURL: "http://10.0.0.1:9000/metrics", HealthURL: "http://10.0.0.1:8000/health", Ready: true},
+			MetricsURL: "http://10.0.0.1:9000/metrics", HealthURL: "http://10.0.0.1:8000/health", Ready: true,
+			LoRAAdapters: []string{"chat-lora", "sql-lora"}},
 		{ID: ns + "/vllm-1", Address: "10.0.0.2:8000", Model: "dflt", Engine: EngineVLLM,
 			EventsEndpoint: "tcp://10.0.0.2:5557", DPRanks: 1,
 			MetricsURL: "http://10.0.0.2:9000/metrics", HealthURL: "http://10.0.0.2:8000/health", Ready: false},

@@ -65,7 +65,7 @@ type publisher struct {
 // unless they equal the last snapshot. It returns false when ctx ended
 // before the receiver took it.
 func (p *publisher) publish(ctx context.Context, updates chan<- Snapshot, replicas []Replica) bool {
-	if p.sent && slices.Equal(p.last, replicas) {
+	if p.sent && slices.EqualFunc(p.last, replicas, Replica.Equal) {
 		return true
 	}
 	if replicas == nil {

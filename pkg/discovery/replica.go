@@ -80,6 +80,10 @@ type Replica struct {
 	// HealthURL is the engine's health endpoint (default
 	// http://<Address>/health).
 	HealthURL string
+	// LoRAAdapters are the LoRA adapters the replica is known to serve on
+	// top of Model (vLLM --lora-modules), sorted and without duplicates.
+	// The router also learns them from the engine's /v1/models.
+	LoRAAdapters []string
 	// Ready is false for replicas the source knows but which must not get
 	// new requests (not ready, terminating, drained). Consumers keep their
 	// event subscriptions and index entries for them.
@@ -144,7 +148,7 @@ func Diff(prev, next []Replica) Changes {
 			c.Added = append(c.Added, next[j])
 			j++
 		default:
-			if prev[i] != next[j] {
+			if !prev[i].Equal(next[j]) {
 				c.Changed = append(c.Changed, next[j])
 			}
 			i++
@@ -208,6 +212,7 @@ func Normalize(path string, replicas []Replica) ([]Replica, error) {
 		} else {
 			addrs[r.Address] = i
 		}
+		r.LoRAAdapters = sortedAdapters(r.LoRAAdapters)
 		out[i] = r
 	}
 	if len(errs) > 0 {
@@ -215,6 +220,23 @@ func Normalize(path string, replicas []Replica) ([]Replica, error) {
 	}
 	sortByID(out)
 	return out, nil
+}
+
+// Equal reports whether r and o are the same in every field.
+func (r Replica) Equal(o Replica) bool {
+	return r.ID == o.ID && r.Address == o.Address && r.Model == o.Model && r.Engine == o.Engine &&
+		r.BlockSize == o.BlockSize && r.EventsEndpoint == o.EventsEndpoint && r.ReplayEndpoint == o.ReplayEndpoint &&
+		r.Topic == o.Topic && r.DPRanks == o.DPRanks && r.MetricsURL == o.MetricsURL && r.HealthURL == o.HealthURL &&
+		r.Ready == o.Ready && slices.Equal(r.LoRAAdapters, o.LoRAAdapters)
+}
+
+// sortedAdapters sorts adapter names and drops duplicates (after
+// validation, so that error paths index the list as written).
+func sortedAdapters(as []string) []string {
+	if len(as) == 0 {
+		return nil
+	}
+	return slices.Compact(slices.Sorted(slices.Values(as)))
 }
 
 func sortByID(rs []Replica) {
@@ -257,6 +279,13 @@ func validate(p string, r Replica) error {
 	}
 	if r.Model == "" {
 		bad("model", "is required")
+	}
+	for i, a := range r.LoRAAdapters {
+		if strings.TrimSpace(a) == "" || strings.ContainsAny(a, " ,\t\n") {
+			bad(fmt.Sprintf("lora_adapters[%d]", i), "%q is not an adapter name", a)
+		} else if a == r.Model {
+			bad(fmt.Sprintf("lora_adapters[%d]", i), "%q is the base model's name", a)
+		}
 	}
 	if r.Engine != EngineVLLM && r.Engine != EngineSGLang {
 		bad("engine", "%q is not %q or %q", r.Engine, EngineVLLM, EngineSGLang)

@@ -3,6 +3,8 @@ package discovery
 import (
 	"context"
 	"errors"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -307,4 +309,34 @@ func byID(rs []Replica, id string) (Replica, bool) {
 		}
 	}
 	return Replica{}, false
+}
+
+// TestReplicaEqual changes each field of a replica in turn: Equal must see
+// every one (a field added to Replica but not to Equal fails here).
+func TestReplicaEqual(t *testing.T) {
+	base := Replica{ID: "a", Address: "10.0.0.1:1", Model: "m", LoRAAdapters: []string{"x"}}
+	if !base.Equal(base) {
+		t.Fatal("a replica is not Equal to itself")
+	}
+	v := reflect.ValueOf(&base).Elem()
+	for i := range v.NumField() {
+		other := base
+		other.LoRAAdapters = slices.Clone(base.LoRAAdapters)
+		f := reflect.ValueOf(&other).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(f.String() + "!")
+		case reflect.Int:
+			f.SetInt(f.Int() + 1)
+		case reflect.Bool:
+			f.SetBool(!f.Bool())
+		case reflect.Slice:
+			f.Set(reflect.ValueOf([]string{"y"}))
+		default:
+			t.Fatalf("field %s: kind %s not covered by this test", v.Type().Field(i).Name, f.Kind())
+		}
+		if base.Equal(other) {
+			t.Errorf("Equal ignores field %s", v.Type().Field(i).Name)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"gopkg.in/yaml.v3"
 )
@@ -25,6 +26,9 @@ type ReplicaSpec struct {
 	DPRanks        int    `yaml:"dp_ranks"`
 	MetricsURL     string `yaml:"metrics_url"`
 	HealthURL      string `yaml:"health_url"`
+	// LoRAAdapters lists the LoRA adapters the replica serves (the names
+	// of vLLM's --lora-modules); kvroute also reads them from /v1/models.
+	LoRAAdapters []string `yaml:"lora_adapters"`
 	// Ready defaults to true; false keeps a replica known (events, index)
 	// but out of picks, e.g. while draining it.
 	Ready *bool `yaml:"ready"`
@@ -52,6 +56,7 @@ func BuildReplicas(path string, specs []ReplicaSpec) ([]Replica, error) {
 			DPRanks:        s.DPRanks,
 			MetricsURL:     s.MetricsURL,
 			HealthURL:      s.HealthURL,
+			LoRAAdapters:   slices.Clone(s.LoRAAdapters),
 			Ready:          s.Ready == nil || *s.Ready,
 		}
 	}
@@ -110,6 +115,7 @@ type overrides struct {
 	model, engine, topic                       *string
 	blockSize, eventsPort, replayPort, dpRanks *int
 	metricsPort                                *int
+	loraAdapters                               []string
 }
 
 // newReplica builds (and validates, with path = id) a replica serving on
@@ -140,6 +146,8 @@ func newReplica(id, ip string, port int, d Defaults, o overrides, ready bool) (R
 		Topic:     pick(d.Topic, o.topic),
 		DPRanks:   pickInt(d.DPRanks, o.dpRanks),
 		Ready:     ready,
+		// Adapters are per pod: Defaults have none.
+		LoRAAdapters: o.loraAdapters,
 	}
 	if p := pickInt(d.EventsPort, o.eventsPort); p != 0 {
 		r.EventsEndpoint = "tcp://" + hostPort(ip, p)
@@ -154,6 +162,7 @@ func newReplica(id, ip string, port int, d Defaults, o overrides, ready bool) (R
 	if err := validate(id, r); err != nil {
 		return Replica{}, err
 	}
+	r.LoRAAdapters = sortedAdapters(r.LoRAAdapters)
 	return r, nil
 }
 

@@ -83,8 +83,9 @@ type Controller struct {
 	stopped bool       // guarded by mu
 
 	// Owned by the Run goroutine.
-	prev []discovery.Replica
-	srcs []events.Source
+	prev      []discovery.Replica
+	srcs      []events.Source
+	modelsVer uint64 // the Set.cfg.Models version the routable set reflects
 }
 
 // NewController checks cfg and returns a Controller. It starts nothing.
@@ -135,6 +136,7 @@ func (c *Controller) Run(ctx context.Context, updates <-chan discovery.Snapshot)
 		case snap := <-updates:
 			c.apply(snap)
 		case <-t.C:
+			c.syncAdapters()
 		}
 		c.syncSources()
 		c.checkReady(start)
@@ -163,6 +165,14 @@ func (c *Controller) apply(snap discovery.Snapshot) {
 		targets = append(targets, scrapeTarget(rep))
 	}
 	c.cfg.Probes.SetTargets(targets)
+	if m := c.cfg.Set.cfg.Models; m != nil {
+		mts := make([]ModelsTarget, 0, len(rs))
+		for _, rep := range rs {
+			mts = append(mts, ModelsTarget{ID: rep.ID, URL: "http://" + rep.Address + "/v1/models"})
+		}
+		m.SetTargets(mts)
+		c.modelsVer = m.Version()
+	}
 	c.cfg.Set.set(rs)
 	for _, rep := range changes.Removed {
 		for rank := range max(rep.DPRanks, 1) {
@@ -180,6 +190,19 @@ func (c *Controller) apply(snap discovery.Snapshot) {
 			slog.Int("changed", len(changes.Changed)))
 	}
 	c.applied.Store(true)
+}
+
+// syncAdapters republishes the replica set when the adapters learned from
+// the engines' model lists changed.
+func (c *Controller) syncAdapters() {
+	m := c.cfg.Set.cfg.Models
+	if m == nil || !c.applied.Load() {
+		return
+	}
+	if v := m.Version(); v != c.modelsVer {
+		c.modelsVer = v
+		c.cfg.Set.set(c.prev)
+	}
 }
 
 // syncSources subscribes to the event streams of the replicas that are in

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -42,6 +43,10 @@ type SetConfig struct {
 	// BlockSize is the default KV block size for replicas that do not set
 	// theirs.
 	BlockSize int
+	// Models, if set, adds the LoRA adapters each replica lists in its
+	// /v1/models to those its spec names; the Controller keeps its targets
+	// equal to the replica set and republishes the set when they change.
+	Models *Models
 }
 
 // member is one routable stream: a replica, or one data-parallel rank of it.
@@ -102,10 +107,29 @@ func (s *Set) set(rs []discovery.Replica) {
 			}
 			n.routable = append(n.routable, route.Replica{
 				ID: id, Address: r.Address, Model: r.Model, BlockSize: s.blockSizeOf(r),
+				Adapters: s.adaptersOf(r),
 			})
 		}
 	}
 	s.snap.Store(n)
+}
+
+// adaptersOf is the union of the adapters r's spec lists and those its
+// engine reports (sorted, distinct; nil when none).
+func (s *Set) adaptersOf(r discovery.Replica) []string {
+	var probed []string
+	if s.cfg.Models != nil {
+		probed = s.cfg.Models.Adapters(r.ID)
+	}
+	if len(probed) == 0 {
+		return r.LoRAAdapters
+	}
+	if len(r.LoRAAdapters) == 0 {
+		return probed
+	}
+	out := slices.Concat(r.LoRAAdapters, probed)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func (s *Set) blockSizeOf(r discovery.Replica) int {
