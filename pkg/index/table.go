@@ -388,6 +388,59 @@ func (t *xtab) place(sb *sub, e slot, h uint64) *slot {
 	}
 }
 
+// inHomeOrder calls fn for every entry of the slot array ss with its hash,
+// starting after an empty slot: in a Robin Hood table that visits entries
+// in order of their home, but for the cluster that wraps past the end.
+func (t *xtab) inHomeOrder(ss []slot, fn func(e slot, h uint64)) {
+	start := 0
+	for i := range ss {
+		if !t.occupied(&ss[i], ss[i].v) {
+			start = i + 1
+			break
+		}
+	}
+	for j := range ss {
+		i := start + j
+		if i >= len(ss) {
+			i -= len(ss)
+		}
+		s := &ss[i]
+		if t.occupied(s, s.v) {
+			fn(*s, mix(s.k&t.kind.cmp))
+		}
+	}
+}
+
+// filler fills an empty sub-table. Entries that come in order of their
+// home are put at their home or just after the last one placed, with no
+// Robin Hood displacement tests (the cluster stays sorted by home); once
+// one comes out of order or would wrap past the end, the rest go through
+// place.
+type filler struct {
+	t          *xtab
+	sb         *sub
+	next, last int
+	slow       bool
+}
+
+func (f *filler) add(e slot, h uint64) {
+	sb := f.sb
+	if !f.slow {
+		c := len(sb.s)
+		hm := home(h, sb.ld, c)
+		if hm >= f.last {
+			if pos := max(hm, f.next); pos < c {
+				sb.s[pos] = e
+				sb.n++
+				f.next, f.last = pos+1, hm
+				return
+			}
+		}
+		f.slow = true
+	}
+	f.t.place(sb, e, h)
+}
+
 // grow makes room in sb (found at directory index di): split it when it is
 // large, rebuild it larger otherwise.
 func (t *xtab) grow(sb *sub, di int) {
@@ -422,13 +475,8 @@ func (t *xtab) grow(sb *sub, di int) {
 	for j := range halves {
 		halves[j] = t.newSub(max(minCap, cnt[j]*10/target+1), cnt[j], sb.ld+1, sb.pre<<1|uint64(j))
 	}
-	for i := range sb.s {
-		s := &sb.s[i]
-		if t.occupied(s, s.v) {
-			h := mix(s.k & t.kind.cmp)
-			t.place(halves[h>>bit&1], *s, h)
-		}
-	}
+	fills := [2]filler{{t: t, sb: halves[0]}, {t: t, sb: halves[1]}}
+	t.inHomeOrder(sb.s, func(e slot, h uint64) { fills[h>>bit&1].add(e, h) })
 	t.refresh(halves[0])
 	t.refresh(halves[1])
 	t.freeSlots(sb.s)
@@ -441,12 +489,8 @@ func (t *xtab) rebuild(sb *sub, c int) {
 	old := sb.s
 	sb.s = t.allocSlots(c, sb.n)
 	sb.n = 0
-	for i := range old {
-		s := &old[i]
-		if t.occupied(s, s.v) {
-			t.place(sb, *s, mix(s.k&t.kind.cmp))
-		}
-	}
+	f := filler{t: t, sb: sb}
+	t.inHomeOrder(old, f.add)
 	t.refresh(sb)
 	t.freeSlots(old)
 }
