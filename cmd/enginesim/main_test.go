@@ -29,6 +29,11 @@ type sim struct {
 	client *http.Client
 }
 
+// startTimeout bounds a simulator's start. Loading a real tokenizer file
+// under the race detector on a loaded 2-core host takes tens of seconds; the
+// bound only catches a start that hangs.
+const startTimeout = 3 * time.Minute
+
 // startSim runs the simulator in-process on loopback with free ports; args
 // override the defaults. It stops the simulator when the test ends.
 func startSim(t *testing.T, args ...string) *sim {
@@ -48,9 +53,9 @@ func startSim(t *testing.T, args ...string) *sim {
 	case err := <-errc:
 		cancel()
 		t.Fatalf("simulator did not start: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(startTimeout):
 		cancel()
-		t.Fatal("simulator did not start in 30s")
+		t.Fatalf("simulator did not start in %v", startTimeout)
 	}
 	s.base = "http://" + s.info.HTTPAddr
 	t.Cleanup(func() {
