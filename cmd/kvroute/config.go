@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/policy"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
+	"github.com/kvroute/kvroute/pkg/tlsfiles"
 	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
@@ -45,6 +46,16 @@ type Config struct {
 	Routing   RoutingConfig    `yaml:"routing"`
 	Telemetry telemetry.Config `yaml:"telemetry"`
 	Readiness ReadinessConfig  `yaml:"readiness"`
+	TLS       TLSConfig        `yaml:"tls"`
+}
+
+// TLSConfig is each listener's TLS (tlsfiles.Config); a listener without a
+// certificate is plaintext. extproc with client_ca_file set is mutual TLS:
+// only a proxy holding a certificate from that CA can open streams.
+type TLSConfig struct {
+	ExtProc tlsfiles.Config `yaml:"extproc"`
+	Admin   tlsfiles.Config `yaml:"admin"`
+	Metrics tlsfiles.Config `yaml:"metrics"`
 }
 
 // ListenersConfig are the addresses kvroute listens on.
@@ -196,6 +207,9 @@ func (c Config) WithDefaults() Config {
 	}
 	c.Routing.Approximate = c.Routing.Approximate.WithDefaults()
 	c.Telemetry = c.Telemetry.WithDefaults()
+	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
+	c.TLS.Admin = c.TLS.Admin.WithDefaults()
+	c.TLS.Metrics = c.TLS.Metrics.WithDefaults()
 	if c.Readiness.WarmTimeout == 0 {
 		c.Readiness.WarmTimeout = DefaultWarmTimeout
 	}
@@ -222,6 +236,9 @@ func (c *Config) Validate() error {
 		bad("listeners.drain_timeout", "must not be negative")
 	}
 	errs = append(errs, inSection("replicas", c.Replicas.Validate())...)
+	errs = append(errs, inSection("tls.extproc", c.TLS.ExtProc.Validate())...)
+	errs = append(errs, inSection("tls.admin", c.TLS.Admin.Validate())...)
+	errs = append(errs, inSection("tls.metrics", c.TLS.Metrics.Validate())...)
 	if _, err := policy.New(c.Policy.Name, c.Policy.Config); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err)) // "policy: invalid config: blended.<knob>: ..."
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/policy"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
+	"github.com/kvroute/kvroute/pkg/tlsfiles"
 	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
@@ -425,6 +426,27 @@ type listeners struct {
 	extproc, admin, metrics net.Listener
 }
 
+// withTLS wraps each listener whose TLS section names a certificate; the
+// files are re-read when they change. On error every listener is closed.
+func (l *listeners) withTLS(c TLSConfig, log *slog.Logger) error {
+	for _, x := range []struct {
+		name string
+		ln   *net.Listener
+		cfg  tlsfiles.Config
+	}{{"tls.extproc", &l.extproc, c.ExtProc}, {"tls.admin", &l.admin, c.Admin}, {"tls.metrics", &l.metrics, c.Metrics}} {
+		name := x.name
+		ln, err := tlsfiles.Listen(*x.ln, x.cfg, func(err error) { log.Warn(name, slog.Any("error", err)) })
+		if err != nil {
+			l.extproc.Close()
+			l.admin.Close()
+			l.metrics.Close()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		*x.ln = ln
+	}
+	return nil
+}
+
 func listen(c ListenersConfig) (listeners, error) {
 	var l listeners
 	var err error
@@ -475,6 +497,9 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	lis, err := listen(cfg.Listeners)
 	if err != nil {
+		return err
+	}
+	if err := lis.withTLS(cfg.TLS, log); err != nil {
 		return err
 	}
 	log.Info("kvroute serving", slog.String("version", version),
