@@ -163,12 +163,16 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 		}
 		before := ix.env.bytes
 		ix.env.peak = before
+		// Each hash is mixed once: for the prefetch, the find and the insert.
+		var eh, kh [chunkBlocks]uint64
 		for i := start; i < end; i++ {
-			rs.eng.prefetch(ev.Hashes[i])
-			ix.keys.prefetch(uint64(keys[i-start]))
+			eh[i-start] = mix(ev.Hashes[i] & engKind.cmp)
+			kh[i-start] = mix(uint64(keys[i-start]))
+			rs.eng.prefetchHashed(eh[i-start])
+			ix.keys.prefetchHashed(kh[i-start])
 		}
 		for i := start; i < end; i++ {
-			ix.storeBlock(rs, ev.Hashes[i], keys[i-start], ev.Tier)
+			ix.storeBlock(rs, ev.Hashes[i], keys[i-start], ev.Tier, eh[i-start], kh[i-start])
 		}
 		ix.step = max(ix.step, ix.env.peak-before)
 		ix.updatePressure()
@@ -177,15 +181,17 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 	return StoreResult{Blocks: len(ev.Hashes)}
 }
 
-func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier) {
+// storeBlock applies one stored block: engine hash h (mixed: eh) whose
+// router key is k (mixed: kh).
+func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier, eh, kh uint64) {
 	bit := uint64(1) << (61 + uint(t))
-	es := rs.eng.find(h)
+	es := rs.eng.findHashed(h&engKind.cmp, eh)
 	if es != nil && kvblock.Key(es.v) != k {
 		// The engine reused a hash for other content: drop the old mapping.
 		ix.dropEngine(rs, es)
 		es = nil
 	}
-	ks := ix.keys.find(uint64(k))
+	ks := ix.keys.findHashed(uint64(k), kh)
 	if es != nil && es.k&bit != 0 {
 		// Already stored on this tier. Repair the holder if eviction
 		// dropped the key meanwhile.
@@ -196,13 +202,13 @@ func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier) {
 	} else if es != nil {
 		es.k |= bit
 	} else {
-		rs.eng.insert(h&^tierMaskK|bit, uint64(k))
+		rs.eng.insertHashed(h&^tierMaskK|bit, uint64(k), eh)
 		ix.engine++
 	}
 	if ks == nil {
 		w := hInc(uint64(rs.slot), t)
 		if v, ok := inline([]uint64{w}); ok {
-			ix.keys.insert(uint64(k), v|refBit)
+			ix.keys.insertHashed(uint64(k), v|refBit, kh)
 		} else if !ix.arena.set(ix.keys.insert(uint64(k), refBit), []uint64{w}, refBit) {
 			// The arena is full: the key is not recorded.
 			ix.keys.remove(ix.keys.find(uint64(k)), false)
@@ -274,16 +280,18 @@ func (ix *Index) Removed(ev Removed) (removed int) {
 			ix.mu.Unlock()
 			return removed
 		}
-		for _, h := range ev.Hashes[start:end] {
-			rs.eng.prefetch(h)
+		var eh [chunkBlocks]uint64
+		for i, h := range ev.Hashes[start:end] {
+			eh[i] = mix(h & engKind.cmp)
+			rs.eng.prefetchHashed(eh[i])
 		}
-		for _, h := range ev.Hashes[start:end] {
-			if es := rs.eng.find(h); es != nil {
+		for i, h := range ev.Hashes[start:end] {
+			if es := rs.eng.findHashed(h&engKind.cmp, eh[i]); es != nil {
 				ix.keys.prefetch(es.v)
 			}
 		}
-		for _, h := range ev.Hashes[start:end] {
-			es := rs.eng.find(h)
+		for i, h := range ev.Hashes[start:end] {
+			es := rs.eng.findHashed(h&engKind.cmp, eh[i])
 			if es == nil || es.k&bit == 0 {
 				continue
 			}

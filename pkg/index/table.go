@@ -350,7 +350,11 @@ func (t *xtab) disp(sb *sub, i int) int {
 // insert adds an entry that is not in the table and returns its slot. The
 // pointer is valid until the next insert or delete.
 func (t *xtab) insert(k, v uint64) *slot {
-	h := mix(k & t.kind.cmp)
+	return t.insertHashed(k, v, mix(k&t.kind.cmp))
+}
+
+// insertHashed is insert for the hash h = mix(k&kind.cmp).
+func (t *xtab) insertHashed(k, v, h uint64) *slot {
 	sb, di := t.subOf(h)
 	if (sb.n+1)*maxLoadDen > len(sb.s)*maxLoadNum {
 		t.grow(sb, di)
