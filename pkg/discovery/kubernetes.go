@@ -55,6 +55,9 @@ const (
 	// AnnotationLoRAAdapters is a comma-separated list of the LoRA adapters
 	// the pod serves (vLLM --lora-modules names).
 	AnnotationLoRAAdapters = "kvroute.io/lora-adapters"
+	// AnnotationGroupKinds is a comma-separated list of the pod's KV-cache
+	// group kinds by group index (Replica.GroupKinds).
+	AnnotationGroupKinds = "kvroute.io/group-kinds"
 )
 
 // Port names the Kubernetes source looks for (Service ports, as they appear
@@ -759,6 +762,11 @@ func podOverrides(id string, pod *corev1.Pod) (overrides, error) {
 			if a = strings.TrimSpace(a); a != "" {
 				o.loraAdapters = append(o.loraAdapters, a)
 			}
+		}
+	}
+	if v, ok := ann[AnnotationGroupKinds]; ok {
+		for k := range strings.SplitSeq(v, ",") {
+			o.groupKinds = append(o.groupKinds, strings.TrimSpace(k)) // positional: empty entries are errors
 		}
 	}
 	for _, p := range []struct {

@@ -156,6 +156,7 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 		AnnotationEventsPort: "6000", // loses to the kv-events named port
 		AnnotationTopic:      "kv@vllm-0", AnnotationBlockSize: "16", "unrelated.io/x": "y",
 		AnnotationLoRAAdapters: " sql-lora, ,chat-lora",
+		AnnotationGroupKinds:   "full_attention, sliding_window",
 	})
 	pod1 := mkPod("vllm-1", "10.0.0.2", nil)
 	slice := mkSlice("vllm-abc", "vllm", stdPorts,
@@ -170,7 +171,7 @@ func TestKubernetesEndpointSlices(t *testing.T) {
 		{ID: ns + "/vllm-0", Address: "10.0.0.1:8000", Model: "llama", Engine: EngineVLLM, BlockSize: 16,
 			EventsEndpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:5600", Topic: "kv@vllm-0", DPRanks: 2,
 			MetricsURL: "http://10.0.0.1:9000/metrics", HealthURL: "http://10.0.0.1:8000/health", Ready: true,
-			LoRAAdapters: []string{"chat-lora", "sql-lora"}},
+			LoRAAdapters: []string{"chat-lora", "sql-lora"}, GroupKinds: []string{"full_attention", "sliding_window"}},
 		{ID: ns + "/vllm-1", Address: "10.0.0.2:8000", Model: "dflt", Engine: EngineVLLM,
 			EventsEndpoint: "tcp://10.0.0.2:5557", DPRanks: 1,
 			MetricsURL: "http://10.0.0.2:9000/metrics", HealthURL: "http://10.0.0.2:8000/health", Ready: false},

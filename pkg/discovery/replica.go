@@ -84,6 +84,11 @@ type Replica struct {
 	// top of Model (vLLM --lora-modules), sorted and without duplicates.
 	// The router also learns them from the engine's /v1/models.
 	LoRAAdapters []string
+	// GroupKinds labels the engine's KV-cache groups by index with their
+	// kv_cache_spec_kind (events.Source.GroupKinds), for engines whose
+	// events do not carry it (vLLM 0.33 GPU events of a hybrid model),
+	// e.g. [full_attention, sliding_window]. Empty: every group unlabelled.
+	GroupKinds []string
 	// Ready is false for replicas the source knows but which must not get
 	// new requests (not ready, terminating, drained). Consumers keep their
 	// event subscriptions and index entries for them.
@@ -227,7 +232,7 @@ func (r Replica) Equal(o Replica) bool {
 	return r.ID == o.ID && r.Address == o.Address && r.Model == o.Model && r.Engine == o.Engine &&
 		r.BlockSize == o.BlockSize && r.EventsEndpoint == o.EventsEndpoint && r.ReplayEndpoint == o.ReplayEndpoint &&
 		r.Topic == o.Topic && r.DPRanks == o.DPRanks && r.MetricsURL == o.MetricsURL && r.HealthURL == o.HealthURL &&
-		r.Ready == o.Ready && slices.Equal(r.LoRAAdapters, o.LoRAAdapters)
+		r.Ready == o.Ready && slices.Equal(r.LoRAAdapters, o.LoRAAdapters) && slices.Equal(r.GroupKinds, o.GroupKinds)
 }
 
 // sortedAdapters sorts adapter names and drops duplicates (after
@@ -285,6 +290,11 @@ func validate(p string, r Replica) error {
 			bad(fmt.Sprintf("lora_adapters[%d]", i), "%q is not an adapter name", a)
 		} else if a == r.Model {
 			bad(fmt.Sprintf("lora_adapters[%d]", i), "%q is the base model's name", a)
+		}
+	}
+	for i, k := range r.GroupKinds {
+		if k == "" || strings.ContainsAny(k, " ,\t\n") {
+			bad(fmt.Sprintf("group_kinds[%d]", i), "%q is not a kv_cache_spec_kind", k)
 		}
 	}
 	if r.Engine != EngineVLLM && r.Engine != EngineSGLang {

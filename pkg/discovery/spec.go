@@ -29,6 +29,9 @@ type ReplicaSpec struct {
 	// LoRAAdapters lists the LoRA adapters the replica serves (the names
 	// of vLLM's --lora-modules); kvroute also reads them from /v1/models.
 	LoRAAdapters []string `yaml:"lora_adapters"`
+	// GroupKinds labels the engine's KV-cache groups by index
+	// (kv_cache_spec_kind values, e.g. [full_attention, sliding_window]).
+	GroupKinds []string `yaml:"group_kinds"`
 	// Ready defaults to true; false keeps a replica known (events, index)
 	// but out of picks, e.g. while draining it.
 	Ready *bool `yaml:"ready"`
@@ -57,6 +60,7 @@ func BuildReplicas(path string, specs []ReplicaSpec) ([]Replica, error) {
 			MetricsURL:     s.MetricsURL,
 			HealthURL:      s.HealthURL,
 			LoRAAdapters:   slices.Clone(s.LoRAAdapters),
+			GroupKinds:     slices.Clone(s.GroupKinds),
 			Ready:          s.Ready == nil || *s.Ready,
 		}
 	}
@@ -115,7 +119,7 @@ type overrides struct {
 	model, engine, topic                       *string
 	blockSize, eventsPort, replayPort, dpRanks *int
 	metricsPort                                *int
-	loraAdapters                               []string
+	loraAdapters, groupKinds                   []string
 }
 
 // newReplica builds (and validates, with path = id) a replica serving on
@@ -148,6 +152,7 @@ func newReplica(id, ip string, port int, d Defaults, o overrides, ready bool) (R
 		Ready:     ready,
 		// Adapters are per pod: Defaults have none.
 		LoRAAdapters: o.loraAdapters,
+		GroupKinds:   o.groupKinds,
 	}
 	if p := pickInt(d.EventsPort, o.eventsPort); p != 0 {
 		r.EventsEndpoint = "tcp://" + hostPort(ip, p)

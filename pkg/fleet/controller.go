@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -137,6 +138,7 @@ func (c *Controller) Run(ctx context.Context, updates <-chan discovery.Snapshot)
 			c.apply(snap)
 		case <-t.C:
 			c.syncAdapters()
+			c.syncLookahead()
 		}
 		c.syncSources()
 		c.checkReady(start)
@@ -203,6 +205,27 @@ func (c *Controller) syncAdapters() {
 		c.modelsVer = v
 		c.cfg.Set.set(c.prev)
 	}
+}
+
+// syncLookahead republishes the replica set when a subscribed stream's
+// lookahead (the tokens after each block its engine hashes, reported by its
+// events) changed, so requests for it are keyed the same way.
+func (c *Controller) syncLookahead() {
+	var la map[index.ReplicaID]int
+	for _, src := range c.srcs {
+		if n := c.cfg.Streams.Status(src.ID).Lookahead; n > 0 {
+			if la == nil {
+				la = map[index.ReplicaID]int{}
+			}
+			la[src.ID] = n
+		}
+	}
+	if maps.Equal(la, c.cfg.Set.lookahead) {
+		return
+	}
+	c.cfg.Set.lookahead = la
+	c.cfg.Set.set(c.prev)
+	c.log.Info("stream lookahead", slog.Any("lookahead", la))
 }
 
 // syncSources subscribes to the event streams of the replicas that are in

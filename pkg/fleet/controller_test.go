@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -33,6 +34,8 @@ type fakeStreams struct {
 	err    error
 	credit map[index.ReplicaID]float64
 	set    chan struct{} // receives after each successful SetSources, if not nil
+	// lookahead is each stream's reported lookahead.
+	lookahead map[index.ReplicaID]int
 }
 
 func (f *fakeStreams) SetSources(srcs []events.Source) error {
@@ -85,7 +88,7 @@ func (f *fakeStreams) Status(id index.ReplicaID) events.ReplicaStatus {
 	}
 	for _, s := range f.calls[len(f.calls)-1] {
 		if s.ID == id {
-			return events.ReplicaStatus{Known: true, CaughtUp: true, Endpoint: s.Endpoint}
+			return events.ReplicaStatus{Known: true, CaughtUp: true, Endpoint: s.Endpoint, Lookahead: f.lookahead[id]}
 		}
 	}
 	return events.ReplicaStatus{}
@@ -486,5 +489,62 @@ func TestReadyStatus(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `events_warm=false`) || !strings.Contains(logs.String(), `degraded="[a warming c warming c#dp1 warming]"`) {
 		t.Errorf("ready log does not name the cold streams:\n%s", logs.String())
+	}
+}
+
+// TestLookaheadFollowsTheStreams: the lookahead a stream's events report
+// reaches its routable entries (every DP rank its own), and leaves them
+// when the stream stops reporting it.
+func TestLookaheadFollowsTheStreams(t *testing.T) {
+	r := newRig(t, 0)
+	r.loads["a"], r.loads["c"] = true, true
+	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, specA, specC)})
+	r.ctl.syncSources()
+	lookaheads := func() string {
+		var out []string
+		for _, rep := range r.set.Replicas() {
+			out = append(out, fmt.Sprintf("%s=%d", rep.ID, rep.Lookahead))
+		}
+		return strings.Join(out, ",")
+	}
+	r.ctl.syncLookahead()
+	if got := lookaheads(); got != "a=0,c=0,c#dp1=0" {
+		t.Fatalf("before any report: %s", got)
+	}
+	r.streams.mu.Lock()
+	r.streams.lookahead = map[index.ReplicaID]int{"a": 2, "c#dp1": 1}
+	r.streams.mu.Unlock()
+	r.ctl.syncLookahead()
+	if got := lookaheads(); got != "a=2,c=0,c#dp1=1" {
+		t.Fatalf("after reports: %s", got)
+	}
+	r.streams.mu.Lock()
+	r.streams.lookahead = nil
+	r.streams.mu.Unlock()
+	r.ctl.syncLookahead()
+	if got := lookaheads(); got != "a=0,c=0,c#dp1=0" {
+		t.Fatalf("after the reports stop: %s", got)
+	}
+}
+
+// TestGroupKindsReachTheEventSource: a replica's group_kinds label its
+// event streams' KV-cache groups (events.Source.GroupKinds), every rank.
+func TestGroupKindsReachTheEventSource(t *testing.T) {
+	r := newRig(t, 0)
+	r.loads["c"] = true
+	spec := specC
+	spec.GroupKinds = []string{"full_attention", "sliding_window"}
+	r.ctl.apply(discovery.Snapshot{Replicas: replicas(t, spec)})
+	r.ctl.syncSources()
+	r.streams.mu.Lock()
+	defer r.streams.mu.Unlock()
+	srcs := r.streams.calls[len(r.streams.calls)-1]
+	if len(srcs) != 2 {
+		t.Fatalf("sources %+v, want two ranks", srcs)
+	}
+	for _, s := range srcs {
+		if s.GroupKinds != "full_attention,sliding_window" {
+			t.Errorf("%s: GroupKinds %q", s.ID, s.GroupKinds)
+		}
 	}
 }

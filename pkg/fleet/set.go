@@ -78,6 +78,10 @@ type snapshot struct {
 type Set struct {
 	snap atomic.Pointer[snapshot]
 	cfg  SetConfig
+	// lookahead is each stream's lookahead as its events report it
+	// (events.ReplicaStatus.Lookahead); written, like the snapshot, only by
+	// the Controller's goroutine.
+	lookahead map[index.ReplicaID]int
 }
 
 var (
@@ -107,7 +111,7 @@ func (s *Set) set(rs []discovery.Replica) {
 			}
 			n.routable = append(n.routable, route.Replica{
 				ID: id, Address: r.Address, Model: r.Model, BlockSize: s.blockSizeOf(r),
-				Adapters: s.adaptersOf(r),
+				Adapters: s.adaptersOf(r), Lookahead: s.lookahead[id],
 			})
 		}
 	}
@@ -234,6 +238,7 @@ func eventSources(rs []discovery.Replica, blockSize func(discovery.Replica) int)
 			Topic:          r.Topic,
 			Engine:         r.Engine,
 			BlockSize:      blockSize(r),
+			GroupKinds:     strings.Join(r.GroupKinds, ","),
 		}, max(r.DPRanks, 1))
 		if err != nil {
 			errs = append(errs, err)

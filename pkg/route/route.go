@@ -83,11 +83,15 @@ type scratch struct {
 	keys    []kvblock.Key
 	matches []index.ReplicaMatch
 	cands   []policy.Candidate
-	sizes   []int // distinct block sizes
-	idx     []int // candidate -> index into the replica set
-	bs      []int // candidate -> block size
+	sizes   []shape // distinct block sizes and lookaheads
+	idx     []int   // candidate -> index into the replica set
+	bs      []int   // candidate -> block size
+	la      []int   // candidate -> lookahead tokens its engine hashes with
 	src     []source
 }
+
+// shape is how an engine hashes blocks: its block size and lookahead.
+type shape struct{ bs, la int }
 
 // source is where a candidate's match comes from.
 type source uint8
@@ -237,7 +241,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	home, hasHome := r.homes.get(d.Session)
 	feeds, _ := r.opts.State.(EventFeeds)
 	useApprox := false
-	sc.cands, sc.src, sc.bs = sc.cands[:0], sc.src[:0], sc.bs[:0]
+	sc.cands, sc.src, sc.bs, sc.la = sc.cands[:0], sc.src[:0], sc.bs[:0], sc.la[:0]
 	for _, i := range cands {
 		rep := reps[i]
 		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID), Home: hasHome && rep.ID == home}
@@ -257,6 +261,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		sc.cands = append(sc.cands, c)
 		sc.src = append(sc.src, src)
 		sc.bs = append(sc.bs, bs)
+		sc.la = append(sc.la, rep.Lookahead)
 	}
 	if hasIDs && !toks.Exact {
 		d.Degraded = DegradedApproximate
@@ -367,26 +372,34 @@ func candidates(reps []Replica, req *Request, out []int) ([]int, error) {
 	return out, nil
 }
 
-// match computes the request's keys (from root) per distinct block size of
-// the candidates whose source is src, matches them with m and fills those
-// candidates' matched blocks: raw (in the replica's own blocks) for the
-// decision, converted to the primary block size for the policy.
+// match computes the request's keys (from root) per distinct block size
+// and lookahead of the candidates whose source is src, matches them with m
+// and fills those candidates' matched blocks: raw (in the replica's own
+// blocks) for the decision, converted to the primary block size for the
+// policy. A lookahead (engine events, Replica.Lookahead) keys the blocks as
+// kvblock.Options.WithLookahead does, as that engine hashes them.
 func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, src source, m Matcher, raw []Candidate, primary int) {
 	sc.sizes = sc.sizes[:0]
 	for k, bs := range sc.bs {
-		if sc.src[k] == src && !slices.Contains(sc.sizes, bs) {
-			sc.sizes = append(sc.sizes, bs)
+		sh := shape{bs, 0}
+		if src == srcEvents {
+			sh.la = sc.la[k]
+		}
+		if sc.src[k] == src && !slices.Contains(sc.sizes, sh) {
+			sc.sizes = append(sc.sizes, sh)
 		}
 	}
-	for _, bs := range sc.sizes {
-		sc.keys = kvblock.Keys(sc.keys[:0], root, tokens, bs, opts)
+	for _, sh := range sc.sizes {
+		bs := sh.bs
+		o, n := opts.WithLookahead(tokens, bs, sh.la)
+		sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:n], bs, o)
 		if len(sc.keys) == 0 {
 			continue
 		}
 		sc.matches = m.Match(sc.keys, sc.matches[:0])
 		for _, mt := range sc.matches {
 			for k := range sc.cands {
-				if sc.src[k] != src || sc.bs[k] != bs || sc.cands[k].Replica != mt.Replica {
+				if sc.src[k] != src || sc.bs[k] != bs || (src == srcEvents && sc.la[k] != sh.la) || sc.cands[k].Replica != mt.Replica {
 					continue
 				}
 				raw[k].Matched = mt.ByTier

@@ -464,3 +464,41 @@ func seqHashes(n int) []uint64 {
 	}
 	return out
 }
+
+// TestDecideKeysWithTheReplicasLookahead: an engine hashing with lookahead
+// tokens publishes blocks whose keys fold in the tokens after each block;
+// the request's keys for that replica are computed the same way, so its
+// blocks match there, and only there.
+func TestDecideKeysWithTheReplicasLookahead(t *testing.T) {
+	st := fleet(2)
+	for _, r := range st.reps {
+		st.loads[r.ID] = load.Load{Healthy: true}
+	}
+	const la = 3
+	st.reps[1].Lookahead = la
+	ix := index.New(index.Config{})
+	prompt := seq(8*16, 5)
+	// What r1's engine publishes: the blocks that have la tokens after
+	// them, keyed with those tokens folded in.
+	o, n := kvblock.Options{}.WithLookahead(prompt, 16, la)
+	if n != 7*16 {
+		t.Fatalf("WithLookahead keyed %d tokens, want %d", n, 7*16)
+	}
+	res := ix.Stored(index.Stored{Replica: "r1", Root: kvblock.Root(model, ""), Hashes: seqHashes(7), Tokens: prompt[:n], BlockSize: 16, Tier: index.TierGPU, Extras: o})
+	if res.Blocks != 7 {
+		t.Fatalf("store: %+v", res)
+	}
+	rt := newRouter(t, st, ix, nil)
+	d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: prompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Replica != "r1" || d.Candidates[1].Matched[0] != 7 || d.Candidates[0].Matched[0] != 0 {
+		t.Fatalf("picked %s, matched %v / %v: want r1 with 7 blocks", d.Replica, d.Candidates[0].Matched, d.Candidates[1].Matched)
+	}
+	// Without the lookahead the same blocks do not match (the keys differ).
+	st.reps[1].Lookahead = 0
+	if d, err = rt.Decide(t.Context(), Request{Model: model, Tokens: prompt}); err != nil || d.MatchedBlocks() != 0 {
+		t.Fatalf("without lookahead: matched %d (%v), want 0", d.MatchedBlocks(), err)
+	}
+}

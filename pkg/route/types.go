@@ -32,6 +32,11 @@ type Replica struct {
 	// (vLLM --lora-modules): a request naming one of them is routed only
 	// among the replicas listing it, keyed under the adapter's root.
 	Adapters []string
+	// Lookahead is how many tokens after each block the engine folds into
+	// the block's hash (vLLM speculative decoding with prefix caching; the
+	// events report it): the request's keys for this replica are computed
+	// with kvblock.Options.WithLookahead. 0: none.
+	Lookahead int
 }
 
 // Request is the protocol-free view of one inference request.
