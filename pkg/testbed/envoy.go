@@ -113,8 +113,11 @@ func RenderEnvoy(template []byte, c EnvoyConfig) ([]byte, error) {
 		}
 	}
 	if hcm != nil {
-		if len(c.ExtProc) == 0 && !removeNamed(get(hcm, "http_filters"), ExtProcFilterName) {
-			fail("no http filter %q", ExtProcFilterName)
+		if len(c.ExtProc) == 0 {
+			if !removeNamed(get(hcm, "http_filters"), ExtProcFilterName) {
+				fail("no http filter %q", ExtProcFilterName)
+			}
+			dropPerFilterConfig(hcm, ExtProcFilterName)
 		}
 		if c.UpstreamHeader != "" {
 			rc := get(hcm, "route_config")
@@ -160,6 +163,43 @@ func setEndpoints(cluster *yaml.Node, ports []int) error {
 	}
 	set(la, "endpoints", mustNode(b.String()))
 	return nil
+}
+
+// dropPerFilterConfig removes filter's entries from every
+// typed_per_filter_config under n (virtual hosts, routes), and the
+// typed_per_filter_config itself when nothing is left in it.
+func dropPerFilterConfig(n *yaml.Node, filter string) {
+	if n == nil {
+		return
+	}
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value != "typed_per_filter_config" {
+				continue
+			}
+			del(n.Content[i+1], filter)
+			if len(n.Content[i+1].Content) == 0 {
+				n.Content = append(n.Content[:i], n.Content[i+2:]...)
+				i -= 2
+			}
+		}
+	}
+	for _, c := range n.Content {
+		dropPerFilterConfig(c, filter)
+	}
+}
+
+// del removes key from mapping n.
+func del(n *yaml.Node, key string) {
+	if n.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			n.Content = append(n.Content[:i], n.Content[i+2:]...)
+			return
+		}
+	}
 }
 
 // get returns the value of key in mapping n, or nil.

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,6 +156,14 @@ func TestRenderEnvoyPlain(t *testing.T) {
 	if v.clusterPorts(ExtProcCluster) != nil {
 		t.Error("plain Envoy keeps the ext_proc cluster")
 	}
+	// No per-route or per-host ext_proc settings are left either (the
+	// template enables ext_proc per virtual host).
+	if path := findKey(parseAny(t, out), ExtProcFilterName, ""); path != "" {
+		t.Errorf("plain Envoy keeps ext_proc settings at %s", path)
+	}
+	if path := findKey(parseAny(t, template(t)), ExtProcFilterName, ""); path == "" {
+		t.Log("the template has no per-filter ext_proc settings (nothing to remove)")
+	}
 	if got := v.clusterPorts(FallbackCluster); !slices.Equal(got, []int{3}) {
 		t.Errorf("fallback endpoints %v", got)
 	}
@@ -191,4 +200,35 @@ func TestRenderEnvoyErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// findKey returns the path of the first mapping key named key under v, or "".
+func findKey(v any, key, at string) string {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if k == key {
+				return at + "." + k
+			}
+			if p := findKey(e, key, at+"."+k); p != "" {
+				return p
+			}
+		}
+	case []any:
+		for i, e := range v {
+			if p := findKey(e, key, fmt.Sprintf("%s[%d]", at, i)); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
+func parseAny(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
