@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
@@ -46,6 +47,15 @@ const (
 	DefaultMaxResponseBodyBytes = 4 << 20
 	// DefaultDecideTimeout bounds one decision, tokenization included.
 	DefaultDecideTimeout = 2 * time.Second
+	// DefaultMaxRequestLifetime is how long a routed request counts as
+	// load and may report its served cached tokens.
+	DefaultMaxRequestLifetime = 15 * time.Minute
+	// DefaultMaxStreamsPerConnection bounds concurrent ext_proc streams on
+	// one HTTP/2 connection (Envoy opens another connection beyond it).
+	DefaultMaxStreamsPerConnection = 1024
+	// DefaultMaxConnectionIdle closes a connection with no stream for this
+	// long.
+	DefaultMaxConnectionIdle = 5 * time.Minute
 )
 
 // Config configures a Server. The settings carry YAML tags (a config
@@ -95,6 +105,18 @@ type Config struct {
 	// DecideTimeout bounds one decision, tokenization included. Default
 	// DefaultDecideTimeout.
 	DecideTimeout time.Duration `yaml:"decide_timeout"`
+	// MaxRequestLifetime is a routed request's deadline: after it the
+	// request no longer counts as load on its replica (a stream held open
+	// without a response cannot pin phantom load) and its usage, if it
+	// ever comes, is not fed to Fidelity. Default DefaultMaxRequestLifetime;
+	// keep it above the longest generation you serve.
+	MaxRequestLifetime time.Duration `yaml:"max_request_lifetime"`
+	// MaxStreamsPerConnection and MaxConnectionIdle bound the gRPC server
+	// (ServerOptions): concurrent streams on one connection and how long a
+	// connection without streams stays open. Defaults
+	// DefaultMaxStreamsPerConnection, DefaultMaxConnectionIdle.
+	MaxStreamsPerConnection uint32        `yaml:"max_streams_per_connection"`
+	MaxConnectionIdle       time.Duration `yaml:"max_connection_idle"`
 
 	// RequestBodyMode and ResponseBodyMode are the body modes assumed when
 	// the proxy does not announce its protocol configuration on the
@@ -136,6 +158,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DecideTimeout == 0 {
 		c.DecideTimeout = DefaultDecideTimeout
+	}
+	if c.MaxRequestLifetime == 0 {
+		c.MaxRequestLifetime = DefaultMaxRequestLifetime
+	}
+	if c.MaxStreamsPerConnection == 0 {
+		c.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
+	}
+	if c.MaxConnectionIdle == 0 {
+		c.MaxConnectionIdle = DefaultMaxConnectionIdle
 	}
 	if c.RequestBodyMode == filterv3.ProcessingMode_NONE {
 		c.RequestBodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -185,6 +216,12 @@ func (c Config) Validate() error {
 	if c.MaxResponseBodyBytes < 0 {
 		bad("max_response_body_bytes", "must be positive, got %d", c.MaxResponseBodyBytes)
 	}
+	if c.MaxRequestLifetime < 0 {
+		bad("max_request_lifetime", "must be positive, got %v", c.MaxRequestLifetime)
+	}
+	if c.MaxConnectionIdle < 0 {
+		bad("max_connection_idle", "must be positive, got %v", c.MaxConnectionIdle)
+	}
 	if c.DecideTimeout < 0 {
 		bad("decide_timeout", "must be positive, got %v", c.DecideTimeout)
 	}
@@ -230,6 +267,8 @@ func (c Config) ServerOptions() []grpc.ServerOption {
 		grpc.InitialConnWindowSize(connWindowBytes),
 		grpc.ReadBufferSize(connBufferBytes),
 		grpc.WriteBufferSize(connBufferBytes),
+		grpc.MaxConcurrentStreams(c.MaxStreamsPerConnection),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: c.MaxConnectionIdle}),
 	}
 }
 

@@ -104,6 +104,16 @@
 // replica's matched blocks x block size, capped below the prompt length
 // since engines recompute the last token) and fed to Fidelity.
 //
+// Abuse limits (a client of the port that is not a proxy; mutual TLS in
+// front of the port is the first defence): a stream counts as load only
+// once it produced a routing decision, and only until the request's
+// deadline (Config.MaxRequestLifetime): held open longer it is released and
+// its usage ignored. Usage feeds Fidelity only on a stream kvroute routed,
+// once (the first complete response), and only for a 2xx response. A
+// connection carries at most Config.MaxStreamsPerConnection streams at once
+// (further ones wait for a slot) and is closed after
+// Config.MaxConnectionIdle without streams (ServerOptions).
+//
 // Metrics (registered on Config.Registerer): kvroute_decisions_total,
 // kvroute_decision_duration_seconds, kvroute_tokenize_duration_seconds,
 // kvroute_extproc_immediate_responses_total,

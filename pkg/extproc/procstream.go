@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -64,6 +65,8 @@ type procStream struct {
 	routed   bool
 	decision route.Decision
 	life     *load.Handle
+	expiry   *time.Timer // releases life at Config.MaxRequestLifetime
+	expired  atomic.Bool // set by expiry: no feedback any more
 
 	// Response.
 	echo       chunkEcho
@@ -308,6 +311,11 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		matched := dec.MatchedBlocks()
 		st.life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
 	}
+	life := st.life
+	st.expiry = time.AfterFunc(st.s.cfg.MaxRequestLifetime, func() {
+		st.expired.Store(true)
+		life.Done()
+	})
 	return st.pickFor(dec), nil
 }
 
@@ -481,7 +489,7 @@ func (st *procStream) finish() {
 	st.finished = true
 	st.phase = phaseDone
 	defer st.life.Done()
-	if !st.routed || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
+	if !st.routed || st.expired.Load() || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
 		return
 	}
 	var (
@@ -539,6 +547,9 @@ func (st *procStream) predictedCachedTokens(promptTokens int) int {
 // close runs when the stream ends on any path: the lifecycle is released
 // (a no-op when finish already did) and the request span ended.
 func (st *procStream) close() {
+	if st.expiry != nil {
+		st.expiry.Stop()
+	}
 	st.life.Done()
 	if st.span != nil {
 		if !st.finished && st.phase != phaseDone {
