@@ -13,7 +13,7 @@ var pageSize = syscall.Getpagesize()
 
 // mapSlots maps size bytes of zeroed private memory, or returns nil.
 func mapSlots(size int) unsafe.Pointer {
-	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|mapPopulate)
 	if err != nil {
 		return nil
 	}
