@@ -101,6 +101,8 @@
 //	kvroute.io/topic         event topic
 //	kvroute.io/dp-ranks      data-parallel size
 //	kvroute.io/metrics-port  /metrics port when not the serving port
+//	kvroute.io/lora-adapters LoRA adapters served, comma separated (per pod only)
+//	kvroute.io/group-kinds   KV-cache group kinds by index, comma separated (per pod only)
 //
 // Annotations are read through a Pod informer (cache trimmed to the fields
 // above); IgnorePods turns it off for clusters that deny pod access.

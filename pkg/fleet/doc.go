@@ -33,6 +33,13 @@
 // shows; when the timeout releases readiness, the log names the cold
 // streams.
 //
+// LoRA adapters and lookahead: Models (its own goroutine, Run) reads each
+// replica's OpenAI /v1/models and keeps the adapters listed there (entries
+// with a parent); the Set gives each routable entry the union of those and
+// the spec's lora_adapters (route.Replica.Adapters), and the lookahead its
+// event stream reports (route.Replica.Lookahead). The Controller republishes
+// the Set on its tick when either changes.
+//
 // The package drives the events manager, the index, the scraper and a
 // readiness sink through small interfaces declared here (Streams, Clearer,
 // Prober, Readiness), so that it is tested with fakes and a fake clock. Data

@@ -10,7 +10,11 @@
 // candidate's match per tier, trust, load, cost and eligibility.
 //
 // Candidates are the replicas serving the request's model (all of them when
-// it names none) that the request's subset admits. Exact tokens are matched
+// it names none) that the request's subset admits. A model that is no
+// replica's base model but some replicas' LoRA adapter (Replica.Adapters)
+// is routed among those replicas only, keyed under the adapter's root
+// (kvblock.Root) and tokenized with their base model; each candidate's keys
+// fold in its engine's lookahead tokens (Replica.Lookahead). Exact tokens are matched
 // against the index; approximate tokens never are (Degraded
 // "approximate_tokens"), and a tokenizer error or timeout routes on load
 // alone (Degraded "tokenize_error" / "tokenize_timeout"). A policy that fell
