@@ -7,6 +7,12 @@
 //	                      x-session-id header is honoured too)
 //	GET  /debug/replicas
 //	GET  /debug/index
+//	     /debug/pprof/...  the Go profiler (net/http/pprof)
+//
+// Error bodies quote at most 512 bytes of a message (which may carry a
+// request value such as a model name), then the message's full length.
+// The handler can explain any prompt and profile the process: the admin
+// listener stays on loopback unless TLS protects it.
 //
 // Explain runs the same decision ext_proc runs, through the Explainer it is
 // given, and must not touch any load counter: the caller wires an Explainer

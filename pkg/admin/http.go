@@ -3,8 +3,11 @@ package admin
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/pprof"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,9 +23,16 @@ const MaxExplainBody = 16 << 20
 var jsonOut = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}
 
 // Handler returns the HTTP JSON mirror of the Admin service:
-// POST /debug/explain, GET /debug/replicas, GET /debug/index.
+// POST /debug/explain, GET /debug/replicas, GET /debug/index; and the Go
+// profiler under /debug/pprof/ (net/http/pprof), which is why the admin
+// listener stays on loopback unless TLS (tls.admin) protects it.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("POST /debug/explain", s.httpExplain)
 	mux.HandleFunc("GET /debug/replicas", func(w http.ResponseWriter, r *http.Request) {
 		out, err := s.Replicas(r.Context(), &kvroutev1.ReplicasRequest{})
@@ -98,7 +108,18 @@ type errorBody struct {
 	} `json:"error"`
 }
 
+// maxErrorBytes bounds an error message (which may quote request values,
+// e.g. a model name) written back.
+const maxErrorBytes = 512
+
 func writeError(w http.ResponseWriter, code int, msg string) {
+	if len(msg) > maxErrorBytes {
+		cut := msg[:maxErrorBytes]
+		for len(cut) > 0 && !utf8.ValidString(cut) {
+			cut = cut[:len(cut)-1]
+		}
+		msg = fmt.Sprintf("%s... (%d bytes)", cut, len(msg))
+	}
 	var e errorBody
 	e.Error.Message = msg
 	e.Error.Code = code

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -327,7 +328,7 @@ func (st *procStream) decideError(err error, req route.Request) *rejection {
 		}
 		return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "no healthy replica serves the model"}
 	case errors.Is(err, route.ErrUnknownModel):
-		return &rejection{code: http.StatusNotFound, reason: ReasonUnknownModel, message: fmt.Sprintf("the model %q does not exist", req.Model)}
+		return &rejection{code: http.StatusNotFound, reason: ReasonUnknownModel, message: fmt.Sprintf("the model %s does not exist", quoteTruncated(req.Model))}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return &rejection{code: http.StatusServiceUnavailable, reason: ReasonTimeout, message: "routing decision timed out"}
 	}
@@ -564,4 +565,21 @@ func pathOnly(p string) string {
 		return p[:i]
 	}
 	return p
+}
+
+// maxEchoBytes bounds a request value quoted back in an error body.
+const maxEchoBytes = 128
+
+// quoteTruncated quotes v for an error message, cut to maxEchoBytes (on a
+// rune boundary) with its full length noted: a client's 1 MiB model name
+// is not sent back whole.
+func quoteTruncated(v string) string {
+	if len(v) <= maxEchoBytes {
+		return fmt.Sprintf("%q", v)
+	}
+	cut := v[:maxEchoBytes]
+	for len(cut) > 0 && !utf8.ValidString(cut) {
+		cut = cut[:len(cut)-1]
+	}
+	return fmt.Sprintf("%q... (%d bytes)", cut, len(v))
 }
