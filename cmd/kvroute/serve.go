@@ -206,6 +206,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 		Propagator:        tr.Propagator,
 		Registerer:        r.reg,
 		Logger:            log.With("component", "extproc"),
+		Ready:             r.health.Ready, // refuse streams until the first probe round: Envoy fails open
 	}); err != nil {
 		return nil, fmt.Errorf("extproc: %w", err)
 	}

@@ -131,6 +131,11 @@ type Config struct {
 	Propagator propagation.TextMapPropagator `yaml:"-"`
 	// Registerer receives the request-path metrics unless nil.
 	Registerer prometheus.Registerer `yaml:"-"`
+	// Ready gates every stream: while it returns false a stream is
+	// refused at once with UNAVAILABLE, so the proxy fails open (to its
+	// fallback) instead of kvroute answering from a replica set it has not
+	// probed yet. Nil means always ready. cmd/kvroute passes Health.Ready.
+	Ready func() bool `yaml:"-"`
 	// Logger defaults to discarding.
 	Logger *slog.Logger `yaml:"-"`
 }

@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"sync/atomic"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -18,7 +20,8 @@ const (
 // ext_proc service name (both follow SetReady; not serving until then).
 // The empty service name follows readiness too.
 type Health struct {
-	srv *health.Server
+	srv   *health.Server
+	ready atomic.Bool
 }
 
 // NewHealth returns a Health that is live and not ready.
@@ -34,6 +37,7 @@ func (h *Health) Register(g *grpc.Server) { healthpb.RegisterHealthServer(g, h.s
 
 // SetReady sets readiness (and the ext_proc service status).
 func (h *Health) SetReady(ready bool) {
+	h.ready.Store(ready)
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ready {
 		st = healthpb.HealthCheckResponse_SERVING
@@ -43,6 +47,12 @@ func (h *Health) SetReady(ready bool) {
 	}
 }
 
+// Ready reports the last SetReady (false after Shutdown).
+func (h *Health) Ready() bool { return h.ready.Load() }
+
 // Shutdown marks every service not serving, for good (watchers are told),
 // so the proxy drains the router before it stops.
-func (h *Health) Shutdown() { h.srv.Shutdown() }
+func (h *Health) Shutdown() {
+	h.ready.Store(false)
+	h.srv.Shutdown()
+}

@@ -69,6 +69,9 @@ func (s *Server) Register(g *grpc.Server) {
 // response when possible, and ends only this stream. Whatever the exit,
 // the request's load counters are released and its span ended.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err error) {
+	if s.cfg.Ready != nil && !s.cfg.Ready() {
+		return status.Error(codes.Unavailable, "kvroute is not ready: no engine probe round completed yet")
+	}
 	s.metrics.active.Inc()
 	st := newProcStream(s, ps.Context())
 	defer func() {

@@ -877,6 +877,10 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 				t.Errorf("service-mode ext_proc cluster %v %v, want STRICT_DNS %s", ext["type"], eps[0], fqdn)
 			}
 		}
+		// No panic routing to an unhealthy kvroute: Envoy fails open instead.
+		if v := dig(t, ext, "common_lb_config", "healthy_panic_threshold", "value"); v != 0 {
+			t.Errorf("ext_proc cluster healthy_panic_threshold %v, want 0", v)
+		}
 		hcs := dig(t, ext, "health_checks", 0, "grpc_health_check", "service_name")
 		if hcs != "envoy.service.ext_proc.v3.ExternalProcessor" {
 			t.Errorf("ext_proc health check service %v", hcs)
