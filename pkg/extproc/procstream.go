@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
 )
 
 // phase is where a stream is in the request/response exchange.
@@ -346,7 +347,7 @@ func FillRequest(req *route.Request, p openai.Request) {
 	case openai.KindChat:
 		req.Input = route.TokenizeInput{
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
+			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages),
 		}
 	case openai.KindCompletion:
 		switch {

@@ -74,10 +74,24 @@ type TokenizeInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// ChatMessages, when set, are Messages as the request parser decoded
+	// them; a local tokenizer renders them instead of decoding Messages.
+	ChatMessages []ChatMessage
 	// AddSpecialTokens mirrors the engine's add_special_tokens.
 	AddSpecialTokens bool
 	// Chat reports whether this is a chat request (Messages set).
 	Chat bool
+}
+
+// ChatMessage is one decoded chat message (the fields of openai.Message):
+// Content is the text the template renders, NonText reports other content
+// parts, Raw is the message object's JSON.
+type ChatMessage struct {
+	Role    string
+	Content string
+	NonText bool
+	Name    string
+	Raw     json.RawMessage
 }
 
 // Tokens is a tokenizer's answer.

@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
 )
 
 // BenchmarkEncodeCorpus encodes every fixture text once per op (no special
@@ -149,6 +151,54 @@ func BenchmarkChatTurn10(b *testing.B) {
 					tokens = len(got.IDs)
 				}
 				b.ReportMetric(float64(tokens), "tokens")
+			})
+		}
+	}
+}
+
+// BenchmarkChat229KB tokenizes one ≈229 KB chat body (alternating user and
+// assistant messages of a few KB) with the local tokenizer and its chunk
+// cache warm, as a repeated large request finds it: "json" decodes the
+// messages array again, "parsed" renders the request parser's decoded
+// messages (openai.Request.ChatMessages), as the ext_proc path does.
+func BenchmarkChat229KB(b *testing.B) {
+	for _, name := range []string{"qwen3", "llama3_1"} {
+		enc := loadEncoder(b, name)
+		tmpl := loadTemplate(b, name)
+		rng := rand.New(rand.NewPCG(11, 12))
+		var msgs []map[string]any
+		var raw []byte
+		for len(raw) < 229<<10 {
+			role := "user"
+			if len(msgs)%2 == 1 {
+				role = "assistant"
+			}
+			msgs = append(msgs, map[string]any{"role": role, "content": longMessage(rng, len(msgs))})
+			raw, _ = json.Marshal(msgs)
+		}
+		body := append(append([]byte(`{"model":"m","messages":`), raw...), '}')
+		req, err := openai.Parse("/v1/chat/completions", body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, mode := range []string{"json", "parsed"} {
+			b.Run(name+"/"+mode, func(b *testing.B) {
+				local := NewLocal(enc, tmpl, 0, DefaultPrefixCacheBytes)
+				in := route.TokenizeInput{Chat: true, Messages: req.Messages, AddGenerationPrompt: true}
+				if mode == "parsed" {
+					in.ChatMessages = parsedchat.Messages(req.ChatMessages)
+				}
+				got, err := local.Tokenize(in)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(len(body)))
+				for b.Loop() {
+					if _, err := local.Tokenize(in); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(got.IDs)), "tokens")
 			})
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // ErrTemplate: the chat template failed to render (it raised, or the input
@@ -161,11 +163,20 @@ type ChatInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// Parsed, when not empty, are Messages already decoded by the request
+	// parser: they are rendered instead of decoding Messages again.
+	Parsed []route.ChatMessage
 }
 
 // Render returns the prompt text the engine would tokenize for in.
 func (c *ChatTemplate) Render(in ChatInput) (string, error) {
-	msgs, err := prepareMessages(in.Messages)
+	var msgs []jinja.Value
+	var err error
+	if len(in.Parsed) > 0 {
+		msgs, err = prepareParsed(in.Parsed)
+	} else {
+		msgs, err = prepareMessages(in.Messages)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -8,6 +8,10 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
 )
 
 // The reference fixtures come from HuggingFace transformers
@@ -209,6 +213,7 @@ func TestChatTemplateMatchesReferenceFixtures(t *testing.T) {
 			enc := loadEncoder(t, name)
 			tmpl := loadTemplate(t, name)
 			fx := loadFixtures(t, name)
+			plain := 0
 			for i, f := range fx.Chat {
 				got, err := tmpl.Render(f.input())
 				if err != nil {
@@ -218,6 +223,17 @@ func TestChatTemplateMatchesReferenceFixtures(t *testing.T) {
 					t.Errorf("chat %d rendered differently:\n got %q\nwant %q", i, got, f.Rendered)
 					continue
 				}
+				// The same chat from the request parser's decoded messages.
+				in := f.input()
+				in.Parsed = parsedMessages(t, f.MessagesJSON)
+				for k := range in.Parsed {
+					if plainMessage(&in.Parsed[k]) {
+						plain++
+					}
+				}
+				if got, err := tmpl.Render(in); err != nil || got != f.Rendered {
+					t.Errorf("chat %d from parsed messages rendered differently (%v):\n got %q\nwant %q", i, err, got, f.Rendered)
+				}
 				ids, err := enc.Encode(got, false)
 				if err != nil {
 					t.Fatalf("chat %d: %v", i, err)
@@ -226,6 +242,19 @@ func TestChatTemplateMatchesReferenceFixtures(t *testing.T) {
 					t.Errorf("chat %d ids differ", i)
 				}
 			}
+			if plain == 0 {
+				t.Error("no fixture message took the decoded-message path")
+			}
 		})
 	}
+}
+
+// parsedMessages decodes a messages array as the request parser does.
+func parsedMessages(t testing.TB, messagesJSON string) []route.ChatMessage {
+	t.Helper()
+	req, err := openai.Parse("/v1/chat/completions", []byte(`{"model":"m","messages":`+messagesJSON+`}`))
+	if err != nil {
+		t.Fatalf("parse messages: %v", err)
+	}
+	return parsedchat.Messages(req.ChatMessages)
 }

@@ -73,7 +73,7 @@ func (l *Local) Tokenize(in route.TokenizeInput) (route.Tokens, error) {
 		var err error
 		text, err = l.tmpl.Render(ChatInput{
 			Messages: in.Messages, Tools: in.Tools, ChatTemplateKwargs: in.ChatTemplateKwargs,
-			AddGenerationPrompt: in.AddGenerationPrompt,
+			AddGenerationPrompt: in.AddGenerationPrompt, Parsed: in.ChatMessages,
 		})
 		if err != nil {
 			return route.Tokens{}, err

@@ -1,0 +1,106 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// prepareParsed is prepareMessages for messages the request parser already
+// decoded (route.ChatMessage): a message holding nothing but role, content
+// and name becomes its template value without decoding its JSON again; any
+// other message (tool calls, reasoning, non-text parts, a missing role, a
+// string the template input refuses) goes through prepareMessage on its
+// raw JSON, so the result is the same value either way.
+func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
+	out := make([]jinja.Value, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		if !plainMessage(m) {
+			v, err := prepareMessage(m.Raw)
+			if err != nil {
+				return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
+			}
+			out = append(out, v)
+			continue
+		}
+		v := jinja.NewDict()
+		d := v.AsDict()
+		d.Set("role", jinja.NewString(m.Role))
+		d.Set("content", jinja.NewString(m.Content))
+		if m.Name != "" {
+			d.Set("name", jinja.NewString(m.Name))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// plainMessage reports whether m's decoded fields are all its template
+// value needs: a role, text-only content, no U+FDD0 (the number marker
+// decodeValue refuses) and no top-level key but role, content and name (a
+// name key only when it decoded to a non-empty string).
+func plainMessage(m *route.ChatMessage) bool {
+	if m.Role == "" || m.NonText || len(m.Raw) == 0 {
+		return false
+	}
+	const mark = "\ufdd0"
+	if strings.Contains(m.Role, mark) || strings.Contains(m.Content, mark) || strings.Contains(m.Name, mark) {
+		return false
+	}
+	hasName, ok := plainKeys(m.Raw)
+	return ok && (m.Name != "" || !hasName)
+}
+
+// plainKeys scans a JSON object already validated by the request parser
+// and reports whether its top-level keys are only role, content and name,
+// and whether name is among them. It decodes nothing but escaped keys.
+func plainKeys(raw []byte) (hasName, ok bool) {
+	depth := 0
+	expectKey := false
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case '{', '[':
+			depth++
+			expectKey = depth == 1 && raw[i] == '{'
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		case '"':
+			start := i
+			escaped := false
+			for i++; i < len(raw) && raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					escaped = true
+					i++
+				}
+			}
+			if i >= len(raw) {
+				return false, false
+			}
+			if !expectKey {
+				continue
+			}
+			expectKey = false
+			key := string(raw[start+1 : i])
+			if escaped {
+				if json.Unmarshal(raw[start:i+1], &key) != nil {
+					return false, false
+				}
+			}
+			switch key {
+			case "role", "content":
+			case "name":
+				hasName = true
+			default:
+				return false, false
+			}
+		}
+	}
+	return hasName, depth == 0
+}

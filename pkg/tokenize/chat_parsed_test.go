@@ -1,0 +1,54 @@
+package tokenize
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestParsedMessagesRenderAsDecoded renders tricky messages both from their
+// JSON and from the request parser's decoded form: the two must agree,
+// errors included, and only plain messages may skip the JSON.
+func TestParsedMessagesRenderAsDecoded(t *testing.T) {
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}{{ m|tojson }}|{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		msgs  string
+		plain bool // whether the first message may skip its JSON
+	}{
+		{`[{"role":"user","content":"hi"}]`, true},
+		{`[{"content":"hi","role":"user","name":"bob"}]`, true},
+		{`[{"role":"user","content":null}]`, true},
+		{`[{"role":"user"}]`, true},
+		{`[{"role":"user","content":[{"type":"text","text":"a"},"b",{"type":"text","text":"c"}]}]`, true},
+		{`[{"role":"user","content":"a \"quoted\" \\ line\n\u00e9\ud83d\ude00"}]`, true},
+		{`[{"role":"user","content":"x","name":""}]`, false},
+		{`[{"role":"user","content":"x","name":5}]`, false},
+		{`[{"role":"user","content":"x","extra":{"tool_calls":[1]}}]`, false},
+		{`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]}]`, false},
+		{`[{"role":"assistant","content":"x","t\u006fol_calls":[{"function":{"name":"f","arguments":"{}"}}]}]`, false},
+		{`[{"role":"assistant","content":"x","reasoning_content":"think"}]`, false},
+		{`[{"role":"tool","content":"42","tool_call_id":"c"}]`, false},
+		{`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]`, false},
+		{`[{"role":"user","content":5}]`, false},
+		{`[{"role":5,"content":"x"}]`, false},
+		{`[{"role":"user","role":5,"content":"x"}]`, false},
+		{`[{"role":"user","content":"\ufdd0py:1"}]`, false},
+		{`[{"r\u006fle":"user","content":"x"}]`, true},
+		{`[{"role":"user","content":"a","content":"b"}]`, true},
+	}
+	for _, c := range cases {
+		in := ChatInput{Messages: []byte(c.msgs)}
+		want, wantErr := ct.Render(in)
+		in.Parsed = parsedMessages(t, c.msgs)
+		if got := plainMessage(&in.Parsed[0]); got != c.plain {
+			t.Errorf("%s: plain = %v, want %v", c.msgs, got, c.plain)
+		}
+		got, gotErr := ct.Render(in)
+		if got != want || (wantErr == nil) != (gotErr == nil) ||
+			wantErr != nil && (errors.Is(wantErr, ErrUnsupported) != errors.Is(gotErr, ErrUnsupported) || errors.Is(wantErr, ErrBadMessages) != errors.Is(gotErr, ErrBadMessages)) {
+			t.Errorf("%s:\n parsed %q, %v\n   json %q, %v", c.msgs, got, gotErr, want, wantErr)
+		}
+	}
+}
