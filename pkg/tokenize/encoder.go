@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -421,16 +422,18 @@ func (e *Encoder) Encode(text string, addSpecial bool) ([]uint32, error) {
 
 // AppendEncode is Encode appending to dst.
 func (e *Encoder) AppendEncode(dst []uint32, text string, addSpecial bool) ([]uint32, error) {
-	return e.appendEncode(dst, text, addSpecial, nil)
+	return e.appendEncode(context.Background(), dst, text, addSpecial, nil)
 }
 
 // appendEncode encodes text, reusing and filling cache when it is not nil.
-func (e *Encoder) appendEncode(dst []uint32, text string, addSpecial bool, cache *chunkCache) ([]uint32, error) {
+// It stops with ctx's error, checked before each segment between added
+// tokens and each chunk of a long segment.
+func (e *Encoder) appendEncode(ctx context.Context, dst []uint32, text string, addSpecial bool, cache *chunkCache) ([]uint32, error) {
 	if !utf8.ValidString(text) {
 		return dst, ErrInvalidUTF8
 	}
 	if !addSpecial || len(e.post) == 0 {
-		return e.encodeText(dst, text, cache)
+		return e.encodeText(ctx, dst, text, cache)
 	}
 	var err error
 	for _, id := range e.post {
@@ -438,7 +441,7 @@ func (e *Encoder) appendEncode(dst []uint32, text string, addSpecial bool, cache
 			dst = append(dst, id)
 			continue
 		}
-		if dst, err = e.encodeText(dst, text, cache); err != nil {
+		if dst, err = e.encodeText(ctx, dst, text, cache); err != nil {
 			return dst, err
 		}
 	}
@@ -448,7 +451,7 @@ func (e *Encoder) appendEncode(dst []uint32, text string, addSpecial bool, cache
 // encodeText splits on added tokens and encodes the rest. Text between two
 // added tokens is encoded on its own (normalization and pre-tokenization
 // never cross an added token), which is what makes chunk reuse exact.
-func (e *Encoder) encodeText(dst []uint32, text string, cache *chunkCache) ([]uint32, error) {
+func (e *Encoder) encodeText(ctx context.Context, dst []uint32, text string, cache *chunkCache) ([]uint32, error) {
 	var err error
 	last := 0
 	for i := 0; i < len(text); i++ {
@@ -468,7 +471,7 @@ func (e *Encoder) encodeText(dst []uint32, text string, cache *chunkCache) ([]ui
 			if a.rstrip {
 				end = skipSpace(text, end)
 			}
-			if dst, err = e.encodeSegment(dst, text[last:start], cache); err != nil {
+			if dst, err = e.encodeSegment(ctx, dst, text[last:start], cache); err != nil {
 				return dst, err
 			}
 			dst = append(dst, a.id)
@@ -477,21 +480,34 @@ func (e *Encoder) encodeText(dst []uint32, text string, cache *chunkCache) ([]ui
 			break
 		}
 	}
-	return e.encodeSegment(dst, text[last:], cache)
+	return e.encodeSegment(ctx, dst, text[last:], cache)
 }
 
 // encodeSegment encodes text free of added tokens, chunk by chunk through
-// the cache when there is one.
-func (e *Encoder) encodeSegment(dst []uint32, s string, cache *chunkCache) ([]uint32, error) {
-	if cache == nil || len(s) < minCachedChunk {
+// the cache when there is one, or when ctx can end (chunked equals whole,
+// see below).
+func (e *Encoder) encodeSegment(ctx context.Context, dst []uint32, s string, cache *chunkCache) ([]uint32, error) {
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	if cache == nil && ctx.Done() == nil || len(s) < minCachedChunk {
 		return e.encodePlain(dst, s)
 	}
 	var err error
 	for len(s) > 0 {
+		if err := ctx.Err(); err != nil {
+			return dst, err
+		}
 		n := e.chunkEnd(s)
 		chunk := s[:n]
 		s = s[n:]
 		if len(chunk) < minCachedChunk {
+			if dst, err = e.encodePlain(dst, chunk); err != nil {
+				return dst, err
+			}
+			continue
+		}
+		if cache == nil {
 			if dst, err = e.encodePlain(dst, chunk); err != nil {
 				return dst, err
 			}

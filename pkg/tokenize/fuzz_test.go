@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -54,7 +55,7 @@ func FuzzEncode(f *testing.F) {
 			if got != s {
 				t.Fatalf("decode(encode(%q)) = %q", s, got)
 			}
-			chunked, err := enc.appendEncode(nil, s, true, caches[enc])
+			chunked, err := enc.appendEncode(context.Background(), nil, s, true, caches[enc])
 			if err != nil || !slices.Equal(chunked, ids) {
 				t.Fatalf("chunked encoding differs (%v)", err)
 			}

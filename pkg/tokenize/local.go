@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -62,6 +63,17 @@ func (l *Local) Encoder() *Encoder { return l.enc }
 
 // Tokenize returns the ids the engine computes for in.
 func (l *Local) Tokenize(in route.TokenizeInput) (route.Tokens, error) {
+	return l.TokenizeContext(context.Background(), in)
+}
+
+// TokenizeContext is Tokenize ending early with ctx's error when ctx ends:
+// checked before and after rendering the chat template and between the
+// segments and chunks of the encoding, so a request whose deadline passed
+// stops costing CPU.
+func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (route.Tokens, error) {
+	if err := ctx.Err(); err != nil {
+		return route.Tokens{}, err
+	}
 	text := in.Prompt
 	if in.Chat {
 		if l.tmpl == nil {
@@ -78,11 +90,14 @@ func (l *Local) Tokenize(in route.TokenizeInput) (route.Tokens, error) {
 		if err != nil {
 			return route.Tokens{}, err
 		}
+		if err := ctx.Err(); err != nil {
+			return route.Tokens{}, err
+		}
 	}
 	if len(text) > l.maxBytes {
 		return route.Tokens{}, fmt.Errorf("%w: %d bytes > %d", ErrInputTooLarge, len(text), l.maxBytes)
 	}
-	ids, err := l.enc.appendEncode(make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)
+	ids, err := l.enc.appendEncode(ctx, make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)
 	if err != nil {
 		return route.Tokens{}, err
 	}

@@ -248,7 +248,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 			toks, err = m.remote.tokenize(ctx, in)
 			break
 		}
-		toks, err = m.local.Tokenize(in)
+		toks, err = m.local.TokenizeContext(ctx, in)
 		if err == nil && t.checker != nil {
 			t.checker.maybeSubmit(m, in, toks.IDs)
 		}
@@ -266,9 +266,10 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	}
 	reason := errReason(err)
 	t.metrics.requests.WithLabelValues(string(kind), reason).Inc()
-	// A caller that gave up wants nothing; an approximate answer for an
-	// approximate model's own failure would be the same failure.
-	if m.cfg.Fallback != FallbackApproximate || m.cfg.Kind == KindApproximate || errors.Is(err, context.Canceled) && ctx.Err() != nil {
+	// A caller that gave up or ran out of time wants nothing (the router
+	// routes it on load); an approximate answer for an approximate model's
+	// own failure would be the same failure.
+	if m.cfg.Fallback != FallbackApproximate || m.cfg.Kind == KindApproximate || ctx.Err() != nil {
 		return route.Tokens{}, err
 	}
 	toks, aerr := m.approx.tokenize(in)

@@ -328,7 +328,7 @@ func TestChunkingMatchesFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			for round := 0; round < 2; round++ {
-				got, err := enc.appendEncode(nil, text, true, cache)
+				got, err := enc.appendEncode(context.Background(), nil, text, true, cache)
 				if err != nil {
 					t.Fatal(err)
 				}
