@@ -133,5 +133,7 @@ func TestRetryMovesToKVRouteFallback(t *testing.T) {
 	if served[holder] != 0 {
 		t.Fatalf("served by the dead holder %s: %v", holder, served)
 	}
-	t.Logf("after the holder %s died: %v", holder, served)
+	// Whether a retry was needed depends on how fast kvroute's probes drop
+	// the dead engine; the count says which path served the first ones.
+	t.Logf("after the holder %s died: %v; Envoy retries %d", holder, served, counter(t, c, "cluster.fallback_round_robin.upstream_rq_retry"))
 }
