@@ -35,9 +35,14 @@
 // On failure (timeout, breaker open, remote error, invalid UTF-8, input over
 // the size limit, a template that raises, malformed messages) a model whose
 // fallback is "approximate" gets approximate tokens instead, counted in
-// kvroute_tokenizer_fallbacks_total{model,kind,reason}; with fallback "none"
-// the error is returned (wrapping one of the package's errors, for
-// errors.Is). An unknown model is route.ErrUnknownModel.
+// kvroute_tokenizer_fallbacks_total{model,kind,reason} and named in the
+// tokens' Source as "approximate:<kind>_<reason>" (e.g.
+// "approximate:remote_timeout"), which the router's Decision and explain
+// show as the token source; with fallback "none" the error is returned
+// (wrapping one of the package's errors, for errors.Is). An unknown model
+// is route.ErrUnknownModel. A request whose context ended gets its
+// context's error, never a fallback: local tokenization stops between
+// segments and chunks when the context ends.
 //
 // Multi-turn reuse: a conversation resends its whole history every turn.
 // The local tokenizer keeps the ids of long text chunks in a bounded LRU

@@ -226,11 +226,28 @@ func TestRemoteFailoverTimeoutAndFallback(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Exact || got.Source != SourceApproximate || len(got.IDs) != 3 {
+		if got.Exact || got.Source != "approximate:remote_timeout" || len(got.IDs) != 3 {
 			t.Fatalf("got %+v, want 3 approximate tokens", got)
 		}
 		if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "m", "remote", "timeout"); n != 1 {
 			t.Errorf("fallbacks{timeout} = %v, want 1", n)
+		}
+	})
+	t.Run("breaker open falls back to approximate, counted", func(t *testing.T) {
+		tok, reg, _ := newRemoteTokenizer(t, ModelConfig{Timeout: 10 * time.Second, CacheSize: -1, BreakerFailures: 1, BreakerOpenFor: time.Minute},
+			func() []string { return []string{sBad.URL} })
+		in := route.TokenizeInput{Prompt: "hello world"}
+		for _, reason := range []string{"remote_error", "breaker_open", "breaker_open"} {
+			got, err := tok.Tokenize(context.Background(), "m", in)
+			if err != nil || got.Exact || got.Source != "approximate:remote_"+reason || len(got.IDs) != 3 {
+				t.Fatalf("got %+v, %v; want 3 approximate tokens from %s", got, err, reason)
+			}
+		}
+		if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "m", "remote", "remote_error"); n != 1 {
+			t.Errorf("fallbacks{remote_error} = %v, want 1", n)
+		}
+		if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "m", "remote", "breaker_open"); n != 2 {
+			t.Errorf("fallbacks{breaker_open} = %v, want 2", n)
 		}
 	})
 	t.Run("fallback none returns the error", func(t *testing.T) {

@@ -229,9 +229,10 @@ func (t *Tokenizer) model(name string) (*modelTokenizer, error) {
 // Tokenize implements route.Tokenizer. Errors wrap route.ErrUnknownModel,
 // ErrInvalidUTF8, ErrInputTooLarge, ErrTemplate, ErrBadMessages,
 // ErrNotTokenIDs, ErrRemote, ErrBreakerOpen or context errors; with
-// fallback "approximate" a failure other than an unknown model or a
-// cancelled request is answered with approximate tokens instead, counted in
-// kvroute_tokenizer_fallbacks_total.
+// fallback "approximate" a failure other than an unknown model or an ended
+// request context is answered with approximate tokens instead, counted in
+// kvroute_tokenizer_fallbacks_total{model,kind,reason} and named in their
+// Source (fallbackSource).
 func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.TokenizeInput) (route.Tokens, error) {
 	m, err := t.model(model)
 	if err != nil {
@@ -277,7 +278,16 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		return route.Tokens{}, errors.Join(err, aerr)
 	}
 	t.metrics.fallbacks.WithLabelValues(model, string(kind), reason).Inc()
+	toks.Source = fallbackSource(kind, reason)
 	return toks, nil
+}
+
+// fallbackSource names approximate tokens given in place of kind's failed
+// answer, e.g. "approximate:remote_timeout": the router's Decision (and so
+// explain and the per-source tokenize metric) shows why it routed on
+// approximate tokens.
+func fallbackSource(kind Kind, reason string) string {
+	return SourceApproximate + ":" + string(kind) + "_" + reason
 }
 
 // errReason classifies a failure for metrics.

@@ -162,7 +162,7 @@ func TestTokenizerDispatch(t *testing.T) {
 	}{
 		{"local prompt", "qwen", route.TokenizeInput{Prompt: fx.Plain[20].Text}, fx.Plain[20].IDs, SourceLocal, true, nil},
 		{"local chat", "qwen", route.TokenizeInput{Chat: true, Messages: json.RawMessage(chat.MessagesJSON), Tools: json.RawMessage(chat.ToolsJSON), ChatTemplateKwargs: chat.Kwargs, AddGenerationPrompt: chat.AddGenerationPrompt}, chat.IDs, SourceLocal, true, nil},
-		{"invalid utf-8 falls back", "qwen", route.TokenizeInput{Prompt: "ab\xffcd"}, approxIDs("ab\xffcd", 4), SourceApproximate, false, nil},
+		{"invalid utf-8 falls back", "qwen", route.TokenizeInput{Prompt: "ab\xffcd"}, approxIDs("ab\xffcd", 4), "approximate:local_bad_input", false, nil},
 		{"invalid utf-8 strict", "strict", route.TokenizeInput{Prompt: "ab\xff"}, nil, "", false, ErrInvalidUTF8},
 		{"too large strict", "strict", route.TokenizeInput{Prompt: strings.Repeat("a", 1001)}, nil, "", false, ErrInputTooLarge},
 		{"malformed messages", "strict", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`{"role":"user"}`)}, nil, "", false, ErrBadMessages},
