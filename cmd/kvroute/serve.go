@@ -436,7 +436,9 @@ func (l *listeners) withTLS(c TLSConfig, log *slog.Logger) error {
 		cfg  tlsfiles.Config
 	}{{"tls.extproc", &l.extproc, c.ExtProc}, {"tls.admin", &l.admin, c.Admin}, {"tls.metrics", &l.metrics, c.Metrics}} {
 		name := x.name
-		ln, err := tlsfiles.Listen(*x.ln, x.cfg, func(err error) { log.Warn(name, slog.Any("error", err)) })
+		ln, err := tlsfiles.Listen(*x.ln, x.cfg, func(err error) {
+			log.Warn("tls files not reloaded; keeping the previous certificates", slog.String("section", name), slog.Any("error", err))
+		})
 		if err != nil {
 			l.extproc.Close()
 			l.admin.Close()
