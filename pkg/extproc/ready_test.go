@@ -2,10 +2,13 @@ package extproc
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -22,7 +25,16 @@ func TestNotReadyRefusesStreams(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := h.open(ctx)
-	send(t, s, reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x"}`, true))
+	// The server may refuse the stream before the body goes out: a Send
+	// then sees io.EOF, and the stream's status comes from Recv.
+	for _, m := range []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x"}`, true)} {
+		if err := s.Send(m); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("Send: %v", err)
+			}
+			break
+		}
+	}
 	_, err := s.Recv()
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("stream before ready: %v, want UNAVAILABLE", err)
