@@ -52,7 +52,7 @@ demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute
 .PHONY: image
 image: ## Container image kvroute/kvroute:<version> (buildah; no base image pulled): see hack/image/build.sh.
 	@command -v buildah >/dev/null || bash hack/install-deps.sh
-	bash hack/image/build.sh
+	VERSION=$(VERSION) COMMIT=$(COMMIT) bash hack/image/build.sh
 
 .PHONY: bench
 bench: ## Benchmarks of the core (see docs/benchmarks.md for the recorded figures).

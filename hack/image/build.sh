@@ -5,7 +5,7 @@
 # image.
 #
 # Usage: hack/image/build.sh [-t name:tag] [--root DIR] [--runroot DIR]
-#   -t          image name (default kvroute/kvroute:$VERSION)
+#   -t          image name (default kvroute/kvroute:$VERSION without its "v")
 #   --root, --runroot
 #               buildah storage directories (default: buildah's own); tests
 #               pass temporary ones.
@@ -14,9 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
-COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-tag="kvroute/kvroute:${VERSION}"
+# The same stamp as make build: the binary reports VERSION+COMMIT; the image
+# tag is VERSION without its leading "v" (a tag cannot hold "+"), which is
+# what the chart's default image names for a release (appVersion).
+VERSION=${VERSION:-$(git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo v0.0.0-dev)}
+COMMIT=${COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+tag="kvroute/kvroute:${VERSION#v}"
 storage=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,7 +35,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/usr/local/bin" "$stage/etc/ssl/certs" "$stage/etc/kvroute" "$stage/tmp"
 
 CGO_ENABLED=1 go build -trimpath -buildvcs=false \
-  -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+  -ldflags "-s -w -X main.version=${VERSION}+${COMMIT}" \
   -o "$stage/usr/local/bin/kvroute" ./cmd/kvroute
 
 # Every shared object the binary loads, at the path the loader looks for it,
@@ -53,7 +56,7 @@ printf 'root:x:0:\nnonroot:x:65532:\n' >"$stage/etc/group"
 export BUILDAH_ISOLATION=chroot
 driver=${BUILDAH_STORAGE_DRIVER:-vfs}
 buildah "${storage[@]}" --storage-driver "$driver" bud --quiet \
-  --label "org.opencontainers.image.version=${VERSION}" \
+  --label "org.opencontainers.image.version=${VERSION#v}" \
   --label "org.opencontainers.image.revision=${COMMIT}" \
   --label "org.opencontainers.image.title=kvroute" \
   -f "$PWD/hack/image/Containerfile" -t "$tag" "$stage" >/dev/null

@@ -136,8 +136,8 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kvroute version in the image: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, version) {
-		t.Errorf("kvroute version printed %q, want it to name %s", out, version)
+	if want := "kvroute " + version + "+0123456789abcdef"; strings.TrimSpace(out) != want {
+		t.Errorf("kvroute version printed %q, want %q (the same stamp as make build)", out, want)
 	}
 	out, err = runIn("serve", "--help")
 	if err != nil {
