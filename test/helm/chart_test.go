@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -463,7 +464,20 @@ func envoyValidate(t *testing.T, cfg []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	// t.TempDir's name holds the test's name, commas included, which would
+	// break the flow-style YAML the certificate paths are spliced into.
+	dir, err := os.MkdirTemp("", "envoy-validate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// With extproc TLS the config names Envoy's client certificate files,
+	// which validation loads: point it at a real CA-signed certificate.
+	if bytes.Contains(cfg, []byte(envoyTLSDir)) {
+		writeTestCerts(t, dir)
+		cfg = bytes.ReplaceAll(cfg, []byte(envoyTLSDir), []byte(dir+"/"))
+	}
+	path := filepath.Join(dir, "envoy.yaml")
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -576,6 +590,14 @@ func checkKVRouteConfig(t *testing.T, b []byte) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The example spells out tls.extproc only; admin and metrics take the
+	// same keys.
+	if tls, ok := known["tls"].(map[string]any); ok {
+		known = maps.Clone(known)
+		tls = maps.Clone(tls)
+		tls["admin"], tls["metrics"] = tls["extproc"], tls["extproc"]
+		known["tls"] = tls
+	}
 	replicas, ok := cfg["replicas"].(map[string]any)
 	if !ok || len(replicas) != 1 {
 		t.Fatalf("kvroute config: want exactly one replica source, got %v", cfg["replicas"])
@@ -619,6 +641,11 @@ type expect struct {
 	enginesNS  string
 	failOpen   bool
 	destHeader string
+	// tls: extproc mutual TLS is on; certManager: "" (no cert-manager
+	// objects), "chart-ca" (the chart's own CA chain) or "issuer" (an
+	// existing issuer, certificates only).
+	tls         bool
+	certManager string
 	// netpol: "" (default: ingress locked down, egress open), "off" (no
 	// NetworkPolicy) or "egress" (egress locked down too).
 	netpol string
@@ -711,6 +738,7 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 	})
 
 	t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, o, vals, want) })
+	t.Run("extproc tls", func(t *testing.T) { checkTLS(t, o, want) })
 
 	cfg := checkKVRouteConfig(t, o.configData(t, release, "kvroute.yaml"))
 	listeners := cfg["listeners"].(map[string]any)
@@ -1243,6 +1271,53 @@ engines: {namespace: models}
 			want: expect{sidecar: true, rules: []rbacv1.PolicyRule{rule("discovery.k8s.io", "endpointslices")}, enginesNS: namespace, failOpen: true},
 		},
 		{
+			name: "mutual TLS to kvroute, envoy as its own deployment, chart CA",
+			vals: func(t *testing.T) map[string]any {
+				return values(t, `
+envoy: {mode: service}
+tls: {extproc: {enabled: true}, certManager: {enabled: true}}
+config: {tls: {metrics: {reload_interval: 30s}}}
+`)
+			},
+			want: expect{sidecar: false, rules: endpointSlices, enginesNS: namespace, failOpen: true, tls: true, certManager: "chart-ca"},
+			extra: func(t *testing.T, o *objects, cfg map[string]any) {
+				// The user's own tls sections survive next to the chart's.
+				if dig(t, cfg, "tls", "metrics", "reload_interval") != "30s" {
+					t.Errorf("user tls config lost: %v", cfg["tls"])
+				}
+			},
+		},
+		{
+			name: "mutual TLS in sidecar mode, own Secrets, existing issuer",
+			vals: func(t *testing.T) map[string]any {
+				return values(t, `
+tls:
+  extproc: {enabled: true, secretName: kv-server, clientSecretName: kv-client}
+  certManager: {enabled: true, issuerRef: {name: internal-ca, kind: ClusterIssuer}}
+`)
+			},
+			want: expect{sidecar: true, rules: endpointSlices, enginesNS: namespace, failOpen: true, tls: true, certManager: "issuer"},
+			extra: func(t *testing.T, o *objects, cfg map[string]any) {
+				pod := &o.deployment(t, release).Spec.Template.Spec
+				if s, _ := secretMount(t, pod, mustContainer(t, pod, "kvroute"), kvrouteTLSDir); s != "kv-server" {
+					t.Errorf("kvroute mounts %q, want kv-server", s)
+				}
+				if s, _ := secretMount(t, pod, mustContainer(t, pod, "envoy"), envoyTLSDir); s != "kv-client" {
+					t.Errorf("envoy mounts %q, want kv-client", s)
+				}
+				for _, c := range o.other["Certificate"] {
+					if dig(t, c, "spec", "issuerRef", "name") != "internal-ca" || dig(t, c, "spec", "issuerRef", "kind") != "ClusterIssuer" {
+						t.Errorf("Certificate issuer %v", dig(t, c, "spec", "issuerRef"))
+					}
+				}
+			},
+		},
+		{
+			name: "TLS with cert-manager off: no cert-manager objects",
+			vals: func(t *testing.T) map[string]any { return values(t, "tls: {extproc: {enabled: true}}") },
+			want: expect{sidecar: true, rules: endpointSlices, enginesNS: namespace, failOpen: true, tls: true},
+		},
+		{
 			name: "no network policy",
 			vals: func(t *testing.T) map[string]any { return values(t, "networkPolicy: {enabled: false}") },
 			want: expect{sidecar: true, rules: endpointSlices, enginesNS: namespace, failOpen: true, netpol: "off"},
@@ -1391,6 +1466,11 @@ func TestSchemaRejects(t *testing.T) {
 		{"bad address type", "discovery: {kubernetes: {addressType: v4}}", "addressType"},
 		{"bad anti-affinity", "podAntiAffinity: strict", "podAntiAffinity"},
 		{"service name not a DNS label", "engines: {service: My_Service}", "service"},
+		{"extproc TLS in config, not tls.extproc", "config: {tls: {extproc: {cert_file: /x}}}", "extproc"},
+		{"typo in tls", "tls: {extproc: {enable: true}}", "enable"},
+		{"tls enabled not a boolean", "tls: {extproc: {enabled: \"yes\"}}", "enabled"},
+		{"bad issuer kind", "tls: {certManager: {issuerRef: {name: ca, kind: Vault}}}", "kind"},
+		{"bad certificate duration", "tls: {certManager: {duration: 90 days}}", "duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := renderErr(t, values(t, tc.vals))

@@ -128,6 +128,11 @@ app.kubernetes.io/component: proxy
 {{- $cfg := deepCopy .Values.config }}
 {{- $_ := set $cfg "listeners" $listeners }}
 {{- $_ := set $cfg "replicas" $replicas }}
+{{- if .Values.tls.extproc.enabled }}
+{{- $tls := deepCopy (.Values.config.tls | default dict) }}
+{{- $_ := set $tls "extproc" (dict "cert_file" "/etc/kvroute-tls/extproc/tls.crt" "key_file" "/etc/kvroute-tls/extproc/tls.key" "client_ca_file" "/etc/kvroute-tls/extproc/ca.crt") }}
+{{- $_ := set $cfg "tls" $tls }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
@@ -201,6 +206,21 @@ podAntiAffinity:
     readOnly: true
   - name: envoy-tmp
     mountPath: /tmp
+  {{- if .Values.tls.extproc.enabled }}
+  - name: envoy-extproc-client-tls
+    mountPath: /etc/envoy-tls/extproc-client
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* Envoy's client certificate Secret volume (with extproc TLS). */}}
+{{- define "kvroute.envoyTLSVolume" -}}
+{{- if .Values.tls.extproc.enabled }}
+- name: envoy-extproc-client-tls
+  secret:
+    secretName: {{ include "kvroute.extprocClientSecret" . }}
+    defaultMode: 0440
+{{- end }}
 {{- end }}
 
 {{/* preStop delay shared by kvroute and Envoy (see envoy.shutdownDelaySeconds). */}}
@@ -246,5 +266,19 @@ lifecycle:
 {{- end }}
 {{- with $eg.extraEgress }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* extproc TLS: the kvroute server Secret, Envoy's client Secret, and the name Envoy expects in kvroute's certificate (SNI). */}}
+{{- define "kvroute.extprocServerSecret" -}}
+{{- .Values.tls.extproc.secretName | default (printf "%s-extproc-tls" (include "kvroute.fullname" .)) }}
+{{- end }}
+{{- define "kvroute.extprocClientSecret" -}}
+{{- .Values.tls.extproc.clientSecretName | default (printf "%s-envoy-client-tls" (include "kvroute.fullname" .)) }}
+{{- end }}
+{{- define "kvroute.extprocSNI" -}}
+{{- if .Values.tls.extproc.sni }}{{ .Values.tls.extproc.sni }}
+{{- else if eq .Values.envoy.mode "sidecar" }}localhost
+{{- else }}{{ printf "%s.%s.svc.%s" (include "kvroute.extprocName" .) .Release.Namespace .Values.engines.clusterDomain }}
 {{- end }}
 {{- end }}
