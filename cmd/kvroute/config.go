@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -98,6 +99,32 @@ type RoutingConfig struct {
 	// Approximate tunes the dispatch-learned index used for replicas
 	// without an events endpoint.
 	Approximate route.ApproxConfig `yaml:"approximate"`
+
+	// The ext_proc abuse limits (extproc.Config):
+	// MaxRequestLifetime is a routed request's deadline: past it the
+	// request no longer counts as load on its replica and its usage is not
+	// fed back. Keep it above the longest generation served. Default
+	// extproc.DefaultMaxRequestLifetime.
+	MaxRequestLifetime time.Duration `yaml:"max_request_lifetime"`
+	// MaxStreamsPerConnection bounds concurrent ext_proc streams on one
+	// connection. Default extproc.DefaultMaxStreamsPerConnection.
+	MaxStreamsPerConnection int `yaml:"max_streams_per_connection"`
+	// MaxConnectionIdle closes an ext_proc connection without streams for
+	// this long. Default extproc.DefaultMaxConnectionIdle.
+	MaxConnectionIdle time.Duration `yaml:"max_connection_idle"`
+}
+
+// ExtProc is the part of extproc.Config this section sets: the routing
+// headers and the abuse limits (the caller adds the decider, trackers and
+// telemetry).
+func (r RoutingConfig) ExtProc() extproc.Config {
+	return extproc.Config{
+		DestinationHeader:       r.DestinationHeader,
+		SessionHeader:           r.SessionHeader,
+		MaxRequestLifetime:      r.MaxRequestLifetime,
+		MaxStreamsPerConnection: uint32(min(max(int64(r.MaxStreamsPerConnection), 0), math.MaxUint32)), // Validate bounds it
+		MaxConnectionIdle:       r.MaxConnectionIdle,
+	}
 }
 
 // ReadinessConfig says when kvroute reports ready.
@@ -206,6 +233,17 @@ func (c Config) WithDefaults() Config {
 		c.Routing.BlockSize = kvblock.DefaultBlockSize
 	}
 	c.Routing.Approximate = c.Routing.Approximate.WithDefaults()
+	// The abuse limits' defaults are extproc's, applied by its WithDefaults.
+	lim := extproc.Config{
+		MaxRequestLifetime:      c.Routing.MaxRequestLifetime,
+		MaxStreamsPerConnection: uint32(min(max(int64(c.Routing.MaxStreamsPerConnection), 0), math.MaxUint32)),
+		MaxConnectionIdle:       c.Routing.MaxConnectionIdle,
+	}.WithDefaults()
+	c.Routing.MaxRequestLifetime = lim.MaxRequestLifetime
+	if c.Routing.MaxStreamsPerConnection == 0 {
+		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
+	}
+	c.Routing.MaxConnectionIdle = lim.MaxConnectionIdle
 	c.Telemetry = c.Telemetry.WithDefaults()
 	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
 	c.TLS.Admin = c.TLS.Admin.WithDefaults()
@@ -258,6 +296,15 @@ func (c *Config) Validate() error {
 		bad("routing.block_size", "%d: must be in [1, %d]", c.Routing.BlockSize, discovery.MaxBlockSize)
 	}
 	errs = append(errs, inSection("routing.approximate", c.Routing.Approximate.Validate())...)
+	if c.Routing.MaxRequestLifetime <= 0 {
+		bad("routing.max_request_lifetime", "must be positive, got %v", c.Routing.MaxRequestLifetime)
+	}
+	if n := int64(c.Routing.MaxStreamsPerConnection); n <= 0 || n > math.MaxUint32 {
+		bad("routing.max_streams_per_connection", "%d: must be in [1, %d]", n, uint32(math.MaxUint32))
+	}
+	if c.Routing.MaxConnectionIdle <= 0 {
+		bad("routing.max_connection_idle", "must be positive, got %v", c.Routing.MaxConnectionIdle)
+	}
 	errs = append(errs, inSection("telemetry", c.Telemetry.Validate())...)
 	if c.Readiness.WarmTimeout < 0 {
 		bad("readiness.warm_timeout", "must not be negative")

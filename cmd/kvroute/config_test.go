@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/discovery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/telemetry"
@@ -43,6 +44,9 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"block size", c.Routing.BlockSize, 16},
 		{"approximate ttl", c.Routing.Approximate.TTL, 2 * time.Minute},
 		{"approximate entries", c.Routing.Approximate.MaxEntries, 1 << 18},
+		{"max request lifetime", c.Routing.MaxRequestLifetime, extproc.DefaultMaxRequestLifetime},
+		{"max streams per connection", c.Routing.MaxStreamsPerConnection, extproc.DefaultMaxStreamsPerConnection},
+		{"max connection idle", c.Routing.MaxConnectionIdle, extproc.DefaultMaxConnectionIdle},
 		{"warm timeout", c.Readiness.WarmTimeout, DefaultWarmTimeout},
 		{"log level", c.Telemetry.LogLevel, "info"},
 		{"index budget", c.Index.MaxBytes, int64(index.DefaultMaxBytes)},
@@ -94,6 +98,32 @@ routing:
 	}
 }
 
+// TestAbuseLimits: the ext_proc abuse limits decode from routing and reach
+// the extproc.Config kvroute serves with, next to the routing headers.
+func TestAbuseLimits(t *testing.T) {
+	c, err := ParseConfig([]byte(minimal + `
+routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connection_idle: 45s, session_header: x-user}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Routing.ExtProc()
+	if got.MaxRequestLifetime != 90*time.Second || got.MaxStreamsPerConnection != 64 || got.MaxConnectionIdle != 45*time.Second ||
+		got.SessionHeader != "x-user" || got.DestinationHeader != extproc.DefaultDestinationHeader {
+		t.Errorf("extproc config %+v", got)
+	}
+	// Defaults survive extproc's own WithDefaults unchanged (written once).
+	d, err := ParseConfig([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := d.Routing.ExtProc()
+	if w := e.WithDefaults(); w.MaxRequestLifetime != e.MaxRequestLifetime || w.MaxStreamsPerConnection != e.MaxStreamsPerConnection ||
+		w.MaxConnectionIdle != e.MaxConnectionIdle || e.MaxStreamsPerConnection != extproc.DefaultMaxStreamsPerConnection {
+		t.Errorf("defaulted limits %+v differ from extproc's %+v", e, w)
+	}
+}
+
 func TestParseConfigErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -137,6 +167,9 @@ replicas:
 		{"header", minimal + "routing: {destination_header: X-Pick}\n", []string{"routing.destination_header"}},
 		{"approximate ttl", minimal + "routing: {approximate: {ttl: -1s}}\n", []string{"routing.approximate.ttl"}},
 		{"approximate entries", minimal + "routing: {approximate: {max_entries: -5}}\n", []string{"routing.approximate.max_entries"}},
+		{"request lifetime", minimal + "routing: {max_request_lifetime: -1s}\n", []string{"routing.max_request_lifetime"}},
+		{"connection idle", minimal + "routing: {max_connection_idle: -1m}\n", []string{"routing.max_connection_idle"}},
+		{"negative stream limit", minimal + "routing: {max_streams_per_connection: -1}\n", []string{"routing.max_streams_per_connection", "-1"}},
 		{"log level", minimal + "telemetry: {log_level: loud}\n", []string{"telemetry.log_level"}},
 		{"several errors are all reported", minimal + "telemetry: {log_level: loud, log_format: xml}\n",
 			[]string{"telemetry.log_level", "telemetry.log_format"}},
@@ -211,7 +244,7 @@ replicas:
 events: {queue_size: -1, replay_timeout: -1s, backoff_min: 2s, backoff_max: 1s}
 load: {scrape_interval: -1s, fidelity_alpha: 2, fidelity_min_samples: -1}
 index: {max_bytes: -1}
-routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}}
+routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}, max_request_lifetime: -1s, max_streams_per_connection: -2, max_connection_idle: -1s}
 telemetry: {log_level: loud, log_format: xml}
 readiness: {warm_timeout: -1s}
 `))
@@ -226,6 +259,7 @@ readiness: {warm_timeout: -1s}
 		"load.scrape_interval", "load.fidelity_alpha", "load.fidelity_min_samples",
 		"index.max_bytes",
 		"routing.block_size", "routing.session_header", "routing.approximate.ttl", "routing.approximate.max_entries",
+		"routing.max_request_lifetime", "routing.max_streams_per_connection", "routing.max_connection_idle",
 		"telemetry.log_level", "telemetry.log_format",
 		"readiness.warm_timeout",
 	}

@@ -195,19 +195,17 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	}); err != nil {
 		return nil, err
 	}
-	if r.ext, err = extproc.New(extproc.Config{
-		Decider:           notingDecider{d: decider, ev: r.events},
-		Tracker:           tracker,
-		Fidelity:          r.fid,
-		BlockSize:         r.set.BlockSize,
-		DestinationHeader: cfg.Routing.DestinationHeader,
-		SessionHeader:     cfg.Routing.SessionHeader,
-		TracerProvider:    tr.Provider,
-		Propagator:        tr.Propagator,
-		Registerer:        r.reg,
-		Logger:            log.With("component", "extproc"),
-		Ready:             r.health.Ready, // refuse streams until the first probe round: Envoy fails open
-	}); err != nil {
+	ec := cfg.Routing.ExtProc() // headers and abuse limits
+	ec.Decider = notingDecider{d: decider, ev: r.events}
+	ec.Tracker = tracker
+	ec.Fidelity = r.fid
+	ec.BlockSize = r.set.BlockSize
+	ec.TracerProvider = tr.Provider
+	ec.Propagator = tr.Propagator
+	ec.Registerer = r.reg
+	ec.Logger = log.With("component", "extproc")
+	ec.Ready = r.health.Ready // refuse streams until the first probe round: Envoy fails open
+	if r.ext, err = extproc.New(ec); err != nil {
 		return nil, fmt.Errorf("extproc: %w", err)
 	}
 	if r.admin, err = admin.New(admin.Config{
