@@ -464,18 +464,16 @@ func envoyValidate(t *testing.T, cfg []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// t.TempDir's name holds the test's name, commas included, which would
-	// break the flow-style YAML the certificate paths are spliced into.
-	dir, err := os.MkdirTemp("", "envoy-validate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := t.TempDir()
 	// With extproc TLS the config names Envoy's client certificate files,
-	// which validation loads: point it at a real CA-signed certificate.
+	// which validation loads: point it at a real CA-signed certificate. The
+	// paths are quoted: the temporary directory's name holds the test's
+	// name, commas included, which flow-style YAML would split on.
 	if bytes.Contains(cfg, []byte(envoyTLSDir)) {
 		writeTestCerts(t, dir)
-		cfg = bytes.ReplaceAll(cfg, []byte(envoyTLSDir), []byte(dir+"/"))
+		cfg = tlsFile.ReplaceAllFunc(cfg, func(m []byte) []byte {
+			return []byte(strconv.Quote(filepath.Join(dir, strings.TrimPrefix(string(m), envoyTLSDir))))
+		})
 	}
 	path := filepath.Join(dir, "envoy.yaml")
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {

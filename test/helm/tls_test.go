@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"testing"
 	"time"
@@ -23,6 +24,9 @@ const (
 	kvrouteTLSDir = "/etc/kvroute-tls/extproc/"
 	envoyTLSDir   = "/etc/envoy-tls/extproc-client/"
 )
+
+// tlsFile matches a file path in Envoy's client certificate mount.
+var tlsFile = regexp.MustCompile(regexp.QuoteMeta(envoyTLSDir) + `[a-z.]+`)
 
 // writeTestCerts writes a CA (ca.crt) and a certificate it signed
 // (tls.crt, tls.key) into dir, as a kubernetes.io/tls Secret mounts them.
