@@ -771,6 +771,10 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 					}
 				}
 			}
+		}
+		if want.sidecar || want.tls {
+			// ext_proc on loopback, or behind mutual TLS the kubelet's
+			// plaintext gRPC probe cannot pass: HTTP on the metrics port.
 			for _, p := range probes {
 				if p.probe == nil || p.probe.HTTPGet == nil {
 					t.Errorf("%s probe is not an HTTP probe: %+v", p.name, p.probe)
@@ -780,13 +784,16 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 					t.Errorf("%s probe: %v%s, want port %d path %s", p.name, p.probe.HTTPGet.Port, p.probe.HTTPGet.Path, metrics, p.path)
 				}
 			}
-		} else {
+		}
+		if !want.sidecar {
 			if extprocHost != "" {
 				t.Errorf("service mode: extproc listens on %q, want the pod's addresses", listeners["extproc"])
 			}
 			if got := containerPort(t, kv, "extproc"); got != extproc {
 				t.Errorf("extproc container port %d, config listens on %d", got, extproc)
 			}
+		}
+		if !want.sidecar && !want.tls {
 			for _, p := range probes {
 				if p.probe == nil || p.probe.GRPC == nil {
 					t.Errorf("%s probe is not a gRPC probe: %+v", p.name, p.probe)
