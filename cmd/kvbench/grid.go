@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -173,6 +174,21 @@ func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64
 		}
 	}
 	return g, nil
+}
+
+// run runs every case of the grid under gf's parallelism and CPU profile,
+// printing a line per finished case on w unless quiet.
+func (g *grid) run(ctx context.Context, gf *gridFlags, quiet bool, w io.Writer) ([]bench.CaseResult, error) {
+	progress := func(int, bench.CaseResult) {}
+	if !quiet {
+		progress = g.progress(w)
+	}
+	stop, err := gf.profile()
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	return bench.RunCases(ctx, g.cases, gf.parallel, progress)
 }
 
 // progress returns a RunCases progress callback that prints one line per

@@ -147,16 +147,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "%d cases, %d simulations, %d simulated requests\n", len(g.cells), len(g.cases), reqs)
 		return nil
 	}
-	progress := func(int, bench.CaseResult) {}
-	if !*quiet {
-		progress = g.progress(stderr)
-	}
-	stop, err := gf.profile()
-	if err != nil {
-		return err
-	}
-	results, err := bench.RunCases(ctx, g.cases, gf.parallel, progress)
-	stop()
+	results, err := g.run(ctx, &gf, *quiet, stderr)
 	if err != nil {
 		return err
 	}

@@ -260,16 +260,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	progress := func(int, bench.CaseResult) {}
-	if !*quiet {
-		progress = g.progress(stderr)
-	}
-	stop, err := gf.profile()
-	if err != nil {
-		return err
-	}
-	results, err := bench.RunCases(ctx, g.cases, gf.parallel, progress)
-	stop()
+	results, err := g.run(ctx, &gf, *quiet, stderr)
 	if err != nil {
 		return err
 	}
