@@ -104,6 +104,8 @@ type engine struct {
 	srv     *httptest.Server
 	running atomic.Int64
 	health  atomic.Int32 // HTTP status of /health
+	// gate, when set, holds every /health answer until it is closed.
+	gate atomic.Pointer[chan struct{}]
 }
 
 func newEngine(t *testing.T) *engine {
@@ -129,7 +131,12 @@ func (e *engine) up(addr string) {
 		e.t.Fatalf("listen %s: %v", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(int(e.health.Load())) })
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) {
+		if g := e.gate.Load(); g != nil {
+			<-*g
+		}
+		w.WriteHeader(int(e.health.Load()))
+	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", e.running.Load())
 	})
@@ -254,10 +261,19 @@ func TestScraperTargetsChange(t *testing.T) {
 	if _, ok := s.Get("a"); ok {
 		t.Fatal("unknown target reported")
 	}
+	// Hold a's first health answer, so that the state before any probe
+	// has completed can be observed (a fast probe would otherwise race the
+	// check).
+	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	a.gate.Store(&gate)
 	s.SetTargets([]Target{{ID: "a", URL: a.url()}})
 	if v, ok := s.Get("a"); ok && v.Healthy {
 		t.Fatal("target healthy before any probe")
 	}
+	open()
 	eventually(t, "a healthy", func() bool { return healthy(s, "a") })
 	s.SetTargets([]Target{{ID: "b", URL: b.url()}})
 	eventually(t, "a removed, b healthy", func() bool {
