@@ -585,20 +585,28 @@ func bytesHash(b []byte, mode HashMode) uint64 {
 	return v
 }
 
-func (dec *Decoder) hashes(dst []uint64) ([]uint64, error) {
+// optArray starts a list field that may be nil: ok is false for nil (the
+// nil consumed, err nil) and for a value that is not an array (skipped,
+// err errBadField); otherwise n is the array's length.
+func (dec *Decoder) optArray() (n int, ok bool, err error) {
 	c, err := dec.peek()
 	if err != nil {
-		return dst, err
+		return 0, false, err
 	}
 	if c == msgpcode.Nil {
 		dec.seek(dec.pos() + 1)
-		return dst, nil
+		return 0, false, nil
 	}
 	if !isArray(c) {
-		return dst, dec.skipBad()
+		return 0, false, dec.skipBad()
 	}
-	n, err := dec.arrayLen()
-	if err != nil {
+	n, err = dec.arrayLen()
+	return n, err == nil, err
+}
+
+func (dec *Decoder) hashes(dst []uint64) ([]uint64, error) {
+	n, ok, err := dec.optArray()
+	if err != nil || !ok {
 		return dst, err
 	}
 	dst = grow(dst, n)
@@ -621,19 +629,8 @@ func (dec *Decoder) hashes(dst []uint64) ([]uint64, error) {
 }
 
 func (dec *Decoder) tokens(dst []uint32) ([]uint32, error) {
-	c, err := dec.peek()
-	if err != nil {
-		return dst, err
-	}
-	if c == msgpcode.Nil {
-		dec.seek(dec.pos() + 1)
-		return dst, nil
-	}
-	if !isArray(c) {
-		return dst, dec.skipBad()
-	}
-	n, err := dec.arrayLen()
-	if err != nil {
+	n, ok, err := dec.optArray()
+	if err != nil || !ok {
 		return dst, err
 	}
 	dst = grow(dst, n)
@@ -1136,19 +1133,8 @@ func (dec *Decoder) metadata(b *Batch, ev *Event) error {
 // lookahead reads lookahead_token_ids: nil, or one token list per block.
 // A block's entry of the wrong shape makes the event invalid.
 func (dec *Decoder) lookahead() ([][]uint32, error) {
-	c, err := dec.peek()
-	if err != nil {
-		return nil, err
-	}
-	if c == msgpcode.Nil {
-		dec.seek(dec.pos() + 1)
-		return nil, nil
-	}
-	if !isArray(c) {
-		return nil, dec.skipBad()
-	}
-	n, err := dec.arrayLen()
-	if err != nil {
+	n, ok, err := dec.optArray()
+	if err != nil || !ok {
 		return nil, err
 	}
 	out := make([][]uint32, 0, n)
@@ -1186,19 +1172,8 @@ func (dec *Decoder) lookahead() ([][]uint32, error) {
 }
 
 func (dec *Decoder) extraKeys() ([][]ExtraKey, error) {
-	c, err := dec.peek()
-	if err != nil {
-		return nil, err
-	}
-	if c == msgpcode.Nil {
-		dec.seek(dec.pos() + 1)
-		return nil, nil
-	}
-	if !isArray(c) {
-		return nil, dec.skipBad()
-	}
-	n, err := dec.arrayLen()
-	if err != nil {
+	n, ok, err := dec.optArray()
+	if err != nil || !ok {
 		return nil, err
 	}
 	var out [][]ExtraKey // allocated at the first block with extras
