@@ -924,12 +924,13 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		if xp["failure_mode_allow"] != want.failOpen {
 			t.Errorf("failure_mode_allow %v, want %v", xp["failure_mode_allow"], want.failOpen)
 		}
-		// Buffered request bodies: Envoy keeps the body, so it can still fail
-		// open when kvroute is down; responses stream.
+		// Buffered request bodies and STREAMED (not full-duplex) responses:
+		// Envoy keeps the body and each response chunk until kvroute answers,
+		// so it can fail open when kvroute dies mid-request.
 		if m := dig(t, xp, "processing_mode", "request_body_mode"); m != "BUFFERED" {
 			t.Errorf("request_body_mode %v", m)
 		}
-		if m := dig(t, xp, "processing_mode", "response_body_mode"); m != "FULL_DUPLEX_STREAMED" {
+		if m := dig(t, xp, "processing_mode", "response_body_mode"); m != "STREAMED" {
 			t.Errorf("response_body_mode %v", m)
 		}
 		fwd := dig(t, xp, "metadata_options", "forwarding_namespaces", "untyped").([]any)
