@@ -1,10 +1,14 @@
 package tokenize
 
 import (
+	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
@@ -91,17 +95,21 @@ func Benchmark100kTokenPrompt(b *testing.B) {
 				text := corpusText(b, enc, loadFixtures(b, name), 100_000)
 				ids, _ := enc.Encode(text, false)
 				b.SetBytes(int64(len(text)))
+				var cpu time.Duration
 				for b.Loop() {
 					if mode == "cold" {
 						b.StopTimer()
 						enc.model.cache = newWordCache(wordCacheEntries)
 						b.StartTimer()
 					}
+					t0 := cpuTime()
 					if _, err := enc.Encode(text, false); err != nil {
 						b.Fatal(err)
 					}
+					cpu += cpuTime() - t0
 				}
 				b.ReportMetric(float64(len(ids)), "tokens")
+				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
 			})
 		}
 	}
@@ -202,4 +210,120 @@ func BenchmarkChat229KB(b *testing.B) {
 			})
 		}
 	}
+}
+
+// chat100k builds a chat of about 100k reference tokens from the fixture
+// corpus (corpusText: Caesar-shifted repetitions, so no word repeats
+// across them), cut at newlines into alternating user and assistant
+// messages of about 4 KB, ending with a user message.
+func chat100k(b *testing.B, name string) []map[string]any {
+	enc := loadEncoder(b, name)
+	text := corpusText(b, enc, loadFixtures(b, name), 100_000)
+	var msgs []map[string]any
+	for len(text) > 0 {
+		n := min(len(text), 4096)
+		if i := strings.IndexByte(text[n:], '\n'); i >= 0 {
+			n += i + 1
+		} else {
+			n = len(text)
+		}
+		role := "user"
+		if len(msgs)%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": text[:n]})
+		text = text[n:]
+	}
+	if len(msgs)%2 == 0 {
+		msgs = append(msgs, map[string]any{"role": "user", "content": "continue"})
+	}
+	return msgs
+}
+
+// chatRequest parses msgs as the request path does (openai.Parse) and
+// returns the tokenizer input with the parsed messages.
+func chatRequest(b *testing.B, msgs []map[string]any) (route.TokenizeInput, int) {
+	body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req, err := openai.Parse("/v1/chat/completions", body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return route.TokenizeInput{Chat: true, Messages: req.Messages, ChatMessages: parsedchat.Messages(req.ChatMessages), AddGenerationPrompt: true}, len(body)
+}
+
+// BenchmarkChat100k is one ≈100k-token chat request (about 50 messages of
+// 4 KB of the fixture corpus; the parse of the body is included in each
+// op) through the local tokenizer:
+//
+//   - cold: nothing cached (fresh word cache and chunk cache every op),
+//   - prevturn: the same conversation's previous turn (everything but a
+//     new assistant reply and a new user message of about 3 KB each, fresh
+//     every op) was tokenized just before; its tokenization is not timed.
+func BenchmarkChat100k(b *testing.B) {
+	for _, name := range []string{"qwen3", "llama3_1"} {
+		enc := loadEncoder(b, name)
+		tmpl := loadTemplate(b, name)
+		hist := chat100k(b, name)
+		for _, mode := range []string{"cold", "prevturn"} {
+			b.Run(name+"/"+mode, func(b *testing.B) {
+				rng := rand.New(rand.NewPCG(3, 4))
+				var tokens, bodyBytes int
+				var cpu time.Duration
+				for i := 0; b.Loop(); i++ {
+					b.StopTimer()
+					local := NewLocal(enc, tmpl, 0, DefaultPrefixCacheBytes)
+					msgs := hist
+					if mode == "cold" {
+						enc.model.cache = newWordCache(wordCacheEntries)
+					} else {
+						user := map[string]any{"role": "user", "content": longMessage(rng, i)}
+						prev := append(hist[:len(hist):len(hist)], user)
+						in, _ := chatRequest(b, prev)
+						if _, err := local.Tokenize(in); err != nil {
+							b.Fatal(err)
+						}
+						msgs = append(prev, map[string]any{"role": "assistant", "content": longMessage(rng, i+1000)},
+							map[string]any{"role": "user", "content": longMessage(rng, i+2000)})
+					}
+					body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+					if err != nil {
+						b.Fatal(err)
+					}
+					bodyBytes = len(body)
+					b.StartTimer()
+					t0 := cpuTime()
+					// Labelled, so that a CPU profile can keep the timed
+					// part only (pprof -tagfocus phase=timed).
+					pprof.Do(context.Background(), pprof.Labels("phase", "timed"), func(context.Context) {
+						req, err := openai.Parse("/v1/chat/completions", body)
+						if err != nil {
+							b.Fatal(err)
+						}
+						got, err := local.Tokenize(route.TokenizeInput{Chat: true, Messages: req.Messages,
+							ChatMessages: parsedchat.Messages(req.ChatMessages), AddGenerationPrompt: true})
+						if err != nil {
+							b.Fatal(err)
+						}
+						tokens = len(got.IDs)
+					})
+					cpu += cpuTime() - t0
+				}
+				b.ReportMetric(float64(tokens), "tokens")
+				b.ReportMetric(float64(bodyBytes), "body-bytes")
+				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			})
+		}
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far: the benchmarks
+// report CPU per op (cpu-ms/op), which a loaded machine inflates far less
+// than wall time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -73,20 +74,16 @@ func plainKeys(raw []byte) (hasName, ok bool) {
 			expectKey = depth == 1
 		case '"':
 			start := i
-			escaped := false
-			for i++; i < len(raw) && raw[i] != '"'; i++ {
-				if raw[i] == '\\' {
-					escaped = true
-					i++
-				}
-			}
-			if i >= len(raw) {
+			end := stringEnd(raw, i+1)
+			if end < 0 {
 				return false, false
 			}
+			i = end
 			if !expectKey {
 				continue
 			}
 			expectKey = false
+			escaped := bytes.IndexByte(raw[start+1:i], '\\') >= 0
 			key := string(raw[start+1 : i])
 			if escaped {
 				if json.Unmarshal(raw[start:i+1], &key) != nil {
@@ -103,4 +100,25 @@ func plainKeys(raw []byte) (hasName, ok bool) {
 		}
 	}
 	return hasName, depth == 0
+}
+
+// stringEnd returns the index of the quote closing the JSON string whose
+// contents start at i, or -1: it jumps from quote to quote (IndexByte), a
+// quote being escaped when an odd run of backslashes precedes it.
+func stringEnd(raw []byte, i int) int {
+	for {
+		j := bytes.IndexByte(raw[i:], '"')
+		if j < 0 {
+			return -1
+		}
+		q := i + j
+		n := 0
+		for k := q - 1; k >= i && raw[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q
+		}
+		i = q + 1
+	}
 }

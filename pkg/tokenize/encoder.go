@@ -56,8 +56,13 @@ type Encoder struct {
 
 	added      []addedToken
 	addedFirst [256][]int // first byte -> indexes into added, longest first
-	addedByID  map[uint32]string
-	addedIDs   map[string]uint32
+	// addedOnly is set when every added token starts with the byte
+	// addedByte (usually '<'): the scan for added tokens jumps between
+	// occurrences of that byte.
+	addedOnly bool
+	addedByte byte
+	addedByID map[uint32]string
+	addedIDs  map[string]uint32
 
 	// post is the TemplateProcessing "single" template: ids to emit, with
 	// seqMarker standing for the encoded text. Empty when no special tokens
@@ -170,6 +175,14 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		b := a.content[0]
 		e.addedFirst[b] = append(e.addedFirst[b], i)
 	}
+	firsts := 0
+	for b := range e.addedFirst {
+		if len(e.addedFirst[b]) > 0 {
+			firsts++
+			e.addedByte = byte(b)
+		}
+	}
+	e.addedOnly = firsts == 1
 	for b := range e.addedFirst {
 		l := e.addedFirst[b]
 		sort.SliceStable(l, func(i, j int) bool { return len(e.added[l[i]].content) > len(e.added[l[j]].content) })
@@ -428,10 +441,14 @@ func (e *Encoder) AppendEncode(dst []uint32, text string, addSpecial bool) ([]ui
 // appendEncode encodes text, reusing and filling cache when it is not nil.
 // It stops with ctx's error, checked before each segment between added
 // tokens and each chunk of a long segment.
+//
+// Text that is not valid UTF-8 is refused with ErrInvalidUTF8. The check is
+// made piece by piece (each segment between added tokens, each chunk of a
+// long segment), skipping chunks found in the cache: those bytes were
+// checked when their ids were stored. Every cut is at an ASCII byte or at
+// the start of an added token (which no continuation byte can be), so the
+// text is valid exactly when all its pieces are.
 func (e *Encoder) appendEncode(ctx context.Context, dst []uint32, text string, addSpecial bool, cache *chunkCache) ([]uint32, error) {
-	if !utf8.ValidString(text) {
-		return dst, ErrInvalidUTF8
-	}
 	if !addSpecial || len(e.post) == 0 {
 		return e.encodeText(ctx, dst, text, cache)
 	}
@@ -455,6 +472,13 @@ func (e *Encoder) encodeText(ctx context.Context, dst []uint32, text string, cac
 	var err error
 	last := 0
 	for i := 0; i < len(text); i++ {
+		if e.addedOnly {
+			j := strings.IndexByte(text[i:], e.addedByte)
+			if j < 0 {
+				break
+			}
+			i += j
+		}
 		cands := e.addedFirst[text[i]]
 		if len(cands) == 0 {
 			continue
@@ -491,7 +515,7 @@ func (e *Encoder) encodeSegment(ctx context.Context, dst []uint32, s string, cac
 		return dst, err
 	}
 	if cache == nil && ctx.Done() == nil || len(s) < minCachedChunk {
-		return e.encodePlain(dst, s)
+		return e.encodeChecked(dst, s)
 	}
 	var err error
 	for len(s) > 0 {
@@ -501,14 +525,8 @@ func (e *Encoder) encodeSegment(ctx context.Context, dst []uint32, s string, cac
 		n := e.chunkEnd(s)
 		chunk := s[:n]
 		s = s[n:]
-		if len(chunk) < minCachedChunk {
-			if dst, err = e.encodePlain(dst, chunk); err != nil {
-				return dst, err
-			}
-			continue
-		}
-		if cache == nil {
-			if dst, err = e.encodePlain(dst, chunk); err != nil {
+		if len(chunk) < minCachedChunk || cache == nil {
+			if dst, err = e.encodeChecked(dst, chunk); err != nil {
 				return dst, err
 			}
 			continue
@@ -519,7 +537,7 @@ func (e *Encoder) encodeSegment(ctx context.Context, dst []uint32, s string, cac
 			continue
 		}
 		start := len(dst)
-		if dst, err = e.encodePlain(dst, chunk); err != nil {
+		if dst, err = e.encodeChecked(dst, chunk); err != nil {
 			return dst, err
 		}
 		cache.put(key, len(chunk), dst[start:])
@@ -581,6 +599,14 @@ func skipSpace(s string, i int) int {
 		i += w
 	}
 	return i
+}
+
+// encodeChecked is encodePlain for text not yet checked to be UTF-8.
+func (e *Encoder) encodeChecked(dst []uint32, s string) ([]uint32, error) {
+	if !utf8.ValidString(s) {
+		return dst, ErrInvalidUTF8
+	}
+	return e.encodePlain(dst, s)
 }
 
 // encodePlain normalizes, pre-tokenizes and BPE-encodes a span without added

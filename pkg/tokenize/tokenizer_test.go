@@ -415,3 +415,51 @@ func minimalTokenizerJSON(t *testing.T) map[string]json.RawMessage {
 	}
 	return doc
 }
+
+// TestInvalidUTF8RefusedInEveryPiece: the UTF-8 check is made per piece
+// (segments between added tokens, chunks of long segments) and skipped for
+// cached chunks; a bad byte anywhere — in a short segment, in a new chunk
+// after cached ones, next to an added token, in the last chunk — is still
+// refused, with or without the cache, and valid text still encodes as a
+// whole.
+func TestInvalidUTF8RefusedInEveryPiece(t *testing.T) {
+	enc := loadEncoder(t, "qwen3")
+	var b strings.Builder
+	for i := 0; b.Len() < 20_000; i++ {
+		fmt.Fprintf(&b, "Line %d of the history, with café and 日本語.\n", i)
+	}
+	long := b.String()
+	cache := newChunkCache(8 << 20)
+	if _, err := enc.appendEncode(context.Background(), nil, long, false, cache); err != nil {
+		t.Fatal(err)
+	}
+	if hits, _, _ := cache.stats(); hits != 0 {
+		t.Fatalf("hits before reuse: %d", hits)
+	}
+	bad := []string{
+		long + "tail \xff here\n",                     // new chunk after cached ones
+		long[:5000] + "\xc3" + long[5000:],            // inside a cached chunk's span
+		"short \xe6\x97 segment",                      // a segment below the chunk size
+		long + "<|im_start|>\xfe<|im_end|>",           // between two added tokens
+		"<|im_start|>user\n" + long + "\xed\xa0\x80x", // a surrogate half in the last chunk
+	}
+	for i, text := range bad {
+		for _, c := range []*chunkCache{nil, cache} {
+			if _, err := enc.appendEncode(context.Background(), nil, text, false, c); !errors.Is(err, ErrInvalidUTF8) {
+				t.Errorf("case %d (cache %v): err = %v, want ErrInvalidUTF8", i, c != nil, err)
+			}
+		}
+	}
+	text := long + "<|im_start|>assistant\n" + long
+	want, err := enc.Encode(text, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := enc.appendEncode(context.Background(), nil, text, false, cache)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("valid text through the warm cache: %v (equal %v)", err, slices.Equal(got, want))
+	}
+	if hits, _, _ := cache.stats(); hits == 0 {
+		t.Fatal("the history was not served from the cache")
+	}
+}
