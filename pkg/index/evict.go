@@ -65,7 +65,7 @@ func (ix *Index) evictSome(limit int) bool {
 			continue
 		}
 		tab := &rs.eng
-		sb := tab.dir[h.di].sb
+		sb := tab.subs[h.di]
 		if h.di&(1<<(tab.gd-sb.ld)-1) != 0 {
 			h.di++
 			h.pos = 0

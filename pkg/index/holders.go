@@ -49,8 +49,10 @@ func hInc(w uint64, t Tier) uint64 {
 func hDec(w uint64, t Tier) uint64 { return w - 1<<(slotBits+cntBits*uint(t)) }
 
 // arena stores the holder records of keys with more than one holder. A
-// record is a header word (n | cap<<32) followed by cap holder words; cap is
-// a power of two. Records live in chunks (the first ones small, then 512 KiB
+// record is three header words followed by cap holder words (cap a power of
+// two): n | cap<<32, then two masks over the slots below 64 (what Match's
+// bitmask path reads instead of the holder words): recHeld, the slots that
+// hold the key, and recLower, those of them whose GPU count is zero. Records live in chunks (the first ones small, then 512 KiB
 // each) and are reused through per-size free lists; chunks are never
 // returned, so the arena is as large as its peak use. A record holds at most
 // maxHolders holders: past that, further replicas are not recorded as
@@ -70,6 +72,33 @@ const (
 	maxChunks  = 1 << (32 - chunkShift)
 )
 
+// The header words of a record, and the index of its two slot masks.
+const (
+	recHdr   = 3
+	recHeld  = 1
+	recLower = 2
+)
+
+// note records holder word w (of slot s, not empty) in record r's masks.
+func note(r []uint64, w uint64) {
+	if s := hSlot(w); s < 64 {
+		r[recHeld] |= 1 << s
+		if hCount(w, TierGPU) == 0 {
+			r[recLower] |= 1 << s
+		} else {
+			r[recLower] &^= 1 << s
+		}
+	}
+}
+
+// unnote removes slot s from record r's masks.
+func unnote(r []uint64, s uint32) {
+	if s < 64 {
+		r[recHeld] &^= 1 << s
+		r[recLower] &^= 1 << s
+	}
+}
+
 func (a *arena) rec(off uint32) []uint64 {
 	return a.chunks[off>>chunkShift][off&(chunkWords-1):]
 }
@@ -84,7 +113,7 @@ func (a *arena) alloc(capacity int) (uint32, bool) {
 		a.free[cls] = fl[:len(fl)-1]
 		return off, true
 	}
-	need := 1 + capacity
+	need := recHdr + capacity
 	if len(a.chunks) == 0 || a.used+need > len(a.chunks[len(a.chunks)-1]) {
 		if len(a.chunks) == maxChunks {
 			a.live--
@@ -136,7 +165,7 @@ func (a *arena) holders(v uint64, buf *[2]uint64) []uint64 {
 		return buf[:1]
 	}
 	r := a.rec(uint32(v))
-	return r[1 : 1+uint32(r[0])]
+	return r[recHdr : recHdr+uint32(r[0])]
 }
 
 // Inline holders. A key held by one or two replicas keeps them in the key
@@ -231,7 +260,11 @@ func (a *arena) set(ks *slot, hs []uint64, ref uint64) bool {
 	}
 	r := a.rec(off)
 	r[0] = uint64(len(hs)) | uint64(c)<<32
-	copy(r[1:], hs)
+	r[recHeld], r[recLower] = 0, 0
+	for _, w := range hs {
+		note(r, w)
+	}
+	copy(r[recHdr:], hs)
 	ks.v = spillBit | ref | uint64(off)
 	return true
 }
@@ -276,9 +309,11 @@ func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 	off := uint32(v)
 	r := a.rec(off)
 	n, c := int(uint32(r[0])), int(r[0]>>32)
-	i, found := search(r[1:1+n], s)
+	h := r[recHdr : recHdr+n]
+	i, found := search(h, s)
 	if found {
-		r[1+i] = hInc(r[1+i], t)
+		h[i] = hInc(h[i], t)
+		note(r, h[i])
 		ks.v = v | refBit
 		return false
 	}
@@ -291,13 +326,15 @@ func (a *arena) hold(ks *slot, s uint32, t Tier) bool {
 			return false
 		}
 		nr := a.rec(noff)
-		copy(nr[1:1+n], r[1:1+n])
+		copy(nr[1:recHdr+n], r[1:recHdr+n])
 		a.release(off)
 		off, r = noff, nr
 		c *= 2
 	}
-	copy(r[2+i:2+n], r[1+i:1+n])
-	r[1+i] = hInc(uint64(s), t)
+	h = r[recHdr : recHdr+n+1]
+	copy(h[i+1:], h[i:n])
+	h[i] = hInc(uint64(s), t)
+	note(r, h[i])
 	r[0] = uint64(n+1) | uint64(c)<<32
 	ks.v = spillBit | refBit | uint64(off)
 	return true
@@ -330,22 +367,26 @@ func (a *arena) unhold(ks *slot, s uint32, t Tier) (gone, empty bool) {
 	off := uint32(v)
 	r := a.rec(off)
 	n, c := int(uint32(r[0])), int(r[0]>>32)
-	i, found := search(r[1:1+n], s)
-	if !found || hCount(r[1+i], t) == 0 {
+	h := r[recHdr : recHdr+n]
+	i, found := search(h, s)
+	if !found || hCount(h[i], t) == 0 {
 		return false, false
 	}
-	r[1+i] = hDec(r[1+i], t)
-	if hEmpty(r[1+i]) {
+	h[i] = hDec(h[i], t)
+	if hEmpty(h[i]) {
 		gone = true
-		copy(r[1+i:n], r[2+i:1+n])
+		unnote(r, s)
+		copy(h[i:], h[i+1:])
 		n--
 		if n == 0 {
 			a.release(off)
 			return true, true
 		}
 		r[0] = uint64(n) | uint64(c)<<32
+	} else {
+		note(r, h[i])
 	}
-	if in, ok := inline(r[1 : 1+n]); ok {
+	if in, ok := inline(r[recHdr : recHdr+n]); ok {
 		ks.v = in | ref
 		a.release(off)
 	}

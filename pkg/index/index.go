@@ -1,9 +1,9 @@
 package index
 
 import (
+	"math/bits"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -329,8 +329,7 @@ func (ix *Index) Cleared(r ReplicaID) {
 
 	work := 0
 	ix.mu.Lock()
-	for di, de := range old.dir {
-		sb := de.sb
+	for di, sb := range old.subs {
 		if di&(1<<(old.gd-sb.ld)-1) != 0 {
 			continue
 		}
@@ -364,27 +363,154 @@ func (ix *Index) Cleared(r ReplicaID) {
 // makes one descent: a replica drops out at its first missing block, and the
 // descent stops at the first block nobody still alive holds. It holds the
 // read lock for the whole descent, so it sees the index between two writer
-// chunks, and allocates nothing when dst has room and at most 32 replicas
-// hold the first block.
+// chunks, and allocates nothing when dst has room and either every holder of
+// the first block has a slot below 64 or at most 32 replicas hold it.
 func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	if len(keys) == 0 {
 		return dst
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	t := &ix.keys
-	// The home slot of key i+matchAhead-1 is prefetched when key i is
-	// looked up, so that matchAhead lookups are in flight at once and each
-	// find reads a slot that has (mostly) arrived.
-	var starts [matchAhead]probe
-	for i, k := range keys[:min(len(keys), matchAhead)] {
-		starts[i] = t.probeStart(mix(uint64(k)))
-	}
-	ks := t.findFrom(uint64(keys[0]), starts[0])
-	if ks == nil {
+	w := newWalk(&ix.keys, keys)
+	var vs [matchAhead]uint64
+	n := w.batch(&vs)
+	if n == 0 {
 		return dst
 	}
-	// The replicas still matching, in slot order, with their counts so far.
+	var two [2]uint64
+	hs := ix.arena.holders(vs[0], &two)
+	if hSlot(hs[len(hs)-1]) >= smallSlots {
+		return ix.matchWide(&w, &vs, n, hs, dst)
+	}
+	return ix.matchSmall(&w, &vs, n, hs, dst)
+}
+
+// smallSlots bounds the slots Match tracks in a bitmask (matchSmall); a
+// variable so that tests can send every match through matchWide.
+var smallSlots uint32 = 64
+
+// matchSmall is Match when every holder of the first key (hs, sorted by
+// slot) has a slot below 64: the replicas still matching are a bitmask, a
+// replica's entry in dst is its rank among the first key's holders, and the
+// common step (the one or two replicas left are the key's inline holders,
+// on the GPU) is one masked compare of the key word. vs holds the first
+// batch's n key words.
+func (ix *Index) matchSmall(w *walk, vs *[matchAhead]uint64, n int, hs []uint64, dst []ReplicaMatch) []ReplicaMatch {
+	base := len(dst)
+	var first uint64 // the slots holding key 0
+	for _, h := range hs {
+		first |= 1 << hSlot(h)
+		m := ReplicaMatch{Replica: ix.bySlot[hSlot(h)].id}
+		m.ByTier[hBest(h)]++
+		dst = append(dst, m)
+	}
+	out := dst[base:]
+	alive := first
+	fm, fw := fastMask(alive)
+	at, b := 0, 1 // key at+b is next
+walk:
+	for {
+		for {
+			// Skip the keys that both (or the one) live replicas hold
+			// on the GPU.
+			if b += sameRun(vs[b:n], fm, fw); b == n {
+				break
+			}
+			if alive = ix.smallStep(vs[b], alive, first, out, at+b); alive == 0 {
+				w.touch(b + 1)
+				break walk
+			}
+			fm, fw = fastMask(alive)
+			b++
+		}
+		w.touch(n)
+		at += n
+		if n < matchAhead {
+			break
+		}
+		n, b = w.batch(vs), 0
+	}
+	for a := alive; a != 0; a &= a - 1 {
+		out[bits.OnesCount64(first&(1<<bits.TrailingZeros64(a)-1))].Blocks = at
+	}
+	for k := range out {
+		m := &out[k]
+		m.ByTier[TierGPU] = m.Blocks - m.ByTier[TierCPU] - m.ByTier[TierDisk]
+	}
+	return dst
+}
+
+// sameRun is how many words of vs, from the first, have value fw under
+// mask fm.
+func sameRun(vs []uint64, fm, fw uint64) int {
+	for j, v := range vs {
+		if v&fm != fw {
+			return j
+		}
+	}
+	return len(vs)
+}
+
+// Inline holder bits of the lower tiers' counts, for both inline holders.
+const inLowerCnts = (uint64(1)<<(inCntBits*(int(NumTiers)-1)) - 1) << (inSlotBits + inCntBits) * (1 | 1<<inBits)
+
+// fastMask returns the mask and value a key word has when the live
+// replicas alive (one or two) are among its inline holders, on the GPU
+// only; a mask that nothing matches for other live sets.
+func fastMask(alive uint64) (mask, want uint64) {
+	switch bits.OnesCount64(alive) {
+	case 2:
+		lo := uint64(bits.TrailingZeros64(alive))
+		hi := uint64(63 - bits.LeadingZeros64(alive))
+		return spillBit | inPairSlots | inLowerCnts, lo | hi<<inBits
+	case 1:
+		// Held by the one replica as the first inline holder (the only
+		// check here: as the second, smallStep handles it).
+		s := uint64(bits.TrailingZeros64(alive))
+		return spillBit | inMask&(inSlotMask|inLowerCnts), s
+	}
+	return 0, 1
+}
+
+const inSlotMask = 1<<inSlotBits - 1
+
+// smallStep applies key i, with key word v, to the live replicas alive:
+// those that do not hold it stop at depth i, those that hold it on a lower
+// tier count it there. It returns the replicas still alive.
+func (ix *Index) smallStep(v, alive, first uint64, out []ReplicaMatch, i int) uint64 {
+	var held uint64
+	if v&spillBit == 0 {
+		for c := v & (1<<(2*inBits) - 1); c != 0; c >>= inBits {
+			s := inSlot(c)
+			if s >= 64 {
+				continue
+			}
+			held |= 1 << s
+			if b := inBest(c); b != TierGPU && alive&(1<<s) != 0 {
+				out[bits.OnesCount64(first&(1<<s-1))].ByTier[b]++
+			}
+		}
+	} else {
+		// The record's masks: no holder word is read unless a live
+		// replica holds the key on a lower tier only.
+		r := ix.arena.rec(uint32(v))
+		held = r[recHeld]
+		for l := r[recLower] & alive; l != 0; l &= l - 1 {
+			s := uint32(bits.TrailingZeros64(l))
+			hs := r[recHdr : recHdr+uint32(r[0])]
+			j, _ := search(hs, s)
+			out[bits.OnesCount64(first&(1<<s-1))].ByTier[hBest(hs[j])]++
+		}
+	}
+	for d := alive &^ held; d != 0; d &= d - 1 {
+		out[bits.OnesCount64(first&(1<<bits.TrailingZeros64(d)-1))].Blocks = i
+	}
+	return alive & held
+}
+
+// matchWide is Match when a holder of the first key (hs, sorted by slot)
+// has a slot of 64 or more: the live replicas are a list in slot order.
+func (ix *Index) matchWide(w *walk, vs *[matchAhead]uint64, n int, hs []uint64, dst []ReplicaMatch) []ReplicaMatch {
 	type live struct {
 		slot   uint32
 		at     int32  // index in dst
@@ -394,8 +520,7 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	var buf [32]live
 	alive := buf[:0]
 	var two [2]uint64
-	v := ix.touch(ks)
-	for _, w := range ix.arena.holders(v, &two) {
+	for _, w := range hs {
 		a := live{slot: hSlot(w), at: int32(len(dst)), blocks: 1, lower: tierInc[hBest(w)*inCntBits]}
 		alive = append(alive, a)
 		dst = append(dst, ReplicaMatch{Replica: ix.bySlot[hSlot(w)].id})
@@ -407,70 +532,61 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 		m.Blocks = a.blocks
 		m.ByTier = [NumTiers]int{a.blocks - cpu - disk, cpu, disk}
 	}
-	for i := 1; i < len(keys); i++ {
-		if j := i + matchAhead - 1; j < len(keys) {
-			starts[j%matchAhead] = t.probeStart(mix(uint64(keys[j])))
-		}
-		ks := t.findFrom(uint64(keys[i]), starts[i%matchAhead])
-		if ks == nil {
-			break
-		}
-		v := ix.touch(ks)
-		if len(alive) == 2 && v&(spillBit|inPairSlots) == uint64(alive[0].slot)|uint64(alive[1].slot)<<inBits {
-			// The common case: the two live replicas are the key's two
-			// inline holders.
-			alive[0].blocks++
-			alive[0].lower += tierInc[inBestBit(v)]
-			alive[1].blocks++
-			alive[1].lower += tierInc[inBestBit(v>>inBits)]
-			continue
-		}
-		kept := 0
-		if v&spillBit == 0 {
-			// One or two inline holders: keep the live replicas that
-			// are one of them.
-			c0, c1 := v&inMask, v>>inBits&inMask
-			for k := range alive {
-				a := &alive[k]
-				c := c0
-				if inSlot(c0) != a.slot {
-					if c1 == 0 || inSlot(c1) != a.slot {
+	for b := 1; ; b = 0 {
+		for j, v := range vs[b:n] {
+			kept := 0
+			if v&spillBit == 0 {
+				// One or two inline holders: keep the live replicas
+				// that are one of them.
+				c0, c1 := v&inMask, v>>inBits&inMask
+				for k := range alive {
+					a := &alive[k]
+					c := c0
+					if inSlot(c0) != a.slot {
+						if c1 == 0 || inSlot(c1) != a.slot {
+							flush(a)
+							continue
+						}
+						c = c1
+					}
+					a.blocks++
+					a.lower += tierInc[inBestBit(c)]
+					if kept != k {
+						alive[kept] = *a
+					}
+					kept++
+				}
+			} else {
+				hs := ix.arena.holders(v, &two)
+				j := 0
+				for k := range alive {
+					a := &alive[k]
+					for j < len(hs) && hSlot(hs[j]) < a.slot {
+						j++
+					}
+					if j == len(hs) || hSlot(hs[j]) != a.slot {
 						flush(a)
 						continue
 					}
-					c = c1
+					a.blocks++
+					a.lower += tierInc[hBest(hs[j])*inCntBits]
+					if kept != k {
+						alive[kept] = *a
+					}
+					kept++
 				}
-				a.blocks++
-				a.lower += tierInc[inBestBit(c)]
-				if kept != k {
-					alive[kept] = *a
-				}
-				kept++
 			}
-		} else {
-			hs := ix.arena.holders(v, &two)
-			j := 0
-			for k := range alive {
-				a := &alive[k]
-				for j < len(hs) && hSlot(hs[j]) < a.slot {
-					j++
-				}
-				if j == len(hs) || hSlot(hs[j]) != a.slot {
-					flush(a)
-					continue
-				}
-				a.blocks++
-				a.lower += tierInc[hBest(hs[j])*inCntBits]
-				if kept != k {
-					alive[kept] = *a
-				}
-				kept++
+			alive = alive[:kept]
+			if kept == 0 {
+				w.touch(b + j + 1)
+				return dst
 			}
 		}
-		alive = alive[:kept]
-		if kept == 0 {
-			return dst
+		w.touch(n)
+		if n < matchAhead {
+			break
 		}
+		n = w.batch(vs)
 	}
 	for k := range alive {
 		flush(&alive[k])
@@ -478,22 +594,9 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	return dst
 }
 
-// touch sets the reference bit of the key in ks (a matcher holding the read
-// lock may: the bit is set atomically) and returns the key's word.
-func (ix *Index) touch(ks *slot) uint64 {
-	v := atomic.LoadUint64(&ks.v)
-	if v&refBit == 0 {
-		atomic.OrUint64(&ks.v, refBit)
-	}
-	return v
-}
-
 // tierInc, indexed by a best tier times 3 (inBestBit), is what a block
 // adds to a live replica's lower-tier counts.
 var tierInc = [8]uint64{inCntBits * int(TierCPU): 1, inCntBits * int(TierDisk): 1 << 32}
-
-// matchAhead is how many home slots Match keeps in flight (a power of two).
-const matchAhead = 16
 
 // Stats reports the index's size.
 func (ix *Index) Stats() Stats {

@@ -21,10 +21,9 @@ func checkInvariants(t testing.TB, ix *Index) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	tabBytes := func(name string, tab *xtab) int64 {
-		var b int64 = int64(cap(tab.dir)) * dirEntBytes
+		var b int64 = int64(len(tab.dir)) * dirEntBytes
 		n := 0
-		for di, de := range tab.dir {
-			sb := de.sb
+		for di, sb := range tab.subs {
 			if di&(1<<(tab.gd-sb.ld)-1) != 0 {
 				continue
 			}
@@ -77,8 +76,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 		if rs == nil {
 			continue
 		}
-		for di, de := range rs.eng.dir {
-			sb := de.sb
+		for di, sb := range rs.eng.subs {
 			if di&(1<<(rs.eng.gd-sb.ld)-1) != 0 {
 				continue
 			}
@@ -125,8 +123,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 	}
 	holders := 0
 	var two [2]uint64
-	for di, de := range ix.keys.dir {
-		sb := de.sb
+	for di, sb := range ix.keys.subs {
 		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
 			continue
 		}
@@ -138,6 +135,21 @@ func checkInvariants(t testing.TB, ix *Index) {
 			hs := ix.arena.holders(ks.v, &two)
 			if _, fits := inline(hs); ks.v&spillBit != 0 && fits {
 				t.Fatalf("key %x: spilled record of %d holders that fit inline", ks.k, len(hs))
+			}
+			if ks.v&spillBit != 0 {
+				var held, lower uint64
+				for _, w := range hs {
+					if hSlot(w) < 64 {
+						held |= 1 << hSlot(w)
+						if hCount(w, TierGPU) == 0 {
+							lower |= 1 << hSlot(w)
+						}
+					}
+				}
+				r := ix.arena.rec(uint32(ks.v))
+				if r[recHeld] != held || r[recLower] != lower {
+					t.Fatalf("key %x: record masks %x/%x, holders %x/%x", ks.k, r[recHeld], r[recLower], held, lower)
+				}
 			}
 			for j, w := range hs {
 				if j > 0 && hSlot(hs[j-1]) >= hSlot(w) {
@@ -644,8 +656,7 @@ func TestBudget(t *testing.T) {
 					d := depthOf(want, g.Replica)
 					if g.Blocks > d {
 						rs := ix.byID[g.Replica]
-						for _, de := range rs.eng.dir {
-							sb := de.sb
+						for _, sb := range rs.eng.subs {
 							for i := range sb.s {
 								e := sb.s[i]
 								if e.k>>61 != 0 && kvblock.Key(e.v) == q[0] {
@@ -886,7 +897,7 @@ func TestArenaChunks(t *testing.T) {
 		}
 		seen[off] = true
 	}
-	words := n * 3
+	words := n * (recHdr + 2)
 	if maxChunks := words/chunkWords + chunkShift; len(a.chunks) > maxChunks {
 		t.Fatalf("%d chunks for %d words", len(a.chunks), words)
 	}
@@ -1022,9 +1033,9 @@ func checkSlab(t testing.TB, ix *Index) {
 		}
 	}
 	for _, tab := range tabs {
-		for di, de := range tab.dir {
-			if di&(1<<(tab.gd-de.ld)-1) == 0 {
-				note(de.sb.s)
+		for di, sb := range tab.subs {
+			if di&(1<<(tab.gd-sb.ld)-1) == 0 {
+				note(sb.s)
 			}
 		}
 	}

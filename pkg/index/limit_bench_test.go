@@ -208,8 +208,7 @@ func BenchmarkMatchVsLimit(b *testing.B) {
 func (ix *Index) eachKey(fn func(k uint64, slots []uint32)) {
 	var two [2]uint64
 	var slots []uint32
-	for di, de := range ix.keys.dir {
-		sb := de.sb
+	for di, sb := range ix.keys.subs {
 		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
 			continue
 		}

@@ -387,6 +387,11 @@ func TestOracle(t *testing.T) {
 		{"many-groups", 4, 6, 8, 10, 12000, 12},
 		// Every slot array mapped off the Go heap (offheapMin lowered).
 		{"off-heap", 5, 10, 60, 24, 12000, 0},
+		// Slots past 64: matches whose first block such a replica holds
+		// take the list path (matchWide), the others the bitmask path.
+		{"wide", 6, 90, 40, 16, 12000, 0},
+		// Every match through the list path (smallSlots lowered).
+		{"list-path", 7, 10, 60, 24, 12000, 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorkload(tc.seed, tc.replicas, tc.convs, tc.blocks, 4)
@@ -394,6 +399,10 @@ func TestOracle(t *testing.T) {
 			if tc.name == "off-heap" {
 				defer func(m int) { offheapMin = m }(offheapMin)
 				offheapMin = 0
+			}
+			if tc.name == "list-path" {
+				defer func(s uint32) { smallSlots = s }(smallSlots)
+				smallSlots = 0
 			}
 			ix := New(Config{})
 			m := newModel()
@@ -432,8 +441,7 @@ func spilledKeys(ix *Index) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	n := 0
-	for di, de := range ix.keys.dir {
-		sb := de.sb
+	for di, sb := range ix.keys.subs {
 		if di&(1<<(ix.keys.gd-sb.ld)-1) != 0 {
 			continue
 		}

@@ -9,3 +9,9 @@ import "unsafe"
 //
 //go:noescape
 func prefetch(p unsafe.Pointer)
+
+// prefetchAll prefetches the cache lines at the n addresses from p on (one
+// call for a batch of addresses).
+//
+//go:noescape
+func prefetchAll(p *uintptr, n int)

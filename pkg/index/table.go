@@ -99,17 +99,17 @@ type sub struct {
 	ld  uint8  // local depth: how many top hash bits all entries share
 }
 
-// dirEnt is one directory entry: the sub-table and, copied from it, what a
-// lookup needs (its slots' address, capacity and local depth), so that a
-// lookup reads one entry of the small directory and then the slot.
+// dirEnt is one directory entry: what a lookup needs of the sub-table (its
+// slots' address, capacity and local depth), copied from it, so that a
+// lookup reads one 16-byte entry of the small directory and then the slot.
+// The sub-tables themselves are in the parallel slice subs.
 type dirEnt struct {
-	sb *sub
 	s  unsafe.Pointer // &sb.s[0]
 	c  uint32
 	ld uint8
 }
 
-// dirEntBytes is the size of a dirEnt.
+// dirEntBytes is what one directory entry costs: a dirEnt and a *sub.
 const dirEntBytes = 24
 
 // xtab is an extendible hash: a directory indexed by the top gd bits of the
@@ -119,6 +119,7 @@ const dirEntBytes = 24
 // whole table.
 type xtab struct {
 	dir  []dirEnt
+	subs []*sub // parallel to dir
 	gd   uint8
 	n    int
 	kind tabKind
@@ -129,7 +130,7 @@ type xtab struct {
 func newXtab(kind tabKind, e *env) xtab {
 	t := xtab{kind: kind, env: e}
 	sb := t.newSub(minCap, 0, 0, 0)
-	t.dir = t.allocDir(1)
+	t.dir, t.subs = t.allocDir(1)
 	t.refresh(sb)
 	return t
 }
@@ -143,18 +144,19 @@ func (t *xtab) account(d int64) {
 	}
 }
 
-func (t *xtab) allocDir(n int) []dirEnt {
-	d := slices.Grow([]dirEnt(nil), n)
-	t.account(int64(cap(d)) * dirEntBytes)
-	return d[:n]
+func (t *xtab) allocDir(n int) ([]dirEnt, []*sub) {
+	d := make([]dirEnt, n)
+	t.account(int64(n) * dirEntBytes)
+	return d, make([]*sub, n)
 }
 
 // refresh writes sb's directory entries (after its slots changed).
 func (t *xtab) refresh(sb *sub) {
 	first := int(sb.pre << (t.gd - sb.ld))
-	e := dirEnt{sb: sb, s: unsafe.Pointer(unsafe.SliceData(sb.s)), c: uint32(len(sb.s)), ld: sb.ld}
+	e := dirEnt{s: unsafe.Pointer(unsafe.SliceData(sb.s)), c: uint32(len(sb.s)), ld: sb.ld}
 	for i := range 1 << (t.gd - sb.ld) {
 		t.dir[first+i] = e
+		t.subs[first+i] = sb
 	}
 }
 
@@ -251,14 +253,14 @@ func (t *xtab) newSub(capacity, entries int, ld uint8, pre uint64) *sub {
 
 // release gives back everything the table holds (the table is dropped).
 func (t *xtab) release() {
-	for di, de := range t.dir {
-		if di&(1<<(t.gd-de.ld)-1) == 0 {
-			t.freeSlots(de.sb.s)
+	for di, sb := range t.subs {
+		if di&(1<<(t.gd-sb.ld)-1) == 0 {
+			t.freeSlots(sb.s)
 		}
 	}
 	t.env.bytes -= t.own
 	t.own = 0
-	t.dir = nil
+	t.dir, t.subs = nil, nil
 	t.n = 0
 }
 
@@ -284,7 +286,7 @@ func (t *xtab) occupied(s *slot, v uint64) bool {
 // subOf returns the sub-table for hash h and its directory index.
 func (t *xtab) subOf(h uint64) (*sub, int) {
 	di := int(h >> (64 - uint(t.gd))) // 0 when gd is 0: Go shifts by 64 give 0
-	return t.dir[di].sb, di
+	return t.subs[di], di
 }
 
 // find returns the slot holding q, or nil. It may run under the read lock:
@@ -458,12 +460,13 @@ func (t *xtab) grow(sb *sub, di int) {
 	}
 	// Split on hash bit 63-ld.
 	if sb.ld == t.gd {
-		nd := t.allocDir(2 * len(t.dir))
+		nd, ns := t.allocDir(2 * len(t.dir))
 		for i := range nd {
 			nd[i] = t.dir[i>>1]
+			ns[i] = t.subs[i>>1]
 		}
-		t.account(-int64(cap(t.dir)) * dirEntBytes)
-		t.dir = nd
+		t.account(-int64(len(t.dir)) * dirEntBytes)
+		t.dir, t.subs = nd, ns
 		t.gd++
 		di <<= 1
 	}
@@ -551,47 +554,6 @@ func (t *xtab) maybeShrink(sb *sub) {
 		nc := max(minCap, sb.n*10/6+1)
 		if ac, ok := t.capFor(nc, sb.n); nc < c && (!ok || ac < c) {
 			t.rebuild(sb, nc)
-		}
-	}
-}
-
-// keySlotAt is the slot at position i of the sub-table of directory entry e.
-func keySlotAt(e *dirEnt, i uint64) *slot {
-	return (*slot)(unsafe.Add(e.s, i*slotBytes))
-}
-
-// probe is where a lookup starts: a directory entry and the home position.
-type probe struct {
-	e *dirEnt
-	i uint64
-}
-
-// probeStart returns where the lookup of hash h starts and starts fetching
-// that slot.
-func (t *xtab) probeStart(h uint64) probe {
-	e := &t.dir[h>>(64-uint(t.gd))]
-	i, _ := bits.Mul64(h<<e.ld, uint64(e.c))
-	prefetch(unsafe.Pointer(keySlotAt(e, i)))
-	return probe{e, i}
-}
-
-// findFrom is findHashed for the key table (keyKind: a slot is occupied
-// when v is not zero, keys compare whole), from the start p of q's probe.
-func (t *xtab) findFrom(q uint64, p probe) *slot {
-	e, i, c := p.e, p.i, uint64(p.e.c)
-	for d := 0; ; d++ {
-		s := keySlotAt(e, i)
-		if atomic.LoadUint64(&s.v) == 0 {
-			return nil
-		}
-		if s.k == q {
-			return s
-		}
-		if d >= findQuickProbes && t.disp(e.sb, int(i)) < d {
-			return nil
-		}
-		if i++; i == c {
-			i = 0
 		}
 	}
 }
