@@ -144,6 +144,7 @@ type cluster struct {
 type clusterOpts struct {
 	engines int
 	kvEnv   []string // extra environment for kvroute (OTEL_*)
+	kvArgs  []string // further kvroute serve flags
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
@@ -154,6 +155,7 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 		EngineArgs:     func(i int) []string { return engineArgs(100 + i) },
 		KVRouteExtra:   kvrouteExtra,
 		KVRouteEnv:     o.kvEnv,
+		KVRouteArgs:    o.kvArgs,
 		UpstreamHeader: "x-e2e-upstream",
 	})
 	if err != nil {

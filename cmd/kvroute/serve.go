@@ -331,9 +331,20 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 		select {
 		case <-drained:
 		case <-time.After(r.cfg.Listeners.DrainTimeout):
-			r.log.Warn("drain timeout: closing remaining streams")
-			extSrv.Stop()
-			<-drained
+			// Streams outliving the drain end with a status Envoy acts on
+			// (UNAVAILABLE: it fails open and serves the rest of the
+			// request without kvroute), each at its next message; after
+			// endStreamsGrace the connections close, ending any stream
+			// still waiting for one.
+			r.log.Warn("drain timeout: ending the remaining ext_proc streams with UNAVAILABLE")
+			r.ext.EndStreams()
+			select {
+			case <-drained:
+			case <-time.After(endStreamsGrace):
+				r.log.Warn("closing the ext_proc connections")
+				extSrv.Stop()
+				<-drained
+			}
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -374,6 +385,11 @@ func (r *wiring) serve(ctx context.Context, lis listeners) error {
 	r.tok.Close()
 	return err
 }
+
+// endStreamsGrace is how long, after the drain deadline, streams still
+// open have to reach their next message and end with a status before the
+// ext_proc connections are closed under them.
+const endStreamsGrace = time.Second
 
 func httpServe(s *http.Server, ln net.Listener, name string) error {
 	if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -114,6 +114,15 @@
 // (further ones wait for a slot) and is closed after
 // Config.MaxConnectionIdle without streams (ServerOptions).
 //
+// Shutdown: after GracefulStop has waited as long as the owner allows,
+// Server.EndStreams ends every stream still open with UNAVAILABLE
+// (ErrEndStreams) at its next message, after answering that message, and
+// counts it (kvroute_extproc_stream_errors_total{kind="ended"}). A proxy
+// that fails open (Envoy's failure_mode_allow) serves the rest of the
+// request without the router; with Envoy's STREAMED response mode no
+// response byte is lost. Streams with no message pending are ended by the
+// owner's final grpc.Server.Stop.
+//
 // Metrics (registered on Config.Registerer): kvroute_decisions_total,
 // kvroute_decision_duration_seconds, kvroute_tokenize_duration_seconds,
 // kvroute_extproc_immediate_responses_total,

@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code", "reason"}),
 		streamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_extproc_stream_errors_total",
-			Help: "ext_proc stream failures, by kind (recv, send, panic, protocol).",
+			Help: "ext_proc stream failures, by kind (recv, send, panic, protocol, ended: ended by EndStreams at a shutdown's drain deadline).",
 		}, []string{"kind"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_extproc_streams_active",

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.opentelemetry.io/otel/trace"
@@ -29,7 +30,25 @@ type Server struct {
 	metrics *metrics
 	// propFields are the (lower-case) headers the propagator reads.
 	propFields map[string]bool
+	// ending is set by EndStreams: every stream ends at its next message.
+	ending atomic.Bool
 }
+
+// ErrEndStreams is the status of a stream ended by EndStreams: UNAVAILABLE,
+// which a proxy configured to fail open (Envoy's failure_mode_allow) acts on
+// by serving the rest of the request without the router.
+var ErrEndStreams = status.Error(codes.Unavailable, "kvroute is shutting down: its drain deadline passed; serve the rest of this request without it")
+
+// EndStreams makes every open stream, and any stream opened later, end
+// with ErrEndStreams at its next message from the proxy, after that
+// message's own answer (so in FULL_DUPLEX_STREAMED mode the chunk it
+// carried is echoed, not lost). A shutdown calls it when streams outlive
+// the drain deadline, so that each ends with a status the proxy sees and
+// acts on instead of a cut connection. A stream waiting for its next
+// message (for the upstream's response headers) is not woken: the
+// caller's final close of the connections ends it, which the proxy also
+// sees as a failed stream.
+func (s *Server) EndStreams() { s.ending.Store(true) }
 
 // New validates cfg, applies defaults and registers the request-path
 // metrics. It starts nothing.
@@ -110,6 +129,10 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 				}
 				return serr
 			}
+		}
+		if s.ending.Load() {
+			s.metrics.streamErrs.WithLabelValues("ended").Inc()
+			return ErrEndStreams
 		}
 	}
 }
