@@ -37,7 +37,6 @@ const (
 
 // Defaults.
 const (
-	DefaultRemoteTimeout    = 50 * time.Millisecond
 	DefaultCacheSize        = 4096
 	DefaultMaxInputBytes    = 32 << 20
 	DefaultBytesPerToken    = 4
@@ -65,9 +64,14 @@ type ModelConfig struct {
 	// tokenizer.json and tokenizer_config.json (the latter only for chat).
 	TokenizerJSON   string `yaml:"tokenizer_json"`
 	TokenizerConfig string `yaml:"tokenizer_config"`
-	// Timeout bounds one remote tokenization, all candidates included
-	// (default 50ms).
-	Timeout time.Duration `yaml:"timeout"`
+	// Timeout, when set, is a fixed bound on one remote tokenization, all
+	// candidates included. Unset (the default), the bound adapts to the
+	// latencies measured: DeadlineMultiplier × the recent 95th percentile
+	// of inputs of the same size, within [TimeoutMin, TimeoutMax]
+	// (defaults 100ms and 2s; TimeoutMax until enough calls were timed).
+	Timeout    time.Duration `yaml:"timeout"`
+	TimeoutMin time.Duration `yaml:"timeout_min"`
+	TimeoutMax time.Duration `yaml:"timeout_max"`
 	// Fallback on failure: approximate (default) or none.
 	Fallback Fallback `yaml:"fallback"`
 	// CacheSize is the remote tokenizer's LRU size in entries (default
@@ -89,8 +93,11 @@ type ModelConfig struct {
 
 // withDefaults fills zero fields.
 func (c ModelConfig) withDefaults() ModelConfig {
-	if c.Timeout == 0 {
-		c.Timeout = DefaultRemoteTimeout
+	if c.TimeoutMin == 0 {
+		c.TimeoutMin = DefaultTimeoutMin
+	}
+	if c.TimeoutMax == 0 {
+		c.TimeoutMax = DefaultTimeoutMax
 	}
 	if c.Fallback == "" {
 		c.Fallback = FallbackApproximate
@@ -136,8 +143,10 @@ func (c ModelConfig) Validate() error {
 		return fmt.Errorf("unknown fallback %q (want approximate or none)", c.Fallback)
 	}
 	switch {
-	case c.Timeout < 0:
-		return errors.New("timeout must be positive")
+	case c.Timeout < 0 || c.TimeoutMin < 0 || c.TimeoutMax < 0:
+		return errors.New("timeout, timeout_min and timeout_max must be positive")
+	case c.TimeoutMin > c.TimeoutMax:
+		return errors.New("timeout_min must not exceed timeout_max")
 	case c.MaxInputBytes < 0:
 		return errors.New("max_input_bytes must be positive")
 	case c.BytesPerToken < 1 || c.BytesPerToken > 64:

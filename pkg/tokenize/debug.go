@@ -15,11 +15,23 @@ type ModelDebug struct {
 	SelfCheck *SelfCheckState `json:"self_check,omitempty"`
 }
 
-// Debug returns every configured model's tokenizer, its explanation and
-// its self-check state, sorted by model.
+// Debug returns every configured model's tokenizer, and every model the
+// default tokenizer served so far, with its explanation and its self-check
+// state, sorted by model.
 func (t *Tokenizer) Debug() []ModelDebug {
-	out := make([]ModelDebug, 0, len(t.models))
+	all := make(map[string]*modelTokenizer, len(t.models))
+	if t.defaults != nil {
+		t.defaults.mu.Lock()
+		for name, m := range t.defaults.m {
+			all[name] = m
+		}
+		t.defaults.mu.Unlock()
+	}
 	for name, m := range t.models {
+		all[name] = m
+	}
+	out := make([]ModelDebug, 0, len(all))
+	for name, m := range all {
 		d := ModelDebug{Model: name, Kind: m.cfg.Kind, Explain: t.Explain(name)}
 		if m.check != nil {
 			st := m.selfCheckState()

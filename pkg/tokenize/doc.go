@@ -12,11 +12,20 @@
 //     reach a Tokenizer.
 //   - remote: the replica's own POST /tokenize (vLLM's shape: prompt, or
 //     messages with add_generation_prompt, chat_template_kwargs and tools),
-//     over a pooled keep-alive HTTP client, with a short timeout (50ms),
-//     a circuit breaker per replica URL (consecutive failures open it; after
-//     a pause one probe goes through), an LRU cache keyed by a hash of the
-//     request body (model included), and failover to the next candidate
-//     URL that Options.Replicas returned.
+//     over a pooled keep-alive HTTP client, with a circuit breaker per
+//     replica URL (consecutive failures open it; after a pause one probe
+//     goes through), an LRU cache keyed by a hash of the request body
+//     (model included), and failover to the next candidate URL that
+//     Options.Replicas returned. Identical inputs in flight at once make
+//     one call: later callers wait for the first one's answer
+//     (kvroute_tokenizer_coalesced_total), and that call is not cut short
+//     when the first caller's own request ends. Each call's deadline is
+//     learned (remote_deadline.go): DeadlineMultiplier × the 95th
+//     percentile latency of the last calls with inputs of the same size
+//     class, within [timeout_min, timeout_max] (100ms, 2s), the maximum
+//     until a class has been timed; a timed-out call counts as taking its
+//     deadline, so sustained slowness raises it. A fixed timeout can be
+//     configured instead.
 //   - local: a HuggingFace tokenizer.json implemented in Go in Encoder:
 //     byte-level BPE with the split patterns of Llama-3 (3, 3.1, 3.2),
 //     Qwen2/Qwen3, GPT-2, gpt-oss (o200k) and DeepSeek-V3 (three chained
@@ -38,7 +47,8 @@
 // kvroute_tokenizer_fallbacks_total{model,kind,reason} and named in the
 // tokens' Source as "approximate:<kind>_<reason>" (e.g.
 // "approximate:remote_timeout"), which the router's Decision and explain
-// show as the token source; with fallback "none" the error is returned
+// show as the token source, and in Tokenizer.Explain's per-model counts
+// (GET /debug/tokenizer); with fallback "none" the error is returned
 // (wrapping one of the package's errors, for errors.Is). An unknown model
 // is route.ErrUnknownModel. A request whose context ended gets its
 // context's error, never a fallback: local tokenization stops between

@@ -40,6 +40,11 @@ type remote struct {
 	breakers *breakers
 	now      func() time.Time
 	hits     func()
+	// deadlines is the per-call deadline (fixed or learned); flights
+	// coalesces identical in-flight calls (coalesced counts the waiters).
+	deadlines *deadlines
+	flights   flights
+	coalesced func()
 }
 
 type tokenizeRequest struct {
@@ -94,12 +99,44 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 			return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: SourceRemote, Exact: true}, nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	fl, leader := r.flights.join(key)
+	if !leader {
+		// The same input is being asked already: wait for that answer.
+		r.coalesced()
+		select {
+		case <-fl.done:
+			if fl.err != nil {
+				return route.Tokens{}, fl.err
+			}
+			return route.Tokens{IDs: fl.ids[:len(fl.ids):len(fl.ids)], Source: SourceRemote, Exact: true}, nil
+		case <-ctx.Done():
+			return route.Tokens{}, ctx.Err()
+		}
+	}
+	// The leader's call serves its waiters too, so it does not end with
+	// the leader's own request: only its deadline bounds it.
+	ids, err := r.callReplicas(context.WithoutCancel(ctx), body)
+	r.flights.land(key, fl, ids, err)
+	if err != nil {
+		return route.Tokens{}, err
+	}
+	if r.cache != nil {
+		r.cache.put(key, ids)
+	}
+	return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: SourceRemote, Exact: true}, nil
+}
+
+// callReplicas asks the candidate replicas in order until one answers,
+// within one deadline for all of them, and feeds the deadline estimate.
+func (r *remote) callReplicas(ctx context.Context, body []byte) ([]uint32, error) {
+	limit := r.deadlines.deadline(len(body))
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	urls := r.replicas(r.model)
 	if len(urls) == 0 {
-		return route.Tokens{}, ErrNoEndpoint
+		return nil, ErrNoEndpoint
 	}
+	start := time.Now()
 	var errs []error
 	tried := 0
 	for _, base := range urls {
@@ -113,20 +150,20 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 		ids, err := r.call(ctx, base, body)
 		r.breakers.record(base, err == nil)
 		if err == nil {
-			if r.cache != nil {
-				r.cache.put(key, ids)
-			}
-			return route.Tokens{IDs: ids, Source: SourceRemote, Exact: true}, nil
+			r.deadlines.observe(len(body), time.Since(start))
+			return ids, nil
 		}
 		errs = append(errs, err)
 	}
 	if tried == 0 {
-		return route.Tokens{}, ErrBreakerOpen
+		return nil, ErrBreakerOpen
 	}
 	if err := ctx.Err(); err != nil {
+		// Timed out: the call took (at least) its deadline.
+		r.deadlines.observe(len(body), limit)
 		errs = append(errs, err)
 	}
-	return route.Tokens{}, errors.Join(errs...)
+	return nil, errors.Join(errs...)
 }
 
 func (r *remote) call(ctx context.Context, base string, body []byte) ([]uint32, error) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -231,6 +232,9 @@ func TestRemoteFailoverTimeoutAndFallback(t *testing.T) {
 		}
 		if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "m", "remote", "timeout"); n != 1 {
 			t.Errorf("fallbacks{timeout} = %v, want 1", n)
+		}
+		if ex := tok.Explain("m"); !strings.Contains(ex, "fixed deadline 50ms") || !strings.Contains(ex, "fallbacks: remote_timeout 1") {
+			t.Errorf("explain: %s", ex)
 		}
 	})
 	t.Run("breaker open falls back to approximate, counted", func(t *testing.T) {

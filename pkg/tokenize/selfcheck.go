@@ -282,26 +282,53 @@ func (m *modelTokenizer) selfCheckState() SelfCheckState {
 	return s
 }
 
-// Explain says in a sentence how model's prompts are tokenized and why.
+// Explain says in a sentence how model's prompts are tokenized and why,
+// with the fallbacks it took so far.
 func (t *Tokenizer) Explain(model string) string {
-	m, ok := t.models[model]
-	if !ok {
+	m := t.known(model)
+	if m == nil {
 		if t.def == nil {
 			return fmt.Sprintf("model %q: no tokenizer configured", model)
 		}
-		return fmt.Sprintf("model %q: default tokenizer (%s)", model, t.def.Kind)
+		return fmt.Sprintf("model %q: default tokenizer (%s), no request seen yet", model, t.def.Kind)
 	}
+	return m.explain() + "; fallbacks: " + m.fallbackCounts()
+}
+
+// known returns model's tokenizer if it is configured or was built for a
+// request by the default (nil otherwise; it builds nothing).
+func (t *Tokenizer) known(model string) *modelTokenizer {
+	if m, ok := t.models[model]; ok {
+		return m
+	}
+	if t.defaults == nil {
+		return nil
+	}
+	t.defaults.mu.Lock()
+	defer t.defaults.mu.Unlock()
+	return t.defaults.m[model]
+}
+
+func (m *modelTokenizer) explain() string {
+	model := m.name
 	switch {
+	case m.cfg.Kind == KindRemote:
+		d, n := m.remote.deadlines.learned()
+		if m.cfg.Timeout > 0 {
+			return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize), fixed deadline %s", model, d)
+		}
+		return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize), adaptive deadline %s for inputs under 16 KiB (learned from %d calls, within %s-%s)",
+			model, d, n, m.cfg.TimeoutMin, m.cfg.TimeoutMax)
 	case m.cfg.Kind != KindLocal:
 		return fmt.Sprintf("model %q: %s tokenizer", model, m.cfg.Kind)
 	case m.check == nil:
-		return fmt.Sprintf("model %q: local tokenizer, not checked against the engine (self-check disabled or no replicas)", model)
+		return fmt.Sprintf("model %q: local tokenizer%s, not checked against the engine (self-check disabled or no replicas)", model, m.origin)
 	}
 	s := m.selfCheckState()
 	if s.Demoted {
-		return fmt.Sprintf("model %q: local tokenizer demoted at %s, serving the engine's /tokenize instead: %s",
-			model, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
+		return fmt.Sprintf("model %q: local tokenizer%s demoted at %s, serving the engine's /tokenize instead: %s",
+			model, m.origin, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
 	}
-	return fmt.Sprintf("model %q: local tokenizer, %d of %d sampled comparisons with the engine's /tokenize matched (%d failed to reach the engine, %d dropped)",
-		model, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
+	return fmt.Sprintf("model %q: local tokenizer%s, %d of %d sampled comparisons with the engine's /tokenize matched (%d failed to reach the engine, %d dropped)",
+		model, m.origin, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +61,47 @@ type modelTokenizer struct {
 	remote *remote // a remote model's tokenizer; for a local one, its stand-in once demoted
 	approx *approximate
 	check  *checkState // self-check of a local model; nil when unchecked
+	// origin says where a local tokenizer's files came from when they
+	// were found rather than configured (explain), e.g. " (files found
+	// in /models/qwen3)"; empty otherwise.
+	origin string
+
+	// fallbacks counts this model's fallbacks by "<kind>_<reason>"
+	// (explain; the metric has the same counts).
+	fbMu      sync.Mutex
+	fallbacks map[string]uint64
+}
+
+func (m *modelTokenizer) countFallback(why string) {
+	m.fbMu.Lock()
+	defer m.fbMu.Unlock()
+	if m.fallbacks == nil {
+		m.fallbacks = map[string]uint64{}
+	}
+	m.fallbacks[why]++
+}
+
+// fallbackCounts returns the fallbacks so far, "kind_reason n" sorted by
+// name, or "none".
+func (m *modelTokenizer) fallbackCounts() string {
+	m.fbMu.Lock()
+	defer m.fbMu.Unlock()
+	if len(m.fallbacks) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m.fallbacks))
+	for k := range m.fallbacks {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k, m.fallbacks[k])
+	}
+	return b.String()
 }
 
 // New builds the tokenizers cfg describes, loading local tokenizer files
@@ -177,7 +220,9 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 func (t *Tokenizer) newRemote(name string, mc ModelConfig, opts Options, cached bool) *remote {
 	r := &remote{
 		model: name, cfg: mc, client: t.client, replicas: opts.Replicas, now: t.now,
-		hits: t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
+		hits:      t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
+		coalesced: t.metrics.coalesced.WithLabelValues(name).Inc,
+		deadlines: newDeadlines(mc),
 		breakers: &breakers{
 			failures: mc.BreakerFailures, openFor: mc.BreakerOpenFor, now: t.now, m: map[string]*breaker{},
 			onChange: func(base string, s breakerState) {
@@ -278,6 +323,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		return route.Tokens{}, errors.Join(err, aerr)
 	}
 	t.metrics.fallbacks.WithLabelValues(model, string(kind), reason).Inc()
+	m.countFallback(string(kind) + "_" + reason)
 	toks.Source = fallbackSource(kind, reason)
 	return toks, nil
 }
@@ -331,6 +377,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	fallbacks *prometheus.CounterVec
 	cacheHits *prometheus.CounterVec
+	coalesced *prometheus.CounterVec
 	breaker   *prometheus.CounterVec
 	seconds   *prometheus.HistogramVec
 
@@ -352,6 +399,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_tokenizer_cache_hits_total",
 			Help: "Tokenizations answered from the remote tokenizer's LRU cache.",
 		}, []string{"kind"}),
+		coalesced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_tokenizer_coalesced_total",
+			Help: "Remote tokenizations that waited for an identical in-flight call instead of calling /tokenize again, by model.",
+		}, []string{"model"}),
 		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_tokenizer_breaker_transitions_total",
 			Help: "Remote tokenizer circuit breaker transitions, by model and new state.",
@@ -371,7 +422,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"model"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.fallbacks, m.cacheHits, m.breaker, m.seconds, m.selfChecks, m.localExact} {
+		for _, c := range []prometheus.Collector{m.requests, m.fallbacks, m.cacheHits, m.coalesced, m.breaker, m.seconds, m.selfChecks, m.localExact} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenize: register metrics: %w", err)
 			}

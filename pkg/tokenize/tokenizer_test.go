@@ -45,7 +45,7 @@ default:
 		t.Errorf("llama = %+v", l)
 	}
 	q := cfg.Models["qwen"].withDefaults()
-	if q.Timeout != DefaultRemoteTimeout || q.Fallback != FallbackApproximate || q.TokenizerConfig != "/m/tokenizer_config.json" {
+	if q.Timeout != 0 || q.TimeoutMin != DefaultTimeoutMin || q.TimeoutMax != DefaultTimeoutMax || q.Fallback != FallbackApproximate || q.TokenizerConfig != "/m/tokenizer_config.json" {
 		t.Errorf("qwen = %+v", q)
 	}
 	bad := []struct {
@@ -58,6 +58,7 @@ default:
 		{"local without file", Config{Models: map[string]ModelConfig{"m": {Kind: KindLocal}}}},
 		{"bad fallback", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Fallback: "retry"}}}},
 		{"negative timeout", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Timeout: -1}}}},
+		{"timeout_min over timeout_max", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, TimeoutMin: time.Second, TimeoutMax: time.Millisecond}}}},
 		{"local default", Config{Default: &ModelConfig{Kind: KindLocal, TokenizerJSON: "x"}}},
 	}
 	for _, tc := range bad {
