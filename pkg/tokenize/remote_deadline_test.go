@@ -107,7 +107,6 @@ func (g *gateVLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.fakeVLLM.ServeHTTP(w, r)
 }
 
-
 // TestRemoteCoalescesIdenticalInFlight: N identical prompts in flight at
 // once make one /tokenize call and all get its ids; a different prompt
 // makes its own; a leader whose request is cancelled still answers its
