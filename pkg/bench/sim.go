@@ -576,7 +576,21 @@ func (s *sim) work(r *replica, from, to time.Duration) {
 // as load.View combines them; trust from load.Fidelity.
 type simState sim
 
-func (st *simState) Replicas() []route.Replica { return st.routes }
+// Replicas is called once per decision: it first hands the router's rate
+// learner the requests that finished since the last decision, with what a
+// live router reads of a response (its time to first token and end, the
+// usage's prompt, cached and output tokens), and returns the replica set.
+func (st *simState) Replicas() []route.Replica {
+	s := (*sim)(st)
+	rates := s.router.Rates()
+	for _, r := range s.run.Requests[min(rates.Observed(), len(s.run.Requests)):] {
+		rates.Observe(index.ReplicaID(s.reps[r.Replica].id), route.RateSample{
+			Uncached: r.PromptTokens - r.CachedTokens,
+			TTFT:     r.TTFT, E2E: r.E2E, Output: r.OutputTokens,
+		})
+	}
+	return st.routes
+}
 
 func (st *simState) Load(id index.ReplicaID) load.Load {
 	s := (*sim)(st)

@@ -1,5 +1,7 @@
 package load
 
+import "time"
+
 // Load is one replica's load as the router sees it: its own in-flight view
 // (requests it routed there and has not seen finish) combined with the
 // engine's scraped metrics, which also cover load sent by other routers.
@@ -20,6 +22,14 @@ type Load struct {
 	// gives the free blocks a placement may use before the engine has to
 	// preempt.
 	KVBlocks float64
+	// PrefillRate is the replica's prefill speed for uncached prompt
+	// tokens, tokens per second, as learned from the requests it served
+	// (route.Rates); 0 when not known yet.
+	PrefillRate float64
+	// DecodeStep is the replica's decode step time (the inter-token time
+	// its running requests see), as learned from the requests it served
+	// (route.Rates); 0 when not known yet.
+	DecodeStep time.Duration
 	// Healthy is false when the replica failed its health checks or is not
 	// ready; unhealthy replicas are never picked.
 	Healthy bool

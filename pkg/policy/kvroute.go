@@ -86,6 +86,7 @@ type KVRoute struct {
 	moveWeight, movePressureMax                float64
 	memoryWeight, memoryReserve                float64
 	loadBound, loadBoundMin                    float64
+	prefillRate, decodeStep                    float64
 	tierWeight                                 [index.NumTiers]float64
 }
 
@@ -100,6 +101,8 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		memoryReserve:   orDefault(c.MemoryReserve, DefaultKVRouteMemoryReserve),
 		loadBound:       orDefault(c.LoadBound, DefaultKVRouteLoadBound),
 		loadBoundMin:    orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
+		prefillRate:     orDefault(c.PrefillRate, DefaultKVRoutePrefillRate),
+		decodeStep:      orDefault(c.DecodeStep, DefaultKVRouteDecodeStep),
 	}
 	if err := allFiniteNonNeg(
 		knob{"kvroute.backlog_weight", k.backlogWeight},
@@ -110,6 +113,12 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		knob{"kvroute.memory_weight", k.memoryWeight},
 	); err != nil {
 		return nil, err
+	}
+	if r := k.prefillRate; !(r > 0) || math.IsInf(r, 0) {
+		return nil, fieldErr("kvroute.prefill_rate", r, "a positive finite number")
+	}
+	if d := k.decodeStep; !(d > 0) || math.IsInf(d, 0) {
+		return nil, fieldErr("kvroute.decode_step", d, "a positive finite number")
 	}
 	if r := k.memoryReserve; !(r >= 0 && r < 1) {
 		return nil, fieldErr("kvroute.memory_reserve", r, "in [0, 1)")
@@ -154,16 +163,51 @@ type Fleet struct {
 	// the share of eligible candidates with prefill queued or requests
 	// waiting.
 	Pressure float64
+	// PrefillRate and DecodeStep (seconds) stand in for a candidate's own
+	// learned figures while it has none: the mean of the eligible
+	// candidates' learned ones, else the policy's prefill_rate and
+	// decode_step.
+	PrefillRate, DecodeStep float64
+	// BlockTokens is the request's block size in tokens (Request.BlockSize,
+	// else the prompt's tokens per block, else 16).
+	BlockTokens float64
 }
 
-// Prediction is one candidate's predicted cost, term by term, in blocks.
+// Pace is how a candidate turns work into time: seconds per prompt block
+// of prefill and per decode step.
+type Pace struct{ BlockSecs, StepSecs float64 }
+
+// Pace is the candidate's pace: its learned prefill speed and decode
+// step (Load.PrefillRate, Load.DecodeStep), each falling back to f's, then
+// to the policy's prefill_rate and decode_step.
+func (k *KVRoute) Pace(c Candidate, f Fleet) Pace {
+	rate, step, bt := c.Load.PrefillRate, c.Load.DecodeStep.Seconds(), f.BlockTokens
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		rate = f.PrefillRate
+	}
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		rate = k.prefillRate
+	}
+	if !(step > 0) {
+		step = f.DecodeStep
+	}
+	if !(step > 0) {
+		step = k.decodeStep
+	}
+	if !(bt > 0) {
+		bt = 16
+	}
+	return Pace{BlockSecs: bt / rate, StepSecs: step}
+}
+
+// Prediction is one candidate's predicted cost, term by term, in seconds.
 type Prediction struct {
-	Wait, Own, Move, Memory, Decode, Requests float64
+	Wait, Own, Move, Memory, Decode, Step, Requests float64
 }
 
 // Total is the cost the pick compares.
 func (p Prediction) Total() float64 {
-	return p.Wait + p.Own + p.Move + p.Memory + p.Decode + p.Requests
+	return p.Wait + p.Own + p.Move + p.Memory + p.Decode + p.Step + p.Requests
 }
 
 // own is the request's uncached prefill on c given its hit.
@@ -175,13 +219,22 @@ func own(req Request, hit float64) float64 {
 // credited reports whether a candidate keeps its cache credit (the load
 // bound); nil credits every candidate.
 func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidate) bool) Fleet {
-	f := Fleet{HomeOwn: math.Inf(1)}
+	f := Fleet{HomeOwn: math.Inf(1), PrefillRate: k.prefillRate, DecodeStep: k.decodeStep, BlockTokens: blockTokens(req)}
 	busy, n := 0, 0
+	rateSum, rateN, stepSum, stepN := 0.0, 0, 0.0, 0
 	for _, c := range cands {
 		if !eligible(c) {
 			continue
 		}
 		n++
+		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
+			rateSum += r
+			rateN++
+		}
+		if d := c.Load.DecodeStep.Seconds(); d > 0 {
+			stepSum += d
+			stepN++
+		}
 		if c.Home {
 			hit := 0.0
 			if credited == nil || credited(c) {
@@ -192,6 +245,12 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 		if c.Load.ActivePrefillBlocks > 0 || c.Load.WaitingRequests > 0 {
 			busy++
 		}
+	}
+	if rateN > 0 {
+		f.PrefillRate = rateSum / float64(rateN)
+	}
+	if stepN > 0 {
+		f.DecodeStep = stepSum / float64(stepN)
 	}
 	if n == 0 {
 		return f
@@ -205,21 +264,34 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	return f
 }
 
-// Predict is the candidate's cost for the request, term by term, with its
-// cache credit (hit blocks) as given.
+// blockTokens is the request's block size in tokens.
+func blockTokens(req Request) float64 {
+	switch {
+	case req.BlockSize > 0:
+		return float64(req.BlockSize)
+	case req.PromptBlocks > 0 && req.PromptTokens >= req.PromptBlocks:
+		return float64(req.PromptTokens / req.PromptBlocks)
+	}
+	return 16
+}
+
+// Predict is the candidate's cost for the request, term by term, in
+// seconds, with its cache credit (hit blocks) as given.
 func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Prediction {
+	pc := k.Pace(c, f)
 	o := own(req, hit)
 	p := Prediction{
-		Wait:     k.backlogWeight * c.Load.ActivePrefillBlocks,
-		Own:      o,
-		Move:     k.moveWeight * f.Pressure * math.Max(0, o-f.HomeOwn),
-		Decode:   k.decodeWeight * c.Load.ActiveDecodeBlocks,
-		Requests: k.requestWeight * float64(c.Load.Requests()),
+		Wait:     pc.BlockSecs * k.backlogWeight * c.Load.ActivePrefillBlocks,
+		Own:      pc.BlockSecs * o,
+		Move:     pc.BlockSecs * k.moveWeight * f.Pressure * math.Max(0, o-f.HomeOwn),
+		Decode:   pc.BlockSecs * k.decodeWeight * c.Load.ActiveDecodeBlocks,
+		Step:     pc.StepSecs,
+		Requests: pc.StepSecs * k.requestWeight * float64(c.Load.Requests()),
 	}
 	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
 		used := math.Max(c.Load.KVUsage*total, c.Load.ActiveDecodeBlocks)
 		need := float64(req.PromptBlocks) + req.ExpectedOutputBlocks
-		p.Memory = k.memoryWeight * math.Max(0, used+need-(1-k.memoryReserve)*total)
+		p.Memory = pc.BlockSecs * k.memoryWeight * math.Max(0, used+need-(1-k.memoryReserve)*total)
 	}
 	return p
 }
@@ -304,8 +376,8 @@ type KVRouteConfig struct {
 	BacklogWeight *float64 `yaml:"backlog_weight"`
 	// DecodeWeight charges blocks per active decode block (default 0).
 	DecodeWeight *float64 `yaml:"decode_weight"`
-	// RequestWeight charges blocks per running or waiting request
-	// (default 2).
+	// RequestWeight charges decode steps per running or waiting request
+	// (default 1).
 	RequestWeight *float64 `yaml:"request_weight"`
 	// MoveWeight scales the move charge: extra prefill times the fleet's
 	// pressure (default 1; 0 charges a move only the request's own
@@ -332,17 +404,26 @@ type KVRouteConfig struct {
 	// LoadBoundMin is the bound's floor in requests (default 6; a whole
 	// number >= 1).
 	LoadBoundMin *float64 `yaml:"load_bound_min"`
+	// PrefillRate is the prefill speed, uncached tokens per second,
+	// assumed for a replica while no candidate has a learned one
+	// (Load.PrefillRate; default 16000).
+	PrefillRate *float64 `yaml:"prefill_rate"`
+	// DecodeStep is the decode step time, seconds, assumed while no
+	// candidate has a learned one (Load.DecodeStep; default 0.008).
+	DecodeStep *float64 `yaml:"decode_step"`
 }
 
 // kvroute's defaults.
 const (
 	DefaultKVRouteBacklogWeight   = 0.5
 	DefaultKVRouteDecodeWeight    = 0.0
-	DefaultKVRouteRequestWeight   = 2.0
+	DefaultKVRouteRequestWeight   = 1.0
 	DefaultKVRouteMoveWeight      = 1.0
 	DefaultKVRouteMovePressureMax = 4.0
 	DefaultKVRouteMemoryWeight    = 2.0
 	DefaultKVRouteMemoryReserve   = 0.05
-	DefaultKVRouteLoadBound       = 1.25
+	DefaultKVRouteLoadBound       = 3.0
 	DefaultKVRouteLoadBoundMin    = 6.0
+	DefaultKVRoutePrefillRate     = 16000.0
+	DefaultKVRouteDecodeStep      = 0.008
 )

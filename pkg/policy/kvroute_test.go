@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
 )
@@ -46,6 +47,21 @@ func TestWeightedScores(t *testing.T) {
 	}
 }
 
+// blk and stp are the default pace of a request without a block size
+// (16 tokens a block at 16,000 tokens/s, an 8 ms step): the seconds of one
+// prefill block and of one decode step.
+const (
+	blk = 16 / DefaultKVRoutePrefillRate
+	stp = DefaultKVRouteDecodeStep
+)
+
+// secs turns a prediction written in blocks (and Requests in steps) into
+// seconds at the default pace, with the step that samples the first token.
+func secs(p Prediction) Prediction {
+	return Prediction{Wait: blk * p.Wait, Own: blk * p.Own, Move: blk * p.Move, Memory: blk * p.Memory,
+		Decode: blk * p.Decode, Step: stp, Requests: stp * p.Requests}
+}
+
 func TestKVRoutePredict(t *testing.T) {
 	k, err := NewKVRoute(KVRouteConfig{})
 	if err != nil {
@@ -57,13 +73,13 @@ func TestKVRoutePredict(t *testing.T) {
 		name string
 		c    Candidate
 		f    Fleet
-		want Prediction
+		want Prediction // blocks; Requests in steps
 	}{
 		{"idle, cold", cand("a", 0, 0, 0), idle, Prediction{Own: 10}},
 		{"idle, 6 matched", cand("a", 6, 0, 0), idle, Prediction{Own: 4}},
 		{"half the backlog is still queued", cand("a", 10, 30, 0), idle, Prediction{Wait: 15}},
 		{"a hit beyond the prompt is clamped", cand("a", 12, 0, 0), idle, Prediction{}},
-		{"two blocks per request", withReqs(cand("a", 0, 0, 0), 3, 1), idle, Prediction{Own: 10, Requests: 8}},
+		{"a step per request", withReqs(cand("a", 0, 0, 0), 3, 1), idle, Prediction{Own: 10, Requests: 4}},
 		{"a move costs the extra prefill times the pressure", cand("a", 0, 0, 0), Fleet{HomeOwn: 2, Pressure: 3}, Prediction{Own: 10, Move: 3 * 8}},
 		{"no home: no move charge", cand("a", 0, 0, 0), Fleet{HomeOwn: math.Inf(1), Pressure: 3}, Prediction{Own: 10}},
 		{"better cached than home: no move charge", cand("a", 9, 0, 0), Fleet{HomeOwn: 4, Pressure: 3}, Prediction{Own: 1}},
@@ -78,16 +94,50 @@ func TestKVRoutePredict(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := k.Predict(req, tt.c, k.HitBlocks(tt.c), tt.f)
-			if math.Abs(got.Total()-tt.want.Total()) > 1e-9 || math.Abs(got.Move-tt.want.Move) > 1e-9 || math.Abs(got.Memory-tt.want.Memory) > 1e-9 {
-				t.Errorf("prediction %+v, want %+v", got, tt.want)
+			got, want := k.Predict(req, tt.c, k.HitBlocks(tt.c), tt.f), secs(tt.want)
+			if math.Abs(got.Total()-want.Total()) > 1e-12 || math.Abs(got.Move-want.Move) > 1e-12 || math.Abs(got.Memory-want.Memory) > 1e-12 {
+				t.Errorf("prediction %+v, want %+v", got, want)
 			}
 		})
 	}
 	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(1), DecodeWeight: Float(0.1), RequestWeight: Float(3), MoveWeight: Float(0.5)})
 	c := withReqs(cand("a", 8, 20, 100), 3, 1)
-	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), 20+2+0.5*2*2+0.1*100+3*4; math.Abs(got-want) > 1e-9 {
+	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), blk*(20+2+0.5*2*2+0.1*100)+stp*(1+3*4); math.Abs(got-want) > 1e-12 {
 		t.Errorf("knobbed cost %v, want %v", got, want)
+	}
+}
+
+// The prediction runs on each replica's learned speeds: the same queue is
+// twice as long on a replica prefilling at half the speed, a replica with
+// slow steps pays more per request, and a replica with nothing learned
+// takes the other candidates' mean, else the policy's defaults.
+func TestKVRoutePredictLearnedRates(t *testing.T) {
+	k, _ := NewKVRoute(KVRouteConfig{})
+	req := Request{PromptBlocks: 10, BlockSize: 64}
+	fast := withReqs(cand("fast", 0, 40, 0), 2, 0)
+	fast.Load.PrefillRate, fast.Load.DecodeStep = 20000, 10*time.Millisecond
+	slow := withReqs(cand("slow", 0, 40, 0), 2, 0)
+	slow.Load.PrefillRate, slow.Load.DecodeStep = 10000, 30*time.Millisecond
+	unknown := withReqs(cand("new", 0, 40, 0), 2, 0)
+	cands := []Candidate{fast, slow, unknown}
+	f := k.FleetOf(req, cands, nil)
+	if f.PrefillRate != 15000 || math.Abs(f.DecodeStep-0.020) > 1e-12 || f.BlockTokens != 64 {
+		t.Fatalf("fleet %+v, want the learned means 15000 tokens/s and 20 ms, 64-token blocks", f)
+	}
+	want := func(rate, step float64) float64 { return 64/rate*(0.5*40+10) + step*(1+2) }
+	for i, w := range []float64{want(20000, 0.010), want(10000, 0.030), want(15000, 0.020)} {
+		if got := k.Predict(req, cands[i], 0, f).Total(); math.Abs(got-w) > 1e-12 {
+			t.Errorf("%s: cost %v, want %v", cands[i].Replica, got, w)
+		}
+	}
+	if res := k.Pick(req, cands, seeded(1)); res.Pick != 0 {
+		t.Errorf("picked %d, want the fast replica; costs %v", res.Pick, res.Costs)
+	}
+	// Nothing learned anywhere: the defaults, and the block size from the
+	// prompt's tokens per block.
+	f = k.FleetOf(Request{PromptBlocks: 10, PromptTokens: 650}, []Candidate{cand("a", 0, 0, 0)}, nil)
+	if f.PrefillRate != DefaultKVRoutePrefillRate || f.DecodeStep != DefaultKVRouteDecodeStep || f.BlockTokens != 65 {
+		t.Errorf("fleet without learned rates %+v, want the defaults and 65-token blocks", f)
 	}
 }
 
@@ -338,7 +388,7 @@ func TestKVRouteLoadBoundPicks(t *testing.T) {
 	req := Request{PromptBlocks: 105}
 	holder := func(reqs int) Candidate { return withReqs(cand("holder", 95, 0, 0), reqs, 0) }
 	idle := func(id string, reqs int) Candidate { return withReqs(cand(id, 0, 0, 0), reqs, 0) }
-	floor1 := KVRouteConfig{LoadBoundMin: Float(1)}
+	floor1 := KVRouteConfig{LoadBound: Float(1.25), LoadBoundMin: Float(1)}
 	tests := []struct {
 		name   string
 		cfg    KVRouteConfig
@@ -367,51 +417,113 @@ func TestKVRouteLoadBoundPicks(t *testing.T) {
 	}
 }
 
-// The e2e herding burst at the policy level: a ~95-block system prompt
-// cached on one of 4 replicas, 64 requests of ~105 blocks from 16
-// concurrent workers. Prefill is taken as instant (no backlog builds up),
-// so only the request count can spread the burst: without the bound every
-// request lands on the holder; with it none takes more than 40%.
-func TestKVRouteLoadBoundSpreadsLightBurst(t *testing.T) {
-	run := func(t *testing.T, cfg KVRouteConfig) [4]int {
-		p := mustNew(t, NameKVRoute, Config{KVRoute: cfg})
-		cs := make([]Candidate, 4)
-		for i := range cs {
-			cs[i] = cand(fmt.Sprint("r", i), 0, 0, 0)
-		}
-		cs[2].Matched[index.TierGPU] = 95
-		env := seeded(11)
-		var placed [4]int
-		var inflight []int // FIFO of picks; the oldest finishes first
-		for range 64 {
-			if len(inflight) == 16 {
-				cs[inflight[0]].Load.ActiveRequests--
-				inflight = inflight[1:]
-			}
-			res := p.Pick(Request{PromptBlocks: 105}, cs, env)
-			if res.Pick < 0 {
-				t.Fatalf("no pick: %+v", res)
-			}
-			placed[res.Pick]++
-			cs[res.Pick].Load.ActiveRequests++
-			inflight = append(inflight, res.Pick)
-		}
-		return placed
+// burst places 64 requests of prompt blocks from 16 concurrent workers on
+// 4 replicas, replica 2 holding shared blocks of each prompt (the other
+// replicas never learn them: the harshest case). Prefill is taken as
+// instant (no backlog builds up): only the per-request charge and the
+// load bound can spread the burst. It returns the placements and the most
+// requests the holder had in flight.
+func burst(t *testing.T, cfg KVRouteConfig, prompt, shared int) (placed [4]int, peak int) {
+	t.Helper()
+	p := mustNew(t, NameKVRoute, Config{KVRoute: cfg})
+	cs := make([]Candidate, 4)
+	for i := range cs {
+		cs[i] = cand(fmt.Sprint("r", i), 0, 0, 0)
 	}
-	t.Run("bound off herds", func(t *testing.T) {
-		if placed := run(t, KVRouteConfig{LoadBound: Float(0)}); placed[2] != 64 {
-			t.Errorf("placed %v, want all 64 on the holder (r2)", placed)
+	cs[2].Matched[index.TierGPU] = shared
+	env := seeded(11)
+	var inflight []int // FIFO of picks; the oldest finishes first
+	for range 64 {
+		if len(inflight) == 16 {
+			cs[inflight[0]].Load.ActiveRequests--
+			inflight = inflight[1:]
 		}
-	})
-	t.Run("default bound spreads", func(t *testing.T) {
-		placed := run(t, KVRouteConfig{})
+		res := p.Pick(Request{PromptBlocks: prompt}, cs, env)
+		if res.Pick < 0 {
+			t.Fatalf("no pick: %+v", res)
+		}
+		placed[res.Pick]++
+		cs[res.Pick].Load.ActiveRequests++
+		peak = max(peak, cs[2].Load.ActiveRequests)
+		inflight = append(inflight, res.Pick)
+	}
+	return placed, peak
+}
+
+// The e2e herding burst at the policy level (a 16-block system prompt, a
+// 2-block question each): the prediction alone spreads it, with the load
+// bound off; no replica takes more than 40%, the holder at least its share.
+func TestKVRoutePredictionSpreadsLightBurst(t *testing.T) {
+	for _, cfg := range []KVRouteConfig{{LoadBound: Float(0)}, {}} {
+		placed, _ := burst(t, cfg, 18, 16)
 		for i, n := range placed {
 			if n*10 > 64*4 {
-				t.Errorf("replica %d took %d of 64 (> 40%%): %v", i, n, placed)
+				t.Errorf("bound %v: replica %d took %d of 64 (> 40%%): %v", cfg.LoadBound, i, n, placed)
 			}
 		}
 		if placed[2] < 16 {
-			t.Errorf("holder took %d of 64, want at least its share: %v", placed[2], placed)
+			t.Errorf("bound %v: holder took %d of 64, want at least its share: %v", cfg.LoadBound, placed[2], placed)
 		}
-	})
+	}
+}
+
+// A long shared prefix (300 blocks) with instant prefill is the case the
+// prediction herds on (the holder is faster for every request); the load bound is
+// the safety net: the holder never holds more than the bound,
+// max(6, ceil(3*(16+1)/4)) = 13 of the 16 in flight, while without it the
+// holder takes nearly all.
+func TestKVRouteLoadBoundCapsLongSharedPrefix(t *testing.T) {
+	off, offPeak := burst(t, KVRouteConfig{LoadBound: Float(0)}, 305, 300)
+	if offPeak < 15 {
+		t.Fatalf("bound off: holder peaked at %d in flight (%v); the case no longer needs the net", offPeak, off)
+	}
+	on, peak := burst(t, KVRouteConfig{}, 305, 300)
+	if peak > 13 {
+		t.Errorf("holder peaked at %d in flight, want at most the bound 13: %v", peak, on)
+	}
+	if on[2] >= off[2] {
+		t.Errorf("holder took %d with the bound, %d without: the bound spread nothing", on[2], off[2])
+	}
+}
+
+// A chat fleet: one replica holds the shared system prompt (30 blocks of
+// 64 tokens) and serves five sessions, the others one each; a new session (no home) goes to
+// the holder while its queued prefill is small, and to a cold replica
+// once the holder's queue outweighs prefilling the prompt there.
+func TestKVRouteNewSessionJoinsPromptHolder(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 33, BlockSize: 64}
+	fleet := func(holderQueue float64, holderReqs int) []Candidate {
+		cs := []Candidate{withReqs(cand("holder", 30, holderQueue, 200), holderReqs, 0)}
+		for i := range 7 {
+			cs = append(cs, withReqs(cand(fmt.Sprint("r", i), 0, 0, 0), 1, 0))
+		}
+		return cs
+	}
+	if res := p.Pick(req, fleet(6, 5), seeded(1)); res.Pick != 0 {
+		t.Errorf("small queue on the holder: picked %d (%s), want the holder; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	if res := p.Pick(req, fleet(80, 5), seeded(1)); res.Pick == 0 {
+		t.Errorf("80 blocks queued on the holder: the new session still waits there; costs %v", res.Costs)
+	}
+}
+
+// A session stays at its home replica, even far over the load bound,
+// while the prediction says home is faster; it moves when home is slower.
+func TestKVRouteSessionStaysHomeUnlessSlower(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 60, BlockSize: 64}
+	fleet := func(homeQueue float64) []Candidate {
+		cs := []Candidate{home(withReqs(cand("home", 58, homeQueue, 400), 20, 0))}
+		for i := range 3 {
+			cs = append(cs, withReqs(cand(fmt.Sprint("r", i), 0, 0, 0), 1, 0))
+		}
+		return cs
+	}
+	if res := p.Pick(req, fleet(10), seeded(1)); res.Pick != 0 || res.Reason != ReasonCost {
+		t.Errorf("20 requests at home (bound 18), little queued: picked %d (%s), want home; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	if res := p.Pick(req, fleet(300), seeded(1)); res.Pick == 0 {
+		t.Errorf("300 blocks queued at home on an idle fleet: stayed home; costs %v", res.Costs)
+	}
 }

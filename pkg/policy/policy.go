@@ -52,6 +52,9 @@ type Request struct {
 	// ExpectedOutputBlocks estimates the blocks the request will decode
 	// (from max_tokens); 0 when unknown.
 	ExpectedOutputBlocks float64
+	// BlockSize is the block size of PromptBlocks, in tokens; 0 when
+	// unknown (kvroute then takes PromptTokens/PromptBlocks).
+	BlockSize int
 }
 
 // Env is what a policy may use besides its inputs: injected randomness, so

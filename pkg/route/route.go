@@ -63,6 +63,11 @@ type Options struct {
 	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
 	// DefaultApproxTrust.
 	ApproxTrust float64
+	// Rates learns each replica's prefill speed and decode step from the
+	// requests it served (fed by the caller: Rates.Observe); Decide fills
+	// a candidate's Load.PrefillRate and Load.DecodeStep from it when the
+	// State left them 0. Nil means a Rates of the Router's own (Router.Rates).
+	Rates *Rates
 }
 
 // DefaultApproxTrust is Options.ApproxTrust's default: a dispatch-learned
@@ -131,6 +136,9 @@ func New(opts Options) *Router {
 	if opts.SessionMemory == 0 {
 		opts.SessionMemory = DefaultSessionMemory
 	}
+	if opts.Rates == nil {
+		opts.Rates = NewRates()
+	}
 	r := &Router{
 		opts:  opts,
 		homes: newHomes(opts.SessionMemory),
@@ -161,6 +169,10 @@ func (s *lockedSource) Uint64() uint64 {
 
 // Policy returns the router's policy.
 func (r *Router) Policy() policy.Policy { return r.opts.Policy }
+
+// Rates returns the router's rate learner (Options.Rates): whoever sees
+// responses feeds it with Observe.
+func (r *Router) Rates() *Rates { return r.opts.Rates }
 
 // Decide picks a replica for req, remembers it as the home of the
 // request's session (SessionKey), and, when the pick is a replica without
@@ -245,6 +257,16 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	for _, i := range cands {
 		rep := reps[i]
 		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID), Home: hasHome && rep.ID == home}
+		if c.Load.PrefillRate == 0 || c.Load.DecodeStep == 0 {
+			if rt, ok := r.opts.Rates.Get(rep.ID); ok {
+				if c.Load.PrefillRate == 0 {
+					c.Load.PrefillRate = rt.PrefillTokensPerSec
+				}
+				if c.Load.DecodeStep == 0 {
+					c.Load.DecodeStep = rt.DecodeStep
+				}
+			}
+		}
 		src := srcEvents
 		switch {
 		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
@@ -292,6 +314,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		PromptTokens:         d.PromptTokens,
 		SessionKey:           d.Session,
 		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
+		BlockSize:            primary,
 	}, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)

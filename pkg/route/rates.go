@@ -1,0 +1,158 @@
+package route
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+)
+
+// Rates learns, per replica, how fast it prefills and how long its decode
+// steps take, online, from what the router sees of the requests it sent
+// there (RateSample: a response's time to first token, the prompt and
+// cached tokens of its usage, its output tokens and its end). kvroute's
+// prediction turns its block counts into time with them, so a replica
+// that prefills at half the speed of the others is seen as twice as far
+// behind with the same queue, and the per-request charge follows the
+// replica's real step time. Nothing is a fixed constant once a replica has
+// answered; before that, Get reports nothing and the policy falls back to
+// the other candidates' figures or its defaults.
+//
+// Estimators, per replica:
+//
+//   - decode step: each request with at least two output tokens gives a
+//     sample, its mean inter-token time (E2E − TTFT) / (output tokens − 1).
+//     Prefill chunks of other requests scheduled into the same steps
+//     (chunked prefill) only lengthen a sample, so the estimate follows
+//     the samples' lower envelope: it sinks toward a lower sample with
+//     weight RateFastWeight and rises toward a higher one with weight
+//     RateSlowWeight. It is the time of a step that only decodes: the
+//     fixed cost every step adds to a first token and to every running
+//     request;
+//   - prefill speed: each request with at least RateMinPrefillTokens
+//     uncached tokens gives a sample (uncached + queued ahead) /
+//     (TTFT − decode step) tokens per second: its own prefill plus what
+//     the router knew was queued ahead, over its time to first token less
+//     the step that samples the token. Queueing the router did not see
+//     (other routers, steps spent on decodes) only lowers a sample, never
+//     raises it, so the estimate follows the samples' upper envelope:
+//     it rises toward a higher sample with weight RateFastWeight and sinks
+//     toward a lower one with weight RateSlowWeight.
+//
+// Either way a replica that truly gets faster is followed within a few
+// requests and one that gets slower within a few hundred (the slow weight
+// halves the gap every 88 samples), and a burst of queueing or
+// interference moves the estimate little.
+//
+// A Rates is safe for concurrent use (one mutex, held for a few float
+// operations). It starts no goroutine.
+type Rates struct {
+	mu       sync.Mutex
+	replicas map[index.ReplicaID]*rateState
+	observed int
+}
+
+// Rate weights and thresholds (see Rates).
+const (
+	RateFastWeight       = 1.0 / 4
+	RateSlowWeight       = 1.0 / 128
+	RateMinPrefillTokens = 1024
+)
+
+type rateState struct {
+	prefill float64 // tokens per second; 0 before a sample
+	step    float64 // seconds; 0 before a sample
+}
+
+// RateSample is one finished request as the router saw it.
+type RateSample struct {
+	// Uncached are the prompt tokens the engine computed: the prompt less
+	// the cached tokens it reported.
+	Uncached int
+	// Queued are the uncached prompt tokens the router knew were queued
+	// ahead of the request on its replica when it was sent (0 when not
+	// known).
+	Queued int
+	// TTFT is the time from sending the request to its first token; E2E
+	// to its last.
+	TTFT, E2E time.Duration
+	// Output is the number of tokens generated.
+	Output int
+}
+
+// NewRates returns a learner that knows nothing yet.
+func NewRates() *Rates { return &Rates{replicas: make(map[index.ReplicaID]*rateState)} }
+
+// Rate is a replica's learned speeds; a zero field is not known yet.
+type Rate struct {
+	// PrefillTokensPerSec is the replica's prefill speed for uncached
+	// prompt tokens.
+	PrefillTokensPerSec float64
+	// DecodeStep is the duration of one decode step (the inter-token time
+	// its running requests see).
+	DecodeStep time.Duration
+}
+
+// Observe learns from one finished request on replica. Samples with a
+// non-positive TTFT, negative counts or an end before the first token are
+// ignored (they still count in Observed).
+func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.observed++
+	if s.TTFT <= 0 || s.Uncached < 0 || s.Queued < 0 || s.Output < 0 || s.E2E < s.TTFT {
+		return
+	}
+	st := r.replicas[replica]
+	if st == nil {
+		st = &rateState{}
+		r.replicas[replica] = st
+	}
+	if s.Output >= 2 && s.E2E > s.TTFT {
+		itl := (s.E2E - s.TTFT).Seconds() / float64(s.Output-1)
+		switch {
+		case st.step == 0:
+			st.step = itl
+		case itl < st.step:
+			st.step += RateFastWeight * (itl - st.step)
+		default:
+			st.step += RateSlowWeight * (itl - st.step)
+		}
+	}
+	if s.Uncached < RateMinPrefillTokens {
+		return
+	}
+	d := s.TTFT.Seconds() - st.step
+	if d <= 0 {
+		return
+	}
+	x := float64(s.Uncached+s.Queued) / d
+	switch {
+	case st.prefill == 0:
+		st.prefill = x
+	case x > st.prefill:
+		st.prefill += RateFastWeight * (x - st.prefill)
+	default:
+		st.prefill += RateSlowWeight * (x - st.prefill)
+	}
+}
+
+// Get returns the replica's learned speeds; ok is false when nothing was
+// learned for it.
+func (r *Rates) Get(replica index.ReplicaID) (Rate, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.replicas[replica]
+	if st == nil || (st.prefill == 0 && st.step == 0) {
+		return Rate{}, false
+	}
+	return Rate{PrefillTokensPerSec: st.prefill, DecodeStep: time.Duration(st.step * float64(time.Second))}, true
+}
+
+// Observed counts the samples Observe was given, usable or not: a feeder
+// that replays a list of finished requests resumes where it stopped.
+func (r *Rates) Observed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.observed
+}

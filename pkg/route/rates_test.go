@@ -1,0 +1,149 @@
+package route
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+)
+
+// replicaSample is what a replica prefilling at rate tokens/s with decode
+// step step answers for a request of uncached tokens and output tokens,
+// after queue of extra waiting.
+func replicaSample(rate float64, step time.Duration, uncached, output int, queue time.Duration) RateSample {
+	prefill := time.Duration(float64(uncached) / rate * float64(time.Second))
+	ttft := queue + prefill + step
+	return RateSample{Uncached: uncached, TTFT: ttft, E2E: ttft + time.Duration(output-1)*step, Output: output}
+}
+
+func TestRatesLearnEachReplica(t *testing.T) {
+	r := NewRates()
+	if _, ok := r.Get("a"); ok {
+		t.Fatal("a replica never observed has learned rates")
+	}
+	for i := range 200 {
+		n := 500 + 37*i%3000
+		r.Observe("fast", replicaSample(16000, 10*time.Millisecond, n, 100, 0))
+		r.Observe("slow", replicaSample(4000, 25*time.Millisecond, n, 100, 0))
+	}
+	for _, tt := range []struct {
+		id   index.ReplicaID
+		rate float64
+		step time.Duration
+	}{{"fast", 16000, 10 * time.Millisecond}, {"slow", 4000, 25 * time.Millisecond}} {
+		got, ok := r.Get(tt.id)
+		if !ok {
+			t.Fatalf("%s: nothing learned", tt.id)
+		}
+		if math.Abs(got.PrefillTokensPerSec-tt.rate)/tt.rate > 0.02 {
+			t.Errorf("%s: prefill rate %.0f, want %.0f", tt.id, got.PrefillTokensPerSec, tt.rate)
+		}
+		if d := got.DecodeStep - tt.step; d > tt.step/50 || d < -tt.step/50 {
+			t.Errorf("%s: decode step %v, want %v", tt.id, got.DecodeStep, tt.step)
+		}
+	}
+	if got := r.Observed(); got != 400 {
+		t.Errorf("Observed = %d, want 400", got)
+	}
+}
+
+// Queueing the router did not see lowers a sample's apparent speed; the
+// estimate follows the upper envelope, so bursts of queueing barely move
+// it, while a replica that really slows down is followed.
+func TestRatesPrefillIsUpperEnvelope(t *testing.T) {
+	r := NewRates()
+	step := 10 * time.Millisecond
+	for i := range 100 {
+		queue := time.Duration(0)
+		if i%3 != 0 {
+			queue = time.Duration(i%7) * 100 * time.Millisecond // two thirds of the requests queued
+		}
+		r.Observe("a", replicaSample(16000, step, 2000, 50, queue))
+	}
+	got, _ := r.Get("a")
+	if got.PrefillTokensPerSec < 0.85*16000 || got.PrefillTokensPerSec > 16000*1.01 {
+		t.Fatalf("with unseen queueing the prefill rate is %.0f, want near 16000", got.PrefillTokensPerSec)
+	}
+	// The replica slows to a quarter of its speed (say, a noisy neighbour).
+	for range 600 {
+		r.Observe("a", replicaSample(4000, step, 2000, 50, 0))
+	}
+	got, _ = r.Get("a")
+	if got.PrefillTokensPerSec > 4000*1.1 {
+		t.Fatalf("after slowing to 4000 tokens/s the learned rate is still %.0f", got.PrefillTokensPerSec)
+	}
+}
+
+// What the router knew was queued ahead counts as work done before the
+// first token.
+func TestRatesCountKnownQueue(t *testing.T) {
+	r := NewRates()
+	for range 50 {
+		s := replicaSample(10000, 10*time.Millisecond, 2000, 20, 300*time.Millisecond)
+		s.Queued = 3000 // 0.3 s at 10000 tokens/s: the whole queue was seen
+		r.Observe("a", s)
+	}
+	got, _ := r.Get("a")
+	if math.Abs(got.PrefillTokensPerSec-10000) > 100 {
+		t.Fatalf("prefill rate %.0f, want 10000", got.PrefillTokensPerSec)
+	}
+}
+
+func TestRatesIgnoreUnusableSamples(t *testing.T) {
+	r := NewRates()
+	for _, s := range []RateSample{
+		{Uncached: 1000, TTFT: 0, E2E: time.Second, Output: 10},                              // no first token time
+		{Uncached: -5, TTFT: time.Second, E2E: 2 * time.Second, Output: 10},                  // negative count
+		{Uncached: 1000, TTFT: time.Second, E2E: time.Second / 2, Output: 10},                // ends before its first token
+		{Uncached: RateMinPrefillTokens - 1, TTFT: time.Second, E2E: time.Second, Output: 1}, // too small to time a prefill, one token
+	} {
+		r.Observe("a", s)
+	}
+	if got, ok := r.Get("a"); ok {
+		t.Fatalf("learned %+v from unusable samples", got)
+	}
+	if r.Observed() != 4 {
+		t.Fatalf("Observed = %d, want 4", r.Observed())
+	}
+	// A one-token answer teaches no step; a small prompt teaches no prefill
+	// rate but its decode step counts.
+	r.Observe("a", RateSample{Uncached: 10, TTFT: 20 * time.Millisecond, E2E: 20*time.Millisecond + 9*12*time.Millisecond, Output: 10})
+	got, ok := r.Get("a")
+	if !ok || got.PrefillTokensPerSec != 0 || got.DecodeStep != 12*time.Millisecond {
+		t.Fatalf("got %+v %v, want only a 12ms step", got, ok)
+	}
+}
+
+// The router hands each candidate's learned speeds to the policy: with the
+// same queue everywhere, kvroute sends the request to the replica that
+// answered fastest, and a State's own figures take precedence.
+func TestDecideUsesLearnedRates(t *testing.T) {
+	st := fleet(3)
+	for _, r := range st.reps {
+		st.loads[r.ID] = load.Load{Healthy: true, ActivePrefillBlocks: 100}
+	}
+	rt := New(Options{State: st, Seed: 1}) // kvroute, its own Rates
+	for range 20 {
+		rt.Rates().Observe("r0", replicaSample(4000, 20*time.Millisecond, 4000, 50, 0))
+		rt.Rates().Observe("r1", replicaSample(16000, 10*time.Millisecond, 4000, 50, 0))
+		rt.Rates().Observe("r2", replicaSample(8000, 10*time.Millisecond, 4000, 50, 0))
+	}
+	req := Request{Model: model, Tokens: seq(64*16, 7)}
+	d, err := rt.Decide(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Replica != "r1" {
+		t.Fatalf("picked %s, want the fastest learner r1; candidates %+v", d.Replica, d.Candidates)
+	}
+	if l := d.Candidates[0].Load; math.Abs(l.PrefillRate-4000) > 40 || l.DecodeStep < 19*time.Millisecond || l.DecodeStep > 21*time.Millisecond {
+		t.Fatalf("r0's load %+v, want its learned 4000 tokens/s and 20 ms", l)
+	}
+	// A State that reports a speed of its own wins over the learner.
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 100, PrefillRate: 64000, DecodeStep: time.Millisecond}
+	if d, err = rt.Decide(t.Context(), req); err != nil || d.Replica != "r0" {
+		t.Fatalf("picked %s (%v), want r0 at the State's 64000 tokens/s", d.Replica, err)
+	}
+}
