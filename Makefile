@@ -38,9 +38,14 @@ test: ## Unit tests (race, shuffled) then end-to-end tests; installs what they n
 test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
 	$(GO) test -race -shuffle=on -count=1 $(PKGS)
 
+# Every package with e2e-tagged test files: ./e2e and, e.g., pkg/overhead's
+# TestBodySizeLimits (their untagged tests run again, cheaply). -p 1: one
+# stack of processes at a time on a shared machine.
+E2E_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build e2e' e2e pkg cmd test 2>/dev/null)))
+
 .PHONY: test-e2e
-test-e2e: ## End-to-end tests: real Envoy, kvroute and enginesim processes on loopback.
-	$(GO) test -tags e2e -count=1 -timeout 20m ./e2e/...
+test-e2e: ## End-to-end tests (every e2e-tagged package): real Envoy, kvroute and enginesim processes on loopback.
+	$(GO) test -tags e2e -count=1 -p 1 -timeout 30m $(addprefix ./,$(E2E_PKGS))
 
 .PHONY: demo
 demo: ## Local demo: 4 simulated engines, kvroute and Envoy on loopback; kvroute vs round robin on a multi-turn agent workload. Installs what it needs first.

@@ -87,9 +87,11 @@ type PolicyConfig struct {
 
 // RoutingConfig holds request-path settings.
 type RoutingConfig struct {
-	// DestinationHeader is the header naming the pick. Default
-	// extproc.DefaultDestinationHeader.
-	DestinationHeader string `yaml:"destination_header"`
+	// RemovedDestinationHeader catches the removed key destination_header
+	// so that an old file gets an error saying so (Validate), not a generic
+	// unknown-key one: the pick always travels as
+	// x-gateway-destination-endpoint, the name Envoy's override_host reads.
+	RemovedDestinationHeader any `yaml:"destination_header"`
 	// SessionHeader carries the session affinity key. Default
 	// extproc.DefaultSessionHeader.
 	SessionHeader string `yaml:"session_header"`
@@ -119,7 +121,6 @@ type RoutingConfig struct {
 // telemetry).
 func (r RoutingConfig) ExtProc() extproc.Config {
 	return extproc.Config{
-		DestinationHeader:       r.DestinationHeader,
 		SessionHeader:           r.SessionHeader,
 		MaxRequestLifetime:      r.MaxRequestLifetime,
 		MaxStreamsPerConnection: uint32(min(max(int64(r.MaxStreamsPerConnection), 0), math.MaxUint32)), // Validate bounds it
@@ -227,7 +228,6 @@ func (c Config) WithDefaults() Config {
 	c.Events = c.Events.WithDefaults()
 	c.Load = c.Load.WithDefaults()
 	c.Index = c.Index.WithDefaults()
-	str(&c.Routing.DestinationHeader, extproc.DefaultDestinationHeader)
 	str(&c.Routing.SessionHeader, extproc.DefaultSessionHeader)
 	if c.Routing.BlockSize == 0 {
 		c.Routing.BlockSize = kvblock.DefaultBlockSize
@@ -286,8 +286,8 @@ func (c *Config) Validate() error {
 	errs = append(errs, inSection("events", c.Events.Validate())...)
 	errs = append(errs, inSection("load", c.Load.Validate())...)
 	errs = append(errs, inSection("index", c.Index.Validate())...)
-	if h := c.Routing.DestinationHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
-		bad("routing.destination_header", "%q must be a lower-case header name", h)
+	if c.Routing.RemovedDestinationHeader != nil {
+		bad("routing.destination_header", "removed: the pick is always sent as %s (header, and the envoy.lb metadata key Envoy's override_host load balancer reads, which the shipped Envoy configs and the chart use); delete this key", extproc.DefaultDestinationHeader)
 	}
 	if h := c.Routing.SessionHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
 		bad("routing.session_header", "%q must be a lower-case header name", h)

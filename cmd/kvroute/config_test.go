@@ -39,7 +39,6 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"drain", c.Listeners.DrainTimeout, DefaultDrainTimeout},
 		{"policy", c.Policy.Name, "kvroute"},
 		{"tokenizer", c.Tokenizer.Default.Kind, tokenize.KindRemote},
-		{"header", c.Routing.DestinationHeader, "x-gateway-destination-endpoint"},
 		{"session header", c.Routing.SessionHeader, "x-session-id"},
 		{"block size", c.Routing.BlockSize, 16},
 		{"approximate ttl", c.Routing.Approximate.TTL, 2 * time.Minute},
@@ -109,7 +108,7 @@ routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connect
 	}
 	got := c.Routing.ExtProc()
 	if got.MaxRequestLifetime != 90*time.Second || got.MaxStreamsPerConnection != 64 || got.MaxConnectionIdle != 45*time.Second ||
-		got.SessionHeader != "x-user" || got.DestinationHeader != extproc.DefaultDestinationHeader {
+		got.SessionHeader != "x-user" {
 		t.Errorf("extproc config %+v", got)
 	}
 	// Defaults survive extproc's own WithDefaults unchanged (written once).
@@ -381,5 +380,20 @@ func TestLoadConfigFileMissing(t *testing.T) {
 	_, err := LoadConfigFile(filepath.Join(t.TempDir(), "nope.yaml"))
 	if !errors.Is(err, ErrConfig) || !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestRemovedDestinationHeader: routing.destination_header, which no longer
+// changes what Envoy routes on, is refused with the reason, not ignored and
+// not a generic unknown-key error.
+func TestRemovedDestinationHeader(t *testing.T) {
+	for _, v := range []string{"x-gateway-destination-endpoint", "x-kv-pick", "''"} {
+		_, err := ParseConfig([]byte(minimal + "routing: {destination_header: " + v + "}\n"))
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "routing.destination_header: removed") {
+			t.Errorf("destination_header %s: %v, want a config error saying it was removed", v, err)
+		}
+	}
+	if _, err := ParseConfig([]byte(minimal)); err != nil {
+		t.Fatalf("without the key: %v", err)
 	}
 }

@@ -76,7 +76,9 @@ type Config struct {
 	BlockSize func(index.ReplicaID) int `yaml:"-"`
 
 	// DestinationHeader names the pick's header. Default
-	// x-gateway-destination-endpoint.
+	// x-gateway-destination-endpoint. The envoy.lb metadata key, which
+	// Envoy's override_host load balancer reads, is that default whatever
+	// this says (MetadataDestinationKey); kvroute's config does not set it.
 	DestinationHeader string `yaml:"destination_header"`
 	// FallbackHeader names the header carrying the fallback list. Default
 	// x-gateway-destination-endpoint-fallback.

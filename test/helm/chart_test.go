@@ -634,11 +634,10 @@ func checkKVRouteConfig(t *testing.T, b []byte) map[string]any {
 // Checks shared by every rendering
 
 type expect struct {
-	sidecar    bool
-	rules      []rbacv1.PolicyRule // nil: no Role at all
-	enginesNS  string
-	failOpen   bool
-	destHeader string
+	sidecar   bool
+	rules     []rbacv1.PolicyRule // nil: no Role at all
+	enginesNS string
+	failOpen  bool
 	// tls: extproc mutual TLS is on; certManager: "" (no cert-manager
 	// objects), "chart-ca" (the chart's own CA chain) or "issuer" (an
 	// existing issuer, certificates only).
@@ -948,8 +947,8 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		for _, m := range dig(t, hcm, "early_header_mutation_extensions", 0, "typed_config", "mutations").([]any) {
 			removed = append(removed, m.(map[string]any)["remove"].(string))
 		}
-		if !slices.Contains(removed, want.destHeader) || !slices.Contains(removed, "x-gateway-destination-endpoint") || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") {
-			t.Errorf("early-stripped headers %v, want %s and the fallback header among them", removed, want.destHeader)
+		if !slices.Contains(removed, "x-gateway-destination-endpoint") || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") {
+			t.Errorf("early-stripped headers %v, want the destination and fallback headers among them", removed)
 		}
 		// HTTP/1.0 and oversized headers are answered (426, 431): the limits
 		// are explicit and ext_proc, which would hold those local replies,
@@ -978,11 +977,6 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 			dig(t, oh, "typed_config", "override_host_sources", 0, "metadata", "key") != "envoy.lb" ||
 			dig(t, oh, "typed_config", "override_host_sources", 0, "metadata", "path", 0, "key") != "x-gateway-destination-endpoint" {
 			t.Errorf("engines' cluster load balancing %v", oh)
-		}
-		if want.destHeader != "x-gateway-destination-endpoint" {
-			if got := dig(t, cfg, "routing", "destination_header"); got != want.destHeader {
-				t.Errorf("kvroute sets %v, Envoy strips %s", got, want.destHeader)
-			}
 		}
 
 		// The engines' headless Service; round robin is override_host's
@@ -1088,14 +1082,6 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 			}
 		}
 	})
-}
-
-func e2names(list any) []string {
-	var out []string
-	for _, e := range list.([]any) {
-		out = append(out, e.(map[string]any)["name"].(string))
-	}
-	return out
 }
 
 func lookup(vals map[string]any, path ...string) (any, bool) {
@@ -1375,23 +1361,19 @@ networkPolicy: {egress: {enabled: true, apiServerCIDRs: [10.0.0.1/32], enginePor
 			},
 		},
 		{
-			name: "custom ports and destination header",
+			name: "custom ports",
 			vals: func(t *testing.T) map[string]any {
 				return values(t, `
 kvroute: {ports: {extproc: 7002, metrics: 7090, admin: 7003}}
 envoy: {ports: {inference: 7081, readiness: 7001, admin: 7901}, mode: service, shutdownDelaySeconds: 0}
-config: {routing: {destination_header: x-kv-pick}}
 `)
 			},
-			want: expect{sidecar: false, rules: endpointSlices, enginesNS: namespace, failOpen: true, destHeader: "x-kv-pick"},
+			want: expect{sidecar: false, rules: endpointSlices, enginesNS: namespace, failOpen: true},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := tc.vals(t)
 			o := render(t, vals)
-			if tc.want.destHeader == "" {
-				tc.want.destHeader = "x-gateway-destination-endpoint"
-			}
 			checkAll(t, o, vals, tc.want)
 			if tc.extra != nil {
 				var cfg map[string]any
@@ -1487,6 +1469,16 @@ func TestSchemaRejects(t *testing.T) {
 				t.Errorf("error does not name %q as a schema violation: %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestRemovedDestinationHeader: config.routing.destination_header, which
+// kvroute no longer takes, fails the render with the reason (kvroute
+// itself would refuse the file at start).
+func TestRemovedDestinationHeader(t *testing.T) {
+	_, err := renderErr(t, values(t, "config: {routing: {destination_header: x-kv-pick}}"))
+	if err == nil || !strings.Contains(err.Error(), "config.routing.destination_header was removed") {
+		t.Fatalf("render with config.routing.destination_header: %v, want the removal named", err)
 	}
 }
 

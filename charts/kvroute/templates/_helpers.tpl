@@ -70,10 +70,12 @@ app.kubernetes.io/component: proxy
 {{- printf "%s.%s.svc.%s" .Values.engines.service (include "kvroute.enginesNamespace" .) .Values.engines.clusterDomain }}
 {{- end }}
 
-{{/* The header carrying kvroute's pick; Envoy routes on the same name. */}}
-{{- define "kvroute.destinationHeader" -}}
+{{/* Keys kvroute no longer takes fail the install with the reason. */}}
+{{- define "kvroute.checkRemoved" -}}
 {{- $routing := default dict .Values.config.routing }}
-{{- default "x-gateway-destination-endpoint" $routing.destination_header }}
+{{- if hasKey $routing "destination_header" }}
+{{- fail "config.routing.destination_header was removed: kvroute always sends its pick as x-gateway-destination-endpoint (the envoy.lb metadata key Envoy's override_host reads); delete the key" }}
+{{- end }}
 {{- end }}
 
 {{/* Whether the chart needs API access (Kubernetes discovery). */}}
