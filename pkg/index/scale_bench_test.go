@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,23 +47,120 @@ func scaleTokens(toks, sys []uint32, c int) {
 	}
 }
 
-// storeConv applies conversation c for rep as stored events of at most
-// evBlocks blocks chained by parents, and returns the blocks stored.
-func storeConv(ix *Index, rep ReplicaID, c int, toks, sys []uint32, keys []kvblock.Key, hs []uint64, evBlocks int) []kvblock.Key {
+// convEvents writes conversation c for rep into toks, keys and hs and
+// returns it as stored events of at most evBlocks blocks chained by
+// parents (they share toks and hs).
+func convEvents(rep ReplicaID, c int, toks, sys []uint32, keys []kvblock.Key, hs []uint64, evBlocks int, evs []Stored) []Stored {
 	scaleTokens(toks, sys, c)
 	keys = kvblock.Keys(keys[:0], scaleRoot, toks, benchBS, kvblock.Options{})
 	for i, k := range keys {
 		hs[i] = engineHash(rep, k, 0)
 	}
+	evs = evs[:0]
 	for s := 0; s < len(keys); s += evBlocks {
 		e := min(len(keys), s+evBlocks)
 		ev := Stored{Replica: rep, Root: scaleRoot, Hashes: hs[s:e], Tokens: toks[s*benchBS : e*benchBS], BlockSize: benchBS}
 		if s > 0 {
 			ev.HasParent, ev.ParentHash = true, hs[s-1]
 		}
-		ix.Stored(ev)
+		evs = append(evs, ev)
 	}
-	return keys
+	return evs
+}
+
+// scaleItem is one unit of an applier's queue: stored events, then the
+// removal of hashes, of one replica; done is signalled once applied.
+type scaleItem struct {
+	stored  []Stored
+	removed Removed
+	tick    time.Time // when the stream's tick fired (steady state)
+	done    chan struct{}
+}
+
+// appliers is the events layer's apply pool in small: n goroutines, each
+// applying the items of the replicas sharded to it in order (as
+// events.Manager does with its workers), so that writers never outnumber
+// the cores whatever the number of streams.
+type appliers struct {
+	ix     *Index
+	queues []chan scaleItem
+	wg     sync.WaitGroup
+	blocks atomic.Int64 // block events applied
+	late   atomic.Int64 // items applied more than a period after their tick
+	items  atomic.Int64
+}
+
+func newAppliers(ix *Index, n int) *appliers {
+	a := &appliers{ix: ix, queues: make([]chan scaleItem, n)}
+	for i := range a.queues {
+		q := make(chan scaleItem, 1024) // events.DefaultQueueSize
+		a.queues[i] = q
+		a.wg.Go(func() {
+			for it := range q {
+				n := 0
+				for _, ev := range it.stored {
+					n += ix.Stored(ev).Blocks
+				}
+				if len(it.removed.Hashes) > 0 {
+					ix.Removed(it.removed)
+					n += len(it.removed.Hashes)
+				}
+				a.blocks.Add(int64(n))
+				if !it.tick.IsZero() {
+					a.items.Add(1)
+					if time.Since(it.tick) > scalePeriod {
+						a.late.Add(1)
+					}
+				}
+				it.done <- struct{}{}
+			}
+		})
+	}
+	return a
+}
+
+// apply queues it on the applier of replica r (streams index r).
+func (a *appliers) apply(r int, it scaleItem) { a.queues[r%len(a.queues)] <- it }
+
+func (a *appliers) close() {
+	for _, q := range a.queues {
+		close(q)
+	}
+	a.wg.Wait()
+}
+
+// scalePeriod is a steady-state stream's tick: a 64-block store and a
+// 64-block removal, 1,000 block events per second.
+const scalePeriod = 128 * time.Millisecond
+
+// schedWait is the time this process's threads have spent runnable but
+// waiting for a CPU (from /proc/self/task/*/schedstat; 0 where there is
+// none): on a shared machine, what the OS did not give the process.
+func schedWait() time.Duration {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		var run, wait int64
+		if _, err := fmt.Sscan(string(b), &run, &wait); err == nil {
+			sum += time.Duration(wait)
+		}
+	}
+	return sum
+}
+
+// mutexWait is the total time goroutines have spent blocked on sync.Mutex
+// and sync.RWMutex (the index's lock included).
+func mutexWait() time.Duration {
+	s := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return time.Duration(s[0].Value.Float64() * float64(time.Second))
 }
 
 func processCPU() time.Duration {
@@ -76,19 +174,26 @@ func processCPU() time.Duration {
 // BenchmarkScale simulates a 1,024-replica fleet with 64k blocks per
 // replica (64M (block, replica) entries, 32M keys); set
 // KVROUTE_INDEX_SCALE=1 to run it (a number above 1 sets the blocks per
-// replica instead):
+// replica instead). Events reach the index as they do through the events
+// layer: each replica's stream hands its events to the apply pool
+// (GOMAXPROCS appliers, replicas sharded over them, each replica's events in
+// order), which applies them.
 //
-//   - warm: 1,024 goroutines, one per replica's replay buffer, apply their
-//     replica's stored events (256-block conversations in 64-block events)
-//     as fast as they can; reports the time to warm and the block events
-//     per second of wall and of process CPU (event generation included);
-//   - memory: heap after GC and Stats.Bytes per entry;
-//   - steady state: the 1,024 streams each apply 1,000 block events per
-//     second (a new 64-block conversation tail stored, an old one removed)
-//     for 20 s while one goroutine matches prompts whose 16-block system
-//     prompt all 1,024 replicas hold (1,024 candidates); reports the
-//     achieved event rate, the CPU it took, and Match p50/p99 (thread CPU
-//     time and wall), and Match on the quiet index after.
+//   - warm: 1,024 streams, one per replica's replay buffer, hand over
+//     their replica's stored events (256-block conversations in 64-block
+//     events) as fast as the pool applies them; reports the time to warm
+//     and the block events per second of wall and of process CPU (event
+//     generation included);
+//   - memory: heap after GC plus mapped slot arrays, and Stats.Bytes, per
+//     entry;
+//   - steady state: the 1,024 streams each offer 1,000 block events per
+//     second (every 128 ms a new 64-block conversation tail stored and the
+//     previous one removed) for 20 s while one goroutine matches prompts
+//     whose 16-block system prompt all 1,024 replicas hold (1,024
+//     candidates); reports the achieved event rate, the CPU it took (and
+//     per block event), the time the process's threads waited for a CPU
+//     and goroutines waited on locks, and Match p50/p99 (thread CPU time
+//     and wall), and Match on the quiet index before.
 func BenchmarkScale(b *testing.B) {
 	if os.Getenv(scaleEnv) == "" {
 		b.Skip("set " + scaleEnv + "=1 to run (about 3 GiB, a few minutes)")
@@ -111,21 +216,30 @@ func BenchmarkScale(b *testing.B) {
 			}
 		}
 		// Warm: every stream replays its replica's conversations.
+		ap := newAppliers(ix, runtime.GOMAXPROCS(0))
 		var wg sync.WaitGroup
 		c0, t0 := processCPU(), time.Now()
-		for _, st := range streams {
+		for ri, st := range streams {
 			wg.Go(func() {
 				toks := make([]uint32, scaleConv*benchBS)
 				keys := make([]kvblock.Key, 0, scaleConv)
 				hs := make([]uint64, scaleConv)
-				for j := range per {
-					storeConv(ix, st.rep, st.own+j, toks, sys, keys, hs, 64)
-					storeConv(ix, st.rep, st.next+j, toks, sys, keys, hs, 64)
+				var evs []Stored
+				done := make(chan struct{}, 1)
+				for j := range 2 * per {
+					c := st.own + j/2
+					if j%2 == 1 {
+						c = st.next + j/2
+					}
+					evs = convEvents(st.rep, c, toks, sys, keys, hs, 64, evs)
+					ap.apply(ri, scaleItem{stored: evs, done: done})
+					<-done // the buffers are reused for the next one
 				}
 			})
 		}
 		wg.Wait()
 		warm, warmCPU := time.Since(t0), processCPU()-c0
+		ap.close()
 		s := ix.Stats()
 		entries := float64(s.Holders)
 		b.ReportMetric(warm.Seconds(), "warm-s")
@@ -141,7 +255,7 @@ func BenchmarkScale(b *testing.B) {
 		// Queries: conversations' prompts; block 0..15 held by all.
 		var prompts [][]kvblock.Key
 		toks := make([]uint32, scaleConv*benchBS)
-		for c := 0; c < scaleReplicas*per; c += scaleReplicas * per / 200 {
+		for c := 0; c < scaleReplicas*per; c += max(1, scaleReplicas*per/200) {
 			scaleTokens(toks, sys, c)
 			prompts = append(prompts, kvblock.Keys(nil, scaleRoot, toks, benchBS, kvblock.Options{}))
 		}
@@ -166,45 +280,49 @@ func BenchmarkScale(b *testing.B) {
 
 		// Steady state: 1,000 block events per second per stream, as a
 		// 64-block stored event every 128 ms and the removal of the
-		// stream's previous tail (64 blocks) after it.
+		// stream's previous tail (64 blocks) with it.
 		const run = 20 * time.Second
 		stop := make(chan struct{})
-		var applied atomic.Int64
-		var lagged atomic.Int64
-		c1, t1 := processCPU(), time.Now()
+		ap = newAppliers(ix, runtime.GOMAXPROCS(0))
+		c1, t1, w1, m1 := processCPU(), time.Now(), schedWait(), mutexWait()
 		for ri, st := range streams {
 			wg.Go(func() {
 				r := rand.New(rand.NewPCG(uint64(ri), 9))
 				toks := make([]uint32, 64*benchBS)
-				hs := make([]uint64, 64)
-				var prev []uint64
-				tick := time.NewTicker(128 * time.Millisecond)
+				hs := [2][]uint64{make([]uint64, 64), make([]uint64, 64)}
+				done := make(chan struct{}, 1)
+				tick := time.NewTicker(scalePeriod)
 				defer tick.Stop()
 				// Spread the streams' phases over the period.
-				time.Sleep(time.Duration(r.Int64N(int64(128 * time.Millisecond))))
+				time.Sleep(time.Duration(r.Int64N(int64(scalePeriod))))
+				pending := false
 				for n := 0; ; n++ {
+					var at time.Time
 					select {
 					case <-stop:
+						if pending {
+							<-done
+						}
 						return
-					case <-tick.C:
+					case at = <-tick.C:
 					}
-					start := time.Now()
+					if pending {
+						<-done // the previous tick's item is applied
+					}
+					cur, prev := hs[n%2], hs[(n+1)%2]
 					for i := range toks {
 						toks[i] = uint32(r.IntN(50000))
 					}
 					// A new 64-block conversation; the previous one goes.
-					for i := range hs {
-						hs[i] = r.Uint64()
+					for i := range cur {
+						cur[i] = r.Uint64()
 					}
-					ix.Stored(Stored{Replica: st.rep, Root: scaleRoot, Hashes: hs, Tokens: toks, BlockSize: benchBS})
-					if prev != nil {
-						ix.Removed(Removed{Replica: st.rep, Hashes: prev})
+					it := scaleItem{stored: []Stored{{Replica: st.rep, Root: scaleRoot, Hashes: cur, Tokens: toks, BlockSize: benchBS}}, tick: at, done: done}
+					if n > 0 {
+						it.removed = Removed{Replica: st.rep, Hashes: prev}
 					}
-					prev = append(prev[:0], hs...)
-					applied.Add(128)
-					if time.Since(start) > 128*time.Millisecond {
-						lagged.Add(1)
-					}
+					ap.apply(ri, it)
+					pending = true
 				}
 			})
 		}
@@ -224,10 +342,16 @@ func BenchmarkScale(b *testing.B) {
 		close(stop)
 		wg.Wait()
 		el, cpu := time.Since(t1), processCPU()-c1
-		b.ReportMetric(float64(applied.Load())/el.Seconds(), "steady-block-events/s")
+		waited, locked := schedWait()-w1, mutexWait()-m1
+		ap.close()
+		applied := float64(ap.blocks.Load())
+		b.ReportMetric(applied/el.Seconds(), "steady-block-events/s")
 		b.ReportMetric(cpu.Seconds()/el.Seconds(), "steady-cores")
-		b.ReportMetric(float64(applied.Load())/el.Seconds()/(scaleReplicas*1000), "steady-achieved/offered")
-		b.ReportMetric(float64(lagged.Load())/float64(applied.Load()/128), "steady-late-tick-fraction")
+		b.ReportMetric(float64(cpu.Nanoseconds())/applied, "steady-cpu-ns/block-event")
+		b.ReportMetric(waited.Seconds()/el.Seconds(), "steady-cpu-wait-cores")
+		b.ReportMetric(locked.Seconds()/el.Seconds(), "steady-lock-wait-s/s")
+		b.ReportMetric(applied/el.Seconds()/(scaleReplicas*1000), "steady-achieved/offered")
+		b.ReportMetric(float64(ap.late.Load())/float64(max(1, ap.items.Load())), "steady-late-tick-fraction")
 		b.ReportMetric(pct(lat, 50), "steady-match-cpu-p50-ns")
 		b.ReportMetric(pct(lat, 99), "steady-match-cpu-p99-ns")
 		b.ReportMetric(pct(wall, 50), "steady-match-p50-ns")
