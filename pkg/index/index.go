@@ -2,6 +2,7 @@ package index
 
 import (
 	"math/bits"
+	"slices"
 	"strings"
 	"sync"
 
@@ -371,7 +372,8 @@ func (ix *Index) Match(keys []kvblock.Key, dst []ReplicaMatch) []ReplicaMatch {
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	w := newWalk(&ix.keys, keys)
+	var w walk
+	w.init(&ix.keys, keys)
 	var vs [matchAhead]uint64
 	n := w.batch(&vs)
 	if n == 0 {
@@ -397,14 +399,16 @@ var smallSlots uint32 = 64
 // batch's n key words.
 func (ix *Index) matchSmall(w *walk, vs *[matchAhead]uint64, n int, hs []uint64, dst []ReplicaMatch) []ReplicaMatch {
 	base := len(dst)
-	var first uint64 // the slots holding key 0
-	for _, h := range hs {
-		first |= 1 << hSlot(h)
-		m := ReplicaMatch{Replica: ix.bySlot[hSlot(h)].id}
-		m.ByTier[hBest(h)]++
-		dst = append(dst, m)
-	}
+	dst = slices.Grow(dst, len(hs))[:base+len(hs)]
 	out := dst[base:]
+	var first uint64 // the slots holding key 0
+	for k, h := range hs {
+		first |= 1 << hSlot(h)
+		out[k] = ReplicaMatch{Replica: ix.bySlot[hSlot(h)].id}
+		if hCount(h, TierGPU) == 0 {
+			out[k].ByTier[hBest(h)]++
+		}
+	}
 	alive := first
 	fm, fw := fastMask(alive)
 	at, b := 0, 1 // key at+b is next
@@ -415,6 +419,14 @@ walk:
 			// on the GPU.
 			if b += sameRun(vs[b:n], fm, fw); b == n {
 				break
+			}
+			if v := vs[b]; v&spillBit != 0 {
+				// Held by every live replica, on the GPU: the record's
+				// masks say so (the shared-prefix keys).
+				if r := ix.arena.rec(uint32(v)); r[recHeld]&alive == alive && r[recLower]&alive == 0 {
+					b++
+					continue
+				}
 			}
 			if alive = ix.smallStep(vs[b], alive, first, out, at+b); alive == 0 {
 				w.touch(b + 1)

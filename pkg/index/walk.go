@@ -35,10 +35,11 @@ type probe struct{ di, i uint32 }
 // beat 8 and 32 here, as for the benchmark's baseline table).
 const matchAhead = 16
 
-func newWalk(t *xtab, keys []kvblock.Key) walk {
-	w := walk{t: t, keys: keys, dir: unsafe.Pointer(unsafe.SliceData(t.dir)), shift: 64 - uint(t.gd)}
+// init starts a walk over keys: the first batch's home slots are fetched.
+func (w *walk) init(t *xtab, keys []kvblock.Key) {
+	w.t, w.keys = t, keys
+	w.dir, w.shift = unsafe.Pointer(unsafe.SliceData(t.dir)), 64-uint(t.gd)
 	w.prefetch(0)
-	return w
 }
 
 func (w *walk) ent(di uint32) *dirEnt {
