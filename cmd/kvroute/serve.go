@@ -179,11 +179,13 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	if err != nil {
 		return nil, err
 	}
+	// The events manager's matcher is the index's, with hybrid-attention
+	// replicas' matches cut to their sliding-window groups (pkg/events).
 	// One dispatch-learned index for replicas without events: the decider
 	// records its picks there, the explainer only reads it.
 	approx := route.NewApproxIndex(cfg.Routing.Approximate)
 	r.reg.MustRegister(newApproxCollector(approx))
-	routeOpts := route.Options{Matcher: r.idx, State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx}
+	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx}
 	decider := route.New(routeOpts)
 	routeOpts.Policy = explainPol
 	explainer := route.New(routeOpts)

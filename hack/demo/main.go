@@ -45,6 +45,7 @@ type options struct {
 	tokTimeout  time.Duration
 	keep        bool
 	serve       bool
+	replicas    int
 }
 
 func main() {
@@ -57,6 +58,7 @@ func main() {
 	flag.StringVar(&o.policy, "policy", "kvroute", "kvroute policy (policy.name)")
 	flag.DurationVar(&o.tokTimeout, "tokenizer-timeout", 50*time.Millisecond, "remote tokenizer timeout (tokenizer.default.timeout; 50ms is kvroute's default)")
 	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs and configs")
+	flag.IntVar(&o.replicas, "engines", 4, "enginesim replicas")
 	flag.BoolVar(&o.serve, "serve", false, "start the stack and a plain round-robin Envoy, print their URLs and run until interrupted")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -105,7 +107,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 
-	fmt.Println("starting 4 enginesim replicas, kvroute and Envoy on 127.0.0.1 ...")
+	fmt.Printf("starting %d enginesim replicas, kvroute and Envoy on 127.0.0.1 ...\n", o.replicas)
 	// The demo's prompts stay under 8k tokens; kvbench's generators
 	// (herding: up to 8k prompt plus output) need more.
 	maxLen := "8192"
@@ -113,7 +115,7 @@ func run(ctx context.Context, o options) error {
 		maxLen = "16384"
 	}
 	so := testbed.StackOptions{
-		Bin: bins, Envoy: tmpl, Engines: 4,
+		Bin: bins, Envoy: tmpl, Engines: o.replicas,
 		EngineArgs: func(i int) []string {
 			return []string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
 				"--max-model-len", maxLen, "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}

@@ -38,7 +38,14 @@ type Applier struct {
 	extras  [][]byte
 	removed []uint64
 	groups  map[index.ReplicaID]*groupTracker
+	// win, when set, receives the sliding-window groups' stores and
+	// removals (window.go).
+	win *Windows
 }
+
+// SetWindows makes the Applier feed w with the stores and removals of
+// sliding-window KV-cache groups.
+func (a *Applier) SetWindows(w *Windows) { a.win = w }
 
 // NewApplier returns an Applier writing to idx.
 func NewApplier(idx *index.Index) *Applier {
@@ -48,13 +55,21 @@ func NewApplier(idx *index.Index) *Applier {
 // Forget drops what the Applier tracks of a replica (its KV-cache group
 // holdings): call it whenever the replica is cleared in the index other
 // than by an AllBlocksCleared event it applied.
-func (a *Applier) Forget(r index.ReplicaID) { delete(a.groups, r) }
+func (a *Applier) Forget(r index.ReplicaID) {
+	delete(a.groups, r)
+	if a.win != nil {
+		a.win.clear(r, true)
+	}
+}
 
 // Reset drops a replica's KV-cache group holdings but keeps the group kinds
 // it learned: call it when the replica is cleared in the index for a resync.
 func (a *Applier) Reset(r index.ReplicaID) {
 	if g := a.groups[r]; g != nil {
 		g.clear()
+	}
+	if a.win != nil {
+		a.win.clear(r, false)
 	}
 }
 
@@ -102,6 +117,9 @@ func (a *Applier) Apply(t Target, b *Batch) ApplyStats {
 			if g := a.groups[t.Replica]; g != nil {
 				g.clear()
 			}
+			if a.win != nil {
+				a.win.clear(t.Replica, false)
+			}
 		}
 	}
 	return st
@@ -123,7 +141,12 @@ func eventTier(ev *Event) (index.Tier, bool) {
 // partial-attention group, and the replica's tracker when the event names
 // a group.
 func (a *Applier) group(t Target, ev *Event, st *ApplyStats) (g *groupTracker, skip bool) {
-	var kind groupKind
+	g, _, skip = a.groupKind(t, ev, st)
+	return g, skip
+}
+
+// groupKind is group, also returning the group's kind.
+func (a *Applier) groupKind(t Target, ev *Event, st *ApplyStats) (g *groupTracker, kind groupKind, skip bool) {
 	if ev.GroupIdx >= 0 {
 		g = a.tracker(t)
 		kind = g.kind(ev.GroupIdx, ev.SpecKind)
@@ -131,14 +154,14 @@ func (a *Applier) group(t Target, ev *Event, st *ApplyStats) (g *groupTracker, s
 		kind = classifyKind(ev.SpecKind)
 	}
 	switch kind {
-	case kindPartial:
+	case kindPartial, kindSliding:
 		st.OtherGroup++
-		return nil, true
+		return nil, kind, true
 	case kindUnknown:
 		st.UnknownKind++
 		st.UnknownKindName = ev.SpecKind
 	}
-	return g, false
+	return g, kind, false
 }
 
 func (a *Applier) blockRemoved(t Target, ev *Event, st *ApplyStats) {
@@ -148,8 +171,11 @@ func (a *Applier) blockRemoved(t Target, ev *Event, st *ApplyStats) {
 		return
 	}
 	hashes := ev.Hashes
-	g, skip := a.group(t, ev, st)
+	g, kind, skip := a.groupKind(t, ev, st)
 	if skip {
+		if kind == kindSliding && a.win != nil {
+			a.win.idx.Removed(index.Removed{Replica: t.Replica, Hashes: hashes, Tier: tier})
+		}
 		return
 	}
 	if g != nil {
@@ -165,8 +191,11 @@ func (a *Applier) blockRemoved(t Target, ev *Event, st *ApplyStats) {
 }
 
 func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
-	g, skip := a.group(t, ev, st)
+	g, kind, skip := a.groupKind(t, ev, st)
 	if skip {
+		if kind == kindSliding && a.win != nil {
+			a.windowStored(t, ev)
+		}
 		return
 	}
 	tier, ok := eventTier(ev)
@@ -219,4 +248,45 @@ func (a *Applier) stored(t Target, ev *Event, st *ApplyStats) {
 	if g != nil && res.Blocks > 0 {
 		g.stored(ev.GroupIdx, tier, ev.Hashes[:res.Blocks])
 	}
+}
+
+// windowStored applies a sliding-window group's store to the Windows view:
+// keyed as the main index keys it, the parent found in the view or else in
+// the main index (the groups share block hashes).
+func (a *Applier) windowStored(t Target, ev *Event) {
+	tier, ok := eventTier(ev)
+	if !ok || ev.BlockSize <= 0 || len(ev.Tokens) != len(ev.Hashes)*ev.BlockSize ||
+		(ev.Lookahead != nil && len(ev.Lookahead) != len(ev.Hashes)) ||
+		(t.BlockSize > 0 && ev.BlockSize != t.BlockSize) {
+		return
+	}
+	a.win.setWindow(t.Replica, ev.SlidingWindow, ev.BlockSize)
+	opts := StoredOptions(ev, a.extras)
+	if opts.Extras != nil {
+		a.extras = opts.Extras[:0]
+	}
+	s := index.Stored{
+		Replica:   t.Replica,
+		Root:      kvblock.Root(t.Model, ev.LoRAName),
+		Hashes:    ev.Hashes,
+		Tokens:    ev.Tokens,
+		BlockSize: ev.BlockSize,
+		Tier:      tier,
+		Extras:    opts,
+	}
+	if ev.HasParent {
+		parent, ok := a.win.idx.EngineKey(t.Replica, ev.Parent)
+		if !ok {
+			parent, ok = a.idx.EngineKey(t.Replica, ev.Parent)
+		}
+		if !ok {
+			a.win.idx.Removed(index.Removed{Replica: t.Replica, Hashes: ev.Hashes, Tier: tier})
+			return
+		}
+		// Chain from the parent's key; only block 0 of a chain carries
+		// the salt, and a store with a parent never starts there.
+		s.Root = parent
+		s.Extras.CacheSalt = ""
+	}
+	a.win.idx.Stored(s)
 }

@@ -9,6 +9,7 @@
 //	_ = m.SetSources(srcs)  // any time, also before Run; diffed by ID and settings
 //	go m.Run(ctx)           // owns every goroutine and socket; returns after joining them
 //	m.Credit(id)            // 0 while the replica's view is incomplete, else 1 (hot path, never blocks)
+//	m.Matcher()             // the index's Match, hybrid replicas' matches cut to their sliding windows
 //	m.NoteRouted(id, now)   // the router routed a request there (feeds the silence check)
 //	m.Status(id)            // state, last sequence, last event, silent flag, bound endpoint
 //	m.Warm()                // every source settled its first warm-up (readiness)
@@ -69,14 +70,20 @@
 // KV-cache groups (group_idx, kv_cache_spec_kind,
 // kv_cache_spec_sliding_window) are handled per replica by the Applier
 // (groups.go has the exact rules): partial-attention kinds (sliding window,
-// chunked local, mamba, ...) are not indexed and their removals ignored;
-// full_attention, mla_attention and sink_full_attention are indexed; an
-// unknown kind is counted (unknown_spec_kind_total) and presumed full
-// attention; a group never labelled (vLLM 0.33 labels GPU events with
-// group_idx only) is presumed full attention. A removal clears only the
-// naming group's holding, and reaches the index only when no group holds
-// the hash on that tier any more (group_held_total), so a sliding-window
-// group's evictions never erase what the full-attention group holds.
+// chunked local, mamba, ...) are not indexed and their removals do not
+// reach the index; full_attention, mla_attention and sink_full_attention
+// are indexed; an unknown kind is counted (unknown_spec_kind_total) and
+// presumed full attention; a group never labelled is presumed full
+// attention (vLLM 0.33 labels every store; Source.GroupKinds labels groups
+// for publishers that do not). A removal clears only the naming group's
+// holding, and reaches the index only when no group holds the hash on that
+// tier any more (group_held_total), so a sliding-window group's evictions
+// never erase what the full-attention group holds. The stores and removals
+// of sliding-window groups (sliding_window, sliding_window_mla) feed the
+// Windows view instead (window.go): Manager.Matcher, the router's matcher,
+// cuts a hybrid replica's match to the last place its sliding-window group
+// holds a window's worth of consecutive blocks, as vLLM's hybrid
+// coordinator decides a prefix hit.
 // BlockRemoved removes by engine hash and tier; AllBlocksCleared clears the
 // replica.
 //

@@ -11,7 +11,8 @@ import "github.com/kvroute/kvroute/pkg/index"
 // removals reach it:
 //
 //   - Group kinds come from kv_cache_spec_kind when an event carries it
-//     (vLLM 0.33 sets it on offload events, not on GPU events) and are
+//     (vLLM 0.33 labels every BlockStored, GPU and offload, with its
+//     group's kind and window; BlockRemoved carries group_idx only) and are
 //     remembered per group (across resyncs); Source.GroupKinds labels groups
 //     up front ("full_attention,sliding_window"); an event's kind wins. full_attention, mla_attention and
 //     sink_full_attention are full attention. sliding_window,
@@ -37,8 +38,9 @@ import "github.com/kvroute/kvroute/pkg/index"
 //   - Events without group_idx (older vLLM, SGLang) bypass the tracker.
 //
 // Groups 0..15 are tracked separately; higher indices share group 15.
-// A prefix hit is decided by the full-attention groups only: the index does
-// not check that sliding-window groups still hold the window's blocks.
+// Sliding-window groups are not indexed, but their stores and removals
+// feed the Windows view (window.go), which cuts a hybrid replica's match to
+// what its sliding-window group can serve, as vLLM's coordinator does.
 
 type groupKind uint8
 
@@ -46,6 +48,7 @@ const (
 	kindPresumed groupKind = iota // never labelled: presumed full attention
 	kindFull
 	kindPartial
+	kindSliding // partial, and its holdings decide hits (window.go)
 	kindUnknown // labelled with a kind this code does not know: presumed full
 )
 
@@ -58,9 +61,10 @@ func classifyKind(kind string) groupKind {
 	case "full_attention", "mla_attention", "sink_full_attention",
 		"FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec":
 		return kindFull
-	case "sliding_window", "sliding_window_mla", "chunked_local_attention", "mamba",
-		"encoder_only_attention", "cross_attention",
-		"SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec", "MambaSpec":
+	case "sliding_window", "sliding_window_mla", "SlidingWindowSpec", "SlidingWindowMLASpec":
+		return kindSliding
+	case "chunked_local_attention", "mamba", "encoder_only_attention", "cross_attention",
+		"ChunkedLocalAttentionSpec", "MambaSpec":
 		return kindPartial
 	}
 	return kindUnknown

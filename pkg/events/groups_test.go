@@ -291,11 +291,11 @@ func TestLookaheadKeys(t *testing.T) {
 
 func TestClassifyKind(t *testing.T) {
 	got := map[string]groupKind{}
-	for _, k := range []string{"", "full_attention", "sink_full_attention", "sliding_window", "unknown", "x"} {
+	for _, k := range []string{"", "full_attention", "sink_full_attention", "sliding_window", "sliding_window_mla", "mamba", "unknown", "x"} {
 		got[k] = classifyKind(k)
 	}
 	want := map[string]groupKind{"": kindPresumed, "full_attention": kindFull, "sink_full_attention": kindFull,
-		"sliding_window": kindPartial, "unknown": kindUnknown, "x": kindUnknown}
+		"sliding_window": kindSliding, "sliding_window_mla": kindSliding, "mamba": kindPartial, "unknown": kindUnknown, "x": kindUnknown}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatal(d)
 	}

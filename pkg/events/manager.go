@@ -137,6 +137,7 @@ var ErrRunning = errors.New("events: manager already running")
 // step with it. See the package documentation for the contract.
 type Manager struct {
 	idx *index.Index
+	win *Windows
 	cfg Config
 	met *metrics
 	log *slog.Logger
@@ -149,6 +150,12 @@ type Manager struct {
 	monSeq atomic.Uint64
 }
 
+// Matcher returns the index's matcher for the router: idx.Match with each
+// hybrid-attention replica's match cut to what its sliding-window KV-cache
+// group can serve (window.go). Use it instead of the index as
+// route.Options.Matcher.
+func (m *Manager) Matcher() Matcher { return Matcher{Full: m.idx, Windows: m.win} }
+
 // NewManager returns a Manager applying events to idx. It starts nothing;
 // Run does. reg may be nil (no metrics registered); log may be nil.
 func NewManager(idx *index.Index, cfg Config, reg prometheus.Registerer, log *slog.Logger) *Manager {
@@ -157,6 +164,7 @@ func NewManager(idx *index.Index, cfg Config, reg prometheus.Registerer, log *sl
 	}
 	return &Manager{
 		idx:      idx,
+		win:      NewWindows(),
 		cfg:      cfg.normalized(),
 		met:      newMetrics(reg),
 		log:      log,
@@ -560,6 +568,7 @@ func (m *Manager) reconcile(ctx context.Context, zctx *zmq.Context, queues []cha
 // work applies one worker's queue until it is closed.
 func (m *Manager) work(i int, q chan item) {
 	w := &worker{m: m, ap: NewApplier(m.idx), depth: m.met.queueDepth.WithLabelValues(workerLabel(i))}
+	w.ap.SetWindows(m.win)
 	for it := range q {
 		w.depth.Set(float64(len(q)))
 		w.handle(it)
