@@ -43,7 +43,7 @@ func TestExtProcMutualTLS(t *testing.T) {
 	if out, err := exec.Command("bash", filepath.Join(root, "hack", "certs.sh"), dir).CombinedOutput(); err != nil {
 		t.Fatalf("hack/certs.sh: %v\n%s", err, out)
 	}
-	tmpl := bytes.ReplaceAll(mtls, []byte("/etc/kvroute/tls/"), []byte(dir+"/"))
+	tmpl := bytes.ReplaceAll(mtls, []byte("/etc/kvroute/tls"), []byte(dir))
 	extra := kvrouteExtra + fmt.Sprintf("tls:\n  extproc:\n    cert_file: %s/server.pem\n    key_file: %s/server-key.pem\n    client_ca_file: %s/ca.pem\n", dir, dir, dir)
 
 	g := newGroup(t)

@@ -7,7 +7,9 @@
 #
 # DIR gets ca.pem/ca-key.pem, server.pem/server-key.pem (SANs: localhost,
 # 127.0.0.1, ::1 and every SERVER_NAME) and client.pem/client-key.pem
-# (CN envoy, clientAuth). Keys are ECDSA P-256; certificates last 365 days.
+# (CN envoy, clientAuth), and Envoy's SDS files naming them
+# (envoy-client-sds.yaml, envoy-ca-sds.yaml). Keys are ECDSA P-256;
+# certificates last 365 days.
 # Re-running replaces the leaf certificates and keeps an existing CA, so a
 # running kvroute reloads them without a restart.
 set -euo pipefail
@@ -51,4 +53,22 @@ leaf server kvroute serverAuth "$san"
 leaf client envoy clientAuth
 rm -f ca.srl
 chmod 0644 ca.pem server.pem client.pem
-echo "certs in $dir: ca.pem server.pem server-key.pem client.pem client-key.pem"
+
+# Envoy's SDS files (envoy/envoy-mtls.yaml): its client certificate and the
+# CA it checks kvroute with, by absolute path. Written only when missing:
+# they name files, and the files' contents are what rotates.
+sds() { # file secret-yaml
+  [ -s "$1" ] && return 0
+  printf 'resources:\n- "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n%s\n' "$2" > "$1.tmp"
+  chmod 0644 "$1.tmp"
+  mv "$1.tmp" "$1"
+}
+here=$(pwd)
+sds envoy-client-sds.yaml "  name: kvroute_extproc_client
+  tls_certificate:
+    certificate_chain: {filename: $here/client.pem}
+    private_key: {filename: $here/client-key.pem}"
+sds envoy-ca-sds.yaml "  name: kvroute_extproc_ca
+  validation_context:
+    trusted_ca: {filename: $here/ca.pem}"
+echo "certs in $dir: ca.pem server.pem server-key.pem client.pem client-key.pem (Envoy SDS: envoy-client-sds.yaml envoy-ca-sds.yaml)"
