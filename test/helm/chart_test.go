@@ -456,24 +456,44 @@ var envoyPath = sync.OnceValues(func() (string, error) {
 	return p, nil
 })
 
-// envoyValidate runs "envoy --mode validate" on a config; deprecated
-// fields count as failures, so the config keeps working on newer Envoys.
-func envoyValidate(t *testing.T, cfg []byte) {
+// envoyValidate runs "envoy --mode validate" on the Envoy ConfigMap's
+// envoy.yaml, with the ConfigMap's other files beside it as the pod mounts
+// them; deprecated fields count as failures, so the config keeps working on
+// newer Envoys.
+func envoyValidate(t *testing.T, files map[string]string) {
 	t.Helper()
 	bin, err := envoyPath()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	// With extproc TLS the config names Envoy's client certificate files,
-	// which validation loads: point it at a real CA-signed certificate. The
-	// paths are quoted: the temporary directory's name holds the test's
-	// name, commas included, which flow-style YAML would split on.
-	if bytes.Contains(cfg, []byte(envoyTLSDir)) {
-		writeTestCerts(t, dir)
-		cfg = tlsFile.ReplaceAllFunc(cfg, func(m []byte) []byte {
+	// With extproc TLS the config reads Envoy's client certificate through
+	// SDS files (ConfigMap keys under /etc/envoy/) that name the Secret's
+	// files, which validation loads: point them at a real CA-signed
+	// certificate in dir. The paths are quoted: the temporary directory's
+	// name holds the test's name, commas included, which flow-style YAML
+	// would split on.
+	rewrite := func(b []byte) []byte {
+		b = tlsFile.ReplaceAllFunc(b, func(m []byte) []byte {
 			return []byte(strconv.Quote(filepath.Join(dir, strings.TrimPrefix(string(m), envoyTLSDir))))
 		})
+		b = bytes.ReplaceAll(b, []byte(strings.TrimSuffix(envoyTLSDir, "/")), []byte(strconv.Quote(dir)))
+		return envoyFile.ReplaceAllFunc(b, func(m []byte) []byte {
+			return []byte(strconv.Quote(filepath.Join(dir, strings.TrimPrefix(string(m), "/etc/envoy/"))))
+		})
+	}
+	cfg := []byte(files["envoy.yaml"])
+	if bytes.Contains(cfg, []byte("sds_config")) {
+		writeTestCerts(t, dir)
+	}
+	cfg = rewrite(cfg)
+	for name, data := range files {
+		if name == "envoy.yaml" {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), rewrite([]byte(data)), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	path := filepath.Join(dir, "envoy.yaml")
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
@@ -1034,7 +1054,7 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 	})
 
 	t.Run("envoy validates", func(t *testing.T) {
-		envoyValidate(t, o.configData(t, release+"-envoy", "envoy.yaml"))
+		envoyValidate(t, o.configMaps[release+"-envoy"].Data)
 	})
 
 	t.Run("rbac", func(t *testing.T) {

@@ -12,9 +12,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -25,8 +27,12 @@ const (
 	envoyTLSDir   = "/etc/envoy-tls/extproc-client/"
 )
 
-// tlsFile matches a file path in Envoy's client certificate mount.
-var tlsFile = regexp.MustCompile(regexp.QuoteMeta(envoyTLSDir) + `[a-z.]+`)
+// tlsFile matches a file path in Envoy's client certificate mount;
+// envoyFile one in Envoy's ConfigMap mount (the SDS files).
+var (
+	tlsFile   = regexp.MustCompile(regexp.QuoteMeta(envoyTLSDir) + `[a-z.]+`)
+	envoyFile = regexp.MustCompile(`/etc/envoy/[a-z.-]+`)
+)
 
 // writeTestCerts writes a CA (ca.crt) and a certificate it signed
 // (tls.crt, tls.key) into dir, as a kubernetes.io/tls Secret mounts them.
@@ -158,14 +164,43 @@ func checkTLS(t *testing.T, o *objects, want expect) {
 		if sni != wantSNI {
 			t.Errorf("ext_proc SNI %v, want %s", sni, wantSNI)
 		}
+		// The client certificate and the CA come through SDS files in
+		// Envoy's ConfigMap that name the client Secret's files, and the
+		// Secret's directory is watched: a renewed Secret reloads them.
 		ctx := dig(t, ts, "typed_config", "common_tls_context")
-		if dig(t, ctx, "tls_certificates", 0, "certificate_chain", "filename") != envoyTLSDir+"tls.crt" ||
-			dig(t, ctx, "tls_certificates", 0, "private_key", "filename") != envoyTLSDir+"tls.key" {
-			t.Errorf("ext_proc client certificate %v", dig(t, ctx, "tls_certificates"))
+		watched := strings.TrimSuffix(envoyTLSDir, "/")
+		sds := func(sc any, wantName, wantFile string) {
+			t.Helper()
+			if dig(t, sc, "name") != wantName ||
+				dig(t, sc, "sds_config", "path_config_source", "path") != "/etc/envoy/"+wantFile ||
+				dig(t, sc, "sds_config", "path_config_source", "watched_directory", "path") != watched {
+				t.Errorf("SDS config %v, want %s from /etc/envoy/%s watching %s", sc, wantName, wantFile, watched)
+			}
 		}
-		if dig(t, ctx, "validation_context", "trusted_ca", "filename") != envoyTLSDir+"ca.crt" ||
-			dig(t, ctx, "validation_context", "match_typed_subject_alt_names", 0, "matcher", "exact") != sni {
-			t.Errorf("ext_proc validation context %v", dig(t, ctx, "validation_context"))
+		sds(dig(t, ctx, "tls_certificate_sds_secret_configs", 0), "kvroute_extproc_client", "extproc-client-sds.yaml")
+		sds(dig(t, ctx, "combined_validation_context", "validation_context_sds_secret_config"), "kvroute_extproc_ca", "extproc-ca-sds.yaml")
+		if dig(t, ctx, "combined_validation_context", "default_validation_context", "match_typed_subject_alt_names", 0, "matcher", "exact") != sni {
+			t.Errorf("ext_proc validation context %v", dig(t, ctx, "combined_validation_context"))
+		}
+		secret := func(file string) any {
+			t.Helper()
+			var doc map[string]any
+			if err := yaml.Unmarshal(o.configData(t, release+"-envoy", file), &doc); err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			return dig(t, doc, "resources", 0)
+		}
+		client, ca := secret("extproc-client-sds.yaml"), secret("extproc-ca-sds.yaml")
+		if dig(t, client, "name") != "kvroute_extproc_client" ||
+			dig(t, client, "tls_certificate", "certificate_chain", "filename") != envoyTLSDir+"tls.crt" ||
+			dig(t, client, "tls_certificate", "private_key", "filename") != envoyTLSDir+"tls.key" {
+			t.Errorf("Envoy's client certificate secret %v", client)
+		}
+		if dig(t, ca, "name") != "kvroute_extproc_ca" || dig(t, ca, "validation_context", "trusted_ca", "filename") != envoyTLSDir+"ca.crt" {
+			t.Errorf("Envoy's CA secret %v", ca)
+		}
+		if n, _ := dig(t, map[string]any(env), "node", "id").(string); n == "" {
+			t.Errorf("Envoy has no node id, which SDS requires")
 		}
 		if !slices.Equal(toStrings(dig(t, ctx, "alpn_protocols")), []string{"h2"}) {
 			t.Errorf("ext_proc ALPN %v", dig(t, ctx, "alpn_protocols"))
