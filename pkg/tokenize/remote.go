@@ -114,8 +114,19 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 		}
 	}
 	// The leader's call serves its waiters too, so it does not end with
-	// the leader's own request: only its deadline bounds it.
-	ids, err := r.callReplicas(context.WithoutCancel(ctx), body)
+	// the leader's own request while anyone waits for it: when the
+	// leader's context ends with no waiter, the flight is retired (nobody
+	// can join it any more) and the call cancelled; otherwise only its
+	// deadline bounds it.
+	callCtx, cancelCall := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		if r.flights.abandon(key, fl) {
+			cancelCall()
+		}
+	})
+	ids, err := r.callReplicas(callCtx, body)
+	stop()
+	cancelCall()
 	r.flights.land(key, fl, ids, err)
 	if err != nil {
 		return route.Tokens{}, err

@@ -115,9 +115,10 @@ type flights struct {
 }
 
 type flight struct {
-	done chan struct{}
-	ids  []uint32
-	err  error
+	done    chan struct{}
+	ids     []uint32
+	err     error
+	waiters int // joined so far (under flights.mu)
 }
 
 // join returns key's flight and whether the caller leads it (and must
@@ -126,6 +127,7 @@ func (f *flights) join(key xxh3.Uint128) (*flight, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl, ok := f.m[key]; ok {
+		fl.waiters++
 		return fl, false
 	}
 	if f.m == nil {
@@ -136,10 +138,26 @@ func (f *flights) join(key xxh3.Uint128) (*flight, bool) {
 	return fl, true
 }
 
+// abandon retires fl if nobody waits for it (its leader's request ended):
+// it reports whether it did, i.e. whether the call may be cancelled.
+func (f *flights) abandon(key xxh3.Uint128, fl *flight) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.waiters > 0 {
+		return false
+	}
+	if f.m[key] == fl {
+		delete(f.m, key)
+	}
+	return true
+}
+
 // land publishes the leader's answer to the waiters and retires the key.
 func (f *flights) land(key xxh3.Uint128, fl *flight, ids []uint32, err error) {
 	f.mu.Lock()
-	delete(f.m, key)
+	if f.m[key] == fl {
+		delete(f.m, key)
+	}
 	f.mu.Unlock()
 	fl.ids, fl.err = ids, err
 	close(fl.done)

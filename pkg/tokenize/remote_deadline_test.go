@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -164,5 +165,35 @@ func TestRemoteCoalescesIdenticalInFlight(t *testing.T) {
 	}
 	if n := counterValue(t, reg, "kvroute_tokenizer_fallbacks_total", "m", "remote", "canceled"); n != 0 {
 		t.Fatalf("%v fallbacks", n)
+	}
+}
+
+// TestRemoteLoneLeaderCancelled: a call nobody else waits for ends with
+// its request (not at its one-minute deadline), and the next identical
+// input makes a fresh call.
+func TestRemoteLoneLeaderCancelled(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	g := &gateVLLM{gate: make(chan struct{})}
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	tok, reg, _ := newRemoteTokenizer(t, ModelConfig{CacheSize: -1, Timeout: time.Minute}, func() []string { return []string{srv.URL} })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := tok.Tokenize(ctx, "m", route.TokenizeInput{Prompt: "p"})
+		done <- err
+	}()
+	waitFor(t, "the call", func() bool { return g.calls.Load() == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	close(g.gate)
+	got, err := tok.Tokenize(context.Background(), "m", route.TokenizeInput{Prompt: "p"})
+	if err != nil || !got.Exact || !slices.Equal(got.IDs, []uint32{'p'}) {
+		t.Fatalf("next call: %+v, %v", got, err)
+	}
+	if n := counterValue(t, reg, "kvroute_tokenizer_coalesced_total", "m"); n != 0 {
+		t.Fatalf("coalesced %v, want 0", n)
 	}
 }
