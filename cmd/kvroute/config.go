@@ -223,7 +223,7 @@ func (c Config) WithDefaults() Config {
 	c.Replicas = c.Replicas.WithDefaults()
 	str(&c.Policy.Name, DefaultPolicy)
 	if len(c.Tokenizer.Models) == 0 && c.Tokenizer.Default == nil {
-		c.Tokenizer.Default = &tokenize.ModelConfig{Kind: tokenize.KindRemote}
+		c.Tokenizer.Default = &tokenize.ModelConfig{Kind: tokenize.KindAuto}
 	}
 	c.Events = c.Events.WithDefaults()
 	c.Load = c.Load.WithDefaults()

@@ -38,7 +38,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"metrics", c.Listeners.Metrics, DefaultMetricsAddr},
 		{"drain", c.Listeners.DrainTimeout, DefaultDrainTimeout},
 		{"policy", c.Policy.Name, "kvroute"},
-		{"tokenizer", c.Tokenizer.Default.Kind, tokenize.KindRemote},
+		{"tokenizer", c.Tokenizer.Default.Kind, tokenize.KindAuto},
 		{"session header", c.Routing.SessionHeader, "x-session-id"},
 		{"block size", c.Routing.BlockSize, 16},
 		{"approximate ttl", c.Routing.Approximate.TTL, 2 * time.Minute},

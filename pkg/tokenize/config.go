@@ -21,6 +21,11 @@ const (
 	KindLocal Kind = "local"
 	// KindApproximate: fixed byte blocks, no tokenizer; never exact.
 	KindApproximate Kind = "approximate"
+	// KindAuto: local when the model's tokenizer files can be found
+	// (Config.SearchDirs, then the HuggingFace hub cache: see
+	// FindTokenizerFiles), remote otherwise. Found files load in the
+	// background; the model is served remotely until they are loaded.
+	KindAuto Kind = "auto"
 )
 
 // Fallback says what a failed tokenization turns into.
@@ -55,6 +60,9 @@ type Config struct {
 	// SelfCheck compares a sample of local tokenizations with the engine's
 	// /tokenize and demotes a local tokenizer that disagrees.
 	SelfCheck SelfCheckConfig `yaml:"self_check"`
+	// SearchDirs are where the auto kind looks for a model's tokenizer
+	// files before the HuggingFace hub cache (FindTokenizerFiles).
+	SearchDirs []string `yaml:"search_dirs"`
 }
 
 // ModelConfig is one model's tokenizer.
@@ -127,15 +135,15 @@ func (c ModelConfig) withDefaults() ModelConfig {
 // defaults).
 func (c ModelConfig) Validate() error {
 	switch c.Kind {
-	case KindPassthrough, KindRemote, KindApproximate:
+	case KindPassthrough, KindRemote, KindApproximate, KindAuto:
 	case KindLocal:
 		if c.TokenizerJSON == "" {
 			return errors.New("local tokenizer needs tokenizer_json")
 		}
 	case "":
-		return errors.New("kind is required (passthrough, remote, local or approximate)")
+		return errors.New("kind is required (auto, passthrough, remote, local or approximate)")
 	default:
-		return fmt.Errorf("unknown kind %q (want passthrough, remote, local or approximate)", c.Kind)
+		return fmt.Errorf("unknown kind %q (want auto, passthrough, remote, local or approximate)", c.Kind)
 	}
 	switch c.Fallback {
 	case FallbackApproximate, FallbackNone:
@@ -168,6 +176,11 @@ func (c Config) Validate() error {
 		}
 		if err := m.withDefaults().Validate(); err != nil {
 			return fmt.Errorf("tokenize: model %q: %w", name, err)
+		}
+	}
+	for i, d := range c.SearchDirs {
+		if d == "" {
+			return fmt.Errorf("tokenize: search_dirs[%d]: empty path", i)
 		}
 	}
 	if err := c.SelfCheck.WithDefaults().Validate(); err != nil {

@@ -33,7 +33,7 @@ func (t *Tokenizer) Debug() []ModelDebug {
 	out := make([]ModelDebug, 0, len(all))
 	for name, m := range all {
 		d := ModelDebug{Model: name, Kind: m.cfg.Kind, Explain: t.Explain(name)}
-		if m.check != nil {
+		if m.checked() {
 			st := m.selfCheckState()
 			d.SelfCheck = &st
 		}

@@ -5,8 +5,15 @@
 // exactly (Tokens.Exact) or says it does not.
 //
 // Tokenizer (New) implements route.Tokenizer and dispatches per model to one
-// of four kinds, chosen in Config:
+// of four kinds, chosen in Config, or to a fifth that picks between two of
+// them:
 //
+//   - auto (kvroute's default): local when the model's tokenizer.json and
+//     tokenizer_config.json are found (Config.SearchDirs, then the
+//     HuggingFace hub cache; FindTokenizerFiles says where), remote
+//     otherwise. Found files load in a background goroutine (joined by
+//     Close); until they are loaded, or if they fail to, the model is
+//     served remotely. Explain says which and why.
 //   - passthrough: the prompt already is token ids (a JSON array of ints).
 //     The router itself handles requests with pre-tokenized ids; those never
 //     reach a Tokenizer.
@@ -111,7 +118,8 @@
 //
 // Concurrency: everything is safe for concurrent use. The only goroutines
 // are the self-check workers, started by New and stopped and joined by
-// Tokenizer.Close; the remote tokenizer's HTTP client owns its idle
+// Tokenizer.Close, and the auto kind's file loads (one per model with found
+// files, joined by Close); the remote tokenizer's HTTP client owns its idle
 // connections, also released by Close. Caches are bounded (remote LRU
 // entries, chunk cache bytes, word cache entries).
 package tokenize

@@ -260,12 +260,22 @@ type SelfCheckState struct {
 func (t *Tokenizer) SelfCheckStates() []SelfCheckState {
 	var out []SelfCheckState
 	for _, m := range t.models {
-		if m.check != nil {
+		if m.checked() {
 			out = append(out, m.selfCheckState())
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out
+}
+
+// checked reports whether m's local tokenizer is self-checked (an auto
+// model's check is set up with its found files, before they are
+// published).
+func (m *modelTokenizer) checked() bool {
+	if m.cfg.Kind == KindAuto && m.found.Load() == nil {
+		return false
+	}
+	return m.check != nil
 }
 
 func (m *modelTokenizer) selfCheckState() SelfCheckState {
@@ -311,24 +321,38 @@ func (t *Tokenizer) known(model string) *modelTokenizer {
 
 func (m *modelTokenizer) explain() string {
 	model := m.name
+	kind, origin := m.cfg.Kind, ""
+	if kind == KindAuto {
+		kind = KindRemote
+		switch {
+		case m.found.Load() != nil:
+			kind, origin = KindLocal, fmt.Sprintf(" (kind auto: files found in %s)", m.foundDir)
+		case m.foundDir == "":
+			origin = " (kind auto: no tokenizer files found for the model)"
+		case m.loadErr.Load() != nil:
+			origin = fmt.Sprintf(" (kind auto: files found in %s did not load: %v)", m.foundDir, *m.loadErr.Load())
+		default:
+			origin = fmt.Sprintf(" (kind auto: loading the files found in %s)", m.foundDir)
+		}
+	}
 	switch {
-	case m.cfg.Kind == KindRemote:
+	case kind == KindRemote:
 		d, n := m.remote.deadlines.learned()
 		if m.cfg.Timeout > 0 {
-			return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize), fixed deadline %s", model, d)
+			return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize)%s, fixed deadline %s", model, origin, d)
 		}
-		return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize), adaptive deadline %s for inputs under 16 KiB (learned from %d calls, within %s-%s)",
-			model, d, n, m.cfg.TimeoutMin, m.cfg.TimeoutMax)
-	case m.cfg.Kind != KindLocal:
-		return fmt.Sprintf("model %q: %s tokenizer", model, m.cfg.Kind)
+		return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize)%s, adaptive deadline %s for inputs under 16 KiB (learned from %d calls, within %s-%s)",
+			model, origin, d, n, m.cfg.TimeoutMin, m.cfg.TimeoutMax)
+	case kind != KindLocal:
+		return fmt.Sprintf("model %q: %s tokenizer", model, kind)
 	case m.check == nil:
-		return fmt.Sprintf("model %q: local tokenizer%s, not checked against the engine (self-check disabled or no replicas)", model, m.origin)
+		return fmt.Sprintf("model %q: local tokenizer%s, not checked against the engine (self-check disabled or no replicas)", model, origin)
 	}
 	s := m.selfCheckState()
 	if s.Demoted {
 		return fmt.Sprintf("model %q: local tokenizer%s demoted at %s, serving the engine's /tokenize instead: %s",
-			model, m.origin, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
+			model, origin, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
 	}
 	return fmt.Sprintf("model %q: local tokenizer%s, %d of %d sampled comparisons with the engine's /tokenize matched (%d failed to reach the engine, %d dropped)",
-		model, m.origin, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
+		model, origin, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
 }

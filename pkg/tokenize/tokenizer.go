@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/route"
@@ -46,7 +48,15 @@ type Tokenizer struct {
 	now     func() time.Time
 
 	defaults *modelCache
+	encMu    sync.Mutex
 	encoders map[string]*Encoder // by tokenizer.json path
+
+	// The auto kind: where to look for files, and the background loads
+	// of found files (Close waits for them).
+	searchDirs []string
+	selfCheck  SelfCheckConfig
+	opts       Options
+	loads      sync.WaitGroup
 
 	checker *selfChecker // nil when no local model is self-checked
 }
@@ -61,10 +71,12 @@ type modelTokenizer struct {
 	remote *remote // a remote model's tokenizer; for a local one, its stand-in once demoted
 	approx *approximate
 	check  *checkState // self-check of a local model; nil when unchecked
-	// origin says where a local tokenizer's files came from when they
-	// were found rather than configured (explain), e.g. " (files found
-	// in /models/qwen3)"; empty otherwise.
-	origin string
+	// The auto kind: found is the local tokenizer of the files found in
+	// foundDir once loaded (nil until then, or when none were found or
+	// they failed to load: loadErr).
+	found    atomic.Pointer[Local]
+	foundDir string
+	loadErr  atomic.Pointer[error]
 
 	// fallbacks counts this model's fallbacks by "<kind>_<reason>"
 	// (explain; the metric has the same counts).
@@ -133,6 +145,13 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 		t.client, t.ownHTTP = newHTTPClient(), true
 	}
 	t.encoders = map[string]*Encoder{}
+	t.searchDirs, t.opts = cfg.SearchDirs, opts
+	sc := cfg.SelfCheck.WithDefaults()
+	if !sc.Disabled && opts.Replicas != nil {
+		t.selfCheck = sc
+	} else {
+		t.selfCheck.Disabled = true
+	}
 	for name, mc := range cfg.Models {
 		m, err := t.build(name, mc.withDefaults(), opts)
 		if err != nil {
@@ -145,8 +164,7 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 		t.def, t.defOpts = &d, opts
 		t.defaults = &modelCache{m: map[string]*modelTokenizer{}}
 	}
-	sc := cfg.SelfCheck.WithDefaults()
-	if !sc.Disabled && opts.Replicas != nil {
+	if !t.selfCheck.Disabled {
 		for _, m := range t.models {
 			if m.cfg.Kind != KindLocal {
 				continue
@@ -157,11 +175,24 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 			m.remote = t.newRemote(m.name, m.cfg, opts, true)
 			t.metrics.localExact.WithLabelValues(m.name).Set(1)
 		}
-		if t.hasChecks() {
+		if t.hasChecks() || t.hasAuto(cfg) {
 			t.checker = newSelfChecker(t, sc)
 		}
 	}
 	return t, nil
+}
+
+// hasAuto: some model may get a local tokenizer from found files.
+func (t *Tokenizer) hasAuto(cfg Config) bool {
+	if cfg.Default != nil && cfg.Default.Kind == KindAuto {
+		return true
+	}
+	for _, m := range cfg.Models {
+		if m.Kind == KindAuto {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Tokenizer) hasChecks() bool {
@@ -189,23 +220,19 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 	m := &modelTokenizer{name: name, cfg: mc, approx: &approximate{bytesPerToken: mc.BytesPerToken, maxInputBytes: mc.MaxInputBytes}}
 	switch mc.Kind {
 	case KindLocal:
-		// Models sharing a tokenizer.json share one loaded encoder.
-		enc, ok := t.encoders[mc.TokenizerJSON]
-		if !ok {
-			var err error
-			if enc, err = LoadEncoder(mc.TokenizerJSON); err != nil {
-				return nil, err
-			}
-			t.encoders[mc.TokenizerJSON] = enc
+		var err error
+		if m.local, err = t.loadLocal(mc); err != nil {
+			return nil, err
 		}
-		var tmpl *ChatTemplate
-		if mc.TokenizerConfig != "" {
-			var err error
-			if tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
-				return nil, err
-			}
+	case KindAuto:
+		if opts.Replicas == nil {
+			return nil, errors.New("auto tokenizer needs Options.Replicas (it is remote until local files are found)")
 		}
-		m.local = NewLocal(enc, tmpl, mc.MaxInputBytes, mc.PrefixCacheBytes)
+		m.remote = t.newRemote(name, mc, opts, true)
+		if m.foundDir = FindTokenizerFiles(name, t.searchDirs); m.foundDir != "" {
+			t.loads.Add(1)
+			go t.loadFound(m)
+		}
 	case KindRemote:
 		if opts.Replicas == nil {
 			return nil, errors.New("remote tokenizer needs Options.Replicas")
@@ -213,6 +240,60 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 		m.remote = t.newRemote(name, mc, opts, true)
 	}
 	return m, nil
+}
+
+// loadLocal loads mc's local tokenizer files; models sharing a
+// tokenizer.json share one loaded encoder.
+func (t *Tokenizer) loadLocal(mc ModelConfig) (*Local, error) {
+	t.encMu.Lock()
+	enc, ok := t.encoders[mc.TokenizerJSON]
+	t.encMu.Unlock()
+	if !ok {
+		var err error
+		if enc, err = LoadEncoder(mc.TokenizerJSON); err != nil {
+			return nil, err
+		}
+		t.encMu.Lock()
+		if prev, ok := t.encoders[mc.TokenizerJSON]; ok {
+			enc = prev
+		} else {
+			t.encoders[mc.TokenizerJSON] = enc
+		}
+		t.encMu.Unlock()
+	}
+	var tmpl *ChatTemplate
+	if mc.TokenizerConfig != "" {
+		var err error
+		if tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
+			return nil, err
+		}
+	}
+	return NewLocal(enc, tmpl, mc.MaxInputBytes, mc.PrefixCacheBytes), nil
+}
+
+// loadFound loads an auto model's found files (in its own goroutine, joined
+// by Close) and, when they load, switches the model to them, self-checked
+// like a configured local tokenizer. Files that fail to load leave it
+// remote (logged, and shown by Explain).
+func (t *Tokenizer) loadFound(m *modelTokenizer) {
+	defer t.loads.Done()
+	mc := m.cfg
+	mc.TokenizerJSON = filepath.Join(m.foundDir, tokenizerFileNames[0])
+	mc.TokenizerConfig = filepath.Join(m.foundDir, tokenizerFileNames[1])
+	l, err := t.loadLocal(mc)
+	if err != nil {
+		m.loadErr.Store(&err)
+		t.log.Warn("tokenize: found tokenizer files did not load; the model stays on the remote tokenizer", "model", m.name, "dir", m.foundDir, "err", err)
+		return
+	}
+	if !t.selfCheck.Disabled {
+		engineCfg := m.cfg
+		engineCfg.Timeout = t.selfCheck.Timeout
+		m.check = &checkState{engine: t.newRemote(m.name, engineCfg, t.opts, false)}
+		t.metrics.localExact.WithLabelValues(m.name).Set(1)
+	}
+	m.found.Store(l)
+	t.log.Info("tokenize: local tokenizer from found files", "model", m.name, "dir", m.foundDir)
 }
 
 // newRemote builds a client of the replicas' /tokenize for model, with its
@@ -285,7 +366,13 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	}
 	start := time.Now()
 	var toks route.Tokens
-	kind := m.cfg.Kind
+	kind, local := m.cfg.Kind, m.local
+	if kind == KindAuto {
+		kind = KindRemote
+		if local = m.found.Load(); local != nil {
+			kind = KindLocal
+		}
+	}
 	switch kind {
 	case KindLocal:
 		if m.check != nil && m.check.demoted.Load() {
@@ -294,7 +381,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 			toks, err = m.remote.tokenize(ctx, in)
 			break
 		}
-		toks, err = m.local.TokenizeContext(ctx, in)
+		toks, err = local.TokenizeContext(ctx, in)
 		if err == nil && t.checker != nil {
 			t.checker.maybeSubmit(m, in, toks.IDs)
 		}
@@ -365,6 +452,7 @@ func errReason(err error) string {
 // connections of the Tokenizer's own HTTP client. Tokenize may still be
 // called afterwards (nothing more is sampled).
 func (t *Tokenizer) Close() {
+	t.loads.Wait()
 	if t.checker != nil {
 		t.checker.stop()
 	}

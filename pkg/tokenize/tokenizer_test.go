@@ -60,6 +60,7 @@ default:
 		{"negative timeout", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Timeout: -1}}}},
 		{"timeout_min over timeout_max", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, TimeoutMin: time.Second, TimeoutMax: time.Millisecond}}}},
 		{"local default", Config{Default: &ModelConfig{Kind: KindLocal, TokenizerJSON: "x"}}},
+		{"empty search dir", Config{Default: &ModelConfig{Kind: KindAuto}, SearchDirs: []string{""}}},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
