@@ -160,7 +160,7 @@ type fields struct {
 	prompt                          *Prompt
 	promptEmbeds                    bool
 	messagesSet                     bool
-	sessionTop, sessionConv         string
+	sessionConv                     string
 	metaSession, metaConversation   string
 	sessionIDTop, conversationIDTop string
 }
