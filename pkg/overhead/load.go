@@ -58,6 +58,9 @@ type Stats struct {
 	CPUPerRequest time.Duration
 	// Routed is the fraction of requests kvroute made a decision for.
 	Routed float64
+	// Fallbacks counts kvroute's tokenizer fallbacks (requests routed on
+	// approximate tokens because tokenization failed) during the phase.
+	Fallbacks int
 	// Late counts open-loop sends that started more than 10 ms behind
 	// schedule (the client could not keep up).
 	Late int

@@ -158,6 +158,8 @@ func (o *Options) kvrouteExtra() string {
 	if o.Tokenizer == TokenizerLocal {
 		fmt.Fprintf(&b, "tokenizer:\n  models:\n    %s: {kind: local, tokenizer_json: %q, tokenizer_config: %q}\n",
 			model, filepath.Join(o.TokenizerDir, "tokenizer.json"), filepath.Join(o.TokenizerDir, "tokenizer_config.json"))
+	} else {
+		b.WriteString("tokenizer:\n  default: {kind: remote}\n")
 	}
 	return b.String()
 }
@@ -241,12 +243,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				}
 				cpu0, _ := procCPU(st.KV.Proc.Pid())
 				dec0, _ := decisions(ctx, st.KV)
+				fb0, _ := fallbacks(ctx, st.KV)
 				start := time.Now()
 				rs, late := drive(ctx, client, t.url, w, f, o.Duration)
 				s := summarize(rs, time.Since(start), late)
 				if t.name == "kvroute" {
 					cpu1, err := procCPU(st.KV.Proc.Pid())
 					dec1, _ := decisions(ctx, st.KV)
+					fb1, _ := fallbacks(ctx, st.KV)
+					s.Fallbacks = int(fb1 - fb0)
 					if err == nil && s.Requests > 0 {
 						s.CPUPerRequest = (cpu1 - cpu0) / time.Duration(s.Requests)
 						s.Routed = (dec1 - dec0) / float64(s.Requests)
@@ -321,6 +326,7 @@ func medianStats(ss []Stats) Stats {
 		out.Requests += s.Requests
 		out.Errors += s.Errors
 		out.Late += s.Late
+		out.Fallbacks += s.Fallbacks
 	}
 	return out
 }
@@ -328,13 +334,13 @@ func medianStats(ss []Stats) Stats {
 // Print writes the side-by-side table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\trouted\terrors kv/RR\t")
+	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\trouted\ttok fallbacks\terrors kv/RR\t")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%.2f\t%d / %d\t\n",
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%.2f\t%d\t%d / %d\t\n",
 			row.Workload, ms(row.KVRoute.E2Ep50), ms(row.RR.E2Ep50), ms(row.AddedE2Ep50),
 			ms(row.KVRoute.E2Ep99), ms(row.RR.E2Ep99), ms(row.AddedE2Ep99), ms(row.AddedTTFTp50), us(row.AddedITLp50),
 			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), row.KVRoute.Routed,
-			row.KVRoute.Errors, row.RR.Errors)
+			row.KVRoute.Fallbacks, row.KVRoute.Errors, row.RR.Errors)
 	}
 	_ = tw.Flush()
 }
@@ -370,6 +376,18 @@ func procCPU(pid int) (time.Duration, error) {
 
 // decisions sums kvroute_decisions_total from kvroute's metrics.
 func decisions(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
+	return metricSum(ctx, kv, "kvroute_decisions_total{")
+}
+
+// fallbacks is kvroute's tokenizer fallback count so far (every model,
+// kind and reason).
+func fallbacks(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
+	return metricSum(ctx, kv, "kvroute_tokenizer_fallbacks_total{")
+}
+
+// metricSum adds up the samples of kvroute's metrics whose line starts
+// with prefix.
+func metricSum(ctx context.Context, kv *testbed.KVRoute, prefix string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, kv.MetricsURL("/metrics"), nil)
 	if err != nil {
 		return 0, err
@@ -384,7 +402,7 @@ func decisions(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()
-		if !strings.HasPrefix(l, "kvroute_decisions_total{") {
+		if !strings.HasPrefix(l, prefix) {
 			continue
 		}
 		if i := strings.LastIndexByte(l, ' '); i > 0 {
