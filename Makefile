@@ -5,11 +5,13 @@ BIN := bin
 PKGS := ./...
 export CGO_ENABLED := 1
 
-# Build stamp: VERSION is the nearest v* tag (v0.0.0-dev without one), and
-# the commit rides along as semver build metadata, so `kvroute version` and
-# the kvroute_build_info{version} metric name both: v0.0.0-dev+3567e6f2a1b4
+# Build stamp: VERSION is the nearest v* tag (without one, v + the chart's
+# appVersion, so `make image` builds the tag the chart installs by default),
+# and the commit rides along as semver build metadata, so `kvroute version`
+# and the kvroute_build_info{version} metric name both: v0.1.0+3567e6f2a1b4
 # (.dirty when tracked files differ from the commit).
-VERSION ?= $(shell git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo v0.0.0-dev)
+APP_VERSION := $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/kvroute/Chart.yaml)
+VERSION ?= $(shell git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo v$(APP_VERSION))
 COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo .dirty)
 LDFLAGS := -X main.version=$(VERSION)+$(COMMIT)
 

@@ -17,7 +17,9 @@ cd "$(dirname "$0")/../.."
 # The same stamp as make build: the binary reports VERSION+COMMIT; the image
 # tag is VERSION without its leading "v" (a tag cannot hold "+"), which is
 # what the chart's default image names for a release (appVersion).
-VERSION=${VERSION:-$(git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo v0.0.0-dev)}
+# Without a v* tag: v + the chart's appVersion (the tag the chart installs).
+app=$(sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/kvroute/Chart.yaml)
+VERSION=${VERSION:-$(git describe --tags --match 'v*' --abbrev=0 2>/dev/null || echo "v$app")}
 COMMIT=${COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 tag="kvroute/kvroute:${VERSION#v}"
 storage=()
