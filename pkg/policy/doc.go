@@ -16,16 +16,18 @@
 //   - weighted: llm-d's scorers (prefix 3, queue 2, KV utilisation 2, each
 //     normalised to [0, 1]) and a max-score picker.
 //   - kvroute: the router's default. It predicts each candidate's cost in
-//     blocks of prefill: half the prefill queued there, the request's own
-//     uncached prefill, a move charge when the request would leave its
-//     session's home (the history it re-prefills, times the fleet's
-//     pressure busy/(1-busy): free on an idle fleet, several times the
-//     work on a saturated one), a KV-memory overflow charge (blocks past
-//     the replica's free KV, which the engine would preempt), and two
-//     blocks per request in flight; a bounded-load safety net takes the
-//     cache credit of a replica over its share of the in-flight requests,
-//     never at the session's home (Reason "load_bound" when that changed
-//     the pick). See KVRoute and the kvroute benchmarks in
+//     seconds, prompt blocks turned into time with the replica's learned
+//     prefill speed and decode step (Load.PrefillRate, Load.DecodeStep):
+//     half the prefill queued there, the request's own uncached prefill,
+//     a move charge when the request would leave its session's home (the
+//     history it re-prefills, times the fleet's pressure busy/(1-busy):
+//     free on an idle fleet, several times the work on a saturated one),
+//     a KV-memory overflow charge (blocks past the replica's free KV,
+//     which the engine would preempt), the step that samples the first
+//     token and one decode step per request in flight; a bounded-load
+//     safety net at three times the mean load takes a replica's cache
+//     credit, never at the session's home (Reason "load_bound" when that
+//     changed the pick). See KVRoute and the kvroute benchmarks in
 //     docs/benchmarks.md.
 //
 // Rules every policy follows:

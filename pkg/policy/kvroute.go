@@ -7,9 +7,14 @@ import (
 )
 
 // KVRoute is kvroute's own policy and the router's default. It predicts,
-// for each candidate, what placing the request there costs, in blocks of
-// prefill (a prefill block is a fixed amount of replica time), and picks
-// the lowest:
+// for each candidate, what placing the request there costs, in seconds,
+// and picks the lowest. Work is counted in prompt blocks and turned into
+// time with the candidate's pace: b seconds per block (the block size over
+// the replica's prefill speed) and s seconds per decode step, both learned
+// online per replica from the requests it served (Load.PrefillRate and
+// Load.DecodeStep, see route.Rates); a replica with nothing learned yet
+// takes the mean of the candidates that have, else the policy's
+// prefill_rate and decode_step.
 //
 //	hit     = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight) * Candidate.Trust
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
@@ -17,32 +22,39 @@ import (
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one)
 //	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
 //	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt
-//	cost    = wait + own + move + memory + decode_weight*active_decode_blocks
-//	          + request_weight*(running + waiting requests)
+//	cost    = b*(wait + own + move + memory + decode_weight*active_decode_blocks)
+//	          + s*(1 + request_weight*(running + waiting requests))
 //
-// wait + own is the request's own time to first token on the candidate:
-// the router charges a request's uncached blocks to the replica's active
-// prefill until its first token, so on average half of the charged backlog
-// is already computed when the next request looks (backlog_weight 0.5).
+// b*(wait + own) + s is the request's own time to first token on the
+// candidate: its prefill behind what is queued, and the step that samples
+// the first token. The router charges a request's uncached blocks to the
+// replica's active prefill until its first token, so on average half of
+// the charged backlog is already computed when the next request looks
+// (backlog_weight 0.5). Each request in flight there is charged a decode
+// step (request_weight 1): it lengthens every step a little, and a
+// session in flight comes back with its next turn; this is what spreads
+// a light burst on a shared prefix, whose queued prefill stays small.
 //
 // The move charge is what moving a session away from its history costs
 // the others. The session's home (Candidate.Home: the replica that served
 // its previous request) holds its history; re-prefilling it on another
-// replica is work every request queued behind it there waits for, and at load the fleet has no spare capacity to
-// absorb it: more work means longer queues everywhere, which move more
-// sessions away from their history, which adds more work (the cache-thrash
-// cliff). fleet_pressure is busy/(1-busy), busy being the share of eligible
-// candidates with prefill queued or requests waiting, capped at
-// move_pressure_max: 0 on an idle fleet (a move costs only the request's
-// own prefill), 1 with half the fleet busy, move_pressure_max when nearly
-// all of it is. So at light load a session moves away from its history as
-// soon as its holder's queue outweighs the history's prefill, and at
-// saturation only when the holder's queue outweighs it several times over:
-// trajectories stay home. A request without a home (a new session, or no
-// session key) pays no move charge: prefilling a shared prefix (a system
-// prompt, a task prompt) on one more replica is a one-off investment the
-// replica's later requests reuse, not a loss, so new sessions and groups
-// spread on queued prefill, own prefill and requests alone.
+// replica is work every request queued behind it there waits for, and at
+// load the fleet has no spare capacity to absorb it: more work means
+// longer queues everywhere, which move more sessions away from their
+// history, which adds more work (the cache-thrash cliff). fleet_pressure
+// is busy/(1-busy), busy being the share of eligible candidates with
+// prefill queued or requests waiting, capped at move_pressure_max: 0 on an
+// idle fleet (a move costs only the request's own prefill), 1 with half
+// the fleet busy, move_pressure_max when nearly all of it is. So at light
+// load a session moves away from its history as soon as its holder's
+// queue outweighs the history's prefill, and at saturation only when the
+// holder's queue outweighs it several times over: trajectories stay home.
+// A request without a home (a new session, or no session key) pays no
+// move charge: prefilling a shared prefix (a system prompt, a task prompt)
+// on one more replica is a one-off investment the replica's later
+// requests reuse, not a loss, so new sessions and groups go where the
+// prediction is lowest: to the holder of their shared prefix while its
+// queue is short, elsewhere once it is not.
 //
 // The memory term reads KV headroom: with the candidate's KV blocks known
 // (Load.KVBlocks), the blocks in use are the larger of the engine's
@@ -54,16 +66,16 @@ import (
 //
 // Herding protection comes from the prediction: a burst's queued prefill
 // is in the router's in-flight view (wait), and its requests in the
-// per-request charge. The load bound below is a safety net for light
-// bursts that share a long prefix (they queue little prefill), and it
-// never takes a session's credit on its home replica (Candidate.Home, the
-// replica that served the session's previous request): a session leaves
+// per-request charge. The load bound below is only a safety net, for a
+// burst on a prefix so long that the holder stays the faster choice for
+// many requests; it fires at three times the fleet's mean load, and it
+// never takes a session's credit on its home replica: a session leaves
 // its history only when the prediction says the holder is slower.
 // Candidate.Trust (the closed-loop fidelity of the replica's served hits)
 // scales the hit. Ties go to the less loaded candidate, then at random.
 // KVRoute holds no state.
 //
-// Bounded load (load_bound c, default 1.25; 0 turns it off), after
+// Bounded load (load_bound c, default 3; 0 turns it off), after
 // consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam):
 // with T the running plus waiting requests summed over the eligible
 // candidates and N of them, a candidate other than the session's home
@@ -78,9 +90,7 @@ import (
 // is over the bound. Reason "load_bound" marks a pick the bound changed.
 // The floor load_bound_min (default 6 requests) keeps the bound from
 // firing on a lightly loaded fleet, where a replica holding a shared
-// prefix serves a few requests faster than a cold one; 6 is also the
-// bound of the end-to-end herding burst (16 in flight on 4 replicas),
-// which keeps the holder under 40% of it.
+// prefix serves a few requests faster than a cold one.
 type KVRoute struct {
 	backlogWeight, decodeWeight, requestWeight float64
 	moveWeight, movePressureMax                float64
@@ -398,7 +408,7 @@ type KVRouteConfig struct {
 	// LoadBound c: a candidate other than the session's home with
 	// max(load_bound_min, ceil(c*(T+1)/N)) or more running plus waiting
 	// requests (T summed over the N eligible candidates) earns no cache
-	// credit (default 1.25; 0 turns the bound off; otherwise it must be
+	// credit (default 3; 0 turns the bound off; otherwise it must be
 	// >= 1).
 	LoadBound *float64 `yaml:"load_bound"`
 	// LoadBoundMin is the bound's floor in requests (default 6; a whole
