@@ -244,6 +244,7 @@ type sim struct {
 	routes  []route.Replica
 	ids     map[index.ReplicaID]int
 	idx     *index.Index
+	feed    *applier
 	tracker *load.Tracker
 	fid     *load.Fidelity
 	router  *route.Router
@@ -276,6 +277,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		seen:    make(map[kvblock.Key]struct{}),
 		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
+	s.feed = newApplier(s.idx, cfg.Engine.Model)
 	s.tracker, err = load.NewTracker(nil)
 	if err != nil {
 		return nil, err
@@ -505,6 +507,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		switch {
 		case s.cfg.EventLoss > 0 && s.loss.Float64() < s.cfg.EventLoss:
 			s.run.EventsLost++
+			r.eng.Recycle(res.Events)
 		case s.cfg.EventDelay == 0:
 			s.apply(ri, res.Events)
 		default:
@@ -529,28 +532,11 @@ func (s *sim) idealTTFT(n int) time.Duration {
 
 // apply converts an engine's published batch into index updates, as the
 // events package does with decoded wire batches.
+// The batch goes back to its engine afterwards.
 func (s *sim) apply(ri int, evs []engine.Event) {
 	s.run.EventsApplied++
-	rid := index.ReplicaID(s.reps[ri].id)
-	for i := range evs {
-		ev := &evs[i]
-		tier, ok := index.ParseMedium(ev.Medium)
-		if !ok {
-			continue
-		}
-		switch ev.Kind {
-		case engine.BlockStored:
-			s.idx.Stored(index.Stored{
-				Replica: rid, Root: kvblock.Root(s.cfg.Engine.Model, ev.LoRAName),
-				HasParent: ev.HasParent, ParentHash: ev.Parent,
-				Hashes: ev.Hashes, Tokens: ev.Tokens, BlockSize: ev.BlockSize, Tier: tier,
-			})
-		case engine.BlockRemoved:
-			s.idx.Removed(index.Removed{Replica: rid, Hashes: ev.Hashes, Tier: tier})
-		case engine.AllBlocksCleared:
-			s.idx.Cleared(rid)
-		}
-	}
+	s.feed.apply(index.ReplicaID(s.reps[ri].id), evs)
+	s.reps[ri].eng.Recycle(evs)
 }
 
 // work adds [from, to) to the replica's work time and bins.

@@ -27,15 +27,16 @@ type pool struct {
 	blocks     []gpuBlock
 	head, tail int32 // free list: allocation evicts at head, frees append at tail
 	nfree      int
-	cached     map[uint64]int32
+	// loc maps a cached hash to its GPU block and CPU slot (the prefix-cache
+	// map of both tiers).
+	loc locTable
 
 	// The CPU tier: an LRU list threaded through cpu's slots (head = most
-	// recently used), indexed by hash; freed slots are reused.
+	// recently used), indexed by loc; freed slots are reused.
 	cpuCap           int
 	cpu              []cpuEntry
 	cpuFree          []int32
 	cpuHead, cpuTail int32
-	cpuIndex         map[uint64]int32
 
 	events *[]Event
 	// hashes and extras hand out the one-element slices of single-block
@@ -69,11 +70,10 @@ func newPool(numBlocks, cpuBlocks, blockSize int, events *[]Event) *pool {
 		blocks:    make([]gpuBlock, numBlocks),
 		head:      -1,
 		tail:      -1,
-		cached:    make(map[uint64]int32, numBlocks),
+		loc:       newLocTable(numBlocks + cpuBlocks),
 		cpuCap:    cpuBlocks,
 		cpuHead:   -1,
 		cpuTail:   -1,
-		cpuIndex:  make(map[uint64]int32, cpuBlocks),
 		events:    events,
 	}
 	for i := range p.blocks {
@@ -142,28 +142,34 @@ func (p *pool) alloc() int32 {
 func (p *pool) evict(id int32) {
 	b := &p.blocks[id]
 	h, meta := b.hash, b.meta
-	delete(p.cached, h)
 	b.cached, b.hash, b.meta = false, 0, nil
 	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(h), Medium: MediumGPU})
+	if p.cpuCap == 0 {
+		p.loc.setGPU(h, -1)
+		return
+	}
+	w := p.loc.ref(h)
+	w.gpu = -1
+	p.loc.ngpu--
+	if w.cpu >= 0 {
+		p.cpuUnlink(w.cpu)
+		p.cpuPushFront(w.cpu)
+		return
+	}
 	p.offload(h, meta)
 }
 
+// offload copies block h, on neither tier now (its entry in loc is kept
+// meanwhile), to the CPU tier, evicting the tier's least recently used
+// block when it is full.
 func (p *pool) offload(h uint64, meta *blockMeta) {
-	if p.cpuCap == 0 {
-		return
-	}
-	if i, ok := p.cpuIndex[h]; ok {
-		p.cpuUnlink(i)
-		p.cpuPushFront(i)
-		return
-	}
 	var i int32
 	switch {
-	case len(p.cpuIndex) >= p.cpuCap:
+	case p.loc.ncpu >= p.cpuCap:
 		i = p.cpuTail
 		old := p.cpu[i].hash
 		p.cpuUnlink(i)
-		delete(p.cpuIndex, old)
+		p.loc.setCPU(old, -1)
 		*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(old), Medium: MediumCPU})
 	case len(p.cpuFree) > 0:
 		i = p.cpuFree[len(p.cpuFree)-1]
@@ -174,7 +180,7 @@ func (p *pool) offload(h uint64, meta *blockMeta) {
 	}
 	p.cpu[i].hash, p.cpu[i].meta = h, meta
 	p.cpuPushFront(i)
-	p.cpuIndex[h] = i
+	p.loc.setCPU(h, i)
 	*p.events = append(*p.events, p.storedEvent(h, meta, MediumCPU))
 }
 
@@ -205,12 +211,16 @@ func (p *pool) cpuPushFront(i int32) {
 }
 
 // cpuLen is the number of blocks on the CPU tier.
-func (p *pool) cpuLen() int { return len(p.cpuIndex) }
+func (p *pool) cpuLen() int { return p.loc.ncpu }
+
+// gpuLen is the number of hashes cached on the GPU.
+func (p *pool) gpuLen() int { return p.loc.ngpu }
 
 // cpuGet returns a CPU-tier block's metadata and marks it recently used.
 func (p *pool) cpuGet(h uint64) (*blockMeta, bool) {
-	i, ok := p.cpuIndex[h]
-	if !ok {
+	w, _ := p.loc.get(h)
+	i := w.cpu
+	if i < 0 {
 		return nil, false
 	}
 	p.cpuUnlink(i)
@@ -218,13 +228,15 @@ func (p *pool) cpuGet(h uint64) (*blockMeta, bool) {
 	return p.cpu[i].meta, true
 }
 
-func (p *pool) cpuHas(h uint64) bool { _, ok := p.cpuIndex[h]; return ok }
+func (p *pool) cpuHas(h uint64) bool { w, _ := p.loc.get(h); return w.cpu >= 0 }
+
+func (p *pool) hasGPU(h uint64) bool { w, _ := p.loc.get(h); return w.gpu >= 0 }
 
 // cache publishes block id under hash h. The caller emits the event.
 func (p *pool) cache(id int32, h uint64, meta *blockMeta) {
 	b := &p.blocks[id]
 	b.cached, b.hash, b.meta = true, h, meta
-	p.cached[h] = id
+	p.loc.setGPU(h, id)
 }
 
 // release drops one reference on each block, last block first, so that a
@@ -246,10 +258,9 @@ func (p *pool) clear() {
 		b := &p.blocks[i]
 		b.cached, b.hash, b.meta = false, 0, nil
 	}
-	clear(p.cached)
+	p.loc.reset()
 	p.cpu, p.cpuFree = p.cpu[:0], p.cpuFree[:0]
 	p.cpuHead, p.cpuTail = -1, -1
-	clear(p.cpuIndex)
 }
 
 // storedEvent is the BlockStored event of one block (Tokens shared with

@@ -191,6 +191,8 @@ type Engine struct {
 	busyUntil time.Duration
 	st        Stats
 	scratch   []byte
+	gpuIDs    []int32 // admit's scratch: each prefix hit's GPU block or -1
+	spare     []Event // a recycled batch array for the next step's events
 }
 
 // New returns an engine for cfg (defaulted, then validated). seed fixes the
@@ -280,13 +282,23 @@ func (e *Engine) ResetPrefixCache() ([]Event, bool) {
 	return []Event{{Kind: AllBlocksCleared}}, true
 }
 
+// Recycle hands back a batch of events that Step returned once the caller
+// is done with it (nothing may read it afterwards): a later step reuses its
+// array. Optional; it saves the allocation of a batch a step.
+func (e *Engine) Recycle(evs []Event) {
+	if cap(evs) > cap(e.spare) {
+		clear(evs)
+		e.spare = evs[:0]
+	}
+}
+
 // Stats returns a snapshot of the engine's state and counters.
 func (e *Engine) Stats() Stats {
 	s := e.st
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
 	s.UsedGPUBlocks = e.pool.used()
 	s.FreeGPUBlocks = e.pool.nfree
-	s.CachedGPUBlocks = len(e.pool.cached)
+	s.CachedGPUBlocks = e.pool.gpuLen()
 	s.NumGPUBlocks = e.cfg.NumGPUBlocks
 	s.CPUBlocks = e.pool.cpuLen()
 	s.NumCPUBlocks = e.cfg.NumCPUBlocks
@@ -321,16 +333,8 @@ func (e *Engine) CachedPrefix(r Request) (gpu, cpu int) {
 // CachedBlocks returns the number of distinct block hashes the engine holds
 // on either tier.
 func (e *Engine) CachedBlocks() int {
-	n := len(e.pool.cached)
-	for h := range e.pool.cpuIndex {
-		if !e.pool.hasGPU(h) {
-			n++
-		}
-	}
-	return n
+	return e.pool.loc.n
 }
-
-func (p *pool) hasGPU(h uint64) bool { _, ok := p.cached[h]; return ok }
 
 // extras returns block i's extra keys in vLLM's order: LoRA name, then the
 // cache salt on block 0.
@@ -425,21 +429,22 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	e.ensureHashes(r, maxHit)
 	var gpuHits, cpuHits, freeHits int
 	hits := 0
+	gpuIDs := e.gpuIDs[:0]
 	for ; hits < maxHit; hits++ {
-		h := r.hashes[hits]
-		if id, ok := e.pool.cached[h]; ok {
+		w, _ := e.pool.loc.get(r.hashes[hits])
+		if w.gpu >= 0 {
 			gpuHits++
-			if e.pool.blocks[id].inFree {
+			if e.pool.blocks[w.gpu].inFree {
 				freeHits++
 			}
-			continue
-		}
-		if e.pool.cpuHas(h) {
+		} else if w.cpu >= 0 {
 			cpuHits++
-			continue
+		} else {
+			break
 		}
-		break
+		gpuIDs = append(gpuIDs, w.gpu)
 	}
+	e.gpuIDs = gpuIDs
 	computed := hits * bs
 	n = min(len(r.tokens)-computed, budget)
 	need := ceilDiv(computed+n, bs) - gpuHits
@@ -450,7 +455,7 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	// allocating the rest can evict neither.
 	metas := make([]*blockMeta, hits)
 	for i := range hits {
-		if id, ok := e.pool.cached[r.hashes[i]]; ok {
+		if id := gpuIDs[i]; id >= 0 {
 			e.pool.touch(id)
 		} else {
 			metas[i], _ = e.pool.cpuGet(r.hashes[i])
@@ -462,7 +467,7 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	for i := range hits {
 		h := r.hashes[i]
 		if metas[i] == nil {
-			r.blocks = append(r.blocks, e.pool.cached[h])
+			r.blocks = append(r.blocks, gpuIDs[i])
 			if run != nil {
 				reloads = append(reloads, *run)
 				run = nil
@@ -508,7 +513,7 @@ func (e *Engine) commit(r *request) {
 	full := r.numComputed / bs
 	e.ensureHashes(r, full)
 	for i := r.committed; i < full; {
-		if _, ok := e.pool.cached[r.hashes[i]]; ok {
+		if e.pool.hasGPU(r.hashes[i]) {
 			// Another request cached the same block first; this copy stays
 			// private and is never published.
 			i++
@@ -689,7 +694,10 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	if len(e.events) > 0 {
 		// Hand the batch over; the next step starts a fresh one.
 		res.Events = e.events
-		e.events = make([]Event, 0, len(res.Events))
+		e.events, e.spare = e.spare, nil
+		if e.events == nil {
+			e.events = make([]Event, 0, len(res.Events))
+		}
 	}
 	e.busyUntil = end
 	e.st.Steps++

@@ -294,14 +294,14 @@ func TestEventsReproduceCache(t *testing.T) {
 		for _, r := range drain(t, e) {
 			m.apply(t, r.Events)
 		}
-		if len(m.gpu) != len(e.pool.cached) {
-			t.Errorf("cpu=%d: model has %d GPU blocks, engine %d", cpu, len(m.gpu), len(e.pool.cached))
+		if len(m.gpu) != e.pool.gpuLen() {
+			t.Errorf("cpu=%d: model has %d GPU blocks, engine %d", cpu, len(m.gpu), e.pool.gpuLen())
 		}
-		for h := range e.pool.cached {
-			if !m.gpu[h] {
+		e.pool.loc.each(func(h uint64, w where) {
+			if w.gpu >= 0 && !m.gpu[h] {
 				t.Errorf("cpu=%d: engine block %x unknown to the events", cpu, h)
 			}
-		}
+		})
 		if len(m.cpu) != e.pool.cpuLen() {
 			t.Errorf("cpu=%d: model has %d CPU blocks, engine %d", cpu, len(m.cpu), e.pool.cpuLen())
 		}

@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"github.com/kvroute/kvroute/pkg/engine"
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+// applier feeds one published batch of engine events to the index with
+// fewer, longer calls and the same resulting index: a removal is held back
+// past later stores and applied with its neighbours in one Removed per tier
+// (so the index overlaps their memory accesses), unless a later store
+// depends on it. A store depends on a held removal when it stores the same
+// hash on the same tier (store after remove leaves the block present) or
+// names the removed hash as its parent (the removal may have dropped the
+// parent, making the store's parent unknown); the held removals are applied
+// first then. Everything else commutes: removals and stores of different
+// (hash, tier) pairs touch different engine entries and holder counts, and
+// a removal of hash h on one tier and a store of h on another leave the
+// same entry in either order (the store recomputes h's key from its parent
+// either way).
+type applier struct {
+	idx   *index.Index
+	model string
+	roots map[string]kvblock.Key
+	// held removals, by tier, in event order; heldSet indexes them.
+	held    [index.NumTiers][]uint64
+	nheld   int
+	heldSet hashSet
+}
+
+func newApplier(idx *index.Index, model string) *applier {
+	return &applier{idx: idx, model: model, roots: map[string]kvblock.Key{}}
+}
+
+func (a *applier) root(lora string) kvblock.Key {
+	k, ok := a.roots[lora]
+	if !ok {
+		k = kvblock.Root(a.model, lora)
+		a.roots[lora] = k
+	}
+	return k
+}
+
+// apply applies evs for replica rid.
+func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
+	for i := range evs {
+		ev := &evs[i]
+		tier, ok := index.ParseMedium(ev.Medium)
+		if !ok {
+			continue
+		}
+		switch ev.Kind {
+		case engine.BlockStored:
+			if a.nheld > 0 && a.conflicts(ev, tier) {
+				a.flush(rid)
+			}
+			a.idx.Stored(index.Stored{
+				Replica: rid, Root: a.root(ev.LoRAName),
+				HasParent: ev.HasParent, ParentHash: ev.Parent,
+				Hashes: ev.Hashes, Tokens: ev.Tokens, BlockSize: ev.BlockSize, Tier: tier,
+			})
+		case engine.BlockRemoved:
+			for _, h := range ev.Hashes {
+				a.held[tier] = append(a.held[tier], h)
+				a.heldSet.add(h, tier)
+			}
+			a.nheld += len(ev.Hashes)
+		case engine.AllBlocksCleared:
+			a.flush(rid)
+			a.idx.Cleared(rid)
+		}
+	}
+	a.flush(rid)
+}
+
+// conflicts reports whether stored event ev depends on a held removal.
+func (a *applier) conflicts(ev *engine.Event, tier index.Tier) bool {
+	if ev.HasParent && a.heldSet.tiers(ev.Parent) != 0 {
+		return true
+	}
+	for _, h := range ev.Hashes {
+		if a.heldSet.tiers(h)&(1<<tier) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// flush applies the held removals, one Removed per tier.
+func (a *applier) flush(rid index.ReplicaID) {
+	if a.nheld == 0 {
+		return
+	}
+	for t := range a.held {
+		if len(a.held[t]) > 0 {
+			a.idx.Removed(index.Removed{Replica: rid, Hashes: a.held[t], Tier: index.Tier(t)})
+			a.held[t] = a.held[t][:0]
+		}
+	}
+	a.nheld = 0
+	a.heldSet.reset()
+}
+
+// hashSet is a small open-addressing set of hashes with the tiers each was
+// added under; reset is O(1) (a generation count).
+type hashSet struct {
+	slots []hashSlot
+	n     int
+	gen   uint32
+}
+
+type hashSlot struct {
+	h     uint64
+	gen   uint32
+	tiers uint8
+}
+
+func (s *hashSet) reset() {
+	s.n = 0
+	s.gen++
+	if s.gen == 0 { // wrapped: old generations could look current
+		clear(s.slots)
+		s.gen = 1
+	}
+}
+
+func (s *hashSet) slot(h uint64) int {
+	return int((h * 0x9e3779b97f4a7c15) >> 32)
+}
+
+func (s *hashSet) add(h uint64, t index.Tier) {
+	if s.gen == 0 {
+		s.gen = 1
+	}
+	if (s.n+1)*2 > len(s.slots) {
+		s.grow()
+	}
+	mask := len(s.slots) - 1
+	for i := s.slot(h) & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.gen != s.gen {
+			*sl = hashSlot{h: h, gen: s.gen, tiers: 1 << t}
+			s.n++
+			return
+		}
+		if sl.h == h {
+			sl.tiers |= 1 << t
+			return
+		}
+	}
+}
+
+func (s *hashSet) tiers(h uint64) uint8 {
+	if s.n == 0 {
+		return 0
+	}
+	mask := len(s.slots) - 1
+	for i := s.slot(h) & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.gen != s.gen {
+			return 0
+		}
+		if sl.h == h {
+			return sl.tiers
+		}
+	}
+}
+
+func (s *hashSet) grow() {
+	old, gen := s.slots, s.gen
+	s.slots = make([]hashSlot, max(64, 2*len(old)))
+	s.n = 0
+	for _, sl := range old {
+		if sl.gen == gen {
+			for t := range index.NumTiers {
+				if sl.tiers&(1<<t) != 0 {
+					s.add(sl.h, index.Tier(t))
+				}
+			}
+		}
+	}
+}
