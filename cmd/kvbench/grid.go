@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -53,14 +54,22 @@ func (c *workloadCache) get(name string, seed uint64, rate float64) (*bench.Work
 	return c.getSized(name, seed, rate, c.sf.size)
 }
 
+var sizingTrace = os.Getenv("KVBENCH_SIZING_TRACE") != ""
+
 // sized returns the generator workload name at utilization u on fleet
-// whose session starts span duration: it measures the start span of the
-// size-1 workload at that utilization and scales the number of sessions
-// (the generator's size) by duration over that span. The trace is not
-// resized.
+// (Workload.AtUtil) with as many sessions as make their starts span
+// duration: it starts from the size-1 workload's start span scaled to u,
+// then corrects the size by duration over the span the calibrated workload
+// actually has (closed-loop sessions need slower starts than their start
+// rate alone says, see Workload.OfferedUtil) until it is within 10%. The
+// trace is not resized, only calibrated.
 func (c *workloadCache) sized(name string, seed uint64, u float64, fleet bench.FleetConfig, duration time.Duration) (*bench.Workload, error) {
 	if name == "trace" {
-		return c.get(name, seed, 1)
+		w, err := c.get(name, seed, 1)
+		if err != nil {
+			return nil, err
+		}
+		return w.AtUtil(u, fleet)
 	}
 	base, err := c.getSized(name, seed, 1, 1)
 	if err != nil {
@@ -71,18 +80,62 @@ func (c *workloadCache) sized(name string, seed uint64, u float64, fleet bench.F
 	if !(util > 0) || o.Span <= 0 {
 		return nil, fmt.Errorf("workload %s has no offered rate to scale", name)
 	}
-	span := o.Span.Seconds() * util / u // the start span at utilization u
-	size := duration.Seconds() / span
-	// A tiny size may leave a single start time (no rate to scale): grow
-	// it until the workload has two.
-	for range 20 {
+	size := duration.Seconds() / (o.Span.Seconds() * util / u)
+	var best *bench.Workload
+	bestOff := math.Inf(1)
+	short, long := 0.0, 0.0 // sizes known to give a span below and above duration
+	for range 10 {
 		w, err := c.getSized(name, seed, 1, size)
-		if err != nil || w.Offered().Span > 0 {
-			return w, err
+		if err != nil {
+			return nil, err
 		}
-		size *= 2
+		if w.Offered().Span <= 0 {
+			// A tiny size may leave a single start time (no rate to
+			// scale): grow it until the workload has two.
+			size *= 2
+			continue
+		}
+		s, err := w.AtUtil(u, fleet)
+		if err != nil {
+			return nil, err
+		}
+		if got := s.OfferedUtil(fleet); got < u*0.99 {
+			// Too few sessions to load the fleet at any start rate.
+			if sizingTrace {
+				fmt.Fprintf(os.Stderr, "sized %s u=%v size=%v: reaches %v\n", name, u, size, got)
+			}
+			size *= 2
+			continue
+		}
+		span := s.Offered().Span
+		off := math.Abs(span.Seconds()/duration.Seconds() - 1)
+		if sizingTrace {
+			fmt.Fprintf(os.Stderr, "sized %s u=%v size=%v: span %v\n", name, u, size, span)
+		}
+		if off < bestOff {
+			best, bestOff = s, off
+		}
+		if off <= 0.1 {
+			break
+		}
+		if span < duration {
+			short = size
+		} else {
+			long = size
+		}
+		if short > 0 && long > 0 {
+			// Bracketed: bisect (the span is not smooth in the size for
+			// lumpy workloads such as mixed's long documents).
+			size = math.Sqrt(short * long)
+		} else {
+			// At most ×4 a round.
+			size *= min(4, max(0.25, duration.Seconds()/span.Seconds()))
+		}
 	}
-	return nil, fmt.Errorf("workload %s: no size gives two session start times", name)
+	if best == nil {
+		return nil, fmt.Errorf("workload %s: no size gives two session start times", name)
+	}
+	return best, nil
 }
 
 func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (*bench.Workload, error) {
@@ -146,18 +199,18 @@ func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64
 				for si, seed := range seeds {
 					var w *bench.Workload
 					var err error
-					if duration > 0 && u > 0 {
+					switch {
+					case duration > 0 && u > 0:
 						w, err = wc.sized(wname, seed, u, fleet, duration)
-					} else {
+					case u > 0:
+						if w, err = wc.get(wname, seed, sf.rate); err == nil {
+							w, err = w.AtUtil(u, fleet)
+						}
+					default:
 						w, err = wc.get(wname, seed, sf.rate)
 					}
 					if err != nil {
 						return nil, err
-					}
-					if u > 0 {
-						if w, err = w.AtUtil(u, fleet); err != nil {
-							return nil, err
-						}
 					}
 					if si == 0 {
 						cell.requests = w.Requests()

@@ -22,10 +22,13 @@ type Summary struct {
 	Throughput float64 `json:"throughput_tok_s"`
 	// HitRate is the token-weighted prefix-cache hit rate the engines
 	// reported (cached over prompt tokens); Ceiling is the same for one
-	// infinite cache that saw every earlier prompt and output.
+	// infinite cache holding every block any replica had computed by the
+	// time each request was first scheduled (RequestResult.CeilingTokens):
+	// a perfect router's hit rate on the run's timing.
 	HitRate float64 `json:"hit_rate"`
 	Ceiling float64 `json:"ceiling"`
-	// HitOverCeiling is HitRate / Ceiling.
+	// HitOverCeiling is HitRate / Ceiling; 1 when the ceiling is 0 (there
+	// was nothing to hit, so nothing was missed).
 	HitOverCeiling float64 `json:"hit_over_ceiling"`
 	// PredictedHitRate is what the router's index predicted on the picks.
 	PredictedHitRate float64 `json:"predicted_hit_rate"`
@@ -91,6 +94,7 @@ func Summarize(r *Run) Summary {
 	s.HitRate = float64(cached) / float64(prompt)
 	s.Ceiling = float64(ceiling) / float64(prompt)
 	s.PredictedHitRate = float64(predicted) / float64(prompt)
+	s.HitOverCeiling = 1
 	if s.Ceiling > 0 {
 		s.HitOverCeiling = s.HitRate / s.Ceiling
 	}
@@ -153,26 +157,16 @@ func TTFTs(r *Run) []float64 {
 // Seconds converts a duration to float seconds (for tables).
 func Seconds(d time.Duration) float64 { return d.Seconds() }
 
-// runUtil is Summary.RunUtil.
+// runUtil is Summary.RunUtil: the bulk figure of OfferedUtil over the
+// run's actual arrivals.
 func runUtil(r *Run) float64 {
 	if r.Capacity <= 0 || len(r.Requests) < 2 {
 		return 0
 	}
 	at := make([]time.Duration, len(r.Requests))
+	lens := make([]int, len(r.Requests))
 	for i, q := range r.Requests {
-		at[i] = q.Arrival
+		at[i], lens[i] = q.Arrival, q.PromptTokens
 	}
-	slices.Sort(at)
-	n := len(at) - 1
-	lo, hi := at[n/10], at[n-n/10]
-	if hi <= lo {
-		return 0
-	}
-	var tokens int64
-	for _, q := range r.Requests {
-		if q.Arrival >= lo && q.Arrival <= hi {
-			tokens += int64(q.PromptTokens)
-		}
-	}
-	return float64(tokens) / (hi - lo).Seconds() / r.Capacity
+	return bulkUtil(at, lens, r.Capacity)
 }

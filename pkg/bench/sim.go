@@ -117,8 +117,10 @@ type RequestResult struct {
 	// PredictedTokens are the cached tokens the router's index predicted
 	// on the picked replica.
 	PredictedTokens int
-	// CeilingTokens would have been cached by one infinite cache that saw
-	// every earlier prompt and output.
+	// CeilingTokens would have been cached by one infinite cache holding
+	// every block any replica had computed (prompt or output) by the time
+	// this request was first scheduled: what a perfect router could have
+	// given it on this run's timing (see availTable).
 	CeilingTokens int
 	OutputTokens  int
 	Preemptions   int
@@ -218,7 +220,6 @@ type live struct {
 	keepOut    bool
 	handle     *load.Handle
 	predicted  int
-	ceiling    int
 	truncated  bool
 	reason     string
 }
@@ -249,11 +250,9 @@ type sim struct {
 	fid     *load.Fidelity
 	router  *route.Router
 	loss    *rand.Rand
-	root    kvblock.Key
 	live    []map[engine.ReqID]*live
 	history [][]uint32 // per session: the last prompt plus its outputs
-	seen    map[kvblock.Key]struct{}
-	keys    []kvblock.Key
+	avail   availTable // block hash -> when a replica first computed it
 	run     *Run
 }
 
@@ -272,9 +271,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		ids:     make(map[index.ReplicaID]int),
 		idx:     index.New(index.Config{}),
 		loss:    rand.New(rand.NewPCG(cfg.Seed, 0x6c6f7373)),
-		root:    kvblock.Root(cfg.Engine.Model, ""),
 		history: make([][]uint32, len(w.Sessions)),
-		seen:    make(map[kvblock.Key]struct{}),
 		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
@@ -402,7 +399,6 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		keepOut:   turn+1 < len(s.w.Sessions[sess].Turns),
 		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
 		predicted: predicted,
-		ceiling:   s.ceiling(prompt),
 		truncated: truncated,
 		reason:    dec.Reason,
 	}
@@ -419,24 +415,37 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	return nil
 }
 
-// ceiling counts the prompt's tokens one infinite cache would serve (full
-// blocks seen in any earlier prompt or output, never the last token), then
-// remembers the prompt's blocks.
-func (s *sim) ceiling(prompt []uint32) int {
+// ceiling counts the tokens of a finished request's prompt that one
+// infinite cache of every computed block would have served when the
+// request was first scheduled: its leading full blocks computed by some
+// replica by then, never the prompt's last token (as the engine).
+func (s *sim) ceiling(f *engine.Finished) int {
 	bs := s.cfg.Engine.BlockSize
-	s.keys = kvblock.Keys(s.keys[:0], s.root, prompt, bs, kvblock.Options{})
-	limit := (len(prompt) - 1) / bs
+	limit := min((f.PromptTokens-1)/bs, len(f.Hashes))
 	hit := 0
-	for _, k := range s.keys {
-		if _, ok := s.seen[k]; !ok || hit >= limit {
+	for hit < limit {
+		at, ok := s.avail.get(f.Hashes[hit])
+		if !ok || at > f.Scheduled {
 			break
 		}
 		hit++
 	}
-	for _, k := range s.keys {
-		s.seen[k] = struct{}{}
-	}
 	return hit * bs
+}
+
+// computed records when the step's stored blocks became available: a
+// block stored on the GPU was computed by the step (or reloaded, and then
+// computed earlier); the first time any replica stores a hash counts.
+func (s *sim) computed(res *engine.StepResult) {
+	for i := range res.Events {
+		ev := &res.Events[i]
+		if ev.Kind != engine.BlockStored {
+			continue
+		}
+		for _, h := range ev.Hashes {
+			s.avail.setMin(h, res.End)
+		}
+	}
 }
 
 func (s *sim) step(ri int) {
@@ -457,6 +466,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 	s.work(r, res.Start, res.End-s.cfg.Engine.StepTime)
 	r.res.PrefillTokens += int64(res.PrefillTokens)
 	r.res.DecodeTokens += int64(res.DecodeTokens)
+	s.computed(res)
 	lives := s.live[ri]
 	for _, tk := range res.Tokens {
 		lv := lives[tk.ID]
@@ -470,7 +480,8 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			lv.outputs = append(lv.outputs, tk.Token)
 		}
 	}
-	for _, f := range res.Finished {
+	for i := range res.Finished {
+		f := &res.Finished[i]
 		lv := lives[f.ID]
 		if lv == nil {
 			continue
@@ -484,7 +495,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			Session: lv.sess, Turn: lv.turn, Replica: ri, Arrival: f.Arrival,
 			TTFT: f.FirstToken - f.Arrival, E2E: f.Finish - f.Arrival,
 			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
-			PredictedTokens: lv.predicted, CeilingTokens: lv.ceiling,
+			PredictedTokens: lv.predicted, CeilingTokens: s.ceiling(f),
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
 			IdealTTFT: s.idealTTFT(f.PromptTokens - f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason,
@@ -492,12 +503,6 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.keepOut {
 			hist := append(lv.prompt, lv.outputs...)
-			// The infinite cache also holds the computed output blocks
-			// (every output token but the last).
-			s.keys = kvblock.Keys(s.keys[:0], s.root, hist[:len(hist)-1], s.cfg.Engine.BlockSize, kvblock.Options{})
-			for _, k := range s.keys {
-				s.seen[k] = struct{}{}
-			}
 			s.history[lv.sess] = hist
 			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
 			s.push(&event{at: f.Finish + next.Gap, kind: evArrival, sess: lv.sess, turn: lv.turn + 1})

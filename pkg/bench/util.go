@@ -95,9 +95,122 @@ func (c FleetConfig) PrefillCapacity() float64 {
 	return float64(d.Replicas) * d.Engine.PrefillTokensPerSec
 }
 
-// OfferedUtil is w's offered prefill load over fleet's prefill capacity.
+// OfferedUtil is w's offered prefill utilization on fleet: the prompt
+// tokens of the requests arriving in the bulk of the workload (between the
+// 10th and 90th percentile arrival, as Summary.RunUtil measures a run) per
+// second of that window, over the fleet's prefill capacity, with every
+// turn arriving as it would on a fleet that never queues (see
+// Workload.Arrivals). Every prompt token counts, cached or not, so it does
+// not depend on a policy. For open-loop requests (the trace, herding,
+// fanout) it is the arrival rate's figure; for closed-loop sessions it
+// accounts for the sessions' ramp-up and drain and for the time each turn
+// takes, which the session start rate alone (Offered) does not.
 func (w *Workload) OfferedUtil(fleet FleetConfig) float64 {
-	return w.Offered().TokensPerSec / fleet.PrefillCapacity()
+	at, lens := w.Arrivals(fleet)
+	return bulkUtil(at, lens, fleet.PrefillCapacity())
+}
+
+// Arrivals returns every turn's arrival time and prompt length on a fleet
+// that never queues: a session's first turn arrives at its start; a later
+// turn arrives its think time after the previous turn's last token, which
+// comes after the previous turn's new tokens (prompt less the history it
+// resends, which an affine router finds cached) are prefilled and its
+// other output tokens decoded one a step. A decode step takes the engine's
+// StepTime plus StepTimePerSeq per sequence in the batch, stretched by the
+// share of time the replicas spend prefilling new tokens; the batch and
+// that share are the model's own averages over its bulk, found by a few
+// rounds of fixed-point iteration. The fleet's real queueing can only make
+// the realized load (RunUtil) lower.
+func (w *Workload) Arrivals(fleet FleetConfig) (at []time.Duration, lens []int) {
+	d, err := fleet.withDefaults()
+	if err != nil {
+		return nil, nil
+	}
+	e := d.Engine
+	capacity := float64(d.Replicas) * e.PrefillTokensPerSec
+	batch, share := 1.0, 0.0
+	for range 4 {
+		step := (e.StepTime.Seconds() + batch*e.StepTimePerSeq.Seconds()) / (1 - share)
+		var fresh []float64
+		var decode []float64 // per request: seconds spent decoding
+		at, lens, fresh, decode = w.arrivalsWith(e.PrefillTokensPerSec, step, at[:0], lens[:0])
+		lo, hi, ok := bulkWindow(at)
+		if !ok {
+			break
+		}
+		var newTokens, decoding float64
+		for i, a := range at {
+			if a >= lo && a <= hi {
+				newTokens += fresh[i]
+				decoding += decode[i]
+			}
+		}
+		win := (hi - lo).Seconds()
+		batch = max(1, decoding/win/float64(d.Replicas))
+		share = min(0.9, newTokens/win/capacity)
+	}
+	return at, lens
+}
+
+// arrivalsWith is one round of Arrivals with a fixed decode step (seconds
+// a token): arrival times, prompt lengths, new tokens and decode seconds of
+// every turn.
+func (w *Workload) arrivalsWith(prefillTPS, step float64, at []time.Duration, lens []int) ([]time.Duration, []int, []float64, []float64) {
+	var fresh, decode []float64
+	for i := range w.Sessions {
+		s := &w.Sessions[i]
+		if len(s.Turns) == 0 {
+			continue
+		}
+		pl := s.PromptLens()
+		t := s.Start + s.Turns[0].Gap
+		prev := 0
+		for k, turn := range s.Turns {
+			if k > 0 {
+				t += turn.Gap
+			}
+			n := max(1, pl[k]-prev)
+			if turn.TraceIDs != nil {
+				n = pl[k]
+			}
+			dec := float64(max(0, turn.Output-1)) * step
+			at = append(at, t)
+			lens = append(lens, pl[k])
+			fresh = append(fresh, float64(n))
+			decode = append(decode, dec)
+			t += time.Duration((float64(n)/prefillTPS + step + dec) * float64(time.Second))
+			prev = pl[k] + turn.Output
+		}
+	}
+	return at, lens, fresh, decode
+}
+
+// bulkWindow returns the 10th and 90th percentile of arrival times at.
+func bulkWindow(at []time.Duration) (lo, hi time.Duration, ok bool) {
+	if len(at) < 2 {
+		return 0, 0, false
+	}
+	sorted := slices.Clone(at)
+	slices.Sort(sorted)
+	n := len(sorted) - 1
+	lo, hi = sorted[n/10], sorted[n-n/10]
+	return lo, hi, hi > lo
+}
+
+// bulkUtil is the prompt tokens of the arrivals in the bulk window per
+// second of it, over capacity (0 without a window).
+func bulkUtil(at []time.Duration, lens []int, capacity float64) float64 {
+	lo, hi, ok := bulkWindow(at)
+	if !ok || !(capacity > 0) {
+		return 0
+	}
+	var tokens int64
+	for i, a := range at {
+		if a >= lo && a <= hi {
+			tokens += int64(lens[i])
+		}
+	}
+	return float64(tokens) / (hi - lo).Seconds() / capacity
 }
 
 // ScaleRate returns a copy of w whose session starts (and first-turn
@@ -117,14 +230,60 @@ func (w *Workload) ScaleRate(x float64) *Workload {
 }
 
 // AtUtil returns a copy of w rescaled (ScaleRate) so that its offered
-// utilization on fleet is util.
+// utilization on fleet (OfferedUtil) is util, within 0.5%, found by
+// bisection on the scale. A closed-loop workload whose sessions outlast
+// their starts may not reach util at any start rate (its bulk is then all
+// sessions at once): AtUtil then returns it at the highest utilization it
+// reaches, which the result's OfferedUtil reports; callers compare (a
+// bigger workload reaches more). Errors are for a bad util or a workload
+// with no rate to scale.
 func (w *Workload) AtUtil(util float64, fleet FleetConfig) (*Workload, error) {
-	now := w.OfferedUtil(fleet)
 	if !(util > 0) || math.IsInf(util, 0) {
 		return nil, fmt.Errorf("%w: utilization %v must be a positive number", ErrSim, util)
 	}
-	if !(now > 0) || math.IsInf(now, 0) {
+	now := w.OfferedUtil(fleet)
+	if !(now > 0) || math.IsInf(now, 0) || w.Offered().Span <= 0 {
 		return nil, fmt.Errorf("%w: workload %s has no offered rate to scale (its sessions start at fewer than two distinct times)", ErrSim, w.Name)
 	}
-	return w.ScaleRate(util / now), nil
+	at := func(x float64) float64 { return w.ScaleRate(x).OfferedUtil(fleet) }
+	// Bracket the target around the first-order guess util/now, doubling
+	// outwards; remember the best scale seen for an unreachable target.
+	x0 := util / now
+	lo, hi := x0, x0
+	ulo, uhi := at(x0), 0.0
+	for i := 0; i < 30 && ulo > util; i++ {
+		lo /= 2
+		ulo = at(lo)
+	}
+	uhi = ulo
+	if hi == lo {
+		uhi = at(hi)
+	}
+	bestX, bestU := hi, uhi
+	for i := 0; i < 30 && uhi < util; i++ {
+		hi *= 2
+		uhi = at(hi)
+		if uhi > bestU {
+			bestX, bestU = hi, uhi
+		}
+	}
+	if uhi < util {
+		return w.ScaleRate(bestX), nil
+	}
+	if lo == hi {
+		return w.ScaleRate(hi), nil
+	}
+	for range 40 {
+		mid := math.Sqrt(lo * hi)
+		u := at(mid)
+		if math.Abs(u-util) <= util*0.002 {
+			return w.ScaleRate(mid), nil
+		}
+		if u < util {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return w.ScaleRate(math.Sqrt(lo * hi)), nil
 }

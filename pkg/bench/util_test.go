@@ -28,15 +28,28 @@ func TestOfferedAndAtUtil(t *testing.T) {
 	if c := fleet.PrefillCapacity(); c != 200 {
 		t.Fatalf("capacity %v", c)
 	}
-	if u := w.OfferedUtil(fleet); u != 37.5/200 {
+	// Three arrivals (0, the second turn's, 10 s): the bulk window is all
+	// of [0, 10 s], 750 prompt tokens in it.
+	if u := w.OfferedUtil(fleet); math.Abs(u-750.0/10/200) > 1e-9 {
 		t.Fatalf("util %v", u)
 	}
-	for _, target := range []float64{0.5, 0.95, 1.1} {
+	// The second turn arrives after the first's 100 tokens prefill (1 s),
+	// one step for the first token, 19 decode steps and 1 s of think time.
+	// A step is 8 ms + 0.08 ms for a batch of 1 (under 1 sequence decoding
+	// a replica on average), stretched by the share of prefill: 100 + 30
+	// (the second turn's new tokens) + 500 over 10 s of 200 tokens/s.
+	at, lens := w.Arrivals(fleet)
+	step := (8*time.Millisecond + 80*time.Microsecond).Seconds() / (1 - 630.0/10/200)
+	want := time.Duration((1 + 20*step + 1) * float64(time.Second))
+	if !slices.Equal(lens, []int{100, 150, 500}) || at[0] != 0 || at[2] != 10*time.Second || (at[1]-want).Abs() > time.Millisecond {
+		t.Fatalf("arrivals %v lens %v, want the second turn at %v", at, lens, want)
+	}
+	for _, target := range []float64{0.5, 0.95} {
 		s, err := w.AtUtil(target, fleet)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if u := s.OfferedUtil(fleet); math.Abs(u-target) > 1e-6 {
+		if u := s.OfferedUtil(fleet); math.Abs(u-target) > 0.005*target {
 			t.Errorf("AtUtil(%v) gives %v", target, u)
 		}
 		// Think times stay; the original is untouched.
@@ -53,25 +66,38 @@ func TestOfferedAndAtUtil(t *testing.T) {
 	}
 }
 
-// Every generator can be set to a utilization: its offered load scales
-// with the target.
+// Every generator can be set to a utilization, closed-loop ones included:
+// the model's bulk figure lands within 0.5% of the target; a workload too
+// small to reach it says so.
 func TestGeneratorsAtUtil(t *testing.T) {
 	fleet := smallFleet()
 	for _, name := range Generators() {
-		w, err := Generate(name, GenOptions{Seed: 1, SizeScale: 0.1})
+		w, err := Generate(name, GenOptions{Seed: 1, SizeScale: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		lo, err := w.AtUtil(0.3, fleet)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
+		for _, target := range []float64{0.3, 0.95} {
+			s, err := w.AtUtil(target, fleet)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if u := s.OfferedUtil(fleet); math.Abs(u-target) > 0.005*target {
+				t.Errorf("%s: AtUtil(%v) gives %v", name, target, u)
+			}
 		}
-		hi, err := w.AtUtil(0.9, fleet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := hi.Offered().TokensPerSec / lo.Offered().TokensPerSec; math.Abs(r-3) > 1e-6 {
-			t.Errorf("%s: 0.9 vs 0.3 offered ratio %v", name, r)
-		}
+	}
+	small, err := Generate(GenChat, GenOptions{Seed: 1, SizeScale: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Out of reach: the closest (highest) utilization, reported by the
+	// result, and more than at the first-order guess.
+	s, err := small.AtUtil(5, fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guess := small.ScaleRate(5 / small.OfferedUtil(fleet)).OfferedUtil(fleet)
+	if u := s.OfferedUtil(fleet); u >= 5 || u < guess {
+		t.Errorf("unreachable target: got %v (first-order guess %v)", u, guess)
 	}
 }

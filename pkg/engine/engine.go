@@ -64,6 +64,9 @@ type Finished struct {
 	Finish         time.Duration
 	// Reason is vLLM's finish_reason: always "length" here.
 	Reason string
+	// Hashes are the chained hashes of the request's full prompt and
+	// output blocks, as its events name them (read-only).
+	Hashes []uint64
 }
 
 // StepResult is what one scheduler step did.
@@ -685,6 +688,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 				ID: r.id, PromptTokens: len(r.req.Prompt), CachedTokens: r.cached, ReloadedTokens: r.reloaded,
 				OutputTokens: r.outputs, Preemptions: r.preemptions, Arrival: r.arrival,
 				Scheduled: r.scheduled, FirstToken: r.firstToken, Finish: end, Reason: "length",
+				Hashes: r.hashes,
 			})
 		}
 	}
