@@ -27,6 +27,11 @@ type applier struct {
 	held    [index.NumTiers][]uint64
 	nheld   int
 	heldSet hashSet
+	// needed, when set, says which blocks the index must hear about (see
+	// relevance): the stored blocks of an event up to the first one not
+	// needed (the rest of its chain is not needed either), the removed
+	// blocks that are needed.
+	needed func(h uint64) bool
 }
 
 func newApplier(idx *index.Index, model string) *applier {
@@ -52,20 +57,36 @@ func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
 		}
 		switch ev.Kind {
 		case engine.BlockStored:
-			if a.nheld > 0 && a.conflicts(ev, tier) {
+			hashes, tokens := ev.Hashes, ev.Tokens
+			if a.needed != nil {
+				n := 0
+				for n < len(hashes) && a.needed(hashes[n]) {
+					n++
+				}
+				if n == 0 {
+					continue
+				}
+				if n < len(hashes) && len(tokens) == len(hashes)*ev.BlockSize {
+					hashes, tokens = hashes[:n], tokens[:n*ev.BlockSize]
+				}
+			}
+			if a.nheld > 0 && a.conflicts(ev.HasParent, ev.Parent, hashes, tier) {
 				a.flush(rid)
 			}
 			a.idx.Stored(index.Stored{
 				Replica: rid, Root: a.root(ev.LoRAName),
 				HasParent: ev.HasParent, ParentHash: ev.Parent,
-				Hashes: ev.Hashes, Tokens: ev.Tokens, BlockSize: ev.BlockSize, Tier: tier,
+				Hashes: hashes, Tokens: tokens, BlockSize: ev.BlockSize, Tier: tier,
 			})
 		case engine.BlockRemoved:
 			for _, h := range ev.Hashes {
+				if a.needed != nil && (!a.needed(h)) {
+					continue
+				}
 				a.held[tier] = append(a.held[tier], h)
 				a.heldSet.add(h, tier)
 			}
-			a.nheld += len(ev.Hashes)
+			a.nheld++
 		case engine.AllBlocksCleared:
 			a.flush(rid)
 			a.idx.Cleared(rid)
@@ -74,12 +95,13 @@ func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
 	a.flush(rid)
 }
 
-// conflicts reports whether stored event ev depends on a held removal.
-func (a *applier) conflicts(ev *engine.Event, tier index.Tier) bool {
-	if ev.HasParent && a.heldSet.tiers(ev.Parent) != 0 {
+// conflicts reports whether a stored event (its parent, its hashes, its
+// tier) depends on a held removal.
+func (a *applier) conflicts(hasParent bool, parent uint64, hashes []uint64, tier index.Tier) bool {
+	if hasParent && a.heldSet.tiers(parent) != 0 {
 		return true
 	}
-	for _, h := range ev.Hashes {
+	for _, h := range hashes {
 		if a.heldSet.tiers(h)&(1<<tier) != 0 {
 			return true
 		}

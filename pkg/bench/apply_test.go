@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"context"
 	"math/rand/v2"
+	"os"
+	"reflect"
 	"testing"
 	"time"
 
@@ -186,4 +189,67 @@ func TestApplierMatchesInOrder(t *testing.T) {
 			t.Fatalf("cpu %d: the run indexed nothing (%+v, %d batches)", cpu, st, batches)
 		}
 	}
+}
+
+// The relevance filter changes no decision: whole runs with and without it
+// are identical, for every generator, a trace, a stale index (delay, loss),
+// a small memory (preemption, CPU tier churn) and truncated prompts.
+func TestRelevanceFilterChangesNothing(t *testing.T) {
+	type tc struct {
+		name     string
+		w        *Workload
+		fleet    FleetConfig
+		policies []string
+	}
+	one, two := []string{"kvroute"}, []string{"roundrobin", "kvroute"}
+	var cases []tc
+	for _, g := range Generators() {
+		size := 0.04
+		if g == GenGRPO {
+			size = 0.005 // 727 requests at 0.04
+		}
+		cases = append(cases, tc{g, mustGen(t, g, size), smallFleet(), one})
+	}
+	tight := smallFleet()
+	tight.Engine.NumGPUBlocks = 1200
+	tight.Engine.NumCPUBlocks = 600
+	tight.Engine.MaxModelLen = 12000
+	tight.EventDelay = 30 * time.Millisecond
+	tight.EventLoss = 0.05
+	cases = append(cases, tc{"agents-tight", mustGen(t, GenAgents, 0.05), tight, two}, tc{"rl-tight", mustGen(t, GenRL, 0.05), tight, two})
+	tr, err := ReadTraceFile(traceForTest(t), TraceOptions{Limit: 200, RateScale: 4})
+	if err == nil {
+		cases = append(cases, tc{"trace", tr, tight, two})
+	}
+	defer func() { filterIrrelevant = true }()
+	for _, c := range cases {
+		start := time.Now()
+		for _, pol := range c.policies {
+			filterIrrelevant = false
+			a, err := Simulate(context.Background(), c.w, mustPolicy(t, pol), c.fleet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			filterIrrelevant = true
+			b, err := Simulate(context.Background(), c.w, mustPolicy(t, pol), c.fleet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("%s/%s: the filtered run differs", c.name, pol)
+			}
+		}
+		t.Logf("%s: %d requests, %v", c.name, c.w.Requests(), time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// traceForTest is the Mooncake trace's path (it may be absent: callers
+// then get a read error and leave the trace out).
+func traceForTest(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return DefaultTracePath(RepoRoot(wd))
 }

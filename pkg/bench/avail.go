@@ -1,84 +1,88 @@
 package bench
 
-import "time"
-
-// availTable maps an engine block hash to the simulated time a replica
-// first computed the block: the ceiling's infinite cache. Every replica
-// shares one engine seed, so equal blocks have equal hashes fleet-wide.
-// Open addressing with linear probing over uniform hashes; it only grows
-// (a run never forgets a block).
-type availTable struct {
-	slots   []availSlot
+// hashTable maps 64-bit block hashes (uniform already) to values: open
+// addressing with linear probing and Fibonacci hashing, growing at 3/4
+// load, never deleting. The simulator keeps a few with millions of entries
+// (a Go map of that size costs several times more per lookup).
+type hashTable[V any] struct {
+	slots   []hashEntry[V]
 	n       int
 	shift   uint
-	zero    time.Duration // hash 0's entry when hasZero
+	zero    V // hash 0's value when hasZero (0 marks an empty slot)
 	hasZero bool
 }
 
-type availSlot struct {
-	h  uint64 // 0: empty
-	at time.Duration
+type hashEntry[V any] struct {
+	h uint64
+	v V
 }
 
-func (t *availTable) home(h uint64) int { return int((h * 0x9e3779b97f4a7c15) >> t.shift) }
+func (t *hashTable[V]) home(h uint64) int { return int((h * 0x9e3779b97f4a7c15) >> t.shift) }
 
-func (t *availTable) get(h uint64) (time.Duration, bool) {
+// get returns h's value, or false.
+func (t *hashTable[V]) get(h uint64) (V, bool) {
+	var none V
 	if h == 0 {
 		return t.zero, t.hasZero
 	}
 	if t.n == 0 {
-		return 0, false
+		return none, false
 	}
 	mask := len(t.slots) - 1
 	for i := t.home(h); ; i = (i + 1) & mask {
-		sl := &t.slots[i]
-		if sl.h == h {
-			return sl.at, true
+		e := &t.slots[i]
+		if e.h == h {
+			return e.v, true
 		}
-		if sl.h == 0 {
-			return 0, false
+		if e.h == 0 {
+			return none, false
 		}
 	}
 }
 
-// setMin records at for h unless h has an earlier time.
-func (t *availTable) setMin(h uint64, at time.Duration) {
+// ref returns a pointer to h's value, inserting the zero value first when
+// h is absent (added reports that). The pointer is valid until the next
+// ref.
+func (t *hashTable[V]) ref(h uint64) (v *V, added bool) {
 	if h == 0 {
-		if !t.hasZero || at < t.zero {
-			t.zero, t.hasZero = at, true
-		}
-		return
+		added = !t.hasZero
+		t.hasZero = true
+		return &t.zero, added
 	}
 	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
 	mask := len(t.slots) - 1
 	for i := t.home(h); ; i = (i + 1) & mask {
-		sl := &t.slots[i]
-		if sl.h == h {
-			sl.at = min(sl.at, at)
-			return
+		e := &t.slots[i]
+		if e.h == h {
+			return &e.v, false
 		}
-		if sl.h == 0 {
-			sl.h, sl.at = h, at
+		if e.h == 0 {
+			e.h = h
 			t.n++
-			return
+			return &e.v, true
 		}
 	}
 }
 
-func (t *availTable) grow() {
+func (t *hashTable[V]) grow() {
 	old := t.slots
-	size := max(1<<16, 2*len(old))
-	t.slots = make([]availSlot, size)
+	size := max(1<<12, 2*len(old))
+	t.slots = make([]hashEntry[V], size)
 	t.shift = 64
 	for s := size; s > 1; s >>= 1 {
 		t.shift--
 	}
-	t.n = 0
-	for _, sl := range old {
-		if sl.h != 0 {
-			t.setMin(sl.h, sl.at)
+	mask := size - 1
+	for _, e := range old {
+		if e.h == 0 {
+			continue
 		}
+		i := t.home(e.h)
+		for t.slots[i].h != 0 {
+			i = (i + 1) & mask
+		}
+		t.slots[i] = e
 	}
 }

@@ -120,7 +120,7 @@ type RequestResult struct {
 	// CeilingTokens would have been cached by one infinite cache holding
 	// every block any replica had computed (prompt or output) by the time
 	// this request was first scheduled: what a perfect router could have
-	// given it on this run's timing (see availTable).
+	// given it on this run's timing (see sim.computed).
 	CeilingTokens int
 	OutputTokens  int
 	Preemptions   int
@@ -246,13 +246,14 @@ type sim struct {
 	ids     map[index.ReplicaID]int
 	idx     *index.Index
 	feed    *applier
+	rel     *relevance // nil: every event reaches the index
 	tracker *load.Tracker
 	fid     *load.Fidelity
 	router  *route.Router
 	loss    *rand.Rand
 	live    []map[engine.ReqID]*live
-	history [][]uint32 // per session: the last prompt plus its outputs
-	avail   availTable // block hash -> when a replica first computed it
+	history [][]uint32               // per session: the last prompt plus its outputs
+	avail   hashTable[time.Duration] // block hash -> when a replica first computed it
 	run     *Run
 }
 
@@ -275,6 +276,12 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
+	if filterIrrelevant {
+		if s.rel, err = newRelevance(w, cfg); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSim, err)
+		}
+		s.feed.needed = s.rel.needed
+	}
 	s.tracker, err = load.NewTracker(nil)
 	if err != nil {
 		return nil, err
@@ -334,6 +341,11 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 			s.apply(ev.replica, ev.res.Events)
 		}
 	}
+	if s.rel != nil {
+		if err := s.rel.check(); err != nil {
+			return nil, err
+		}
+	}
 	for _, r := range s.reps {
 		st := r.eng.Stats()
 		r.res.Preemptions = st.Preemptions
@@ -359,21 +371,27 @@ func (s *sim) prompt(sess, turn int) []uint32 {
 	return Expand(p, t.Append)
 }
 
-func (s *sim) arrive(ctx context.Context, sess, turn int) error {
-	t := s.w.Sessions[sess].Turns[turn]
-	prompt := s.prompt(sess, turn)
-	out := t.Output
-	maxLen := s.cfg.Engine.MaxModelLen
-	truncated := false
+// fitPrompt cuts a prompt and its output to the model's context: an output
+// of the whole context is halved, then the prompt loses its end.
+func fitPrompt(prompt []uint32, out, maxLen int) ([]uint32, int, bool) {
 	if out >= maxLen {
 		out = maxLen / 2
 	}
 	if len(prompt)+out > maxLen {
-		prompt = prompt[:maxLen-out]
-		truncated = true
+		return prompt[:max(0, maxLen-out)], out, true
 	}
+	return prompt, out, false
+}
+
+func (s *sim) arrive(ctx context.Context, sess, turn int) error {
+	t := s.w.Sessions[sess].Turns[turn]
+	prompt, out, truncated := fitPrompt(s.prompt(sess, turn), t.Output, s.cfg.Engine.MaxModelLen)
 	if len(prompt) == 0 || out < 1 {
 		return fmt.Errorf("%w: session %d turn %d: empty prompt or output", ErrSim, sess, turn)
+	}
+	keep := turn+1 < len(s.w.Sessions[sess].Turns)
+	if s.rel != nil {
+		s.rel.arrived(sess, prompt, keep)
 	}
 	dec, err := s.router.Decide(ctx, route.Request{
 		Model:      s.cfg.Engine.Model,
@@ -396,7 +414,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	predicted := min(matched*bs, (len(prompt)-1)/bs*bs)
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
-		keepOut:   turn+1 < len(s.w.Sessions[sess].Turns),
+		keepOut:   keep,
 		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
 		predicted: predicted,
 		truncated: truncated,
@@ -443,7 +461,9 @@ func (s *sim) computed(res *engine.StepResult) {
 			continue
 		}
 		for _, h := range ev.Hashes {
-			s.avail.setMin(h, res.End)
+			if at, added := s.avail.ref(h); added || res.End < *at {
+				*at = res.End
+			}
 		}
 	}
 }

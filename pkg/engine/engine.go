@@ -316,6 +316,30 @@ func (e *Engine) BlockHashes(r Request) []uint64 {
 	return q.hashes
 }
 
+// ExtendHashes returns the engine's hashes of r's full prompt blocks,
+// taking prefix as the hashes of its first len(prefix) blocks (a
+// conversation's earlier prompt) and appending to it.
+func (e *Engine) ExtendHashes(prefix []uint64, r Request) []uint64 {
+	n := len(r.Prompt) / e.cfg.BlockSize
+	if len(prefix) > n {
+		prefix = prefix[:n]
+	}
+	q := &request{req: r, tokens: r.Prompt, hashes: prefix}
+	e.ensureHashes(q, n)
+	return q.hashes
+}
+
+// Generated returns the n tokens the engine generates for prompt (they
+// depend only on the seed and the prompt).
+func (e *Engine) Generated(prompt []uint32, n int) []uint32 {
+	g := simtok.NewGenerator(e.seed, prompt)
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = g.Next()
+	}
+	return out
+}
+
 // CachedPrefix returns how many leading full blocks of r's prompt the engine
 // holds, counted by the best tier holding each (GPU first): the engine's own
 // truth, to compare with a router index's belief.

@@ -1,0 +1,104 @@
+package bench
+
+import (
+	"fmt"
+
+	"github.com/kvroute/kvroute/pkg/engine"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+// filterIrrelevant turns the relevance filter on (tests compare runs with
+// it off).
+var filterIrrelevant = true
+
+// relevance tells which blocks the router's index needs: the router only
+// ever reads the index through Match over the blocks of an arriving
+// request's prompt, so a block that no request still to arrive holds can
+// never change a decision, and nor can its descendants (a prompt holding a
+// block holds its whole chain before it). The simulator knows every prompt
+// in advance: a conversation's next prompt is its last prompt, the tokens
+// the engine generated for it (they depend only on the engine seed and the
+// prompt) and the next turn's new tokens. So relevance counts, for every
+// engine block hash, the requests not yet arrived whose prompt holds it,
+// and the simulator passes the index only events about blocks with a
+// count above zero: every Match answer is the same as with every event
+// applied, for about half the index work. Counts only fall, so a block
+// left out is never needed again; a removal left out leaves an entry no
+// later match reads. A workload whose prompts the simulator rebuilds
+// differently from this prediction is a bug that Simulate reports (the
+// counts would not all end at zero).
+type relevance struct {
+	eng     *engine.Engine // hashes and generates as every replica does
+	pending hashTable[int32]
+	left    int64      // sum of pending
+	last    [][]uint64 // per session: the hashes of its latest prompt
+	broken  bool       // a count went below zero
+}
+
+func newRelevance(w *Workload, cfg FleetConfig) (*relevance, error) {
+	e, err := engine.New(cfg.Engine, 1)
+	if err != nil {
+		return nil, err
+	}
+	rl := &relevance{eng: e, last: make([][]uint64, len(w.Sessions))}
+	for i := range w.Sessions {
+		ss := &w.Sessions[i]
+		var hist []uint32
+		var prev []uint64
+		for k, t := range ss.Turns {
+			var prompt []uint32
+			if t.TraceIDs != nil {
+				prompt = kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, kvblock.TraceBlockTokens)
+			} else {
+				prompt = Expand(hist, t.Append)
+			}
+			prompt, out, _ := fitPrompt(prompt, t.Output, cfg.Engine.MaxModelLen)
+			if len(prompt) == 0 || out < 1 {
+				break // the simulation stops with an error here
+			}
+			hashes := e.ExtendHashes(prev, engine.Request{Prompt: prompt})
+			for _, h := range hashes {
+				c, _ := rl.pending.ref(h)
+				*c++
+			}
+			rl.left += int64(len(hashes))
+			if k+1 < len(ss.Turns) && t.TraceIDs == nil {
+				hist = append(prompt[:len(prompt):len(prompt)], e.Generated(prompt, out)...)
+				prev = hashes
+			}
+		}
+	}
+	return rl, nil
+}
+
+// arrived counts sess's prompt as arrived; keep says a later turn follows.
+func (rl *relevance) arrived(sess int, prompt []uint32, keep bool) {
+	hashes := rl.eng.ExtendHashes(rl.last[sess], engine.Request{Prompt: prompt})
+	for _, h := range hashes {
+		c, added := rl.pending.ref(h)
+		if added || *c <= 0 {
+			rl.broken = true
+			continue
+		}
+		*c--
+		rl.left--
+	}
+	rl.last[sess] = nil
+	if keep {
+		rl.last[sess] = hashes
+	}
+}
+
+// needed reports whether a request still to arrive holds block h.
+func (rl *relevance) needed(h uint64) bool {
+	c, _ := rl.pending.get(h)
+	return c > 0
+}
+
+// check reports a prediction that did not match the prompts sent.
+func (rl *relevance) check() error {
+	if rl.broken || rl.left != 0 {
+		return fmt.Errorf("%w: internal: the predicted prompts differ from the simulated ones (%d block counts left)", ErrSim, rl.left)
+	}
+	return nil
+}
