@@ -160,9 +160,9 @@ type gridFlags struct {
 }
 
 func (g *gridFlags) register(fs *flag.FlagSet, defaultUtils string, defaultDuration time.Duration) {
-	fs.DurationVar(&g.duration, "duration", defaultDuration, "with -util: size each generator so that its sessions start over this much simulated time at the case's utilization (more sessions for bigger fleets and higher utilization; -size is then ignored; the trace keeps its length); 0 uses -size")
+	fs.DurationVar(&g.duration, "duration", defaultDuration, "with -util: size each generator so that its sessions start over this much simulated time at the case's utilization (more sessions for bigger fleets and higher utilization, and as many as it takes to reach the utilization; -size is then ignored; the trace keeps its length); 0 uses -size")
 	fs.StringVar(&g.seeds, "seeds", "", "seeds, e.g. 1-5 or 1,3,7: every case runs once per seed (generator, tie-breaks, event loss) and tables show medians and min-max (default: -seed)")
-	fs.StringVar(&g.utils, "util", defaultUtils, "offered prefill utilizations, comma-separated (e.g. 0.5,0.8,0.95,1.1): each sets the arrival rate so that prompt tokens per second over replicas x prefill tokens/s equals it (overrides -rate)")
+	fs.StringVar(&g.utils, "util", defaultUtils, "offered prefill utilizations, comma-separated (e.g. 0.5,0.8,0.95,1.1): each sets the session start rate so that the prompt tokens per second arriving in the workload's bulk (10th to 90th percentile arrival, turns timed as on a fleet that never queues) over replicas x prefill tokens/s equals it (overrides -rate); a workload too small to reach it runs at the most it reaches, which the offered column shows")
 	fs.IntVar(&g.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS); results do not depend on it")
 	fs.StringVar(&g.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file")
 }

@@ -85,8 +85,8 @@ func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
 				}
 				a.held[tier] = append(a.held[tier], h)
 				a.heldSet.add(h, tier)
+				a.nheld++
 			}
-			a.nheld++
 		case engine.AllBlocksCleared:
 			a.flush(rid)
 			a.idx.Cleared(rid)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvroute/kvroute/pkg/engine"
 	"github.com/kvroute/kvroute/pkg/kvblock"
@@ -28,19 +29,21 @@ var filterIrrelevant = true
 // differently from this prediction is a bug that Simulate reports (the
 // counts would not all end at zero).
 type relevance struct {
-	eng     *engine.Engine // hashes and generates as every replica does
-	pending hashTable[int32]
-	left    int64      // sum of pending
-	last    [][]uint64 // per session: the hashes of its latest prompt
-	broken  bool       // a count went below zero
+	eng    *engine.Engine       // hashes and generates as every replica does
+	blocks *hashTable[blockInfo] // the simulator's; pending counts here
+	left   int64                 // sum of pending
+	// hashes are every turn's prompt block hashes, per session, until it
+	// arrives.
+	hashes [][][]uint64
+	broken bool // a count went below zero
 }
 
-func newRelevance(w *Workload, cfg FleetConfig) (*relevance, error) {
+func newRelevance(w *Workload, cfg FleetConfig, blocks *hashTable[blockInfo]) (*relevance, error) {
 	e, err := engine.New(cfg.Engine, 1)
 	if err != nil {
 		return nil, err
 	}
-	rl := &relevance{eng: e, last: make([][]uint64, len(w.Sessions))}
+	rl := &relevance{eng: e, blocks: blocks, hashes: make([][][]uint64, len(w.Sessions))}
 	for i := range w.Sessions {
 		ss := &w.Sessions[i]
 		var hist []uint32
@@ -58,10 +61,11 @@ func newRelevance(w *Workload, cfg FleetConfig) (*relevance, error) {
 			}
 			hashes := e.ExtendHashes(prev, engine.Request{Prompt: prompt})
 			for _, h := range hashes {
-				c, _ := rl.pending.ref(h)
-				*c++
+				b, _ := rl.blocks.ref(h)
+				b.pending++
 			}
 			rl.left += int64(len(hashes))
+			rl.hashes[i] = append(rl.hashes[i], hashes)
 			if k+1 < len(ss.Turns) && t.TraceIDs == nil {
 				hist = append(prompt[:len(prompt):len(prompt)], e.Generated(prompt, out)...)
 				prev = hashes
@@ -71,28 +75,43 @@ func newRelevance(w *Workload, cfg FleetConfig) (*relevance, error) {
 	return rl, nil
 }
 
-// arrived counts sess's prompt as arrived; keep says a later turn follows.
-func (rl *relevance) arrived(sess int, prompt []uint32, keep bool) {
-	hashes := rl.eng.ExtendHashes(rl.last[sess], engine.Request{Prompt: prompt})
+// arrived counts turn of sess, whose prompt is prompt, as arrived, and
+// returns the prompt's predicted block hashes.
+func (rl *relevance) arrived(sess, turn int, prompt []uint32) []uint64 {
+	all := rl.hashes[sess]
+	if turn >= len(all) {
+		rl.broken = true
+		return nil
+	}
+	hashes := all[turn]
+	all[turn] = nil
+	if len(hashes) != len(prompt)/rl.eng.Config().BlockSize {
+		rl.broken = true
+	}
 	for _, h := range hashes {
-		c, added := rl.pending.ref(h)
-		if added || *c <= 0 {
+		b, _ := rl.blocks.ref(h)
+		if b.pending <= 0 {
 			rl.broken = true
 			continue
 		}
-		*c--
+		b.pending--
 		rl.left--
 	}
-	rl.last[sess] = nil
-	if keep {
-		rl.last[sess] = hashes
+	return hashes
+}
+
+// served checks a finished request's predicted prompt hashes against the
+// hashes its engine computed (its full prompt blocks come first).
+func (rl *relevance) served(predicted, computed []uint64) {
+	if len(computed) < len(predicted) || !slices.Equal(predicted, computed[:len(predicted)]) {
+		rl.broken = true
 	}
 }
 
 // needed reports whether a request still to arrive holds block h.
 func (rl *relevance) needed(h uint64) bool {
-	c, _ := rl.pending.get(h)
-	return c > 0
+	b, _ := rl.blocks.get(h)
+	return b.pending > 0
 }
 
 // check reports a prediction that did not match the prompts sent.

@@ -220,6 +220,7 @@ type live struct {
 	keepOut    bool
 	handle     *load.Handle
 	predicted  int
+	hashes     []uint64 // the prompt's block hashes relevance predicted
 	truncated  bool
 	reason     string
 }
@@ -253,7 +254,7 @@ type sim struct {
 	loss    *rand.Rand
 	live    []map[engine.ReqID]*live
 	history [][]uint32               // per session: the last prompt plus its outputs
-	avail   hashTable[time.Duration] // block hash -> when a replica first computed it
+	blocks  hashTable[blockInfo] // per engine block hash: see blockInfo
 	run     *Run
 }
 
@@ -277,7 +278,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	}
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
 	if filterIrrelevant {
-		if s.rel, err = newRelevance(w, cfg); err != nil {
+		if s.rel, err = newRelevance(w, cfg, &s.blocks); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSim, err)
 		}
 		s.feed.needed = s.rel.needed
@@ -390,8 +391,9 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		return fmt.Errorf("%w: session %d turn %d: empty prompt or output", ErrSim, sess, turn)
 	}
 	keep := turn+1 < len(s.w.Sessions[sess].Turns)
+	var blockHashes []uint64
 	if s.rel != nil {
-		s.rel.arrived(sess, prompt, keep)
+		blockHashes = s.rel.arrived(sess, turn, prompt)
 	}
 	dec, err := s.router.Decide(ctx, route.Request{
 		Model:      s.cfg.Engine.Model,
@@ -417,6 +419,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		keepOut:   keep,
 		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
 		predicted: predicted,
+		hashes:    blockHashes,
 		truncated: truncated,
 		reason:    dec.Reason,
 	}
@@ -433,6 +436,17 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	return nil
 }
 
+// blockInfo is what the simulator tracks per engine block hash (one table
+// for both, so that a stored block's two look-ups share a cache line):
+// when a replica first computed it (the ceiling's infinite cache; every
+// replica shares one engine seed, so equal blocks have equal hashes
+// fleet-wide) and how many requests still to arrive hold it (relevance).
+type blockInfo struct {
+	avail    time.Duration
+	pending  int32
+	computed bool
+}
+
 // ceiling counts the tokens of a finished request's prompt that one
 // infinite cache of every computed block would have served when the
 // request was first scheduled: its leading full blocks computed by some
@@ -442,8 +456,8 @@ func (s *sim) ceiling(f *engine.Finished) int {
 	limit := min((f.PromptTokens-1)/bs, len(f.Hashes))
 	hit := 0
 	for hit < limit {
-		at, ok := s.avail.get(f.Hashes[hit])
-		if !ok || at > f.Scheduled {
+		b, ok := s.blocks.get(f.Hashes[hit])
+		if !ok || !b.computed || b.avail > f.Scheduled {
 			break
 		}
 		hit++
@@ -461,8 +475,8 @@ func (s *sim) computed(res *engine.StepResult) {
 			continue
 		}
 		for _, h := range ev.Hashes {
-			if at, added := s.avail.ref(h); added || res.End < *at {
-				*at = res.End
+			if b, _ := s.blocks.ref(h); !b.computed || res.End < b.avail {
+				b.avail, b.computed = res.End, true
 			}
 		}
 	}
@@ -508,6 +522,9 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		}
 		delete(lives, f.ID)
 		lv.handle.Done()
+		if s.rel != nil {
+			s.rel.served(lv.hashes, f.Hashes)
+		}
 		if s.fid != nil {
 			s.fid.Observe(r.id, lv.predicted, f.CachedTokens)
 		}

@@ -316,15 +316,15 @@ func (e *Engine) BlockHashes(r Request) []uint64 {
 	return q.hashes
 }
 
-// ExtendHashes returns the engine's hashes of r's full prompt blocks,
-// taking prefix as the hashes of its first len(prefix) blocks (a
-// conversation's earlier prompt) and appending to it.
+// ExtendHashes returns the engine's hashes of r's full prompt blocks (a
+// new slice), taking prefix as the hashes of its first len(prefix) blocks
+// (a conversation's earlier prompt) instead of computing them again.
 func (e *Engine) ExtendHashes(prefix []uint64, r Request) []uint64 {
 	n := len(r.Prompt) / e.cfg.BlockSize
 	if len(prefix) > n {
 		prefix = prefix[:n]
 	}
-	q := &request{req: r, tokens: r.Prompt, hashes: prefix}
+	q := &request{req: r, tokens: r.Prompt, hashes: append(make([]uint64, 0, n), prefix...)}
 	e.ensureHashes(q, n)
 	return q.hashes
 }

@@ -521,3 +521,45 @@ func TestStatsReported(t *testing.T) {
 		t.Fatalf("after a cached request: %+v", st)
 	}
 }
+
+// ExtendHashes continues a conversation's hashes (a fresh slice, the
+// prefix untouched, a shorter prompt cut) as BlockHashes computes them
+// whole; Generated is what the engine generates for a prompt.
+func TestExtendHashesAndGenerated(t *testing.T) {
+	e, err := New(Config{BlockSize: 16, NumGPUBlocks: 256}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := prompt(16*10+5, 1)
+	full := e.BlockHashes(Request{Prompt: long})
+	prefix := e.BlockHashes(Request{Prompt: long[:16*4+3]})
+	if got := e.ExtendHashes(prefix, Request{Prompt: long}); !slices.Equal(got, full) {
+		t.Fatalf("extended %v, want %v", got, full)
+	}
+	// A conversation cut short, then continued otherwise: the hashes
+	// handed out before stay as they were.
+	keep := slices.Clone(full)
+	cut := e.ExtendHashes(full, Request{Prompt: long[:16*3]})
+	if !slices.Equal(cut, full[:3]) {
+		t.Fatalf("cut: %v", cut)
+	}
+	other := append(slices.Clone(long[:16*3]), prompt(16*5, 9)...)
+	if got := e.ExtendHashes(cut, Request{Prompt: other}); !slices.Equal(got, e.BlockHashes(Request{Prompt: other})) || !slices.Equal(full, keep) {
+		t.Fatalf("continued %v; earlier hashes now %v, were %v", got, full, keep)
+	}
+	id, err := e.Submit(0, Request{Prompt: long, MaxTokens: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint32
+	for _, r := range drain(t, e) {
+		for _, tk := range r.Tokens {
+			if tk.ID == id {
+				out = append(out, tk.Token)
+			}
+		}
+	}
+	if want := e.Generated(long, 7); !slices.Equal(out, want) {
+		t.Fatalf("generated %v, engine %v", want, out)
+	}
+}
