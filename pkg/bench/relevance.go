@@ -29,7 +29,7 @@ var filterIrrelevant = true
 // differently from this prediction is a bug that Simulate reports (the
 // counts would not all end at zero).
 type relevance struct {
-	eng    *engine.Engine       // hashes and generates as every replica does
+	eng    *engine.Engine        // hashes and generates as every replica does
 	blocks *hashTable[blockInfo] // the simulator's; pending counts here
 	left   int64                 // sum of pending
 	// hashes are every turn's prompt block hashes, per session, until it

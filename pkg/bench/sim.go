@@ -253,7 +253,7 @@ type sim struct {
 	router  *route.Router
 	loss    *rand.Rand
 	live    []map[engine.ReqID]*live
-	history [][]uint32               // per session: the last prompt plus its outputs
+	history [][]uint32           // per session: the last prompt plus its outputs
 	blocks  hashTable[blockInfo] // per engine block hash: see blockInfo
 	run     *Run
 }
