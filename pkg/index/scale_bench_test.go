@@ -88,6 +88,7 @@ type appliers struct {
 	blocks atomic.Int64 // block events applied
 	late   atomic.Int64 // items applied more than a period after their tick
 	items  atomic.Int64
+	cpu    atomic.Int64 // the appliers' thread CPU time, ns
 }
 
 func newAppliers(ix *Index, n int) *appliers {
@@ -96,7 +97,10 @@ func newAppliers(ix *Index, n int) *appliers {
 		q := make(chan scaleItem, 1024) // events.DefaultQueueSize
 		a.queues[i] = q
 		a.wg.Go(func() {
+			runtime.LockOSThread() // so that thread CPU time is the applier's
+			defer runtime.UnlockOSThread()
 			for it := range q {
+				c := threadCPU()
 				n := 0
 				for _, ev := range it.stored {
 					n += ix.Stored(ev).Blocks
@@ -106,6 +110,7 @@ func newAppliers(ix *Index, n int) *appliers {
 					n += len(it.removed.Hashes)
 				}
 				a.blocks.Add(int64(n))
+				a.cpu.Add(int64(threadCPU() - c))
 				if !it.tick.IsZero() {
 					a.items.Add(1)
 					if time.Since(it.tick) > scalePeriod {
@@ -191,9 +196,10 @@ func processCPU() time.Duration {
 //     previous one removed) for 20 s while one goroutine matches prompts
 //     whose 16-block system prompt all 1,024 replicas hold (1,024
 //     candidates); reports the achieved event rate, the CPU it took (and
-//     per block event), the time the process's threads waited for a CPU
-//     and goroutines waited on locks, and Match p50/p99 (thread CPU time
-//     and wall), and Match on the quiet index before.
+//     per block event: the process's, and the appliers' own, from which
+//     the cores the offered rate needs), the time the process's threads
+//     waited for a CPU and goroutines waited on locks, and Match p50/p99
+//     (thread CPU time and wall), and Match on the quiet index before.
 func BenchmarkScale(b *testing.B) {
 	if os.Getenv(scaleEnv) == "" {
 		b.Skip("set " + scaleEnv + "=1 to run (about 3 GiB, a few minutes)")
@@ -245,6 +251,7 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(warm.Seconds(), "warm-s")
 		b.ReportMetric(entries/warm.Seconds(), "warm-block-events/s")
 		b.ReportMetric(entries/warmCPU.Seconds(), "warm-cpu-block-events/s")
+		b.ReportMetric(entries/time.Duration(ap.cpu.Load()).Seconds(), "warm-apply-cpu-block-events/s")
 		heap1 := heapAfterGC() + uint64(mappedTotal.Load())
 		b.ReportMetric(entries, "entries")
 		b.ReportMetric(float64(s.Keys), "keys")
@@ -348,6 +355,8 @@ func BenchmarkScale(b *testing.B) {
 		b.ReportMetric(applied/el.Seconds(), "steady-block-events/s")
 		b.ReportMetric(cpu.Seconds()/el.Seconds(), "steady-cores")
 		b.ReportMetric(float64(cpu.Nanoseconds())/applied, "steady-cpu-ns/block-event")
+		b.ReportMetric(float64(ap.cpu.Load())/applied, "steady-apply-cpu-ns/block-event")
+		b.ReportMetric(float64(ap.cpu.Load())/applied*scaleReplicas*1000/1e9, "steady-apply-cores-needed")
 		b.ReportMetric(waited.Seconds()/el.Seconds(), "steady-cpu-wait-cores")
 		b.ReportMetric(locked.Seconds()/el.Seconds(), "steady-lock-wait-s/s")
 		b.ReportMetric(applied/el.Seconds()/(scaleReplicas*1000), "steady-achieved/offered")
