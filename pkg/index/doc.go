@@ -35,8 +35,12 @@
 // interior hole truncates its match, and the descent stops at the first
 // block no replica still matching holds. Each matched block is counted under
 // the best tier that holds it. All keys are known before the descent, so
-// Match keeps the next 16 keys' home slots in flight (prefetched) while it
-// looks one up.
+// Match looks them up in batches of 16, the next batch's home slots
+// prefetched (in one call) before the current batch is read. When every
+// holder of the first block has a replica slot below 64, the replicas still
+// matching are a bitmask, and a block that the one or two live replicas
+// hold inline on the GPU costs one masked compare of the key word;
+// otherwise they are a list in slot order.
 //
 // # Layout
 //
@@ -54,10 +58,13 @@
 //     count above 7) spills to a record in the holder arena of full holder
 //     words (24-bit replica slot, three 12-bit tier counts), sorted by slot
 //     (at most 32768 per key; more replicas are not recorded, which loses
-//     affinity only); it goes back inline as soon as it fits. The slot also
-//     carries the key's CLOCK reference bit. A lookup reads one directory
-//     entry (which copies the sub-table's address, size and depth) and then
-//     the slots: no pointer chase in between.
+//     affinity only), after a header with two masks over the slots below
+//     64 (those holding the key; those of them holding it below the GPU
+//     only), so that Match reads one cache line per shared-prefix key; it
+//     goes back inline as soon as it fits. The slot also carries the key's
+//     CLOCK reference bit. A lookup reads one 16-byte directory entry
+//     (which copies the sub-table's address, size and depth) and then the
+//     slots: no pointer chase in between.
 //   - Each replica has an engine table: engine hash -> router key, with the
 //     tiers the hash is stored on kept in the hash's top 3 bits (engine
 //     hashes are therefore compared on their low 61 bits).
@@ -69,8 +76,11 @@
 // The index is safe for concurrent use by many matchers and writers. A
 // readers-writer lock guards it. Match holds the read lock for its whole
 // descent, so it sees the index as it was between two writer steps; it
-// takes no other lock and allocates nothing when dst has room and at most
-// 32 replicas hold the first block. Writers never
+// takes no other lock and allocates nothing when dst has room and either
+// every holder of the first block has a slot below 64 or at most 32
+// replicas hold it. It sets the reference bits of the keys it used (up to
+// where the descent stopped), and only those that are clear, so matching
+// keys already referenced dirties no cache line. Writers never
 // hold the write lock for long: Stored and Removed apply their blocks in
 // chunks of 32 per lock hold (router keys are hashed outside the lock),
 // Cleared detaches the replica's engine table at once and releases its keys
