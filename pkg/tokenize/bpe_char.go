@@ -52,7 +52,7 @@ func buildCharBPE(vocab map[string]uint32, mergesRaw json.RawMessage, byteFallba
 	if err != nil {
 		return nil, err
 	}
-	m.merges = make(map[uint64]merge, len(pairs))
+	m.merges = newMergeTable(len(pairs))
 	for rank, p := range pairs {
 		a, okA := vocab[p[0]]
 		b, okB := vocab[p[1]]
@@ -60,7 +60,7 @@ func buildCharBPE(vocab map[string]uint32, mergesRaw json.RawMessage, byteFallba
 		if !okA || !okB || !okR {
 			return nil, fmt.Errorf("merge %q %q: token not in vocabulary", p[0], p[1])
 		}
-		m.merges[pairKey(a, b)] = merge{rank: uint32(rank), id: r}
+		m.merges.set(pairKey(a, b), merge{rank: uint32(rank), id: r})
 	}
 	return m, nil
 }

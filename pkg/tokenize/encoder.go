@@ -413,7 +413,7 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 	if err != nil {
 		return nil, err
 	}
-	m.merges = make(map[uint64]merge, len(pairs))
+	m.merges = newMergeTable(len(pairs))
 	for rank, p := range pairs {
 		a, okA := vocab[p[0]]
 		b, okB := vocab[p[1]]
@@ -422,7 +422,7 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 			return nil, fmt.Errorf("merge %q %q: token not in vocabulary", p[0], p[1])
 		}
 		// Like HuggingFace, a repeated pair keeps its last rank.
-		m.merges[pairKey(a, b)] = merge{rank: uint32(rank), id: r}
+		m.merges.set(pairKey(a, b), merge{rank: uint32(rank), id: r})
 	}
 	return m, nil
 }
