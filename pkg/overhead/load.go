@@ -58,8 +58,9 @@ type Stats struct {
 	CPUPerRequest time.Duration
 	// Routed is the fraction of requests kvroute made a decision for.
 	Routed float64
-	// Fallbacks counts kvroute's tokenizer fallbacks (requests routed on
-	// approximate tokens because tokenization failed) during the phase.
+	// Fallbacks counts the phase's requests kvroute routed without their
+	// exact tokens: tokenizer fallbacks (approximate tokens) and decisions
+	// degraded by a failed or timed-out tokenization.
 	Fallbacks int
 	// Late counts open-loop sends that started more than 10 ms behind
 	// schedule (the client could not keep up).

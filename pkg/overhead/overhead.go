@@ -379,15 +379,22 @@ func decisions(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
 	return metricSum(ctx, kv, "kvroute_decisions_total{")
 }
 
-// fallbacks is kvroute's tokenizer fallback count so far (every model,
-// kind and reason).
+// fallbacks counts requests routed without their exact tokens so far:
+// kvroute's tokenizer fallbacks (every model, kind and reason: routed on
+// approximate tokens) plus decisions degraded by a failed or timed-out
+// tokenization (routed on load only).
 func fallbacks(ctx context.Context, kv *testbed.KVRoute) (float64, error) {
-	return metricSum(ctx, kv, "kvroute_tokenizer_fallbacks_total{")
+	fb, err := metricSum(ctx, kv, "kvroute_tokenizer_fallbacks_total{")
+	if err != nil {
+		return 0, err
+	}
+	blind, err := metricSum(ctx, kv, "kvroute_decisions_total{", `degraded="tokenize_`)
+	return fb + blind, err
 }
 
 // metricSum adds up the samples of kvroute's metrics whose line starts
-// with prefix.
-func metricSum(ctx context.Context, kv *testbed.KVRoute, prefix string) (float64, error) {
+// with prefix and contains every one of also.
+func metricSum(ctx context.Context, kv *testbed.KVRoute, prefix string, also ...string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, kv.MetricsURL("/metrics"), nil)
 	if err != nil {
 		return 0, err
@@ -402,7 +409,7 @@ func metricSum(ctx context.Context, kv *testbed.KVRoute, prefix string) (float64
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()
-		if !strings.HasPrefix(l, prefix) {
+		if !strings.HasPrefix(l, prefix) || !containsAll(l, also) {
 			continue
 		}
 		if i := strings.LastIndexByte(l, ' '); i > 0 {
@@ -413,4 +420,13 @@ func metricSum(ctx context.Context, kv *testbed.KVRoute, prefix string) (float64
 		}
 	}
 	return total, sc.Err()
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }

@@ -95,11 +95,17 @@ type symbol struct {
 // candidate is a possible merge of the symbol at pos with its right
 // neighbour; the heap orders by rank, then position (leftmost first), as
 // HuggingFace's Word::merge_all does.
+//
+// rsize is the right symbol's size when the candidate was pushed: a symbol
+// only changes by absorbing its right neighbour, which grows its size, so
+// a candidate whose left symbol still links to a live right symbol of the
+// same size is still the pair it was (no merge-table lookup to check it).
 type candidate struct {
 	rank   uint32
 	pos    int32
 	right  int32
 	result uint32
+	rsize  int32
 }
 
 // candHeap is a binary min-heap of candidates (typed, so pushes do not
@@ -205,7 +211,7 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 	h := sc.heap[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok {
-			h = append(h, candidate{rank: mg.rank, pos: int32(i), right: int32(i + 1), result: mg.id})
+			h = append(h, candidate{rank: mg.rank, pos: int32(i), right: int32(i + 1), result: mg.id, rsize: syms[i+1].size})
 		}
 	}
 	h.init()
@@ -217,11 +223,8 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 			continue
 		}
 		r := &syms[c.right]
-		if r.size == 0 {
-			continue
-		}
-		if mg, ok := m.merges.get(pairKey(l.id, r.id)); !ok || mg.id != c.result {
-			continue
+		if r.size != c.rsize {
+			continue // merged away (0) or grown: another pair now
 		}
 		l.id = c.result
 		l.size += r.size
@@ -233,13 +236,13 @@ func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 		if l.prev >= 0 {
 			p := &syms[l.prev]
 			if mg, ok := m.merges.get(pairKey(p.id, l.id)); ok {
-				h.push(candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id})
+				h.push(candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id, rsize: l.size})
 			}
 		}
 		if l.next >= 0 {
 			n := &syms[l.next]
 			if mg, ok := m.merges.get(pairKey(l.id, n.id)); ok {
-				h.push(candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id})
+				h.push(candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id, rsize: n.size})
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package tokenize
 
 import (
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -38,5 +40,65 @@ func TestMergeTableMatchesMap(t *testing.T) {
 	}
 	if filled := len(want); 2*filled > len(tab.slots) {
 		t.Fatalf("%d keys in %d slots: over half full", filled, len(tab.slots))
+	}
+}
+
+// naiveMerge is BPE by the definition: while some adjacent pair has a
+// merge, merge the leftmost pair of lowest rank.
+func naiveMerge(m *bpe, ids []uint32) []uint32 {
+	ids = slices.Clone(ids)
+	for {
+		best, at := ^uint32(0), -1
+		var res uint32
+		for i := 0; i+1 < len(ids); i++ {
+			if mg, ok := m.merges.get(pairKey(ids[i], ids[i+1])); ok && mg.rank < best {
+				best, at, res = mg.rank, i, mg.id
+			}
+		}
+		if at < 0 {
+			return ids
+		}
+		ids[at] = res
+		ids = slices.Delete(ids, at+1, at+2)
+	}
+}
+
+// TestMergeWordEqualsDefinition: the heap merge (with its size-based
+// staleness check) gives the ids of naive BPE on random words made of
+// vocabulary tokens, repetitive ones included, for every byte-level
+// family.
+func TestMergeWordEqualsDefinition(t *testing.T) {
+	for _, name := range fixtureNames {
+		enc := loadEncoder(t, name)
+		m := enc.model
+		if m.char != nil {
+			continue // character-level symbols: covered by the fixtures
+		}
+		var toks []string
+		for _, b := range m.tokenBytes {
+			if len(b) > 0 && len(b) < 6 {
+				toks = append(toks, string(b))
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, uint64(len(toks))))
+		for range 3000 {
+			var sb strings.Builder
+			for n := 1 + rng.IntN(10); n > 0; n-- {
+				sb.WriteString(toks[rng.IntN(len(toks))])
+			}
+			for _, w := range []string{sb.String(), strings.Repeat(toks[rng.IntN(len(toks))], 2+rng.IntN(30))} {
+				var syms []uint32
+				for i := 0; i < len(w); i++ {
+					syms = append(syms, m.byteID[w[i]])
+				}
+				got, err := m.mergeWord(nil, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := naiveMerge(m, syms); !slices.Equal(got, want) {
+					t.Fatalf("%s: word %q: heap %v, definition %v", name, w, got, want)
+				}
+			}
+		}
 	}
 }

@@ -11,9 +11,11 @@ import (
 
 // Remote deadline defaults (ModelConfig.Timeout unset: the deadline adapts).
 const (
-	// DefaultTimeoutMin and DefaultTimeoutMax bound the adaptive deadline.
+	// DefaultTimeoutMin and DefaultTimeoutMax bound the adaptive deadline
+	// (the maximum is half of extproc's default 2s decision budget, so a
+	// timed-out call still leaves time to route on approximate tokens).
 	DefaultTimeoutMin = 100 * time.Millisecond
-	DefaultTimeoutMax = 2 * time.Second
+	DefaultTimeoutMax = time.Second
 	// DeadlineMultiplier times the recent 95th percentile latency of
 	// inputs of the same size class is the adaptive deadline.
 	DeadlineMultiplier = 4
