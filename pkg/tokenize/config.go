@@ -76,7 +76,7 @@ type ModelConfig struct {
 	// candidates included. Unset (the default), the bound adapts to the
 	// latencies measured: DeadlineMultiplier × the recent 95th percentile
 	// of inputs of the same size, within [TimeoutMin, TimeoutMax]
-	// (defaults 100ms and 1s; TimeoutMax until enough calls were timed).
+	// (defaults 250ms and 1s; TimeoutMax until enough calls were timed).
 	Timeout    time.Duration `yaml:"timeout"`
 	TimeoutMin time.Duration `yaml:"timeout_min"`
 	TimeoutMax time.Duration `yaml:"timeout_max"`

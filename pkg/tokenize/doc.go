@@ -29,7 +29,7 @@
 //     when the first caller's own request ends. Each call's deadline is
 //     learned (remote_deadline.go): DeadlineMultiplier × the 95th
 //     percentile latency of the last calls with inputs of the same size
-//     class, within [timeout_min, timeout_max] (100ms, 1s), the maximum
+//     class, within [timeout_min, timeout_max] (250ms, 1s), the maximum
 //     until a class has been timed; a timed-out call counts as taking its
 //     deadline, so sustained slowness raises it. A fixed timeout can be
 //     configured instead.

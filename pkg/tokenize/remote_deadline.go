@@ -14,7 +14,9 @@ const (
 	// DefaultTimeoutMin and DefaultTimeoutMax bound the adaptive deadline
 	// (the maximum is half of extproc's default 2s decision budget, so a
 	// timed-out call still leaves time to route on approximate tokens).
-	DefaultTimeoutMin = 100 * time.Millisecond
+	// The minimum is generous: a loaded host stalls a fast call now and
+	// then, and a hung engine costs it only until its breaker opens.
+	DefaultTimeoutMin = 250 * time.Millisecond
 	DefaultTimeoutMax = time.Second
 	// DeadlineMultiplier times the recent 95th percentile latency of
 	// inputs of the same size class is the adaptive deadline.

@@ -27,14 +27,14 @@ func TestDeadlineEstimate(t *testing.T) {
 		t.Fatalf("10ms calls: deadline %v, want the floor %v", got, DefaultTimeoutMin)
 	}
 	for range deadlineWindow {
-		d.observe(100, 60*time.Millisecond)
+		d.observe(100, 100*time.Millisecond)
 	}
-	if got := d.deadline(100); got != DeadlineMultiplier*60*time.Millisecond {
-		t.Fatalf("60ms calls: deadline %v, want %v", got, DeadlineMultiplier*60*time.Millisecond)
+	if got := d.deadline(100); got != DeadlineMultiplier*100*time.Millisecond {
+		t.Fatalf("100ms calls: deadline %v, want %v", got, DeadlineMultiplier*100*time.Millisecond)
 	}
 	// One slow call among many does not move the 95th percentile.
 	d.observe(100, 1500*time.Millisecond)
-	if got := d.deadline(100); got != DeadlineMultiplier*60*time.Millisecond {
+	if got := d.deadline(100); got != DeadlineMultiplier*100*time.Millisecond {
 		t.Fatalf("after one outlier: deadline %v", got)
 	}
 	// Other sizes are timed apart: a 300 KB input has no history yet.
