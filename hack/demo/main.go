@@ -46,6 +46,7 @@ type options struct {
 	keep        bool
 	serve       bool
 	replicas    int
+	engineArgs  string
 }
 
 func main() {
@@ -59,6 +60,7 @@ func main() {
 	flag.DurationVar(&o.tokTimeout, "tokenizer-timeout", 50*time.Millisecond, "remote tokenizer timeout (tokenizer.default.timeout; 50ms is kvroute's default)")
 	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs and configs")
 	flag.IntVar(&o.replicas, "engines", 4, "enginesim replicas")
+	flag.StringVar(&o.engineArgs, "engine-args", "", "further enginesim flags for every replica, space separated (later flags win: e.g. \"--max-model-len 131072 --num-gpu-blocks 24576\")")
 	flag.BoolVar(&o.serve, "serve", false, "start the stack and a plain round-robin Envoy, print their URLs and run until interrupted")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -117,8 +119,8 @@ func run(ctx context.Context, o options) error {
 	so := testbed.StackOptions{
 		Bin: bins, Envoy: tmpl, Engines: o.replicas,
 		EngineArgs: func(i int) []string {
-			return []string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
-				"--max-model-len", maxLen, "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}
+			return append([]string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.speed, 'f', -1, 64),
+				"--max-model-len", maxLen, "--seed", strconv.Itoa(i + 1), "--log-level", "warn"}, strings.Fields(o.engineArgs)...)
 		},
 		KVRouteExtra:     kvrouteConfig(o),
 		UpstreamHeader:   "x-upstream",
