@@ -30,7 +30,12 @@
 // vLLM's rule, port 0 binds an ephemeral port); a ROUTER socket answers
 // replay requests ["", start] with every buffered batch from start and an
 // end marker, in vLLM >= 0.26 framing or, with --kv-events-replay-legacy,
-// the older one. --kv-events-drop-rate withholds batches (their sequence
+// the older one. With --hybrid-sliding-window N the engine is a
+// hybrid-attention model (package engine's hybrid mode): every store is
+// published once per KV-cache group (group_idx 0 "full_attention", group_idx
+// 1 "sliding_window" with kv_cache_spec_sliding_window N), evictions name
+// their group, and prefix hits need the window as in vLLM 0.33.
+// --kv-events-drop-rate withholds batches (their sequence
 // numbers are consumed and they stay replayable) to exercise gap handling.
 //
 // Goroutines: run owns them all — the HTTP server (Serve), the driver loop

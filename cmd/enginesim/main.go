@@ -81,6 +81,7 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.NumGPUBlocks, "num-gpu-blocks", 2048, "GPU KV capacity in blocks")
 	fs.IntVar(&o.cfg.NumGPUBlocks, "num-gpu-blocks-override", 2048, "alias of --num-gpu-blocks")
 	fs.IntVar(&o.cfg.NumCPUBlocks, "cpu-offload-blocks", 0, "CPU offload tier in blocks (0: none)")
+	fs.IntVar(&o.cfg.SlidingWindow, "hybrid-sliding-window", 0, "hybrid-attention model: a sliding-window KV-cache group (group 1) of this window in tokens beside the full-attention group, as vLLM 0.33 publishes it (0: one full-attention group)")
 	fs.IntVar(&o.cfg.MaxModelLen, "max-model-len", 4096, "max prompt plus output tokens")
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", 256, "max running requests")
 	fs.IntVar(&o.cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (prefill chunk size)")

@@ -16,8 +16,20 @@ type gpuBlock struct {
 	prev, next int32 // free-list links, -1 at the ends
 	inFree     bool
 	cached     bool
+	group      uint8 // KV-cache group of the cached hash (hybrid engines)
 	hash       uint64
 	meta       *blockMeta
+}
+
+// groupKey is the prefix-cache map key of hash h in KV-cache group g: h
+// itself for group 0, so a one-group engine's map is keyed by its hashes,
+// and a mix of h and g for the others (vLLM keys its map by hash and
+// group id, so each group caches the same hash once).
+func groupKey(h uint64, g uint8) uint64 {
+	if g == 0 {
+		return h
+	}
+	return (h ^ uint64(g)*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
 }
 
 // pool is the GPU block pool with its prefix-cache map, free list and the
@@ -141,9 +153,14 @@ func (p *pool) alloc() int32 {
 // and offloads it to the CPU tier when there is one.
 func (p *pool) evict(id int32) {
 	b := &p.blocks[id]
-	h, meta := b.hash, b.meta
-	b.cached, b.hash, b.meta = false, 0, nil
-	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(h), Medium: MediumGPU})
+	h, meta, g := b.hash, b.meta, b.group
+	b.cached, b.hash, b.meta, b.group = false, 0, nil, 0
+	*p.events = append(*p.events, Event{Kind: BlockRemoved, Hashes: p.hashes.one(h), Medium: MediumGPU, Group: int(g)})
+	if g != 0 {
+		// A hybrid engine's other group (no CPU tier in that mode).
+		p.loc.setGPU(groupKey(h, g), -1)
+		return
+	}
 	if p.cpuCap == 0 {
 		p.loc.setGPU(h, -1)
 		return
@@ -239,6 +256,13 @@ func (p *pool) cache(id int32, h uint64, meta *blockMeta) {
 	p.loc.setGPU(h, id)
 }
 
+// cacheGroup publishes block id under hash h in KV-cache group g.
+func (p *pool) cacheGroup(id int32, h uint64, g uint8, meta *blockMeta) {
+	b := &p.blocks[id]
+	b.cached, b.hash, b.meta, b.group = true, h, meta, g
+	p.loc.setGPU(groupKey(h, g), id)
+}
+
 // release drops one reference on each block, last block first, so that a
 // request's later blocks are evicted before its earlier ones.
 func (p *pool) release(ids []int32) {
@@ -256,7 +280,7 @@ func (p *pool) release(ids []int32) {
 func (p *pool) clear() {
 	for i := range p.blocks {
 		b := &p.blocks[i]
-		b.cached, b.hash, b.meta = false, 0, nil
+		b.cached, b.hash, b.meta, b.group = false, 0, nil, 0
 	}
 	p.loc.reset()
 	p.cpu, p.cpuFree = p.cpu[:0], p.cpuFree[:0]

@@ -35,6 +35,11 @@ type Config struct {
 	StepTimePerSeq time.Duration
 	// Model is the served model name; LoRA adapters are named per request.
 	Model string
+	// SlidingWindow, when positive, makes the engine a hybrid-attention
+	// model: besides the full-attention KV-cache group (group 0) it keeps
+	// a sliding-window group (group 1) of this window in tokens, with the
+	// same block size, in the same block pool (see the package doc).
+	SlidingWindow int
 }
 
 // Defaults returns c with zero fields replaced by the defaults: block size
@@ -101,6 +106,13 @@ func (c Config) Validate() error {
 		return bad("StepTime", "must be positive")
 	case c.StepTimePerSeq < 0:
 		return bad("StepTimePerSeq", "must not be negative")
+	case c.SlidingWindow < 0:
+		return bad("SlidingWindow", "must not be negative, got %d", c.SlidingWindow)
+	case c.SlidingWindow > 0 && c.NumCPUBlocks > 0:
+		return bad("NumCPUBlocks", "a CPU tier is not modelled for a hybrid (sliding-window) engine")
+	case c.SlidingWindow > 0 && (c.MaxModelLen+c.BlockSize-1)/c.BlockSize+(c.SlidingWindow+c.BlockSize-1)/c.BlockSize+1 > c.NumGPUBlocks:
+		return bad("NumGPUBlocks", "%d blocks of %d tokens cannot hold one request of MaxModelLen %d and its sliding window of %d",
+			c.NumGPUBlocks, c.BlockSize, c.MaxModelLen, c.SlidingWindow)
 	}
 	return nil
 }

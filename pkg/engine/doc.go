@@ -38,6 +38,21 @@
 // everything on both tiers (AllBlocksCleared) and, like vLLM, refuses while
 // any block is in use.
 //
+// # Hybrid attention
+//
+// With Config.SlidingWindow > 0 the engine models a hybrid-attention model
+// as vLLM 0.33's hybrid KV-cache coordinator does: a full-attention group
+// (0) and a sliding-window group (1) of the same block size share the
+// block pool; a request's sliding-window blocks that leave the window are
+// released during its prefill (and so are evicted first); both groups
+// cache and publish every full block (group_idx, kv_cache_spec_kind,
+// kv_cache_spec_sliding_window on BlockStored, group_idx on
+// BlockRemoved); and a prefix hit is the full-attention hit cut to where
+// the sliding-window group still holds a window's worth of consecutive
+// blocks. hybrid.go has the exact rules. Stats.CachedGPUBlocks counts both
+// groups' blocks; CachedPrefix and BlockHashes are the full-attention
+// group's. No CPU tier in this mode.
+//
 // # Scheduler
 //
 // Continuous batching in steps, after vLLM's v1 scheduler. Each step first

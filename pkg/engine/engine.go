@@ -170,6 +170,10 @@ type request struct {
 	blocks      []int32
 	hashes      []uint64
 	committed   int // leading blocks already in (or known to) the cache
+	// sw and swCommitted are blocks and committed of a hybrid engine's
+	// sliding-window group; -1 marks a block outside the window (null).
+	sw          []int32
+	swCommitted int
 	outputs     int
 	cached      int // -1 until first scheduled
 	reloaded    int
@@ -256,8 +260,7 @@ func (e *Engine) Abort(id ReqID) bool {
 	case waiting:
 		e.waiting = slices.DeleteFunc(e.waiting, func(x *request) bool { return x == r })
 	case running:
-		e.pool.release(r.blocks)
-		r.blocks = nil
+		e.releaseBlocks(r)
 		e.running = slices.DeleteFunc(e.running, func(x *request) bool { return x == r })
 	}
 	r.state = done
@@ -358,8 +361,17 @@ func (e *Engine) CachedPrefix(r Request) (gpu, cpu int) {
 }
 
 // CachedBlocks returns the number of distinct block hashes the engine holds
-// on either tier.
+// on either tier (a hybrid engine: in its full-attention group).
 func (e *Engine) CachedBlocks() int {
+	if e.hybrid() {
+		n := 0
+		for i := range e.pool.blocks {
+			if b := &e.pool.blocks[i]; b.cached && b.group == GroupFullAttention {
+				n++
+			}
+		}
+		return n
+	}
 	return e.pool.loc.n
 }
 
@@ -420,6 +432,9 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // grow gives r blocks for its first upto tokens, or reports false when the
 // free list is too short (nothing is allocated then).
 func (e *Engine) grow(r *request, upto int) bool {
+	if e.hybrid() {
+		return e.growHybrid(r, upto)
+	}
 	need := ceilDiv(upto, e.cfg.BlockSize) - len(r.blocks)
 	if need <= 0 {
 		return true
@@ -434,8 +449,7 @@ func (e *Engine) grow(r *request, upto int) bool {
 }
 
 func (e *Engine) preempt(r *request) {
-	e.pool.release(r.blocks)
-	r.blocks = nil
+	e.releaseBlocks(r)
 	r.numComputed, r.committed = 0, 0
 	r.state = waiting
 	r.preemptions++
@@ -449,6 +463,9 @@ func (e *Engine) preempt(r *request) {
 // from the CPU tier, or ok=false (and changes nothing) when the free list
 // cannot hold the blocks.
 func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded int, ok bool) {
+	if e.hybrid() {
+		return e.admitHybrid(r, budget, now)
+	}
 	bs := e.cfg.BlockSize
 	// vLLM never serves a request's last prompt token from the cache: the
 	// token must be computed to sample the first output.
@@ -582,6 +599,9 @@ func (e *Engine) commit(r *request) {
 		i = j
 	}
 	r.committed = full
+	if e.hybrid() {
+		e.commitSW(r)
+	}
 }
 
 // observeStep updates the step counters and running averages.
@@ -701,8 +721,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		}
 		res.Tokens = append(res.Tokens, Token{ID: r.id, Token: tok, Index: r.outputs - 1})
 		if r.outputs >= r.req.MaxTokens || len(r.tokens) >= e.cfg.MaxModelLen {
-			e.pool.release(r.blocks)
-			r.blocks = nil
+			e.releaseBlocks(r)
 			r.state = done
 			finished = true
 			delete(e.reqs, r.id)

@@ -49,4 +49,22 @@ type Event struct {
 	// ExtraKeys has one entry per stored block: the block's extra hash keys
 	// in vLLM's order (LoRA name, then the cache salt on block 0), or nil.
 	ExtraKeys [][]string
+	// Group is the KV-cache group (vLLM's group_idx): 0 for the
+	// full-attention group, GroupSlidingWindow for a hybrid model's
+	// sliding-window group. Set on BlockStored and BlockRemoved.
+	Group int
+	// SpecKind and SlidingWindow describe the group on BlockStored, as vLLM
+	// 0.33 labels every store: SpecFullAttention or SpecSlidingWindow, and
+	// the window in tokens (0 for full attention).
+	SpecKind      string
+	SlidingWindow int
 }
+
+// The KV-cache groups of a hybrid engine and their kv_cache_spec_kind.
+const (
+	GroupFullAttention = 0
+	GroupSlidingWindow = 1
+
+	SpecFullAttention = "full_attention"
+	SpecSlidingWindow = "sliding_window"
+)

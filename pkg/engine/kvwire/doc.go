@@ -8,9 +8,14 @@
 //
 // BlockStored carries block_hashes, parent_block_hash (nil at a chain's
 // start), token_ids, block_size, lora_id, medium, lora_name, extra_keys,
-// group_idx (0) and kv_cache_spec_kind ("full_attention"); the array form
-// appends kv_cache_spec_sliding_window (nil). BlockRemoved carries
-// block_hashes, medium and group_idx (0). AllBlocksCleared has no fields.
+// group_idx (Event.Group) and kv_cache_spec_kind (Event.SpecKind,
+// "full_attention" when empty), then kv_cache_spec_sliding_window: the
+// window when the event has one (a hybrid engine's sliding-window group),
+// else omitted in the map form (msgspec omits a defaulted None) and nil in
+// the array form. BlockRemoved carries block_hashes, medium and group_idx
+// (Event.Group). AllBlocksCleared has no fields. This is what vLLM 0.33
+// publishes: every GPU BlockStored is labelled with its group's kind and
+// window (KVCacheManager.take_events), BlockRemoved with its group only.
 //
 // The package is pure: no goroutines, no I/O.
 package kvwire

@@ -134,7 +134,14 @@ func (e *Encoder) event(ev *engine.Event) error {
 	}
 	head := func(mapLen, arrayLen int) {
 		if mapped {
-			try(m.EncodeMapLen(mapLen))
+			if ev.Kind == engine.BlockStored {
+				// msgspec sizes a struct's map header by its field
+				// count: vLLM 0.33's BlockStored has 16 with the tag,
+				// so it always writes map16, even for fewer entries.
+				e.buf.Write([]byte{0xde, 0, byte(mapLen)})
+			} else {
+				try(m.EncodeMapLen(mapLen))
+			}
 			try(m.EncodeString("type"))
 		} else {
 			try(m.EncodeArrayLen(arrayLen))
@@ -157,7 +164,11 @@ func (e *Encoder) event(ev *engine.Event) error {
 	}
 	switch ev.Kind {
 	case engine.BlockStored:
-		head(11, 12)
+		if mapped && ev.SlidingWindow > 0 {
+			head(12, 12)
+		} else {
+			head(11, 12)
+		}
 		hashes()
 		key("parent_block_hash")
 		if ev.HasParent {
@@ -195,10 +206,18 @@ func (e *Encoder) event(ev *engine.Event) error {
 			}
 		}
 		key("group_idx")
-		try(m.EncodeInt(0))
+		try(m.EncodeInt(int64(ev.Group)))
 		key("kv_cache_spec_kind")
-		try(m.EncodeString("full_attention"))
-		if !mapped {
+		kind := ev.SpecKind
+		if kind == "" {
+			kind = engine.SpecFullAttention
+		}
+		try(m.EncodeString(kind))
+		switch {
+		case ev.SlidingWindow > 0:
+			key("kv_cache_spec_sliding_window")
+			try(m.EncodeInt(int64(ev.SlidingWindow)))
+		case !mapped:
 			try(m.EncodeNil()) // kv_cache_spec_sliding_window
 		}
 	case engine.BlockRemoved:
@@ -207,7 +226,7 @@ func (e *Encoder) event(ev *engine.Event) error {
 		key("medium")
 		optStr(ev.Medium)
 		key("group_idx")
-		try(m.EncodeInt(0))
+		try(m.EncodeInt(int64(ev.Group)))
 	case engine.AllBlocksCleared:
 		head(1, 1)
 	default:

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -12,7 +16,10 @@ import (
 )
 
 // The worked examples of the wire research note (§6): ts 1757500000.25,
-// rank 0, H1/H2 from its hash vectors.
+// rank 0, H1/H2 from its hash vectors. The note's map-form BlockStored has
+// a fixmap header (a generic encoder's); msgspec, which vLLM encodes with,
+// writes map16 for BlockStored (16 fields with the tag), and so does
+// kvwire (checked against vLLM's own encoder in TestVLLMHybridBytes).
 const (
 	ts = 1757500000.25
 	h1 = 0x1e0b2e028ef071cb
@@ -31,7 +38,7 @@ func TestGolden(t *testing.T) {
 		ev     engine.Event
 		hex    string
 	}{
-		{"stored map", FormatMap, stored, "93cb41da305498100000918ba474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf1e0b2e028ef071cbcfefad121d154ab2d6b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65797392c0c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00"},
+		{"stored map", FormatMap, stored, "93cb41da30549810000091de000ba474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf1e0b2e028ef071cbcfefad121d154ab2d6b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65797392c0c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00"},
 		{"stored array", FormatArray, stored, "93cb41da305498100000919cab426c6f636b53746f72656492cf1e0b2e028ef071cbcfefad121d154ab2d6c098010203040506070804c0a3475055c092c0c000ae66756c6c5f617474656e74696f6ec000"},
 		{"removed map", FormatMap, engine.Event{Kind: engine.BlockRemoved, Hashes: []uint64{h2}, Medium: "GPU"}, "93cb41da3054981000009184a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391cfefad121d154ab2d6a66d656469756da3475055a967726f75705f6964780000"},
 		{"removed array", FormatArray, engine.Event{Kind: engine.BlockRemoved, Hashes: []uint64{h2}, Medium: "GPU"}, "93cb41da3054981000009194ac426c6f636b52656d6f76656491cfefad121d154ab2d6a34750550000"},
@@ -107,5 +114,91 @@ func TestParse(t *testing.T) {
 	}
 	if _, err := NewEncoder(Options{}).Encode(ts, []engine.Event{{Kind: 99}}); err == nil {
 		t.Error("unknown kind encoded")
+	}
+}
+
+// A hybrid engine's groups: group_idx, kv_cache_spec_kind and, for the
+// sliding-window group, kv_cache_spec_sliding_window, by name in the map
+// form and in place (array elements 9, 10, 11) in the array form, as
+// vLLM 0.33 labels its stores; BlockRemoved names its group.
+func TestHybridGroupFields(t *testing.T) {
+	sw := stored
+	sw.Group, sw.SpecKind, sw.SlidingWindow = 1, engine.SpecSlidingWindow, 128
+	rm := engine.Event{Kind: engine.BlockRemoved, Hashes: []uint64{h2}, Medium: "GPU", Group: 1}
+	for _, f := range []Format{FormatMap, FormatArray} {
+		got, err := NewEncoder(Options{Format: f}).Encode(ts, []engine.Event{stored, sw, rm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var batch []any
+		if err := msgpack.Unmarshal(got, &batch); err != nil {
+			t.Fatal(err)
+		}
+		evs := batch[1].([]any)
+		type fields struct {
+			group  any
+			kind   any
+			window any
+			has    bool
+		}
+		read := func(v any, removed bool) fields {
+			if f == FormatMap {
+				m := v.(map[string]any)
+				if removed {
+					return fields{group: m["group_idx"]}
+				}
+				w, has := m["kv_cache_spec_sliding_window"]
+				return fields{m["group_idx"], m["kv_cache_spec_kind"], w, has}
+			}
+			a := v.([]any)
+			if removed {
+				return fields{group: a[3]}
+			}
+			if len(a) != 12 {
+				t.Fatalf("array BlockStored of %d elements, want 12", len(a))
+			}
+			return fields{a[9], a[10], a[11], true}
+		}
+		full, slid, gone := read(evs[0], false), read(evs[1], false), read(evs[2], true)
+		num := func(v any) string { return fmt.Sprint(v) }
+		if num(full.group) != "0" || full.kind != "full_attention" || full.window != nil || (f == FormatMap && full.has) {
+			t.Errorf("format %d: full-attention store %+v (map form omits the nil window)", f, full)
+		}
+		if num(slid.group) != "1" || slid.kind != "sliding_window" || num(slid.window) != "128" {
+			t.Errorf("format %d: sliding-window store %+v", f, slid)
+		}
+		if num(gone.group) != "1" {
+			t.Errorf("format %d: removal group %v", f, gone.group)
+		}
+	}
+}
+
+// TestVLLMHybridBytes: the batch a vLLM 0.33 hybrid model publishes for a
+// stored run in its full-attention and sliding-window groups and a
+// sliding-window eviction, encoded by vLLM's own msgspec structs
+// (testdata/vllm_hybrid.py), is byte for byte what kvwire encodes. Needs
+// python3 with msgspec and vllm (pip install --no-deps vllm==0.33.0
+// msgspec pyzmq; make test installs them).
+func TestVLLMHybridBytes(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	if exec.Command(py, "-c", "import importlib.util as u, msgspec, sys; sys.exit(u.find_spec('vllm') is None)").Run() != nil {
+		t.Skip("python3 lacks msgspec or vllm (pip install --no-deps vllm==0.33.0 msgspec pyzmq)")
+	}
+	out, err := exec.Command(py, filepath.Join("testdata", "vllm_hybrid.py")).Output()
+	if err != nil {
+		t.Fatalf("vllm_hybrid.py: %v", err)
+	}
+	sw := stored
+	sw.Group, sw.SpecKind, sw.SlidingWindow = engine.GroupSlidingWindow, engine.SpecSlidingWindow, 128
+	rm := engine.Event{Kind: engine.BlockRemoved, Hashes: []uint64{h2}, Medium: "GPU", Group: engine.GroupSlidingWindow}
+	got, err := NewEncoder(Options{Format: FormatMap}).Encode(ts, []engine.Event{stored, sw, rm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimSpace(string(out)); hex.EncodeToString(got) != want {
+		t.Fatalf("kvwire %x\nvLLM   %s", got, want)
 	}
 }
