@@ -93,6 +93,9 @@ type Row struct {
 type Report struct {
 	Phases []Phase
 	Rows   []Row
+	// Demoted: kvroute's local tokenizer was demoted by its self-check
+	// during the run (its requests then went to the engines' /tokenize).
+	Demoted bool
 }
 
 const model = "sim-model"
@@ -197,6 +200,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		"--prefill-tokens-per-s", "1e9", "--max-model-len", "4000000", "--max-num-batched-tokens", "4000000",
 		"--num-gpu-blocks", "4000000", "--max-num-seqs", "1024", "--log-level", "warn",
 	}
+	if _, err := os.Stat(filepath.Join(o.TokenizerDir, "tokenizer_config.json")); err == nil {
+		// The engines' /tokenize answers with the same tokenizer as
+		// kvroute's local one, as a real engine would: the remote mode
+		// then pays a real tokenizer's answer, and kvroute's self-check
+		// agrees with the engines instead of demoting its local
+		// tokenizer to their byte tokenizer on its first sample.
+		engineArgs = append(engineArgs, "--tokenizer-dir", o.TokenizerDir)
+	}
 	kvArgs := []string{}
 	if !o.Events {
 		engineArgs = append(engineArgs, "--kv-events-disable")
@@ -266,6 +277,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if !st.KV.Proc.Running() {
 		return rep, errors.New("kvroute exited during the run: " + st.KV.Proc.Tail(2000))
+	}
+	if o.Tokenizer == TokenizerLocal {
+		// A demoted local tokenizer (the self-check found the engines
+		// disagreeing) serves every request remotely: say so, the
+		// figures are then the remote tokenizer's.
+		if exact, err := metricSum(ctx, st.KV, "kvroute_tokenizer_local_exact{"); err == nil && exact == 0 {
+			rep.Demoted = true
+			fmt.Fprintln(o.Log, "WARNING: kvroute's local tokenizer was demoted by its self-check; requests went to the engines' /tokenize")
+		}
 	}
 	return rep, nil
 }
