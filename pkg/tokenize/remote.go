@@ -194,14 +194,17 @@ func (r *remote) call(ctx context.Context, base string, body []byte) ([]uint32, 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
 		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrRemote, base, resp.StatusCode, bytes.TrimSpace(msg))
 	}
-	var out tokenizeResponse
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRemoteResponse)).Decode(&out); err != nil {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteResponse))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: read: %w", ErrRemote, base, err)
+	}
+	out, err := parseTokenizeResponse(data)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %s: decode: %w", ErrRemote, base, err)
 	}
 	if out.Tokens == nil || (out.Count != 0 && out.Count != len(out.Tokens)) {
 		return nil, fmt.Errorf("%w: %s: response has count %d and %d tokens", ErrRemote, base, out.Count, len(out.Tokens))
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return out.Tokens, nil
 }
 
