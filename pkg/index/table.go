@@ -366,32 +366,48 @@ func (t *xtab) insertHashed(k, v, h uint64) *slot {
 	return t.place(sb, slot{k, v}, h)
 }
 
-// place inserts e (hash h) into sb, which has room.
+// place inserts e (hash h) into sb, which has room. It finds where Robin
+// Hood insertion would put e (the first slot that is empty or whose entry
+// sits nearer its home than e would there), then shifts the run from that
+// slot to the next empty one up one place: the same table as the swap
+// chain gives (entries keep their order by home), without rehashing every
+// entry it passes.
 func (t *xtab) place(sb *sub, e slot, h uint64) *slot {
 	c := len(sb.s)
 	i := home(h, sb.ld, c)
-	var placed *slot
 	for d := 0; ; d++ {
 		s := &sb.s[i]
 		if !t.occupied(s, s.v) {
 			*s = e
 			sb.n++
-			if placed == nil {
-				placed = s
-			}
-			return placed
+			return s
 		}
-		if sd := t.disp(sb, i); sd < d {
-			e, *s = *s, e
-			if placed == nil {
-				placed = s
-			}
-			d = sd
+		if t.disp(sb, i) < d {
+			break
 		}
 		if i++; i == c {
 			i = 0
 		}
 	}
+	j := i // the next empty slot after i
+	for {
+		if j++; j == c {
+			j = 0
+		}
+		if s := &sb.s[j]; !t.occupied(s, s.v) {
+			break
+		}
+	}
+	if j > i {
+		copy(sb.s[i+1:j+1], sb.s[i:j])
+	} else {
+		copy(sb.s[1:j+1], sb.s[:j])
+		sb.s[0] = sb.s[c-1]
+		copy(sb.s[i+1:], sb.s[i:c-1])
+	}
+	sb.s[i] = e
+	sb.n++
+	return &sb.s[i]
 }
 
 // inHomeOrder calls fn for every entry of the slot array ss with its hash,
