@@ -259,6 +259,8 @@ func BenchmarkApply(b *testing.B) {
 		blocks += step(i)
 	}
 	fill := float64(blocks) / (threadCPU() - f0).Seconds()
+	st := ix.Stats()
+	fillBytes := float64(st.Bytes) / float64(st.Holders)
 	blocks = 0
 	c0 := threadCPU()
 	b.ResetTimer()
@@ -266,6 +268,9 @@ func BenchmarkApply(b *testing.B) {
 		blocks += step(i)
 	}
 	b.ReportMetric(fill, "fill-cpu-block-events/s") // after ResetTimer, which drops metrics
+	b.ReportMetric(fillBytes, "fill-B/entry")
+	st = ix.Stats()
+	b.ReportMetric(float64(st.Bytes)/float64(st.Holders), "B/entry")
 	b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "block-events/s")
 	b.ReportMetric(float64(blocks)/(threadCPU()-c0).Seconds(), "cpu-block-events/s")
 }
