@@ -185,7 +185,10 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	// records its picks there, the explainer only reads it.
 	approx := route.NewApproxIndex(cfg.Routing.Approximate)
 	r.reg.MustRegister(newApproxCollector(approx))
-	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx}
+	// One rate learner, fed by ext_proc's finished responses, read by the
+	// decider and the explainer alike (explain predicts what decide would).
+	rates := route.NewRates()
+	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx, Rates: rates}
 	decider := route.New(routeOpts)
 	routeOpts.Policy = explainPol
 	explainer := route.New(routeOpts)
@@ -201,6 +204,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	ec.Decider = notingDecider{d: decider, ev: r.events}
 	ec.Tracker = tracker
 	ec.Fidelity = r.fid
+	ec.Rates = rates
 	ec.BlockSize = r.set.BlockSize
 	ec.TracerProvider = tr.Provider
 	ec.Propagator = tr.Propagator

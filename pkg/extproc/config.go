@@ -28,6 +28,12 @@ type Decider interface {
 	Decide(ctx context.Context, req route.Request) (route.Decision, error)
 }
 
+// RateObserver learns from one finished request (route.Rates implements
+// it).
+type RateObserver interface {
+	Observe(replica index.ReplicaID, s route.RateSample)
+}
+
 // DeciderFunc adapts a function to Decider.
 type DeciderFunc func(ctx context.Context, req route.Request) (route.Decision, error)
 
@@ -70,6 +76,12 @@ type Config struct {
 	Tracker *load.Tracker `yaml:"-"`
 	// Fidelity receives predicted vs served cached tokens; nil disables it.
 	Fidelity *load.Fidelity `yaml:"-"`
+	// Rates learns each replica's prefill speed and decode step from the
+	// streamed (SSE) responses of requests kvroute routed: time from the
+	// pick to the first content token and to the end, and the usage's
+	// prompt, cached and output tokens (route.Rates); nil disables it. A
+	// JSON response carries no first-token time and feeds nothing.
+	Rates RateObserver `yaml:"-"`
 	// BlockSize returns a replica's KV block size in tokens, to turn matched
 	// blocks into predicted cached tokens. Nil (or a result <= 0) falls
 	// back to estimating it from the decision (PromptTokens/PromptBlocks).

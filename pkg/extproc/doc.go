@@ -102,7 +102,11 @@
 // disconnect, error, panic), releases them. Usage from the JSON body or the
 // last SSE usage chunk is compared with the prediction (the picked
 // replica's matched blocks x block size, capped below the prompt length
-// since engines recompute the last token) and fed to Fidelity.
+// since engines recompute the last token) and fed to Fidelity. A streamed
+// (SSE) response also feeds Config.Rates: pick-to-first-token and
+// pick-to-end times with the usage's prompt, cached and output tokens,
+// from which the router learns each replica's prefill speed and decode
+// step.
 //
 // Abuse limits (a client of the port that is not a proxy; mutual TLS in
 // front of the port is the first defence): a stream counts as load only

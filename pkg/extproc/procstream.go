@@ -69,6 +69,8 @@ type procStream struct {
 	life     *load.Handle
 	expiry   *time.Timer // releases life at Config.MaxRequestLifetime
 	expired  atomic.Bool // set by expiry: no feedback any more
+	pickedAt time.Time   // when the pick was answered
+	firstAt  time.Time   // when the first output was seen
 
 	// Response.
 	echo       chunkEcho
@@ -314,6 +316,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		st.life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
 	}
 	life := st.life
+	st.pickedAt = time.Now()
 	st.expiry = time.AfterFunc(st.s.cfg.MaxRequestLifetime, func() {
 		st.expired.Store(true)
 		life.Done()
@@ -475,6 +478,7 @@ func (st *procStream) observeBody(chunk []byte) {
 	}
 	if !st.first && (!st.sse || st.parser.SawContent() || !ok) {
 		st.first = true
+		st.firstAt = time.Now()
 		st.life.FirstToken()
 		if st.span != nil {
 			st.span.AddEvent("first_token")
@@ -521,6 +525,29 @@ func (st *procStream) finish() {
 	if u.HasCachedTokens && st.s.cfg.Fidelity != nil {
 		st.s.cfg.Fidelity.Observe(string(st.decision.Replica), predicted, u.CachedTokens)
 	}
+	st.observeRates(u, predicted)
+}
+
+// observeRates feeds Config.Rates one finished streamed response: its
+// time from the pick to the first content token and to the end, and the
+// prompt tokens the engine computed (the prompt less the cached tokens it
+// reported, or less kvroute's prediction when it reported none). A JSON
+// response (no first-token time: the whole answer arrives at once) and a
+// stream that never showed content feed nothing.
+func (st *procStream) observeRates(u openai.Usage, predicted int) {
+	if st.s.cfg.Rates == nil || !st.sse || st.firstAt.IsZero() || st.pickedAt.IsZero() {
+		return
+	}
+	cached := predicted
+	if u.HasCachedTokens {
+		cached = u.CachedTokens
+	}
+	st.s.cfg.Rates.Observe(st.decision.Replica, route.RateSample{
+		Uncached: max(u.PromptTokens-cached, 0),
+		TTFT:     st.firstAt.Sub(st.pickedAt),
+		E2E:      time.Since(st.pickedAt),
+		Output:   u.CompletionTokens,
+	})
 }
 
 // predictedCachedTokens converts the picked replica's matched blocks into
