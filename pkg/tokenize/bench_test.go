@@ -9,10 +9,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
+	"golang.org/x/text/unicode/norm"
 )
 
 // BenchmarkEncodeCorpus encodes every fixture text once per op (no special
@@ -326,4 +328,36 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkNFCCheck checks the 100k-token corpus prompt for NFC in 2 KB
+// pieces (as chunks reach encodePlain): "norm" is x/text's quick check
+// alone, "nfc" this package's nfc with its ASCII prefix step, side by side.
+func BenchmarkNFCCheck(b *testing.B) {
+	enc := loadEncoder(b, "qwen3")
+	text := norm.NFC.String(corpusText(b, enc, loadFixtures(b, "qwen3"), 100_000))
+	var pieces []string
+	for len(text) > 0 {
+		n := min(2048, len(text))
+		for n < len(text) && !utf8.RuneStart(text[n]) {
+			n++
+		}
+		pieces = append(pieces, text[:n])
+		text = text[n:]
+	}
+	for _, mode := range []string{"norm", "nfc"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				for _, p := range pieces {
+					if mode == "norm" {
+						if !norm.NFC.IsNormalString(p) {
+							b.Fatal("not NFC")
+						}
+					} else if nfc(p) != p {
+						b.Fatal("changed")
+					}
+				}
+			}
+		})
+	}
 }

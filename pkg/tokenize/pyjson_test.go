@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/ardanlabs/jinja"
+	"golang.org/x/text/unicode/norm"
 )
 
 // Expected strings below are what CPython 3.11 prints (repr, json.dumps with
@@ -185,5 +187,33 @@ func TestUnicode16Categories(t *testing.T) {
 	}
 	if ucdVersion != "16.0.0" {
 		t.Errorf("ucdVersion = %s", ucdVersion)
+	}
+}
+
+// TestNFCASCIIPrefix: the ASCII fast path gives norm's NFC on random
+// strings where ASCII runs of every length (around the 8-byte steps) meet
+// combining marks, precomposed and decomposed letters, Hangul jamo and
+// CJK.
+func TestNFCASCIIPrefix(t *testing.T) {
+	pool := []string{"a", "e", "Z", " ", "\n", "0123456", "abcdefgh", "\u0301", "\u0327", "\u0323\u0302", "\u00e9",
+		"A\u030a", "\u1100", "\u1161", "\u11a8", "\uac00", "日本", "\U0001F680", "\u0f73", "\u0344"}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 20000 {
+		var b strings.Builder
+		for n := rng.IntN(12); n > 0; n-- {
+			b.WriteString(pool[rng.IntN(len(pool))])
+		}
+		s := b.String()
+		if got, want := nfc(s), norm.NFC.String(s); got != want {
+			t.Fatalf("nfc(%+q) = %+q, want %+q", s, got, want)
+		}
+	}
+	for _, c := range []struct {
+		s    string
+		want int
+	}{{"", 0}, {"abc", 3}, {"abcdefgh", 8}, {"abcdefghé", 8}, {"abcdefgé", 7}, {"é", 0}, {"abcdefghijklmnop\x80", 16}} {
+		if got := asciiPrefix(c.s); got != c.want {
+			t.Errorf("asciiPrefix(%q) = %d, want %d", c.s, got, c.want)
+		}
 	}
 }
