@@ -42,6 +42,7 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	inflight := fs.Int("max-inflight", 256, "bound on concurrent requests")
 	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
 	asJSON := fs.Bool("json", false, "print JSON")
+	tokenIDs := fs.Bool("token-ids", false, "send prompts as the simulator's token ids (BOS, then one token per byte) instead of text: the router never tokenizes")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return err
@@ -60,7 +61,7 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	opts := live.Options{
 		URL: *url, Model: *model, Workload: ws[0], Rate: *rate, Speed: *speed,
-		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed,
+		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed, TokenIDs: *tokenIDs,
 	}
 	rep, err := live.Run(ctx, opts)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/bench"
+	"github.com/kvroute/kvroute/pkg/engine/simtok"
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
 
@@ -52,6 +53,12 @@ type Options struct {
 	// Salt is mixed into every prompt's text, so that two runs over the
 	// same stack (a side-by-side comparison) share no cached prefix.
 	Salt uint64
+	// TokenIDs sends every prompt as token ids, tokenized as the
+	// simulator does (package simtok: BOS, then one token per byte), as
+	// clients that tokenize themselves do (RL trainers, agents with their
+	// own tokenizer): the router then never tokenizes, so a run measures
+	// the routing without the tokenizer's cost.
+	TokenIDs bool
 }
 
 // Request is one measured request.
@@ -251,7 +258,7 @@ func (r *runner) text(tu bench.Turn) []byte {
 
 type completionRequest struct {
 	Model         string         `json:"model"`
-	Prompt        string         `json:"prompt"`
+	Prompt        any            `json:"prompt"` // text, or token ids (Options.TokenIDs)
 	MaxTokens     int            `json:"max_tokens"`
 	Stream        bool           `json:"stream"`
 	StreamOptions map[string]any `json:"stream_options"`
@@ -275,8 +282,12 @@ type chunk struct {
 // generated text.
 func (r *runner) send(ctx context.Context, sess, turn int, key string, prompt []byte, maxTokens int) (Request, []byte) {
 	q := Request{Session: sess, Turn: turn, PromptChars: len(prompt), CachedTokens: -1}
+	var p any = string(prompt)
+	if r.o.TokenIDs {
+		p = simtok.Encode(string(prompt), true)
+	}
 	body, _ := json.Marshal(completionRequest{
-		Model: r.o.Model, Prompt: string(prompt), MaxTokens: maxTokens, Stream: true,
+		Model: r.o.Model, Prompt: p, MaxTokens: maxTokens, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true,
 	})
 	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)

@@ -23,20 +23,41 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // claiming half the prompt cached, and records what it was sent.
 type fakeEngine struct {
 	mu       sync.Mutex
-	prompts  map[string][]string // session key -> prompts in order
+	prompts  map[string][]string // session key -> prompts in order (token ids as their bytes)
+	ids      int                 // prompts sent as token ids, BOS first
 	status   int
 	gap      time.Duration
 	released chan struct{} // when not nil, responses wait for it
 }
 
 func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var req completionRequest
+	var req struct {
+		Prompt    json.RawMessage `json:"prompt"`
+		MaxTokens int             `json:"max_tokens"`
+		Stream    bool            `json:"stream"`
+	}
 	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || !req.Stream {
 		http.Error(w, "bad request", http.StatusBadRequest)
 		return
 	}
+	var prompt string
+	var ids []uint32
+	if json.Unmarshal(req.Prompt, &prompt) != nil {
+		if json.Unmarshal(req.Prompt, &ids) != nil || len(ids) == 0 || ids[0] != 256 {
+			http.Error(w, "bad prompt", http.StatusBadRequest)
+			return
+		}
+		b := make([]byte, 0, len(ids))
+		for _, id := range ids[1:] {
+			b = append(b, byte(id))
+		}
+		prompt = string(b)
+	}
 	f.mu.Lock()
-	f.prompts[r.Header.Get("x-session-id")] = append(f.prompts[r.Header.Get("x-session-id")], req.Prompt)
+	if ids != nil {
+		f.ids++
+	}
+	f.prompts[r.Header.Get("x-session-id")] = append(f.prompts[r.Header.Get("x-session-id")], prompt)
 	status := f.status
 	f.mu.Unlock()
 	if status != 0 {
@@ -58,7 +79,7 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 	}
 	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
-		len(req.Prompt), req.MaxTokens, len(req.Prompt)/2)
+		len(prompt), req.MaxTokens, len(prompt)/2)
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
@@ -192,5 +213,40 @@ func TestRunCancel(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestRunTokenIDs: with TokenIDs every prompt goes as the simulator's token
+// ids (BOS, then the text's bytes), the same text a text run sends.
+func TestRunTokenIDs(t *testing.T) {
+	w := workload(t, bench.GenAgentic, 0.02)
+	for i := range w.Sessions {
+		for k := range w.Sessions[i].Turns {
+			w.Sessions[i].Turns[k].Output = 2
+			w.Sessions[i].Turns[k].Gap = 0
+		}
+	}
+	var seen [2]map[string][]string
+	for i, ids := range []bool{false, true} {
+		f := newFake()
+		srv := httptest.NewServer(f)
+		rep, err := Run(context.Background(), Options{URL: srv.URL, Model: "m", Workload: w, Speed: 1000, TokenIDs: ids})
+		srv.Client().CloseIdleConnections()
+		srv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := Summarize(rep); s.Errors != 0 || s.Requests != w.Requests() {
+			t.Fatalf("token ids %v: %+v", ids, s)
+		}
+		if want := map[bool]int{false: 0, true: w.Requests()}[ids]; f.ids != want {
+			t.Fatalf("token ids %v: %d prompts sent as ids, want %d", ids, f.ids, want)
+		}
+		seen[i] = f.prompts
+	}
+	for k, ps := range seen[0] {
+		if fmt.Sprint(ps) != fmt.Sprint(seen[1][k]) {
+			t.Fatalf("session %s: the token-id run sent other text than the text run", k)
+		}
 	}
 }
