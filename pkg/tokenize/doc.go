@@ -63,7 +63,9 @@
 //
 // Multi-turn reuse: a conversation resends its whole history every turn.
 // The local tokenizer keeps the ids of long text chunks in a bounded LRU
-// cache keyed by the chunk's 128-bit hash, so only new text is encoded.
+// cache keyed by the chunk's 128-bit hash, so only new text is encoded
+// (kvroute_tokenizer_chunk_cache_hits_total, _misses_total and
+// kvroute_tokenizer_chunk_cache_bytes, per model).
 // Reuse is exact by construction, whatever the chat template: text between
 // two added tokens (every template separates messages with them) is encoded
 // independently of its neighbours, and a long span is further cut only

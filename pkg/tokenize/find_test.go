@@ -2,6 +2,8 @@ package tokenize
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -162,4 +165,55 @@ func TestAutoKind(t *testing.T) {
 			t.Errorf("self-check of the found tokenizer reported %v, want %v", got, checked)
 		}
 	}
+}
+
+// TestChunkCacheMetrics: a conversation's second turn is served from the
+// chunk cache, and the per-model hit, miss and byte figures say so.
+func TestChunkCacheMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tok, err := New(Config{Models: map[string]ModelConfig{"q": localConfig(t, "qwen3")}}, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	var history strings.Builder
+	for i := 0; history.Len() < 20_000; i++ {
+		fmt.Fprintf(&history, "Line %d of a long shared history.\n", i)
+	}
+	for turn, msgs := range []string{
+		fmt.Sprintf(`[{"role":"user","content":%q}]`, history.String()),
+		fmt.Sprintf(`[{"role":"user","content":%q},{"role":"assistant","content":"ok"},{"role":"user","content":"next"}]`, history.String()),
+	} {
+		if _, err := tok.Tokenize(context.Background(), "q", route.TokenizeInput{Chat: true, Messages: json.RawMessage(msgs), AddGenerationPrompt: true}); err != nil {
+			t.Fatalf("turn %d: %v", turn, err)
+		}
+	}
+	hits := counterValue(t, reg, "kvroute_tokenizer_chunk_cache_hits_total", "q")
+	misses := counterValue(t, reg, "kvroute_tokenizer_chunk_cache_misses_total", "q")
+	bytes := gaugeValue(t, reg, "kvroute_tokenizer_chunk_cache_bytes", "q")
+	t.Logf("%v hits, %v misses, %v bytes", hits, misses, bytes)
+	if hits < 5 || misses < 5 || hits < misses-2 || bytes <= 0 {
+		t.Fatalf("chunk cache: %v hits, %v misses, %v bytes; want the second turn's history from the cache", hits, misses, bytes)
+	}
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name, model string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == model {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -146,6 +146,11 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 	}
 	t.encoders = map[string]*Encoder{}
 	t.searchDirs, t.opts = cfg.SearchDirs, opts
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(newChunkCollector(t)); err != nil {
+			return nil, fmt.Errorf("tokenize: register metrics: %w", err)
+		}
+	}
 	sc := cfg.SelfCheck.WithDefaults()
 	if !sc.Disabled && opts.Replicas != nil {
 		t.selfCheck = sc

@@ -1,0 +1,64 @@
+package tokenize
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// chunkCollector exports each local tokenizer's chunk cache (the
+// multi-turn reuse cache): hits, misses and bytes held, per model.
+type chunkCollector struct {
+	t                   *Tokenizer
+	hits, misses, bytes *prometheus.Desc
+}
+
+func newChunkCollector(t *Tokenizer) *chunkCollector {
+	return &chunkCollector{
+		t: t,
+		hits: prometheus.NewDesc("kvroute_tokenizer_chunk_cache_hits_total",
+			"Text chunks the local tokenizer took from its chunk cache instead of encoding them (multi-turn reuse), by model.", []string{"model"}, nil),
+		misses: prometheus.NewDesc("kvroute_tokenizer_chunk_cache_misses_total",
+			"Text chunks the local tokenizer encoded and stored in its chunk cache, by model.", []string{"model"}, nil),
+		bytes: prometheus.NewDesc("kvroute_tokenizer_chunk_cache_bytes",
+			"Bytes the local tokenizer's chunk cache holds (bounded by prefix_cache_bytes), by model.", []string{"model"}, nil),
+	}
+}
+
+func (c *chunkCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.hits
+	ch <- c.misses
+	ch <- c.bytes
+}
+
+func (c *chunkCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, l := range c.t.locals() {
+		if l.cache == nil {
+			continue
+		}
+		hits, misses, bytes := l.cache.stats()
+		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(hits), name)
+		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(misses), name)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(bytes), name)
+	}
+}
+
+// locals returns every model's local tokenizer in service (configured, or
+// found by the auto kind and loaded), by model.
+func (t *Tokenizer) locals() map[string]*Local {
+	out := map[string]*Local{}
+	add := func(name string, m *modelTokenizer) {
+		if m.local != nil {
+			out[name] = m.local
+		} else if l := m.found.Load(); l != nil {
+			out[name] = l
+		}
+	}
+	for name, m := range t.models {
+		add(name, m)
+	}
+	if t.defaults != nil {
+		t.defaults.mu.Lock()
+		for name, m := range t.defaults.m {
+			add(name, m)
+		}
+		t.defaults.mu.Unlock()
+	}
+	return out
+}
