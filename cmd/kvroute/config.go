@@ -101,6 +101,12 @@ type RoutingConfig struct {
 	// Approximate tunes the dispatch-learned index used for replicas
 	// without an events endpoint.
 	Approximate route.ApproxConfig `yaml:"approximate"`
+	// PendingTTL > 0 credits an event-fed replica, for this long, with the
+	// part of a prefix it was just sent that no replica's events show yet
+	// (route.Options.Pending: fan-out siblings and GRPO samples of a new
+	// task stay together instead of each prefilling it again). Default
+	// route.DefaultPendingTTL; a negative value turns it off.
+	PendingTTL time.Duration `yaml:"pending_ttl"`
 
 	// The ext_proc abuse limits (extproc.Config):
 	// MaxRequestLifetime is a routed request's deadline: past it the
@@ -244,6 +250,9 @@ func (c Config) WithDefaults() Config {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
 	c.Routing.MaxConnectionIdle = lim.MaxConnectionIdle
+	if c.Routing.PendingTTL == 0 {
+		c.Routing.PendingTTL = route.DefaultPendingTTL
+	}
 	c.Telemetry = c.Telemetry.WithDefaults()
 	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
 	c.TLS.Admin = c.TLS.Admin.WithDefaults()

@@ -187,8 +187,14 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	r.reg.MustRegister(newApproxCollector(approx))
 	// One rate learner, fed by ext_proc's finished responses, read by the
 	// decider and the explainer alike (explain predicts what decide would).
+	// So is the memory of prefixes just sent to event-fed replicas (their
+	// events come once the blocks are computed; route.Options.Pending).
 	rates := route.NewRates()
-	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx, Rates: rates}
+	var pending *route.ApproxIndex
+	if cfg.Routing.PendingTTL > 0 {
+		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.Routing.PendingTTL})
+	}
+	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx, Rates: rates, Pending: pending}
 	decider := route.New(routeOpts)
 	routeOpts.Policy = explainPol
 	explainer := route.New(routeOpts)

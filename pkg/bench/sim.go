@@ -61,6 +61,10 @@ type FleetConfig struct {
 	// EventLoss is the probability in [0, 1) that a published batch never
 	// arrives (no replay: the index stays stale until later events).
 	EventLoss float64
+	// PendingTTL > 0 gives the router a memory of the prefixes it just
+	// sent (route.Options.Pending) for this long, as kvroute does by
+	// default (routing.pending_ttl); 0 runs without one.
+	PendingTTL time.Duration
 	// ScrapeInterval is the age bound of the engines' scraped figures
 	// (running, waiting, KV usage) the router sees (default 200 ms, the
 	// scraper's default).
@@ -93,7 +97,7 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 		return c, fmt.Errorf("%w: replicas %d must be at least 1", ErrSim, c.Replicas)
 	case !(c.EventLoss >= 0 && c.EventLoss < 1):
 		return c, fmt.Errorf("%w: event loss %v must be in [0, 1)", ErrSim, c.EventLoss)
-	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0:
+	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0 || c.PendingTTL < 0:
 		return c, fmt.Errorf("%w: delays and widths must not be negative", ErrSim)
 	}
 	if err := c.Engine.Validate(); err != nil {
@@ -307,6 +311,10 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		s.ids[index.ReplicaID(id)] = i
 		s.live = append(s.live, make(map[engine.ReqID]*live))
 	}
+	var pending *route.ApproxIndex
+	if cfg.PendingTTL > 0 {
+		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.PendingTTL})
+	}
 	s.router = route.New(route.Options{
 		Matcher:   s.idx,
 		State:     (*simState)(s),
@@ -314,6 +322,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		Seed:      cfg.Seed,
 		Fallbacks: -1,
 		Now:       func() time.Time { return time.Unix(0, int64(s.now)) },
+		Pending:   pending,
 	})
 	for i, ss := range w.Sessions {
 		if len(ss.Turns) == 0 {

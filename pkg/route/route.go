@@ -60,6 +60,23 @@ type Options struct {
 	// policy (policy.Candidate.Home); 0 means DefaultSessionMemory, a
 	// negative value remembers none.
 	SessionMemory int
+	// Pending, when not nil, remembers for PendingTTL the blocks of the
+	// requests this router just sent to event-fed replicas: a prefix whose
+	// prefill is queued or running there is not in the engine's events yet
+	// (they come once blocks are computed), but a request sent after it
+	// will find it computed when its own turn comes. An event-fed
+	// candidate's match is the longer of the index's and Pending's (the
+	// extra blocks counted on the GPU tier, at the candidate's trust);
+	// the policy charges the queued prefill ahead of it as usual. Only the
+	// blocks beyond every candidate's indexed match are credited (see
+	// matchPending). Without
+	// it a burst of requests sharing a new prefix (GRPO samples of one
+	// task, fan-out siblings) sees a cold index for every member and is
+	// spread, each member prefilling the prefix again. Decide records,
+	// Explain only reads. Build it with NewApproxIndex(ApproxConfig{TTL:
+	// DefaultPendingTTL}).
+	Pending *ApproxIndex
+
 	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
 	// DefaultApproxTrust.
 	ApproxTrust float64
@@ -69,6 +86,15 @@ type Options struct {
 	// State left them 0. Nil means a Rates of the Router's own (Router.Rates).
 	Rates *Rates
 }
+
+// DefaultPendingTTL is a good TTL for Options.Pending: long enough for a
+// queued prefill to run and its events to arrive, short enough that a
+// request that died does not credit blocks that never came for long.
+const DefaultPendingTTL = 5 * time.Second
+
+// PendingMinShare: pending credit counts only when it covers at least
+// 1/PendingMinShare of the prompt's blocks (see Options.Pending).
+const PendingMinShare = 4
 
 // DefaultApproxTrust is Options.ApproxTrust's default: a dispatch-learned
 // match is trusted in full (the TTL bounds how stale it may be).
@@ -308,6 +334,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start}, raw, primary)
 	}
+	if hasIDs && toks.Exact && r.opts.Pending != nil {
+		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
+	}
 
 	res := r.opts.Policy.Pick(policy.Request{
 		PromptBlocks:         d.PromptBlocks,
@@ -346,6 +375,10 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
 		r.opts.Approx.Record(sc.keys, d.Replica, start)
+	}
+	if learn && hasIDs && toks.Exact && r.opts.Pending != nil && sc.src[res.Pick] == srcEvents {
+		sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
+		r.opts.Pending.Record(sc.keys, d.Replica, start)
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
@@ -432,6 +465,65 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 					for t := range mt.ByTier {
 						sc.cands[k].Matched[t] = mt.ByTier[t] * bs / primary
 					}
+				}
+			}
+		}
+	}
+}
+
+// matchPending raises each event-fed candidate's match to what
+// Options.Pending remembers was just sent there, for the blocks beyond
+// both its own indexed match and the longest prefix any candidate's events
+// show (those extra blocks on the GPU tier). Blocks some replica is known
+// to hold earn no pending credit elsewhere: a burst sharing a system
+// prompt the fleet already holds is spread by the prediction as before,
+// not pulled onto whichever replica took its first members; pending
+// credit is for the part of a prefix nobody holds yet (a new task's
+// samples, fan-out siblings), and only when that part is at least
+// 1/PendingMinShare of the prompt: a guess about blocks not yet computed
+// does not tip a choice the indexed blocks and the load should make (a
+// burst whose members share one more block than the indexed system
+// prompt). Pending's keys are this
+// router's own (no lookahead: they are only ever compared with
+// themselves).
+func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, now time.Time, raw []Candidate, primary int) {
+	sc.sizes = sc.sizes[:0]
+	for k, bs := range sc.bs {
+		if sc.src[k] == srcEvents && !slices.Contains(sc.sizes, shape{bs, 0}) {
+			sc.sizes = append(sc.sizes, shape{bs, 0})
+		}
+	}
+	// The longest prefix any candidate's events show, in tokens: pending
+	// credit is for prefixes beyond it only.
+	indexed := 0
+	for k := range sc.cands {
+		if sc.src[k] != srcEvents {
+			continue
+		}
+		have := 0
+		for _, n := range raw[k].Matched {
+			have += n
+		}
+		indexed = max(indexed, have*sc.bs[k])
+	}
+	for _, sh := range sc.sizes {
+		sc.keys = kvblock.Keys(sc.keys[:0], root, tokens, sh.bs, opts)
+		if len(sc.keys) <= indexed/sh.bs { // nothing beyond the indexed prefix
+			continue
+		}
+		sc.matches = r.opts.Pending.Match(sc.keys, now, sc.matches[:0])
+		for _, mt := range sc.matches {
+			for k := range sc.cands {
+				if sc.src[k] != srcEvents || sc.bs[k] != sh.bs || sc.cands[k].Replica != mt.Replica {
+					continue
+				}
+				have := 0
+				for _, n := range raw[k].Matched {
+					have += n
+				}
+				if extra := mt.Blocks - max(have, indexed/sh.bs); extra > 0 && extra*PendingMinShare >= len(sc.keys) {
+					raw[k].Matched[index.TierGPU] += extra
+					sc.cands[k].Matched[index.TierGPU] += extra * sh.bs / primary
 				}
 			}
 		}
