@@ -137,15 +137,10 @@ func eventTier(ev *Event) (index.Tier, bool) {
 	return tier, ok
 }
 
-// group classifies an event's KV-cache group (see groups.go): skip for a
-// partial-attention group, and the replica's tracker when the event names
-// a group.
-func (a *Applier) group(t Target, ev *Event, st *ApplyStats) (g *groupTracker, skip bool) {
-	g, _, skip = a.groupKind(t, ev, st)
-	return g, skip
-}
-
-// groupKind is group, also returning the group's kind.
+// groupKind classifies an event's KV-cache group (see groups.go): its
+// kind, skip for a partial-attention or sliding-window group (the main
+// index does not take them), and the replica's tracker when the event
+// names a group.
 func (a *Applier) groupKind(t Target, ev *Event, st *ApplyStats) (g *groupTracker, kind groupKind, skip bool) {
 	if ev.GroupIdx >= 0 {
 		g = a.tracker(t)

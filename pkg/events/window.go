@@ -163,7 +163,7 @@ func (m Matcher) Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.Rep
 			continue
 		}
 		drop := rm.Blocks - cut
-		for t := index.NumTiers - 1; t >= 0 && drop > 0; t-- {
+		for t := int(index.NumTiers) - 1; t >= 0 && drop > 0; t-- { // int: Tier is unsigned
 			d := min(drop, rm.ByTier[t])
 			rm.ByTier[t] -= d
 			drop -= d
