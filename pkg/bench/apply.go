@@ -197,7 +197,7 @@ func (s *hashSet) grow() {
 		if sl.gen == gen {
 			for t := range index.NumTiers {
 				if sl.tiers&(1<<t) != 0 {
-					s.add(sl.h, index.Tier(t))
+					s.add(sl.h, t)
 				}
 			}
 		}

@@ -250,12 +250,12 @@ func (w *Workload) AtUtil(util float64, fleet FleetConfig) (*Workload, error) {
 	// outwards; remember the best scale seen for an unreachable target.
 	x0 := util / now
 	lo, hi := x0, x0
-	ulo, uhi := at(x0), 0.0
+	ulo := at(x0)
 	for i := 0; i < 30 && ulo > util; i++ {
 		lo /= 2
 		ulo = at(lo)
 	}
-	uhi = ulo
+	uhi := ulo
 	if hi == lo {
 		uhi = at(hi)
 	}
