@@ -104,8 +104,10 @@ type RoutingConfig struct {
 	// PendingTTL > 0 credits an event-fed replica, for this long, with the
 	// part of a prefix it was just sent that no replica's events show yet
 	// (route.Options.Pending: fan-out siblings and GRPO samples of a new
-	// task stay together instead of each prefilling it again). Default
-	// route.DefaultPendingTTL; a negative value turns it off.
+	// task stay together instead of each prefilling it again). Default 0:
+	// off. It is opt-in because the grid showed it trading losses for its
+	// gains (docs/benchmarks.md, "In-flight prefixes"); route.DefaultPendingTTL
+	// is the value measured.
 	PendingTTL time.Duration `yaml:"pending_ttl"`
 
 	// The ext_proc abuse limits (extproc.Config):
@@ -250,9 +252,6 @@ func (c Config) WithDefaults() Config {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
 	c.Routing.MaxConnectionIdle = lim.MaxConnectionIdle
-	if c.Routing.PendingTTL == 0 {
-		c.Routing.PendingTTL = route.DefaultPendingTTL
-	}
 	c.Telemetry = c.Telemetry.WithDefaults()
 	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
 	c.TLS.Admin = c.TLS.Admin.WithDefaults()
@@ -297,6 +296,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, inSection("index", c.Index.Validate())...)
 	if c.Routing.RemovedDestinationHeader != nil {
 		bad("routing.destination_header", "removed: the pick is always sent as %s (header, and the envoy.lb metadata key Envoy's override_host load balancer reads, which the shipped Envoy configs and the chart use); delete this key", extproc.DefaultDestinationHeader)
+	}
+	if c.Routing.PendingTTL < 0 {
+		bad("routing.pending_ttl", "%v must not be negative (0 turns it off)", c.Routing.PendingTTL)
 	}
 	if h := c.Routing.SessionHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
 		bad("routing.session_header", "%q must be a lower-case header name", h)

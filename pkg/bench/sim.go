@@ -62,8 +62,8 @@ type FleetConfig struct {
 	// arrives (no replay: the index stays stale until later events).
 	EventLoss float64
 	// PendingTTL > 0 gives the router a memory of the prefixes it just
-	// sent (route.Options.Pending) for this long, as kvroute does by
-	// default (routing.pending_ttl); 0 runs without one.
+	// sent (route.Options.Pending) for this long, as kvroute does with
+	// routing.pending_ttl set; 0 runs without one (both defaults).
 	PendingTTL time.Duration
 	// ScrapeInterval is the age bound of the engines' scraped figures
 	// (running, waiting, KV usage) the router sees (default 200 ms, the
