@@ -60,21 +60,20 @@ type Options struct {
 	// policy (policy.Candidate.Home); 0 means DefaultSessionMemory, a
 	// negative value remembers none.
 	SessionMemory int
-	// Pending, when not nil, remembers for PendingTTL the blocks of the
+	// Pending, when not nil, remembers (for its TTL) the blocks of the
 	// requests this router just sent to event-fed replicas: a prefix whose
 	// prefill is queued or running there is not in the engine's events yet
 	// (they come once blocks are computed), but a request sent after it
-	// will find it computed when its own turn comes. An event-fed
-	// candidate's match is the longer of the index's and Pending's (the
-	// extra blocks counted on the GPU tier, at the candidate's trust);
-	// the policy charges the queued prefill ahead of it as usual. Only the
-	// blocks beyond every candidate's indexed match are credited (see
-	// matchPending). Without
-	// it a burst of requests sharing a new prefix (GRPO samples of one
-	// task, fan-out siblings) sees a cold index for every member and is
-	// spread, each member prefilling the prefix again. Decide records,
-	// Explain only reads. Build it with NewApproxIndex(ApproxConfig{TTL:
-	// DefaultPendingTTL}).
+	// may find it computed when its own turn comes. Without it a burst of
+	// requests sharing a new prefix (GRPO samples of one task, fan-out
+	// siblings) sees a cold index for every member and is spread, each
+	// member prefilling the prefix again. Only the part of a prefix beyond
+	// every candidate's indexed match is credited, on the GPU tier and at
+	// the candidate's trust (see matchPending); the policy charges the
+	// queued prefill ahead of it as usual. Decide records, Explain only
+	// reads. Build it with NewApproxIndex(ApproxConfig{TTL:
+	// DefaultPendingTTL}). kvroute leaves it off unless
+	// routing.pending_ttl is set.
 	Pending *ApproxIndex
 
 	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
@@ -483,9 +482,8 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 // 1/PendingMinShare of the prompt: a guess about blocks not yet computed
 // does not tip a choice the indexed blocks and the load should make (a
 // burst whose members share one more block than the indexed system
-// prompt). Pending's keys are this
-// router's own (no lookahead: they are only ever compared with
-// themselves).
+// prompt). Pending's keys are this router's own (no lookahead: they are
+// only ever compared with themselves).
 func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, now time.Time, raw []Candidate, primary int) {
 	sc.sizes = sc.sizes[:0]
 	for k, bs := range sc.bs {
