@@ -34,7 +34,7 @@ build: ## Build kvroute, enginesim and kvbench into bin/, stamped with version a
 .PHONY: test
 test: ## Unit tests (race, shuffled) then end-to-end tests; installs what they need first.
 	@bash hack/install-deps.sh test
-	@$(MAKE) --no-print-directory test-unit test-e2e
+	@KVROUTE_VLLM_WIRE=require $(MAKE) --no-print-directory test-unit test-e2e
 
 .PHONY: test-unit
 test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
