@@ -567,41 +567,50 @@ func (e *Engine) commit(r *request) {
 		for j < full && !e.pool.hasGPU(r.hashes[j]) {
 			j++
 		}
-		n := j - i
-		metas := make([]blockMeta, n)
-		ev := Event{
-			Kind:      BlockStored,
-			Hashes:    make([]uint64, 0, n),
-			Tokens:    make([]uint32, 0, n*bs),
-			BlockSize: bs,
-			LoRAID:    r.req.LoRAID,
-			LoRAName:  r.req.LoRAName,
-			Medium:    MediumGPU,
-			ExtraKeys: make([][]string, 0, n),
-		}
-		if i > 0 {
-			ev.Parent, ev.HasParent = r.hashes[i-1], true
-		}
-		// The run's tokens are copied once; the event and the blocks'
-		// metadata share the copy, so a cached block does not keep its
-		// request's whole token array alive.
-		ev.Tokens = append(ev.Tokens, r.tokens[i*bs:j*bs]...)
-		for k := i; k < j; k++ {
-			m := &metas[k-i]
-			e.fillMeta(m, r, k)
-			m.tokens = ev.Tokens[(k-i)*bs : (k-i+1)*bs : (k-i+1)*bs]
-			h := r.hashes[k]
-			e.pool.cache(r.blocks[k], h, m)
-			ev.Hashes = append(ev.Hashes, h)
-			ev.ExtraKeys = append(ev.ExtraKeys, m.extra)
-		}
-		e.events = append(e.events, ev)
+		e.storeRun(r, i, j, GroupFullAttention, func(k int, m *blockMeta) { e.pool.cache(r.blocks[k], r.hashes[k], m) })
 		i = j
 	}
 	r.committed = full
 	if e.hybrid() {
 		e.commitSW(r)
 	}
+}
+
+// storeRun emits the BlockStored event of r's blocks i..j-1 in group and
+// hands each block's metadata to cache. The run's metadata, hashes, tokens
+// and extra keys are allocated once, at their final size; its tokens are
+// copied once and shared by the event and the blocks' metadata, so a
+// cached block does not keep its request's whole token array alive.
+func (e *Engine) storeRun(r *request, i, j, group int, cache func(k int, m *blockMeta)) {
+	bs := e.cfg.BlockSize
+	n := j - i
+	metas := make([]blockMeta, n)
+	ev := Event{
+		Kind:      BlockStored,
+		Hashes:    make([]uint64, 0, n),
+		Tokens:    make([]uint32, 0, n*bs),
+		BlockSize: bs,
+		LoRAID:    r.req.LoRAID,
+		LoRAName:  r.req.LoRAName,
+		Medium:    MediumGPU,
+		ExtraKeys: make([][]string, 0, n),
+	}
+	if group == GroupSlidingWindow {
+		ev.Group, ev.SpecKind, ev.SlidingWindow = GroupSlidingWindow, SpecSlidingWindow, e.cfg.SlidingWindow
+	}
+	if i > 0 {
+		ev.Parent, ev.HasParent = r.hashes[i-1], true
+	}
+	ev.Tokens = append(ev.Tokens, r.tokens[i*bs:j*bs]...)
+	for k := i; k < j; k++ {
+		m := &metas[k-i]
+		e.fillMeta(m, r, k)
+		m.tokens = ev.Tokens[(k-i)*bs : (k-i+1)*bs : (k-i+1)*bs]
+		cache(k, m)
+		ev.Hashes = append(ev.Hashes, r.hashes[k])
+		ev.ExtraKeys = append(ev.ExtraKeys, m.extra)
+	}
+	e.events = append(e.events, ev)
 }
 
 // observeStep updates the step counters and running averages.

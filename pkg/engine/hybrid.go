@@ -193,34 +193,9 @@ func (e *Engine) commitSW(r *request) {
 		for j < full && free(j) {
 			j++
 		}
-		n := j - i
-		metas := make([]blockMeta, n)
-		ev := Event{
-			Kind:          BlockStored,
-			Hashes:        make([]uint64, 0, n),
-			Tokens:        make([]uint32, 0, n*bs),
-			BlockSize:     bs,
-			LoRAID:        r.req.LoRAID,
-			LoRAName:      r.req.LoRAName,
-			Medium:        MediumGPU,
-			ExtraKeys:     make([][]string, 0, n),
-			Group:         GroupSlidingWindow,
-			SpecKind:      SpecSlidingWindow,
-			SlidingWindow: e.cfg.SlidingWindow,
-		}
-		if i > 0 {
-			ev.Parent, ev.HasParent = r.hashes[i-1], true
-		}
-		ev.Tokens = append(ev.Tokens, r.tokens[i*bs:j*bs]...)
-		for k := i; k < j; k++ {
-			m := &metas[k-i]
-			e.fillMeta(m, r, k)
-			m.tokens = ev.Tokens[(k-i)*bs : (k-i+1)*bs : (k-i+1)*bs]
+		e.storeRun(r, i, j, GroupSlidingWindow, func(k int, m *blockMeta) {
 			e.pool.cacheGroup(r.sw[k], r.hashes[k], GroupSlidingWindow, m)
-			ev.Hashes = append(ev.Hashes, r.hashes[k])
-			ev.ExtraKeys = append(ev.ExtraKeys, m.extra)
-		}
-		e.events = append(e.events, ev)
+		})
 		i = j
 	}
 	r.swCommitted = max(r.swCommitted, full)
