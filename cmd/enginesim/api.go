@@ -115,7 +115,7 @@ func chatText(raw json.RawMessage) (string, error) {
 // chatTokens applies the chat template: add_generation_prompt defaults to
 // true and add_special_tokens to false, as in vLLM's chat and tokenize
 // endpoints.
-func chatTokens(req *genRequest) ([]uint32, error) {
+func chatTokens(req *genRequest, rt *realTokenizer) ([]uint32, error) {
 	if len(req.Messages) == 0 {
 		return nil, badRequest("messages", "messages must not be empty")
 	}
@@ -135,21 +135,33 @@ func chatTokens(req *genRequest) ([]uint32, error) {
 	}
 	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	special := req.AddSpecialTokens != nil && *req.AddSpecialTokens
+	if rt != nil {
+		return rt.chat(req.Messages, gen, special)
+	}
 	return simtok.EncodeChat(msgs, gen, special), nil
 }
 
 // completionPrompts parses a completion prompt: a string, a list of
 // strings, a list of token ids or a list of token-id lists. Text is encoded
-// with BOS unless add_special_tokens is false.
-func completionPrompts(req *genRequest) ([][]uint32, error) {
+// with BOS unless add_special_tokens is false, or with the real tokenizer
+// when rt is set.
+func completionPrompts(req *genRequest, rt *realTokenizer) ([][]uint32, error) {
 	raw := req.Prompt
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt", "prompt is required")
 	}
 	special := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	encode := func(s string) ([]uint32, error) { return simtok.Encode(s, special), nil }
+	if rt != nil {
+		encode = func(s string) ([]uint32, error) { return rt.text(s, special) }
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return [][]uint32{simtok.Encode(s, special)}, nil
+		t, err := encode(s)
+		if err != nil {
+			return nil, err
+		}
+		return [][]uint32{t}, nil
 	}
 	var many []json.RawMessage
 	if err := json.Unmarshal(raw, &many); err != nil {
@@ -169,7 +181,11 @@ func completionPrompts(req *genRequest) ([][]uint32, error) {
 	out := make([][]uint32, 0, len(many))
 	for _, m := range many {
 		if json.Unmarshal(m, &s) == nil {
-			out = append(out, simtok.Encode(s, special))
+			t, err := encode(s)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, t)
 			continue
 		}
 		if err := json.Unmarshal(m, &ids); err != nil {

@@ -23,9 +23,9 @@ func FuzzParseRequest(f *testing.F) {
 		r := httptest.NewRequest("POST", "/v1/completions", bytes.NewReader(body))
 		errs := []error{decodeBody(r, &req)}
 		if errs[0] == nil {
-			_, err := chatTokens(&req)
+			_, err := chatTokens(&req, nil)
 			errs = append(errs, err)
-			_, err = completionPrompts(&req)
+			_, err = completionPrompts(&req, nil)
 			errs = append(errs, err)
 		}
 		for _, err := range errs {

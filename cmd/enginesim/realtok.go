@@ -15,9 +15,20 @@ import (
 // realTokenizer backs POST /tokenize with a real HuggingFace tokenizer
 // (--tokenizer-dir: tokenizer.json, and tokenizer_config.json for chat),
 // so that a router's local tokenizer can be checked against the engine as
-// it would be against vLLM. Generation keeps the simulator's own tokens.
+// it would be against vLLM. Text prompts of completions and chats are
+// tokenized with it too, so that the engine caches, and its KV events
+// carry, the token ids a router with the same tokenizer computes. Generated
+// tokens stay the simulator's own (one byte each); a client that resends
+// the generated text gets it re-tokenized by the real tokenizer, so the
+// blocks holding an answer are cached under ids the next turn does not
+// send, as with any engine whose output does not re-tokenize to itself.
 type realTokenizer struct {
 	local *tokenize.Local
+	// prompts tokenizes the engine's own text prompts, with the chunk
+	// cache a multi-turn workload's resent history needs; local
+	// (/tokenize) keeps none, so a remote tokenizer measured against it
+	// pays a full tokenization as against vLLM.
+	prompts *tokenize.Local
 }
 
 func loadRealTokenizer(dir string) (*realTokenizer, error) {
@@ -29,7 +40,32 @@ func loadRealTokenizer(dir string) (*realTokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--tokenizer-dir: %w", err)
 	}
-	return &realTokenizer{local: l}, nil
+	return &realTokenizer{local: l, prompts: tokenize.NewLocal(l.Encoder(), nil, 0, tokenize.DefaultPrefixCacheBytes)}, nil
+}
+
+// text tokenizes a completion prompt as the engine does.
+func (rt *realTokenizer) text(s string, special bool) ([]uint32, error) {
+	t, err := rt.prompts.Tokenize(route.TokenizeInput{Prompt: s, AddSpecialTokens: special})
+	if err != nil {
+		return nil, badRequest("prompt", "%v", err)
+	}
+	return t.IDs, nil
+}
+
+// chat renders and tokenizes chat messages with the tokenizer's template.
+func (rt *realTokenizer) chat(msgs []chatMessage, gen, special bool) ([]uint32, error) {
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, badRequest("messages", "%v", err)
+	}
+	t, err := rt.local.Tokenize(route.TokenizeInput{Chat: true, Messages: raw, AddGenerationPrompt: gen, AddSpecialTokens: special})
+	if err != nil {
+		if errors.Is(err, tokenize.ErrNoChatTemplate) {
+			return nil, badRequest("messages", "the tokenizer has no chat template")
+		}
+		return nil, badRequest("messages", "%v", err)
+	}
+	return t.IDs, nil
 }
 
 func fileExists(p string) bool {

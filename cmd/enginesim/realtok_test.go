@@ -4,9 +4,11 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +153,58 @@ func TestRealTokenizerSelfCheck(t *testing.T) {
 	// <|begin_of_text|> (128000).
 	if len(after.IDs) == 0 || after.IDs[0] != 128000 {
 		t.Errorf("engine ids start %v", after.IDs[:min(4, len(after.IDs))])
+	}
+}
+
+// TestRealTokenizerPrompts: with --tokenizer-dir the engine computes on the
+// real tokenizer's ids, as vLLM does: a text prompt's usage counts Qwen3
+// tokens (not bytes), a resend hits the blocks its ids fill, the same ids
+// sent pre-tokenized hit them too, and a chat is rendered by the model's
+// template.
+func TestRealTokenizerPrompts(t *testing.T) {
+	dir := tokenizerDir(t, "qwen3")
+	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
+		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable", "--enable-prompt-tokens-details")
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20)
+	want, err := ref.Tokenize(route.TokenizeInput{Prompt: prompt, AddSpecialTokens: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(want.IDs)
+	if n >= len(prompt)/2 || n < 64 {
+		t.Fatalf("reference count %d for %d bytes: not a subword tokenizer", n, len(prompt))
+	}
+	body := fmt.Sprintf(`{"model": "sim-model", "prompt": %q, "max_tokens": 3}`, prompt)
+	first := s.complete(t, body)
+	if first.Usage.PromptTokens != n || first.Usage.PromptTokensDetails != nil {
+		t.Fatalf("first: usage %+v, want %d prompt tokens and nothing cached", first.Usage, n)
+	}
+	second := s.complete(t, body)
+	if got := second.Usage.PromptTokensDetails; got == nil || got.CachedTokens != (n/16)*16 {
+		t.Fatalf("resend: details %+v, want %d cached", got, (n/16)*16)
+	}
+	ids := make([]string, n)
+	for i, id := range want.IDs {
+		ids[i] = fmt.Sprint(id)
+	}
+	third := s.complete(t, `{"prompt": [`+strings.Join(ids, ",")+`], "max_tokens": 2}`)
+	if got := third.Usage.PromptTokensDetails; third.Usage.PromptTokens != n || got == nil || got.CachedTokens != (n/16)*16 {
+		t.Fatalf("token ids: usage %+v", third.Usage)
+	}
+	c := referenceChats(t, "qwen3")[0]
+	if c.ToolsJSON != "null" || string(c.Kwargs) != "{}" {
+		t.Fatalf("reference chat 0 has tools %q or kwargs %s: pick one without", c.ToolsJSON, c.Kwargs)
+	}
+	code, b := s.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model": "sim-model", "messages": %s, "max_tokens": 2, "add_generation_prompt": %v}`, c.MessagesJSON, c.AddGenerationPrompt))
+	if code != 200 {
+		t.Fatalf("chat: %d %s", code, b)
+	}
+	var cr completionJSON
+	if err := json.Unmarshal(b, &cr); err != nil || cr.Usage == nil || cr.Usage.PromptTokens != len(c.IDs) {
+		t.Fatalf("chat usage %s (%v), want %d prompt tokens", b, err, len(c.IDs))
 	}
 }

@@ -112,10 +112,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	var prompts [][]uint32
 	if chat {
 		var p []uint32
-		p, err = chatTokens(&req)
+		p, err = chatTokens(&req, s.realTok)
 		prompts = [][]uint32{p}
 	} else {
-		prompts, err = completionPrompts(&req)
+		prompts, err = completionPrompts(&req, s.realTok)
 	}
 	if err == nil {
 		err = s.validate(&req, prompts, chat)
@@ -390,7 +390,7 @@ func (s *server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("", "Cannot set both `continue_final_message` and `add_generation_prompt` to True."))
 			return
 		}
-		toks, err = chatTokens(&req)
+		toks, err = chatTokens(&req, nil)
 	default:
 		var s string
 		if e := json.Unmarshal(req.Prompt, &s); e != nil {

@@ -6,8 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/bench"
 	"github.com/kvroute/kvroute/pkg/bench/live"
 )
 
@@ -43,6 +47,20 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
 	asJSON := fs.Bool("json", false, "print JSON")
 	tokenIDs := fs.Bool("token-ids", false, "send prompts as the simulator's token ids (BOS, then one token per byte) instead of text: the router never tokenizes")
+	words := fs.Bool("words", false, "render every workload token as a space and a letter (one token of a real BPE tokenizer) instead of one letter (one token of enginesim's byte tokenizer); -stack sets it for text prompts")
+	var bo live.BenchOptions
+	stack := fs.Bool("stack", false, "start the stack (enginesims, kvroute behind Envoy, a round-robin Envoy) on loopback and run -reps repetitions of kvroute against round robin, seeds -seed, -seed+1, ...; -url and -compare-url are ignored")
+	fs.IntVar(&bo.Engines, "engines", 8, "-stack: enginesims")
+	fs.Float64Var(&bo.EngineSpeed, "engine-speed", 5, "-stack: enginesim --speed")
+	engineArgs := fs.String("engine-args", "--max-model-len 131072 --num-gpu-blocks 24576 --cpu-offload-blocks 131072 --prefill-tokens-per-s 16000",
+		"-stack: further enginesim flags for every engine, space separated")
+	fs.IntVar(&bo.Reps, "reps", 3, "-stack: repetitions")
+	fs.StringVar(&bo.Tokenizer, "tokenizer", "", "-stack: local (kvroute's default tokenizer, kind auto, finds the model's files; the default when -tokenizer-dir has them), remote (the engines' /tokenize) or ids (as -token-ids)")
+	fs.StringVar(&bo.TokenizerDir, "tokenizer-dir", "", "-stack: the model's tokenizer.json and tokenizer_config.json, used by the engines and found by kvroute (default $KVROUTE_TOKENIZER_CACHE/qwen3 or .cache/tokenizers/qwen3)")
+	fs.BoolVar(&bo.Parallel, "parallel", false, "-stack: run kvroute and round robin at the same time, each on its own enginesims, instead of one after the other (order alternating)")
+	fs.StringVar(&bo.KVRouteExtra, "kvroute-yaml", "", "-stack: YAML appended to kvroute's config (e.g. 'policy: {name: leastload}')")
+	fs.StringVar(&bo.Bin, "bin", "", "-stack: directory with kvroute and enginesim (default <repo>/bin)")
+	fs.IntVar(&bo.Worst, "worst", 5, "-stack: slowest requests of each run to list")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return err
@@ -61,7 +79,33 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	opts := live.Options{
 		URL: *url, Model: *model, Workload: ws[0], Rate: *rate, Speed: *speed,
-		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed, TokenIDs: *tokenIDs,
+		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed, TokenIDs: *tokenIDs, Words: *words,
+	}
+	if *stack {
+		if *tokenIDs {
+			if bo.Tokenizer != "" && bo.Tokenizer != live.TokenizerIDs {
+				return fmt.Errorf("%w: -token-ids with -tokenizer %s", errUsage, bo.Tokenizer)
+			}
+			bo.Tokenizer = live.TokenizerIDs
+		}
+		bo.EngineArgs = strings.Fields(*engineArgs)
+		bo.Run = opts
+		bo.Log = stderr
+		base := sf.seed
+		bo.Workload = func(rep int) (*bench.Workload, uint64, error) {
+			f := sf
+			f.seed = base + uint64(rep)
+			ws, err := f.load()
+			if err != nil {
+				return nil, 0, err
+			}
+			return ws[0], f.seed, nil
+		}
+		rep, err := live.Bench(ctx, bo)
+		if rep != nil {
+			printBench(stdout, rep, *asJSON)
+		}
+		return err
 	}
 	rep, err := live.Run(ctx, opts)
 	if err != nil {
@@ -101,4 +145,52 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			1000*out.Added.TTFTP50, 1000*out.Added.TTFTP99, 1000*out.Added.E2EP50, 1000*out.Added.E2EP99)
 	}
 	return nil
+}
+
+// printBench prints a -stack run: every repetition, the medians, and each
+// run's slowest requests.
+func printBench(w io.Writer, rep *live.BenchReport, asJSON bool) {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+		return
+	}
+	mode := "one after the other, order alternating"
+	if rep.Parallel {
+		mode = "at the same time, each on its own engines"
+	}
+	fmt.Fprintf(w, "tokenizer %s; kvroute and round robin %s\n\n", rep.Tokenizer, mode)
+	fmt.Fprintln(w, "| rep (seed, order) | requests kv / rr | kvroute TTFT mean / p50 / p99 s | round robin mean / p50 / p99 s | p99 ratio | mean ratio | hit kv / rr | preemptions kv / rr |")
+	fmt.Fprintln(w, "|---|---|---|---|---:|---:|---|---|")
+	for _, r := range rep.Reps {
+		k, o := r.KVRoute.Summary, r.RoundRobin.Summary
+		fmt.Fprintf(w, "| %d (%d, %s) | %d / %d | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | **%.2f** | %.2f | %.3f / %.3f | %.0f / %.0f |\n",
+			r.Rep, r.Seed, r.Order, k.Requests-k.Errors, o.Requests-o.Errors, k.TTFTMean, k.TTFTP50, k.TTFTP99, o.TTFTMean, o.TTFTP50, o.TTFTP99,
+			r.P99Ratio, r.MeanRatio, k.HitRate, o.HitRate, r.KVRoute.Preemptions, r.RoundRobin.Preemptions)
+	}
+	fmt.Fprintf(w, "\nmedian p99 ratio %.2f, median mean ratio %.2f\n", rep.MedianP99Ratio, rep.MedianMeanRatio)
+	if rep.Demoted {
+		fmt.Fprintln(w, "WARNING: kvroute's local tokenizer was demoted by its self-check; requests went to the engines' /tokenize")
+	}
+	for _, r := range rep.Reps {
+		if rs := r.KVRoute.Router; rs != nil {
+			var reasons []string
+			for _, k := range slices.Sorted(maps.Keys(rs.Reasons)) {
+				reasons = append(reasons, fmt.Sprintf("%s %.0f", k, rs.Reasons[k]))
+			}
+			fmt.Fprintf(w, "\nrep %d kvroute: %.0f decisions (%.0f degraded, %.0f tokenizer fallbacks), decision mean %.2f ms, tokenization mean %.2f ms; reasons: %s\n",
+				r.Rep, rs.Decisions, rs.Degraded, rs.Fallbacks, 1000*rs.DecisionMean, 1000*rs.TokenizeMean, strings.Join(reasons, ", "))
+		}
+		for _, a := range []struct {
+			name string
+			arm  live.Arm
+		}{{"kvroute", r.KVRoute}, {"round robin", r.RoundRobin}} {
+			fmt.Fprintf(w, "rep %d %s errors %d, slowest:", r.Rep, a.name, a.arm.Summary.Errors)
+			for _, q := range a.arm.Worst {
+				fmt.Fprintf(w, " [s%d t%d at %.1fs: %.3f s, %d tok, %d cached, %s]", q.Session, q.Turn, q.Start.Seconds(), q.TTFT.Seconds(), q.PromptTokens, q.CachedTokens, q.Upstream)
+			}
+			fmt.Fprintln(w)
+		}
+	}
 }

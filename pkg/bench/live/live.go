@@ -59,6 +59,13 @@ type Options struct {
 	// own tokenizer): the router then never tokenizes, so a run measures
 	// the routing without the tokenizer's cost.
 	TokenIDs bool
+	// Words renders every workload token as a space and a letter (" q")
+	// instead of one letter: a word that BPE tokenizers such as Qwen3's
+	// and Llama 3's encode as one token, so an engine and router using a
+	// real tokenizer see the workload's lengths and block boundaries (one
+	// letter per token suits the simulator's byte tokenizer; letters run
+	// together encode to about two per token). Not with TokenIDs.
+	Words bool
 }
 
 // Request is one measured request.
@@ -75,6 +82,9 @@ type Request struct {
 	PromptTokens, CachedTokens, CompletionTokens int
 	Status                                       int
 	Err                                          string
+	// Upstream is the response's x-upstream header (the engine that
+	// served it, when the stack's Envoy adds it).
+	Upstream string
 }
 
 // Report is a run's outcome.
@@ -107,6 +117,9 @@ type Summary struct {
 	Delayed  int     `json:"delayed"`
 }
 
+// UpstreamHeader is the response header Request.Upstream is read from.
+const UpstreamHeader = "x-upstream"
+
 // ErrOptions classifies bad options.
 var ErrOptions = errors.New("live: invalid options")
 
@@ -116,6 +129,9 @@ var ErrOptions = errors.New("live: invalid options")
 func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.URL == "" || o.Workload == nil {
 		return nil, fmt.Errorf("%w: URL and Workload are required", ErrOptions)
+	}
+	if o.Words && o.TokenIDs {
+		return nil, fmt.Errorf("%w: Words and TokenIDs exclude each other", ErrOptions)
 	}
 	if o.Speed == 0 {
 		o.Speed = 1
@@ -249,9 +265,17 @@ func (r *runner) text(tu bench.Turn) []byte {
 	} else {
 		toks = bench.Expand(nil, tu.Append)
 	}
+	letter := func(t uint32) byte { return 'a' + byte((uint64(t)^r.o.Salt*0x9e3779b97f4a7c15)%26) }
+	if r.o.Words {
+		out := make([]byte, 2*len(toks))
+		for i, t := range toks {
+			out[2*i], out[2*i+1] = ' ', letter(t)
+		}
+		return out
+	}
 	out := make([]byte, len(toks))
 	for i, t := range toks {
-		out[i] = 'a' + byte((uint64(t)^r.o.Salt*0x9e3779b97f4a7c15)%26)
+		out[i] = letter(t)
 	}
 	return out
 }
@@ -315,6 +339,7 @@ func (r *runner) send(ctx context.Context, sess, turn int, key string, prompt []
 	}
 	defer resp.Body.Close()
 	q.Status = resp.StatusCode
+	q.Upstream = resp.Header.Get(UpstreamHeader)
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		q.Err = fmt.Sprintf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvroute/kvroute/pkg/bench"
+	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -248,5 +252,86 @@ func TestRunTokenIDs(t *testing.T) {
 		if fmt.Sprint(ps) != fmt.Sprint(seen[1][k]) {
 			t.Fatalf("session %s: the token-id run sent other text than the text run", k)
 		}
+	}
+}
+
+// TestRunWords: with Words every workload token goes as a space and a
+// letter, the letters those of a letters run, and a real BPE tokenizer
+// (Qwen3's) encodes a rendered turn as exactly one token per workload
+// token, so the engines see the workload's lengths.
+func TestRunWords(t *testing.T) {
+	w := workload(t, bench.GenAgentic, 0.02)
+	for i := range w.Sessions {
+		for k := range w.Sessions[i].Turns {
+			w.Sessions[i].Turns[k].Output = 2
+			w.Sessions[i].Turns[k].Gap = 0
+		}
+	}
+	var first [2]string
+	for i, words := range []bool{false, true} {
+		f := newFake()
+		srv := httptest.NewServer(f)
+		rep, err := Run(context.Background(), Options{URL: srv.URL, Model: "m", Workload: w, Speed: 1000, Words: words, MaxSessions: 1})
+		srv.Client().CloseIdleConnections()
+		srv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := Summarize(rep); s.Errors != 0 || s.Requests != len(w.Sessions[0].Turns) {
+			t.Fatalf("words %v: %+v", words, s)
+		}
+		first[i] = f.prompts[w.Sessions[0].Key][0]
+	}
+	n := w.Sessions[0].Turns[0].Append[0].Len + w.Sessions[0].Turns[0].Append[1].Len
+	if len(first[0]) != n || len(first[1]) != 2*n || strings.ReplaceAll(first[1], " ", "") != first[0] {
+		t.Fatalf("first prompt: %d letters, %d bytes as words (want %d and %d), same letters %v",
+			len(first[0]), len(first[1]), n, 2*n, strings.ReplaceAll(first[1], " ", "") == first[0])
+	}
+	dir := os.Getenv("KVROUTE_TOKENIZER_CACHE")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "..", ".cache", "tokenizers")
+	}
+	dir = filepath.Join(dir, "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
+	}
+	l, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal, TokenizerJSON: filepath.Join(dir, "tokenizer.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, err := l.Tokenize(route.TokenizeInput{Prompt: first[1], AddSpecialTokens: true})
+	if err != nil || len(toks.IDs) != n {
+		t.Fatalf("Qwen3 encodes the words as %d tokens (%v), want %d", len(toks.IDs), err, n)
+	}
+	if _, err := Run(context.Background(), Options{URL: "http://127.0.0.1:1", Workload: w, Words: true, TokenIDs: true}); !errors.Is(err, ErrOptions) {
+		t.Fatalf("Words with TokenIDs: %v", err)
+	}
+}
+
+func TestSumLines(t *testing.T) {
+	text := `# HELP vllm:num_preemptions_total x
+vllm:num_preemptions_total{engine="0",model_name="m"} 3
+vllm:num_preemptions_total{engine="1",model_name="m"} 4.5
+vllm:num_preemptions_created{engine="0"} 99
+kvroute_decisions_total{degraded="",policy="kvroute",reason="cost",replica="a"} 7
+kvroute_decisions_total{degraded="tokenize_timeout",policy="kvroute",reason="load",replica="a"} 2
+`
+	for _, c := range []struct {
+		prefix   string
+		contains []string
+		want     float64
+	}{
+		{"vllm:num_preemptions_total{", nil, 7.5},
+		{"kvroute_decisions_total{", nil, 9},
+		{"kvroute_decisions_total{", []string{`degraded=""`}, 7},
+		{"missing{", nil, 0},
+	} {
+		got, err := sumLines(strings.NewReader(text), c.prefix, c.contains...)
+		if err != nil || got != c.want {
+			t.Errorf("%s %v: %v, %v; want %v", c.prefix, c.contains, got, err, c.want)
+		}
+	}
+	if _, err := sumLines(strings.NewReader("x{} notanumber\n"), "x{"); err == nil {
+		t.Error("a bad sample was summed")
 	}
 }

@@ -1,0 +1,92 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/bench"
+	"github.com/kvroute/kvroute/pkg/bench/live"
+	"github.com/kvroute/kvroute/pkg/testbed"
+)
+
+// TestLiveBench runs what `kvbench live -stack` runs, small: it starts 4
+// enginesims on the Qwen3 tokenizer, kvroute with its default tokenizer
+// (kind auto, finding the files in a search directory) behind Envoy and a
+// round-robin Envoy, and runs two repetitions in alternating order. Every
+// request of every run succeeds and is routed by kvroute on its local
+// tokenizer (no fallbacks, not demoted), kvroute's runs find the sessions'
+// histories cached more often than round robin's, and the report keeps
+// each run's slowest requests with the engine that served them.
+func TestLiveBench(t *testing.T) {
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("KVROUTE_TOKENIZER_CACHE")
+	if dir == "" {
+		dir = filepath.Join(root, ".cache", "tokenizers")
+	}
+	dir = filepath.Join(dir, "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
+	}
+	// 6 sessions of 4 turns: a shared 400-token system prompt, 200 new
+	// tokens a turn, 8 output tokens, 50 ms think time.
+	w := &bench.Workload{Name: "e2e"}
+	for s := range 6 {
+		sess := bench.Session{Key: "s" + string(rune('a'+s)), Start: time.Duration(s) * 20 * time.Millisecond}
+		for turn := range 4 {
+			tu := bench.Turn{Append: []bench.Segment{{ID: uint64(1000*s + turn + 1), Len: 200}}, Output: 8}
+			if turn == 0 {
+				tu.Append = append([]bench.Segment{{ID: 7, Len: 400}}, tu.Append...)
+			} else {
+				tu.Gap = 50 * time.Millisecond
+			}
+			sess.Turns = append(sess.Turns, tu)
+		}
+		w.Sessions = append(w.Sessions, sess)
+	}
+	rep, err := live.Bench(t.Context(), live.BenchOptions{
+		Root: root, Bin: filepath.Dir(bins.KVRoute), Engines: 4, EngineSpeed: 10,
+		EngineArgs: []string{"--max-model-len", "16384"}, TokenizerDir: dir, Reps: 2,
+		Workload: func(int) (*bench.Workload, uint64, error) { return w, 1, nil },
+		Run:      live.Options{Model: "sim-model", Timeout: 30 * time.Second},
+		Log:      testLog{t},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Tokenizer != live.TokenizerLocal || rep.Demoted || len(rep.Reps) != 2 {
+		t.Fatalf("tokenizer %s, demoted %v, %d reps", rep.Tokenizer, rep.Demoted, len(rep.Reps))
+	}
+	for i, r := range rep.Reps {
+		if want := []string{"kvroute first", "round robin first"}[i]; r.Order != want {
+			t.Errorf("rep %d order %q, want %q", r.Rep, r.Order, want)
+		}
+		k, o := r.KVRoute.Summary, r.RoundRobin.Summary
+		if k.Requests != w.Requests() || k.Errors != 0 || o.Requests != w.Requests() || o.Errors != 0 {
+			t.Fatalf("rep %d: kvroute %+v, round robin %+v", r.Rep, k, o)
+		}
+		rs := r.KVRoute.Router
+		if rs == nil || rs.Decisions != float64(w.Requests()) || rs.Fallbacks != 0 || rs.TokenizeMean <= 0 {
+			t.Errorf("rep %d: kvroute's own figures %+v, want %d decisions on the local tokenizer", r.Rep, rs, w.Requests())
+		}
+		if k.HitRate <= o.HitRate || k.HitRate < 0.5 {
+			t.Errorf("rep %d: hit rate kvroute %.3f, round robin %.3f", r.Rep, k.HitRate, o.HitRate)
+		}
+		if r.P99Ratio <= 0 || len(r.KVRoute.Worst) != 5 || r.KVRoute.Worst[0].Upstream == "" || r.KVRoute.Worst[0].TTFT < r.KVRoute.Worst[4].TTFT {
+			t.Errorf("rep %d: p99 ratio %v, worst %+v", r.Rep, r.P99Ratio, r.KVRoute.Worst)
+		}
+	}
+}
+
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Logf("%s", p)
+	return len(p), nil
+}
