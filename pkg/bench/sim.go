@@ -3,11 +3,14 @@ package bench
 import (
 	"container/heap"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute/pkg/engine"
 	"github.com/kvroute/kvroute/pkg/index"
@@ -135,6 +138,9 @@ type RequestResult struct {
 	// Truncated is set when the prompt was cut to fit MaxModelLen.
 	Truncated bool
 	Reason    string
+	// SessionKey is the session key the router derived for the request
+	// (route.SessionKey; "" for none).
+	SessionKey string
 }
 
 // ReplicaResult is one replica's totals.
@@ -227,6 +233,7 @@ type live struct {
 	hashes     []uint64 // the prompt's block hashes relevance predicted
 	truncated  bool
 	reason     string
+	key        string
 }
 
 type replica struct {
@@ -258,6 +265,7 @@ type sim struct {
 	loss    *rand.Rand
 	live    []map[engine.ReqID]*live
 	history [][]uint32           // per session: the last prompt plus its outputs
+	opening [][]byte             // per session: its opening messages (see openingMessages)
 	blocks  hashTable[blockInfo] // per engine block hash: see blockInfo
 	run     *Run
 }
@@ -278,6 +286,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		idx:     index.New(index.Config{}),
 		loss:    rand.New(rand.NewPCG(cfg.Seed, 0x6c6f7373)),
 		history: make([][]uint32, len(w.Sessions)),
+		opening: make([][]byte, len(w.Sessions)),
 		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
@@ -407,6 +416,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	dec, err := s.router.Decide(ctx, route.Request{
 		Model:      s.cfg.Engine.Model,
 		Tokens:     prompt,
+		Input:      route.TokenizeInput{Chat: true, Messages: s.opening[sess]},
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,
@@ -431,6 +441,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		hashes:    blockHashes,
 		truncated: truncated,
 		reason:    dec.Reason,
+		key:       dec.Session,
 	}
 	if lv.keepOut {
 		lv.prompt = prompt // the next turn resends it
@@ -544,10 +555,13 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			PredictedTokens: lv.predicted, CeilingTokens: s.ceiling(f),
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
 			IdealTTFT: s.idealTTFT(f.PromptTokens - f.CachedTokens),
-			Truncated: lv.truncated, Reason: lv.reason,
+			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.keepOut {
+			if lv.turn == 0 {
+				s.opening[lv.sess] = openingMessages(lv.prompt, lv.outputs)
+			}
 			hist := append(lv.prompt, lv.outputs...)
 			s.history[lv.sess] = hist
 			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
@@ -569,6 +583,37 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		r.queued = true
 		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
 	}
+}
+
+// openingMessages is what a chat client resends at the start of every
+// later turn of a conversation, as the OpenAI messages array: the first
+// turn's prompt (its system and user messages, here one user message) and
+// the answer to it. The simulator has token ids, not text, so each
+// message's content is a hash of its tokens. route.SessionKey derives the
+// conversation's key from it exactly as from a live request's body (a
+// first turn carries none: it has no assistant message yet), so the
+// simulated router sees the identities a live one would.
+func openingMessages(prompt, answer []uint32) []byte {
+	b := append(make([]byte, 0, 96), `[{"role":"user","content":"`...)
+	b = strconv.AppendUint(b, hashTokens(prompt), 16)
+	b = append(b, `"},{"role":"assistant","content":"`...)
+	b = strconv.AppendUint(b, hashTokens(answer), 16)
+	return append(b, `"}]`...)
+}
+
+// hashTokens hashes token ids (little-endian bytes).
+func hashTokens(toks []uint32) uint64 {
+	h := xxh3.New()
+	var buf [4 * 256]byte
+	for len(toks) > 0 {
+		n := min(len(toks), 256)
+		for i, t := range toks[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
+		}
+		_, _ = h.Write(buf[:4*n])
+		toks = toks[n:]
+	}
+	return h.Sum64()
 }
 
 // idealTTFT is the time an idle engine takes to prefill n uncached tokens

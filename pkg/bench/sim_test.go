@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,5 +188,57 @@ func TestQuantileAndCV(t *testing.T) {
 	}
 	if cv := CV([]float64{0, 2}); cv != 1 {
 		t.Errorf("cv %v, want 1", cv)
+	}
+}
+
+// TestSimulateSessionKeysAsLive checks that the simulated router derives
+// the session keys a live router would: the header when sent; else, from a
+// conversation's second turn on, the hash of its opening messages (the
+// same key for every later turn of one conversation, different between
+// conversations); else the OpenAI user field; nothing for a keyless first
+// turn.
+func TestSimulateSessionKeysAsLive(t *testing.T) {
+	w := mustGen(t, GenChat, 0.3)
+	r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameSession), smallFleet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := map[int]string{}  // session -> its derived key
+	owner := map[string]int{} // derived key -> session
+	var header, user, derived, none int
+	for _, q := range r.Requests {
+		s := w.Sessions[q.Session]
+		switch {
+		case s.Key != "":
+			header++
+			if q.SessionKey != s.Key {
+				t.Fatalf("session %d turn %d: key %q, want the header %q", q.Session, q.Turn, q.SessionKey, s.Key)
+			}
+		case q.Turn == 0 && s.User != "":
+			user++
+			if q.SessionKey != "user:"+s.User {
+				t.Fatalf("session %d first turn: key %q, want user:%s", q.Session, q.SessionKey, s.User)
+			}
+		case q.Turn == 0:
+			none++
+			if q.SessionKey != "" {
+				t.Fatalf("session %d first turn without identity got key %q", q.Session, q.SessionKey)
+			}
+		default:
+			derived++
+			if !strings.HasPrefix(q.SessionKey, "conv:") {
+				t.Fatalf("session %d turn %d: key %q, want one derived from the opening", q.Session, q.Turn, q.SessionKey)
+			}
+			if k, ok := conv[q.Session]; ok && k != q.SessionKey {
+				t.Fatalf("session %d: turns derive different keys %q and %q", q.Session, k, q.SessionKey)
+			}
+			if o, ok := owner[q.SessionKey]; ok && o != q.Session {
+				t.Fatalf("sessions %d and %d share the derived key %q", o, q.Session, q.SessionKey)
+			}
+			conv[q.Session], owner[q.SessionKey] = q.SessionKey, q.Session
+		}
+	}
+	if header == 0 || user == 0 || derived == 0 || none == 0 || len(conv) < 2 {
+		t.Fatalf("workload does not cover every habit: header %d, user %d, derived %d (%d sessions), none %d", header, user, derived, len(conv), none)
 	}
 }
