@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -244,7 +245,7 @@ func TestGridDuration(t *testing.T) {
 	const d = 10 * time.Minute
 	for _, name := range bench.Generators() {
 		g, err := buildGrid(&sf, []string{name}, []uint64{1}, []float64{0.5, 1}, d,
-			[]bench.FleetConfig{small, big}, []string{"roundrobin"}, policy.Config{}, false)
+			[]bench.FleetConfig{small, big}, []string{"roundrobin"}, policy.Config{}, false, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -259,6 +260,40 @@ func TestGridDuration(t *testing.T) {
 		// Cases: (4 replicas, 0.5), (4, 1), (8, 0.5), (8, 1).
 		if !(reqs[0] <= reqs[1] && reqs[1] <= reqs[3] && reqs[0] <= reqs[2] && reqs[0] < reqs[3]) {
 			t.Errorf("%s: requests %v do not grow with utilization and fleet size", name, reqs)
+		}
+	}
+}
+
+// `kvbench bar` runs every policy up to the judged utilization and only the
+// default and the baseline above it, with the same figures and verdicts
+// as the full matrix.
+func TestBarRunsOnlyWhatTheBarJudges(t *testing.T) {
+	args := []string{"-replicas", "2", "-workloads", "herding", "-util", "0.5,1.1", "-seeds", "1-2",
+		"-size", "0.02", "-duration", "0", "-gpu-blocks", "4096", "-cpu-blocks", "0", "-policies", "roundrobin,leastload,kvroute", "-q", "-json"}
+	var bar, full MatrixReport
+	if err := json.Unmarshal(kvbench(t, append([]string{"bar"}, args...)...), &bar); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(kvbench(t, append([]string{"matrix"}, args...)...), &full); err != nil {
+		t.Fatal(err)
+	}
+	if !bar.Bar || full.Bar || len(bar.Cases) != 2 || len(full.Cases) != 2 {
+		t.Fatalf("bar %v with %d cases, matrix %v with %d", bar.Bar, len(bar.Cases), full.Bar, len(full.Cases))
+	}
+	for i, c := range bar.Cases {
+		var got []string
+		for _, a := range c.Results {
+			got = append(got, a.Policy)
+		}
+		want := []string{"roundrobin", "leastload", "kvroute"}
+		if c.Util > 0.95 {
+			want = []string{"roundrobin", "kvroute"}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("util %v: policies %v, want %v", c.Util, got, want)
+		}
+		if !reflect.DeepEqual(c.Verdict, full.Cases[i].Verdict) {
+			t.Fatalf("util %v: bar verdict %+v, matrix %+v", c.Util, c.Verdict, full.Cases[i].Verdict)
 		}
 	}
 }

@@ -183,9 +183,10 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 // no utils the workloads run at -rate. With a duration (and utils), each
 // generator's size is set so that its session starts span duration at the
 // case's utilization (see workloadCache.sized). keepFirst keeps the first
-// seed's runs (for figures).
+// seed's runs (for figures). namesAt, when not nil, returns the policies to
+// run at a utilization (a subset of names; nil for all of them).
 func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64, duration time.Duration, fleets []bench.FleetConfig,
-	names []string, pcfg policy.Config, keepFirst bool) (*grid, error) {
+	names []string, pcfg policy.Config, keepFirst bool, namesAt func(u float64) []string) (*grid, error) {
 	wc := &workloadCache{sf: sf, built: map[string]*bench.Workload{}}
 	g := &grid{start: time.Now()}
 	levels := utils
@@ -195,6 +196,12 @@ func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64
 	for _, fleet := range fleets {
 		for _, wname := range workloads {
 			for _, u := range levels {
+				names := names
+				if namesAt != nil {
+					if sub := namesAt(u); sub != nil {
+						names = sub
+					}
+				}
 				cell := gridCell{replicas: fleet.Replicas, workload: wname, util: u, names: names, policies: make([][]int, len(names))}
 				for si, seed := range seeds {
 					var w *bench.Workload

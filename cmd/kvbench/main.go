@@ -36,6 +36,7 @@ var commands = []command{
 	{name: "seed", summary: "re-run the seed document's executed experiments with the real kvblock/index/policy packages", run: runSeed},
 	{name: "sim", summary: "simulate a fleet in simulated time and compare routing policies on traces and synthetic workloads", run: runSim},
 	{name: "matrix", summary: "run issue 17's grid (fleet sizes x workloads x utilizations x seeds x policies) and judge the default policy in every case", run: runMatrix},
+	{name: "bar", summary: "issue 17's bar exactly: matrix -bar (every policy at utilization <= 0.95, the default and round robin above it)", run: runBar},
 	{name: "live", summary: "drive a running Envoy + kvroute + engines stack over HTTP (streaming TTFT, ITL, E2E), optionally side by side with plain round robin", run: runLive},
 	{name: "overhead", summary: "start Envoy + kvroute and plain Envoy round robin over fast simulated engines; added latency, throughput and kvroute CPU per request, side by side", run: runOverhead},
 	{name: "tune", summary: "search a policy's knobs on a simulated workload for an objective, with per-knob sensitivity", run: runTune},

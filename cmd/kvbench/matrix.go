@@ -27,8 +27,11 @@ type MatrixReport struct {
 	Workloads []string       `json:"workloads"`
 	Utils     []float64      `json:"utils"`
 	Policies  []string       `json:"policies"`
-	Cases     []MatrixCase   `json:"cases"`
-	Summary   MatrixSummary  `json:"summary"`
+	// Bar is set when only the default and the baseline ran above the
+	// judged utilization (-bar, `kvbench bar`).
+	Bar     bool          `json:"bar,omitempty"`
+	Cases   []MatrixCase  `json:"cases"`
+	Summary MatrixSummary `json:"summary"`
 }
 
 // MatrixCase is one (replicas, workload, utilization) case.
@@ -57,8 +60,19 @@ type MatrixSummary struct {
 // defaultMatrixDuration is the matrix's default span of session starts.
 const defaultMatrixDuration = 5 * time.Minute
 
+// runBar is `kvbench bar`: the matrix with -bar (issue 17's bar exactly).
+func runBar(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return matrix(ctx, "bar", true, args, stdout, stderr)
+}
+
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("matrix", flag.ContinueOnError)
+	return matrix(ctx, "matrix", false, args, stdout, stderr)
+}
+
+// matrix runs the matrix; name is the subcommand and barDefault the
+// default of -bar.
+func matrix(ctx context.Context, name string, barDefault bool, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var sf simFlags
 	sf.registerSource(fs)
@@ -76,6 +90,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	details := fs.Bool("details", false, "print every policy's medians per case after the summary")
 	dry := fs.Bool("dry-run", false, "print the grid's size (cases, simulations, requests) and exit")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	bar := fs.Bool("bar", barDefault, "issue 17's bar exactly: above the judged utilization (0.95) only the default and the baseline run, the only policies its overload check compares; at and below it every policy of -policies")
 	if gf.seeds == "" {
 		gf.seeds = "1-5"
 	}
@@ -135,7 +150,17 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if !contains(names, *def) || !contains(names, *baseline) {
 		return fmt.Errorf("%w: -policies must include the default %q and the baseline %q", errUsage, *def, *baseline)
 	}
-	g, err := buildGrid(&sf, wnames, seeds, utils, gf.duration, fleets, names, pcfg, false)
+	cr := bench.DefaultCriteria()
+	var namesAt func(float64) []string
+	if *bar {
+		namesAt = func(u float64) []string {
+			if u > cr.JudgedUtil {
+				return []string{*baseline, *def}
+			}
+			return nil
+		}
+	}
+	g, err := buildGrid(&sf, wnames, seeds, utils, gf.duration, fleets, names, pcfg, false, namesAt)
 	if err != nil {
 		return err
 	}
@@ -151,10 +176,9 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	cr := bench.DefaultCriteria()
 	rep := MatrixReport{
 		Default: *def, Baseline: *baseline, Criteria: cr, Seeds: seeds, Replicas: reps,
-		Workloads: wnames, Utils: utils, Policies: names,
+		Workloads: wnames, Utils: utils, Policies: names, Bar: *bar,
 		Summary: MatrixSummary{
 			FailedByWorkload: map[string]int{}, FailedByUtil: map[string]int{},
 			FailedByReplicas: map[string]int{}, FailedByCheck: map[string]int{},

@@ -259,7 +259,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		dir = root + "/cmd/kvbench/out"
 	}
 	fleet := sf.fleet()
-	g, err := buildGrid(&sf, sf.workloadNames(), seeds, utils, gf.duration, []bench.FleetConfig{fleet}, names, pcfg, !*noPlots)
+	g, err := buildGrid(&sf, sf.workloadNames(), seeds, utils, gf.duration, []bench.FleetConfig{fleet}, names, pcfg, !*noPlots, nil)
 	if err != nil {
 		return err
 	}
