@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type serveFlags struct {
 	policy, logLevel, logFormat string
 	replicasFile                string
 	warmTimeout, drainTimeout   time.Duration
+	// contention turns on the mutex and block profiles served under the
+	// admin listener's /debug/pprof/ (off by default: they cost a little
+	// on every contended lock and blocking channel operation).
+	contention bool
 }
 
 func parseServeFlags(args []string, out io.Writer) (*serveFlags, error) {
@@ -56,6 +61,7 @@ func parseServeFlags(args []string, out io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.replicasFile, "replicas-file", "", "use this replica file (replaces the replicas section)")
 	fs.DurationVar(&f.warmTimeout, "warm-timeout", 0, "override readiness.warm_timeout")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "override listeners.drain_timeout")
+	fs.BoolVar(&f.contention, "profile-contention", false, "record mutex and block profiles (admin /debug/pprof/mutex and /block)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -499,6 +505,10 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	f, err := parseServeFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if f.contention {
+		runtime.SetMutexProfileFraction(10)  // one contended lock event in 10
+		runtime.SetBlockProfileRate(100_000) // one blocking event per 100 µs blocked
 	}
 	cfg, err := loadServeConfig(f)
 	if err != nil {

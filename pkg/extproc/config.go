@@ -265,6 +265,10 @@ const (
 	streamWindowBytes = 16 << 20
 	connWindowBytes   = 64 << 20
 	connBufferBytes   = 256 << 10
+	// streamWorkers serve streams on reused goroutines (whose stacks have
+	// already grown to what a decision needs) instead of a new goroutine
+	// per stream; beyond them gRPC starts one per stream as before.
+	streamWorkers = 64
 )
 
 // MaxRecvMsgBytes is the gRPC receive limit that admits a body of
@@ -276,8 +280,9 @@ func (c Config) MaxRecvMsgBytes() int {
 }
 
 // ServerOptions are the gRPC server options the ext_proc service needs:
-// the receive limit derived from MaxBodyBytes and flow-control windows
-// that do not serialize large bodies. Append them to the caller's own
+// the receive limit derived from MaxBodyBytes, flow-control windows that
+// do not serialize large bodies, reused stream goroutines and the codec
+// with the per-message shortcuts (codec.go). Append them to the caller's own
 // (keepalive, credentials) in grpc.NewServer.
 func (c Config) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
@@ -288,6 +293,8 @@ func (c Config) ServerOptions() []grpc.ServerOption {
 		grpc.WriteBufferSize(connBufferBytes),
 		grpc.MaxConcurrentStreams(c.MaxStreamsPerConnection),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: c.MaxConnectionIdle}),
+		grpc.NumStreamWorkers(streamWorkers),
+		grpc.ForceServerCodecV2(codec{}),
 	}
 }
 

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -77,6 +78,7 @@ type procStream struct {
 	respStatus int
 	sse        bool
 	parser     openai.StreamParser
+	ssePending bool // the last chunk fed to parser ended inside an event
 	respBody   []byte
 	respOver   bool
 	first      bool
@@ -111,7 +113,7 @@ func (st *procStream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.Proc
 		return st.responseBody(v.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		st.finish()
-		return []*extprocv3.ProcessingResponse{trailersResponse(false)}
+		return answerRespTrailers
 	}
 	st.s.metrics.streamErrs.WithLabelValues("protocol").Inc()
 	return nil
@@ -235,7 +237,7 @@ func (st *procStream) requestTrailers() []*extprocv3.ProcessingResponse {
 		if st.phase == phaseDone {
 			return nil
 		}
-		return []*extprocv3.ProcessingResponse{trailersResponse(true)}
+		return answerReqTrailers
 	}
 	// The body ended with trailers instead of an end-of-stream chunk.
 	p, rej := st.decide(st.body)
@@ -248,7 +250,7 @@ func (st *procStream) requestTrailers() []*extprocv3.ProcessingResponse {
 		out = append(out, streamedBody(st.body, false, true)...)
 	}
 	st.body = nil
-	return append(out, trailersResponse(true))
+	return append(out, reqTrailersContinue)
 }
 
 func (st *procStream) reject(r rejection) []*extprocv3.ProcessingResponse {
@@ -414,7 +416,7 @@ func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pro
 	if h.GetEndOfStream() {
 		st.finish()
 	}
-	return []*extprocv3.ProcessingResponse{continueResponseHeaders()}
+	return answerRespHeaders
 }
 
 func (st *procStream) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
@@ -425,7 +427,7 @@ func (st *procStream) responseBody(b *extprocv3.HttpBody) []*extprocv3.Processin
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		return st.echo.set(b.GetBody(), b.GetEndOfStream())
 	}
-	return []*extprocv3.ProcessingResponse{continueResponseBody()}
+	return answerRespBody
 }
 
 // chunkEcho is the one response-body answer of a stream in full-duplex
@@ -468,7 +470,11 @@ func (st *procStream) observeBody(chunk []byte) {
 	switch {
 	case !ok:
 	case st.sse:
+		if st.first && !st.ssePending && quietEvents(chunk) {
+			break // nothing in it can change what the parser reports
+		}
 		_, _ = st.parser.Write(chunk)
+		st.ssePending = !bytes.HasSuffix(chunk, eventEnd)
 	case !st.respOver:
 		if len(st.respBody)+len(chunk) > st.s.cfg.MaxResponseBodyBytes {
 			st.respOver, st.respBody = true, nil
@@ -485,6 +491,28 @@ func (st *procStream) observeBody(chunk []byte) {
 		}
 	}
 }
+
+// eventEnd ends a server-sent event (the blank line after its last field).
+var eventEnd = []byte("\n\n")
+
+// quietEvents reports a chunk of whole server-sent events, after the first
+// output token, that cannot change the stream parser's answers: it ends on
+// an event boundary and carries no usage, no [DONE] and no '\r' (whose
+// line endings the parser must see). Given a parser with no partial event
+// pending, skipping such a chunk leaves it exactly as feeding it would
+// (less its event count). Streamed token chunks are all of this kind, so
+// after the first token only the final usage chunk is parsed.
+func quietEvents(chunk []byte) bool {
+	return bytes.HasSuffix(chunk, eventEnd) && bytes.IndexByte(chunk, '\r') < 0 &&
+		!bytes.Contains(chunk, usageKey) && !bytes.Contains(chunk, doneMarker)
+}
+
+var (
+	// usageKey is the tail of the "usage" key: a rarer first byte than the
+	// quote keeps the search on its fast path.
+	usageKey   = []byte(`usage"`)
+	doneMarker = []byte("[DONE]")
+)
 
 // finish ends the response: usage is compared with the prediction and the
 // lifecycle released. It runs once.

@@ -98,29 +98,6 @@ func streamedChunk(chunk []byte, eos bool, request bool) *extprocv3.ProcessingRe
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
 }
 
-func continueResponseHeaders() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{},
-	}}
-}
-
-func continueResponseBody() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-		ResponseBody: &extprocv3.BodyResponse{},
-	}}
-}
-
-func trailersResponse(request bool) *extprocv3.ProcessingResponse {
-	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
-			RequestTrailers: &extprocv3.TrailersResponse{},
-		}}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-		ResponseTrailers: &extprocv3.TrailersResponse{},
-	}}
-}
-
 // rejection is a request the router answers itself.
 type rejection struct {
 	code    int

@@ -34,6 +34,14 @@ func (w Workload) String() string {
 	return fmt.Sprintf("%s @ concurrency %d", w.Name, w.Concurrency)
 }
 
+// slug names the workload in file names: "small@500", "229KB@c32".
+func (w Workload) slug() string {
+	if w.Rate > 0 {
+		return fmt.Sprintf("%s@%g", w.Name, w.Rate)
+	}
+	return fmt.Sprintf("%s@c%d", w.Name, w.Concurrency)
+}
+
 // result is one request's outcome as the client saw it.
 type result struct {
 	ok        bool
@@ -56,6 +64,9 @@ type Stats struct {
 	// CPUPerRequest is kvroute's CPU time per completed request (zero for
 	// the round-robin target).
 	CPUPerRequest time.Duration
+	// EnvoyCPUPerRequest is the target Envoy's own CPU time per completed
+	// request (both targets): what the ext_proc exchange costs the proxy.
+	EnvoyCPUPerRequest time.Duration
 	// Routed is the fraction of requests kvroute made a decision for.
 	Routed float64
 	// Fallbacks counts the phase's requests kvroute routed without their

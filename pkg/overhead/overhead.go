@@ -52,6 +52,11 @@ type Options struct {
 	// simulated engines count one token per byte, four times a real
 	// tokenizer's blocks).
 	Events bool
+	// ProfileDir, when set, receives profiles of kvroute for each of its
+	// phases, for go tool pprof: CPU, mutex contention and blocking
+	// (<workload>-run<N>.{cpu,mutex,block}.pprof, from its admin
+	// /debug/pprof/; kvroute then runs with --profile-contention).
+	ProfileDir string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -209,6 +214,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		engineArgs = append(engineArgs, "--tokenizer-dir", o.TokenizerDir)
 	}
 	kvArgs := []string{}
+	if o.ProfileDir != "" {
+		kvArgs = append(kvArgs, "--profile-contention")
+	}
 	if !o.Events {
 		engineArgs = append(engineArgs, "--kv-events-disable")
 		kvArgs = append(kvArgs, "--warm-timeout", "1s")
@@ -234,9 +242,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}}
 	defer client.CloseIdleConnections()
 	targets := []struct {
-		name string
-		url  string
-	}{{"kvroute", st.Envoy.URL()}, {"round-robin", plain.URL()}}
+		name  string
+		url   string
+		envoy int // pid
+	}{{"kvroute", st.Envoy.URL(), st.Envoy.Proc.Pid()}, {"round-robin", plain.URL(), plain.Proc.Pid()}}
 
 	rep := &Report{}
 	for _, w := range o.Workloads {
@@ -253,11 +262,27 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 					return rep, ctx.Err()
 				}
 				cpu0, _ := procCPU(st.KV.Proc.Pid())
+				ecpu0, eerr := procCPU(t.envoy)
 				dec0, _ := decisions(ctx, st.KV)
 				fb0, _ := fallbacks(ctx, st.KV)
+				var profs []<-chan error
+				if t.name == "kvroute" && o.ProfileDir != "" {
+					for _, kind := range []string{"cpu", "mutex", "block"} {
+						path := filepath.Join(o.ProfileDir, fmt.Sprintf("%s-run%d.%s.pprof", w.slug(), run+1, kind))
+						profs = append(profs, profile(ctx, st.KV, kind, o.Duration, path))
+					}
+				}
 				start := time.Now()
 				rs, late := drive(ctx, client, t.url, w, f, o.Duration)
 				s := summarize(rs, time.Since(start), late)
+				if ecpu1, err := procCPU(t.envoy); err == nil && eerr == nil && s.Requests > 0 {
+					s.EnvoyCPUPerRequest = (ecpu1 - ecpu0) / time.Duration(s.Requests)
+				}
+				for _, p := range profs {
+					if err := <-p; err != nil {
+						fmt.Fprintf(o.Log, "profile: %v\n", err)
+					}
+				}
 				if t.name == "kvroute" {
 					cpu1, err := procCPU(st.KV.Proc.Pid())
 					dec1, _ := decisions(ctx, st.KV)
@@ -337,10 +362,11 @@ func medianStats(ss []Stats) Stats {
 	out := Stats{
 		TTFTp50: md(func(s Stats) time.Duration { return s.TTFTp50 }), TTFTp99: md(func(s Stats) time.Duration { return s.TTFTp99 }),
 		E2Ep50: md(func(s Stats) time.Duration { return s.E2Ep50 }), E2Ep99: md(func(s Stats) time.Duration { return s.E2Ep99 }),
-		ITLp50:        md(func(s Stats) time.Duration { return s.ITLp50 }),
-		CPUPerRequest: md(func(s Stats) time.Duration { return s.CPUPerRequest }),
-		Throughput:    mf(func(s Stats) float64 { return s.Throughput }),
-		Routed:        mf(func(s Stats) float64 { return s.Routed }),
+		ITLp50:             md(func(s Stats) time.Duration { return s.ITLp50 }),
+		CPUPerRequest:      md(func(s Stats) time.Duration { return s.CPUPerRequest }),
+		EnvoyCPUPerRequest: md(func(s Stats) time.Duration { return s.EnvoyCPUPerRequest }),
+		Throughput:         mf(func(s Stats) float64 { return s.Throughput }),
+		Routed:             mf(func(s Stats) float64 { return s.Routed }),
 	}
 	for _, s := range ss {
 		out.Requests += s.Requests
@@ -354,12 +380,12 @@ func medianStats(ss []Stats) Stats {
 // Print writes the side-by-side table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\trouted\ttok fallbacks\terrors kv/RR\t")
+	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\tEnvoy CPU/req kvroute/RR\trouted\ttok fallbacks\terrors kv/RR\t")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%.2f\t%d\t%d / %d\t\n",
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%s / %s\t%.2f\t%d\t%d / %d\t\n",
 			row.Workload, ms(row.KVRoute.E2Ep50), ms(row.RR.E2Ep50), ms(row.AddedE2Ep50),
 			ms(row.KVRoute.E2Ep99), ms(row.RR.E2Ep99), ms(row.AddedE2Ep99), ms(row.AddedTTFTp50), us(row.AddedITLp50),
-			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), row.KVRoute.Routed,
+			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), us(row.KVRoute.EnvoyCPUPerRequest), us(row.RR.EnvoyCPUPerRequest), row.KVRoute.Routed,
 			row.KVRoute.Fallbacks, row.KVRoute.Errors, row.RR.Errors)
 	}
 	_ = tw.Flush()
@@ -367,6 +393,41 @@ func (r *Report) Print(w io.Writer) {
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + " ms" }
 func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) + " µs" }
+
+// profile starts a profile of kvroute over the phase (kind "cpu", or a
+// delta profile: "mutex", "block"; whole seconds, at least one, from its
+// admin /debug/pprof/) and writes it to path; the channel yields the
+// outcome once the profile is written.
+func profile(ctx context.Context, kv *testbed.KVRoute, kind string, d time.Duration, path string) <-chan error {
+	done := make(chan error, 1)
+	secs := max(int(d/time.Second), 1)
+	endpoint := "/debug/pprof/" + kind
+	if kind == "cpu" {
+		endpoint = "/debug/pprof/profile"
+	}
+	go func() {
+		done <- func() error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, kv.AdminURL(endpoint+"?seconds="+strconv.Itoa(secs)), nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s: HTTP %d", path, resp.StatusCode)
+			}
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(path, b, 0o644)
+		}()
+	}()
+	return done
+}
 
 // procCPU is a process's user plus system CPU time from /proc.
 func procCPU(pid int) (time.Duration, error) {

@@ -1,0 +1,210 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// The constant answers go out as the bytes protobuf gives for equal fresh
+// messages; anything else is marshaled normally.
+func TestCodecMarshalsConstantAnswers(t *testing.T) {
+	fresh := map[*extprocv3.ProcessingResponse]*extprocv3.ProcessingResponse{
+		respHeadersContinue: {Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}},
+		respBodyContinue:    {Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}},
+		respTrailersContinue: {Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}},
+		reqTrailersContinue: {Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}},
+	}
+	if len(fresh) != len(fixedWire) {
+		t.Fatalf("%d constant answers, test covers %d", len(fixedWire), len(fresh))
+	}
+	for fixed, want := range fresh {
+		got, err := codec{}.Marshal(fixed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wb, _ := proto.Marshal(want)
+		if !bytes.Equal(got.Materialize(), wb) || len(wb) == 0 {
+			t.Errorf("%v: codec wrote %x, protobuf %x", want, got.Materialize(), wb)
+		}
+		got.Free()
+		// The stored bytes survive the transport freeing what it sent.
+		again, _ := codec{}.Marshal(fixed)
+		if !bytes.Equal(again.Materialize(), wb) {
+			t.Errorf("%v: stored bytes changed after Free", want)
+		}
+	}
+	// An equal message that is not one of the constants: protobuf's path.
+	other := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{ClearRouteCache: true}}}}
+	got, err := codec{}.Marshal(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back extprocv3.ProcessingResponse
+	if err := proto.Unmarshal(got.Materialize(), &back); err != nil || !proto.Equal(&back, other) {
+		t.Fatalf("round trip: %v, %v", &back, err)
+	}
+}
+
+func bodyRequest(request bool, body []byte, eos bool) *extprocv3.ProcessingRequest {
+	hb := &extprocv3.HttpBody{Body: body, EndOfStream: eos}
+	if request {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: hb}}
+	}
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: hb}}
+}
+
+// split cuts b into several buffers, as gRPC hands over a message that
+// arrived in several HTTP/2 frames.
+func split(b []byte, n int) mem.BufferSlice {
+	var out mem.BufferSlice
+	for len(b) > 0 {
+		k := min(n, len(b))
+		out = append(out, mem.SliceBuffer(bytes.Clone(b[:k])))
+		b = b[k:]
+	}
+	return out
+}
+
+// Every message decodes as protobuf decodes it, whether or not it takes
+// the aliasing path.
+func TestCodecUnmarshalMatchesProtobuf(t *testing.T) {
+	big := []byte(strings.Repeat(`{"role":"user","content":"hello"},`, 2000))
+	withMeta := bodyRequest(true, big, true)
+	withMeta.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		SubsetNamespace: {Fields: map[string]*structpb.Value{SubsetKey: structpb.NewStringValue("10.0.0.1:8000")}}}}
+	withMeta.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED,
+		ResponseBodyMode: filterv3.ProcessingMode_STREAMED}
+	withMeta.ObservabilityMode = true
+	headers := reqHeaders(false, ":path", "/v1/chat/completions", "x-big", string(big))
+	cases := map[string]*extprocv3.ProcessingRequest{
+		"request body":          bodyRequest(true, big, true),
+		"response body":         bodyRequest(false, big, false),
+		"body with metadata":    withMeta,
+		"small body":            bodyRequest(false, []byte("data: x\n\n"), false),
+		"empty body":            bodyRequest(true, nil, true),
+		"large request headers": headers,
+	}
+	for name, msg := range cases {
+		t.Run(name, func(t *testing.T) {
+			wire, err := proto.Marshal(msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := new(extprocv3.ProcessingRequest)
+			if err := proto.Unmarshal(wire, want); err != nil {
+				t.Fatal(err)
+			}
+			// Decode into a message holding an earlier one: nothing of it may remain.
+			got := reqHeaders(true, "stale", "header")
+			got.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"stale": {}}}
+			if err := (codec{}).Unmarshal(split(wire, 16384), got); err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got, want) {
+				t.Fatalf("codec decoded\n%v\nprotobuf decoded\n%v", got, want)
+			}
+		})
+	}
+}
+
+// A large body aliases the decoded message's buffer; anything unusual
+// falls back to protobuf's decoding.
+func TestUnmarshalBodyAliasesAndFallsBack(t *testing.T) {
+	body := bytes.Repeat([]byte("x"), 20_000)
+	wire, _ := proto.Marshal(bodyRequest(false, body, true))
+	req := new(extprocv3.ProcessingRequest)
+	if !unmarshalBody(wire, req) {
+		t.Fatal("plain body message not decoded")
+	}
+	got := req.GetResponseBody().GetBody()
+	if len(got) != len(body) || !req.GetResponseBody().GetEndOfStream() {
+		t.Fatalf("body %d bytes eos %v", len(got), req.GetResponseBody().GetEndOfStream())
+	}
+	i := bytes.Index(wire, body)
+	wire[i] = 'y'
+	if got[0] != 'y' {
+		t.Fatal("body was copied, not aliased")
+	}
+	if cap(got) != len(got) {
+		t.Fatalf("aliased body has spare capacity %d: an append could overwrite the buffer", cap(got)-len(got))
+	}
+
+	unknown := protowire.AppendTag(nil, 3, protowire.VarintType)
+	unknown = protowire.AppendVarint(unknown, 1)
+	hb := append(protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), body), unknown...)
+	twoBodies, _ := proto.Marshal(bodyRequest(true, body, false))
+	twoBodies = append(twoBodies, twoBodies...)
+	headersAndBody, _ := proto.Marshal(reqHeaders(false, ":path", "/"))
+	headersAndBody = append(headersAndBody, wire...)
+	for name, b := range map[string][]byte{
+		"unknown HttpBody field": protowire.AppendBytes(protowire.AppendTag(nil, fieldRequestBody, protowire.BytesType), hb),
+		"two bodies":             twoBodies,
+		"headers and body":       headersAndBody,
+		"truncated":              wire[:len(wire)-10],
+		"no body":                headersAndBody[:len(headersAndBody)-len(wire)],
+	} {
+		if unmarshalBody(b, new(extprocv3.ProcessingRequest)) {
+			t.Errorf("%s: decoded by the shortcut", name)
+		}
+		// The codec still decodes it exactly as protobuf does (or fails as it does).
+		want, got := new(extprocv3.ProcessingRequest), new(extprocv3.ProcessingRequest)
+		werr := proto.Unmarshal(b, want)
+		gerr := codec{}.Unmarshal(split(b, 1<<20), got)
+		if (werr == nil) != (gerr == nil) || (werr == nil && !proto.Equal(got, want)) {
+			t.Errorf("%s: codec %v / %v, protobuf %v / %v", name, got, gerr, want, werr)
+		}
+	}
+}
+
+// After the first token, chunks of whole quiet events are not parsed, and
+// the usage that follows them (whole, or split across chunks) is still read.
+func TestQuietChunksSkippedUsageStillRead(t *testing.T) {
+	srv, err := New(Config{Decider: &fakeDecider{dec: decision()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := `data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}` + "\n\n"
+	usage := `data: {"choices":[],"usage":{"prompt_tokens":80,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":48}}}` + "\n\n"
+	for name, chunks := range map[string][]string{
+		"whole":                 {token, token + token, token, usage, "data: [DONE]\n\n"},
+		"split after usage key": {token, token, usage[:40], usage[40:] + "data: [DONE]\n\n"},
+		"split before usage":    {token, token[:20], token[20:] + usage[:10], usage[10:], "data: [DONE]\n\n"},
+		"usage key then quiet":  {token, token + usage[:len(usage)-20], usage[len(usage)-20:], token},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := newProcStream(srv, context.Background())
+			defer st.close()
+			st.handle(withMode(reqHeaders(true, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
+			st.handle(respHeaders(false, ":status", "200", "content-type", "text/event-stream"))
+			events := 0
+			for _, c := range chunks {
+				if out := st.handle(respBody(c, false)); len(out) != 1 || out[0] != respBodyContinue {
+					t.Fatalf("chunk %q answered %v", c, out)
+				}
+				events += strings.Count(c, "\n\n")
+			}
+			u, ok := st.parser.Usage()
+			if !ok || u.PromptTokens != 80 || u.CompletionTokens != 3 || u.CachedTokens != 48 {
+				t.Fatalf("usage %+v %v", u, ok)
+			}
+			if !st.first {
+				t.Fatal("first token not seen")
+			}
+			if name == "whole" && st.parser.Events() >= events {
+				t.Fatalf("parser saw %d of %d events: quiet chunks were parsed", st.parser.Events(), events)
+			}
+		})
+	}
+}
