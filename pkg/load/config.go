@@ -9,8 +9,11 @@ import (
 // Defaults of Config (and of ScraperConfig and FidelityConfig, whose zero
 // fields take the same values), written once.
 const (
-	DefaultScrapeInterval     = 200 * time.Millisecond
-	DefaultScrapeTimeout      = 300 * time.Millisecond
+	DefaultScrapeInterval = 200 * time.Millisecond
+	DefaultScrapeTimeout  = 300 * time.Millisecond
+	// DefaultIdleScrapeInterval is the scrape interval of a router that
+	// routes nothing (capped by WithDefaults at half of stale_after).
+	DefaultIdleScrapeInterval = time.Second
 	DefaultFidelityAlpha      = 0.1
 	DefaultFidelityFloor      = 0.25
 	DefaultFidelityMinSamples = 8
@@ -23,6 +26,15 @@ const (
 type Config struct {
 	// ScrapeInterval between probes of one engine's /health and /metrics.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// IdleScrapeInterval is the interval between probes of one engine
+	// while the router routes nothing: no request started since the last
+	// probe and none in flight to that engine, and its last probe
+	// succeeded. Routing resumes the ScrapeInterval at its next tick. It
+	// must be at least scrape_interval (equal: no slowdown) and below
+	// stale_after, so that the first request after a quiet spell still
+	// sees scraped figures. Default DefaultIdleScrapeInterval, capped at
+	// half of stale_after.
+	IdleScrapeInterval time.Duration `yaml:"idle_scrape_interval"`
 	// ScrapeTimeout bounds each probe request.
 	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
 	// StaleAfter: older scraped figures are not used.
@@ -47,6 +59,9 @@ func (c Config) WithDefaults() Config {
 	if c.StaleAfter == 0 {
 		c.StaleAfter = DefaultStaleAfter
 	}
+	if c.IdleScrapeInterval == 0 && c.ScrapeInterval > 0 && c.StaleAfter > 0 {
+		c.IdleScrapeInterval = max(min(DefaultIdleScrapeInterval, c.StaleAfter/2), c.ScrapeInterval)
+	}
 	c.FidelityAlpha, c.FidelityFloor, c.FidelityMinSamples = c.Fidelity().defaulted()
 	return c
 }
@@ -63,6 +78,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %v: must be positive", f.field, f.d))
 		}
 	}
+	if c.IdleScrapeInterval < 0 {
+		errs = append(errs, fmt.Errorf("idle_scrape_interval: %v: must be positive", c.IdleScrapeInterval))
+	}
+	if c.IdleScrapeInterval > 0 && c.ScrapeInterval > 0 && c.IdleScrapeInterval < c.ScrapeInterval {
+		errs = append(errs, fmt.Errorf("idle_scrape_interval: %v: must be at least scrape_interval (%v)", c.IdleScrapeInterval, c.ScrapeInterval))
+	}
+	if c.IdleScrapeInterval > 0 && c.StaleAfter > 0 && c.IdleScrapeInterval >= c.StaleAfter {
+		errs = append(errs, fmt.Errorf("idle_scrape_interval: %v: must be below stale_after (%v)", c.IdleScrapeInterval, c.StaleAfter))
+	}
 	errs = append(errs, c.Fidelity().validate("fidelity_alpha", "fidelity_floor", "fidelity_min_samples")...)
 	return errors.Join(errs...)
 }
@@ -70,7 +94,7 @@ func (c Config) Validate() error {
 // Scraper returns the ScraperConfig for c's settings; the caller adds the
 // Tracker, Logger and Registerer.
 func (c Config) Scraper() ScraperConfig {
-	return ScraperConfig{Interval: c.ScrapeInterval, Timeout: c.ScrapeTimeout}
+	return ScraperConfig{Interval: c.ScrapeInterval, IdleInterval: c.IdleScrapeInterval, Timeout: c.ScrapeTimeout}
 }
 
 // Fidelity returns the FidelityConfig for c's settings.

@@ -1,6 +1,7 @@
 package load
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,13 @@ type ScraperConfig struct {
 	// Interval between scrapes of one replica. Default
 	// DefaultScrapeInterval (200ms).
 	Interval time.Duration
+	// IdleInterval, when above Interval and with a Tracker, is the
+	// interval between scrapes of a replica while the router is idle: no
+	// request started (Tracker.Starts) since the previous tick, none in
+	// flight to the replica, and its last probe healthy with metrics read.
+	// The scraper still wakes every Interval to check, so routing resumes
+	// the full rate within one Interval. Zero: always Interval.
+	IdleInterval time.Duration
 	// Timeout bounds each HTTP request. Default DefaultScrapeTimeout
 	// (300ms).
 	Timeout time.Duration
@@ -277,14 +285,28 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 	var (
 		cur       Scraped
 		fails, ok int
+		bufs      scrapeBuffers
+		starts    = int64(-1) // Tracker.Starts at the previous tick
+		lastOK    bool        // the last probe was healthy and read metrics
 	)
 	tick := time.NewTicker(s.cfg.Interval)
 	defer tick.Stop()
-	for {
-		healthy, m, mErr := s.probe(ctx, t)
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if s.idle(t, &starts, lastOK) && time.Since(cur.ProbedAt) < s.cfg.IdleInterval-s.cfg.Interval/2 {
+				continue
+			}
+		}
+		healthy, m, mErr := s.probe(ctx, t, &bufs)
 		if ctx.Err() != nil {
 			return
 		}
+		lastOK = healthy && mErr == nil
 		cur.ProbedAt = time.Now()
 		if mErr == nil {
 			cur.Engine, cur.Running, cur.Waiting, cur.KVUsage = m.engine, m.running, m.waiting, m.kvUsage
@@ -309,12 +331,23 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 		}
 		snap := cur
 		st.Store(&snap)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
 	}
+}
+
+// idle reports whether replica t may be scraped at the idle interval:
+// IdleInterval is configured above Interval, a Tracker shows no request
+// started since the previous tick (starts holds that tick's count) and
+// none in flight to t, and the last probe went well (a failing replica
+// keeps the full rate, so that it is excluded as fast as ever).
+func (s *Scraper) idle(t Target, starts *int64, lastOK bool) bool {
+	tr := s.cfg.Tracker
+	if tr == nil || s.cfg.IdleInterval <= s.cfg.Interval {
+		return false
+	}
+	n := tr.Starts()
+	quiet := n == *starts
+	*starts = n
+	return quiet && lastOK && tr.Get(t.ID).Requests == 0
 }
 
 type engineMetrics struct {
@@ -333,7 +366,7 @@ var errUnreachable = errors.New("unreachable")
 // probe runs one health probe and one metrics scrape. healthy reports the
 // probe's verdict (or, with the probe disabled, whether the metrics
 // endpoint could be reached).
-func (s *Scraper) probe(ctx context.Context, t Target) (healthy bool, m engineMetrics, err error) {
+func (s *Scraper) probe(ctx context.Context, t Target, bufs *scrapeBuffers) (healthy bool, m engineMetrics, err error) {
 	healthy = true
 	if !s.cfg.DisableHealthProbe {
 		if herr := s.health(ctx, t); herr != nil {
@@ -343,7 +376,7 @@ func (s *Scraper) probe(ctx context.Context, t Target) (healthy bool, m engineMe
 			}
 		}
 	}
-	m, err = s.metrics(ctx, t)
+	m, err = s.metrics(ctx, t, bufs)
 	if err != nil && ctx.Err() == nil {
 		kind := "metrics_parse"
 		switch {
@@ -399,7 +432,7 @@ func (s *Scraper) health(ctx context.Context, t Target) error {
 // answer and keeps the larger: the engine's figures are a snapshot taken in
 // between, so a request of ours it may have counted is never mistaken for
 // another router's (see View).
-func (s *Scraper) metrics(ctx context.Context, t Target) (engineMetrics, error) {
+func (s *Scraper) metrics(ctx context.Context, t Target, bufs *scrapeBuffers) (engineMetrics, error) {
 	before := s.localRequests(t.ID)
 	resp, cancel, err := s.get(ctx, t.URL+s.cfg.MetricsPath, "text/plain;version=0.0.4")
 	if err != nil {
@@ -411,7 +444,10 @@ func (s *Scraper) metrics(ctx context.Context, t Target) (engineMetrics, error) 
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return engineMetrics{}, fmt.Errorf("load: %s%s: %w %d", t.URL, s.cfg.MetricsPath, errStatus, resp.StatusCode)
 	}
-	m, err := s.parse(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
+	if bufs == nil {
+		bufs = &scrapeBuffers{}
+	}
+	m, err := s.parseWith(bufs, io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
 	if err == nil && s.cfg.Tracker != nil {
 		m.local, m.localKnown = max(before, s.localRequests(t.ID)), true
 	}
@@ -425,10 +461,82 @@ func (s *Scraper) localRequests(id string) int {
 	return s.cfg.Tracker.Get(id).Requests
 }
 
+// scrapeBuffers are one replica's scrape buffers, reused from scrape to
+// scrape: the exposition as read, and the lines of it parse needs.
+type scrapeBuffers struct {
+	raw  bytes.Buffer
+	kept []byte
+}
+
+// wantedFamilies are the metric families engineFigures reads.
+var wantedFamilies = func() map[string]bool {
+	m := map[string]bool{"vllm:cache_config_info": true}
+	for _, e := range engines {
+		m[e.running], m[e.waiting] = true, true
+		for _, k := range e.kvUsage {
+			m[k] = true
+		}
+	}
+	return m
+}()
+
+// keepFamilies appends to dst the lines of a text exposition that belong
+// to wantedFamilies (samples and their # TYPE lines); every other line,
+// the engines' many histograms above all, is dropped unparsed. A
+// sample's family is its name up to '{' or a blank; a line that does not
+// start with a name (a quoted UTF-8 name) is dropped: the classic format
+// requested never has one.
+func keepFamilies(dst, src []byte) []byte {
+	for len(src) > 0 {
+		line := src
+		if i := bytes.IndexByte(src, '\n'); i >= 0 {
+			line, src = src[:i+1], src[i+1:]
+		} else {
+			src = nil
+		}
+		name := line
+		if bytes.HasPrefix(line, typePrefix) {
+			name = line[len(typePrefix):]
+		} else if len(line) > 0 && line[0] == '#' {
+			continue
+		}
+		if wantedFamilies[string(familyName(name))] {
+			dst = append(dst, line...)
+			if line[len(line)-1] != '\n' {
+				dst = append(dst, '\n')
+			}
+		}
+	}
+	return dst
+}
+
+var typePrefix = []byte("# TYPE ")
+
+// familyName is the metric name a line starts with: up to '{' or a blank.
+func familyName(b []byte) []byte {
+	for i, c := range b {
+		if c == '{' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+			return b[:i]
+		}
+	}
+	return b
+}
+
 // parse reads engine load figures from a Prometheus text exposition.
 func (s *Scraper) parse(r io.Reader) (engineMetrics, error) {
+	return s.parseWith(&scrapeBuffers{}, r)
+}
+
+// parseWith is parse with the caller's buffers: the exposition is read
+// whole, cut down to wantedFamilies and only that is parsed.
+func (s *Scraper) parseWith(bufs *scrapeBuffers, r io.Reader) (engineMetrics, error) {
+	bufs.raw.Reset()
+	if _, err := bufs.raw.ReadFrom(r); err != nil {
+		return engineMetrics{}, fmt.Errorf("load: read metrics: %w", err)
+	}
+	bufs.kept = keepFamilies(bufs.kept[:0], bufs.raw.Bytes())
 	p := s.parser // TextParser keeps per-parse state: use a copy
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(bufs.kept))
 	if err != nil {
 		return engineMetrics{}, fmt.Errorf("load: parse metrics: %w", err)
 	}

@@ -103,6 +103,7 @@ type engine struct {
 	mu      sync.Mutex
 	srv     *httptest.Server
 	running atomic.Int64
+	scrapes atomic.Int64 // /metrics requests answered
 	health  atomic.Int32 // HTTP status of /health
 	// gate, when set, holds every /health answer until it is closed.
 	gate atomic.Pointer[chan struct{}]
@@ -138,6 +139,7 @@ func (e *engine) up(addr string) {
 		w.WriteHeader(int(e.health.Load()))
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		e.scrapes.Add(1)
 		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", e.running.Load())
 	})
 	srv := httptest.NewUnstartedServer(mux)
@@ -321,7 +323,124 @@ func TestScraperConfigErrors(t *testing.T) {
 		})
 	}
 	s, _ := NewScraper(ScraperConfig{})
-	if _, err := s.metrics(context.Background(), Target{ID: "x", URL: "http://[::1]:0"}); !errors.Is(err, errUnreachable) {
+	if _, err := s.metrics(context.Background(), Target{ID: "x", URL: "http://[::1]:0"}, nil); !errors.Is(err, errUnreachable) {
 		t.Errorf("metrics against a closed port: %v, want errUnreachable", err)
 	}
+}
+
+// A vLLM-like exposition: the wanted families among HELP lines, comments,
+// histograms and families whose names extend a wanted one.
+const vllmExposition = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_running_total Not a load figure.
+# TYPE vllm:num_requests_running_total counter
+vllm:num_requests_running_total{engine="0",model_name="m"} 99.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 1.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 2.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 2.0
+# a free comment
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="24576"} 1
+process_cpu_seconds_total 12.5`
+
+// keepFamilies keeps exactly the wanted families' samples and TYPE lines,
+// and the figures read from the cut exposition are those of the whole.
+func TestKeepFamilies(t *testing.T) {
+	got := string(keepFamilies(nil, []byte(vllmExposition)))
+	want := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="24576"} 1
+`
+	if got != want {
+		t.Fatalf("kept:\n%s\nwant:\n%s", got, want)
+	}
+	s, err := NewScraper(ScraperConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.parse(strings.NewReader(vllmExposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(engineMetrics{engine: "vllm", running: 3, waiting: 4, kvUsage: 0.25, kvBlocks: 24576}, m, cmp.AllowUnexported(engineMetrics{})); d != "" {
+		t.Errorf("figures (-want +got):\n%s", d)
+	}
+}
+
+// idle is true only with an idle interval and a Tracker, no request
+// started since the previous check, none in flight to the replica and a
+// good last probe.
+func TestScraperIdleDecision(t *testing.T) {
+	tr, _ := NewTracker(nil)
+	s, err := NewScraper(ScraperConfig{Interval: time.Second, IdleInterval: time.Minute, Tracker: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := Target{ID: "r1"}
+	starts := int64(-1)
+	if s.idle(tg, &starts, true) {
+		t.Error("idle on the first check (nothing known of earlier starts)")
+	}
+	if !s.idle(tg, &starts, true) {
+		t.Error("not idle with no start since the last check")
+	}
+	if s.idle(tg, &starts, false) {
+		t.Error("idle after a failed probe")
+	}
+	h := tr.Start("r2", 1, 1)
+	if s.idle(tg, &starts, true) {
+		t.Error("idle right after a request started (on another replica)")
+	}
+	if !s.idle(tg, &starts, true) {
+		t.Error("not idle: the request in flight is another replica's")
+	}
+	h.Done()
+	h = tr.Start("r1", 1, 1)
+	s.idle(tg, &starts, true)
+	if s.idle(tg, &starts, true) {
+		t.Error("idle with a request in flight to the replica")
+	}
+	h.Done()
+	if !s.idle(tg, &starts, true) {
+		t.Error("not idle once the request finished")
+	}
+	for _, cfg := range []ScraperConfig{{Interval: time.Second, IdleInterval: time.Minute}, {Interval: time.Second, IdleInterval: time.Second, Tracker: tr}} {
+		o, _ := NewScraper(cfg)
+		st := tr.Starts()
+		if o.idle(tg, &st, true) {
+			t.Errorf("idle without a tracker or a longer idle interval: %+v", cfg)
+		}
+	}
+}
+
+// An idle router stops scraping at the full rate; a request resumes it;
+// a replica failing its probes keeps it.
+func TestScraperIdleInterval(t *testing.T) {
+	e := newEngine(t)
+	tr, _ := NewTracker(nil)
+	s := runScraper(t, ScraperConfig{IdleInterval: time.Hour, Tracker: tr})
+	s.SetTargets([]Target{{ID: "r1", URL: e.url()}})
+	eventually(t, "healthy", func() bool { return healthy(s, "r1") })
+	// The first two ticks scrape (the tracker's count is not yet known at
+	// the first); after that an hour-long idle interval allows none.
+	eventually(t, "two scrapes", func() bool { return e.scrapes.Load() >= 2 })
+	time.Sleep(300 * time.Millisecond) // 30 ticks of 10 ms
+	if n := e.scrapes.Load(); n > 3 {
+		t.Fatalf("%d scrapes of an idle router's replica, want at most 3", n)
+	}
+	h := tr.Start("r1", 1, 1)
+	n := e.scrapes.Load()
+	eventually(t, "scrapes resumed by a request in flight", func() bool { return e.scrapes.Load() >= n+3 })
+	h.Done()
+
+	bad := newEngine(t)
+	bad.health.Store(http.StatusServiceUnavailable)
+	s.SetTargets([]Target{{ID: "r1", URL: e.url()}, {ID: "bad", URL: bad.url()}})
+	eventually(t, "a failing replica probed at the full rate", func() bool { return bad.scrapes.Load() >= 10 })
 }

@@ -34,6 +34,7 @@ type InFlight struct {
 // routers sent, which it sees only as counts.
 type Tracker struct {
 	replicas sync.Map // string -> *inflight
+	starts   atomic.Int64
 }
 
 type inflight struct {
@@ -118,10 +119,16 @@ func (t *Tracker) Start(replica string, prefillBlocks, decodeBlocks int) *Handle
 	c.prefill.Add(h.prefill)
 	c.decode.Add(h.decode)
 	c.requests.Add(1)
+	t.starts.Add(1)
 	c.meanPrefill.observe(float64(h.prefill))
 	c.meanDecode.observe(float64(h.decode))
 	return h
 }
+
+// Starts is the number of requests started so far, over all replicas (a
+// scraper compares it between scrapes to tell a routing router from an
+// idle one).
+func (t *Tracker) Starts() int64 { return t.starts.Load() }
 
 // MeanRequest returns the mean size of the requests started on replica
 // (an exponentially weighted mean over roughly the last 32), or, when none

@@ -205,7 +205,7 @@ func TestViewSingleRouterNeverDoubleCounts(t *testing.T) {
 	}
 	defer sc.cfg.Client.CloseIdleConnections()
 	scrape := func() {
-		m, err := sc.metrics(t.Context(), Target{ID: "r", URL: srv.URL})
+		m, err := sc.metrics(t.Context(), Target{ID: "r", URL: srv.URL}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
