@@ -9,7 +9,9 @@
 //
 // With -serve it starts the same stack plus a second, plain round-robin
 // Envoy in front of the same engines, prints their URLs (for kvbench live
-// -url ... -compare-url ...) and runs until interrupted.
+// -url ... -compare-url ...) and runs until interrupted. (`kvbench live
+// -stack` starts a stack of its own for the repeated kvroute-against-round-
+// robin comparison.)
 package main
 
 import (
@@ -57,7 +59,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 8, "sessions running at once")
 	flag.Float64Var(&o.speed, "speed", 1, "engine simulation speed (1 = real time)")
 	flag.StringVar(&o.policy, "policy", "kvroute", "kvroute policy (policy.name)")
-	flag.DurationVar(&o.tokTimeout, "tokenizer-timeout", 50*time.Millisecond, "remote tokenizer timeout (tokenizer.default.timeout; 50ms is kvroute's default)")
+	flag.DurationVar(&o.tokTimeout, "tokenizer-timeout", 50*time.Millisecond, "remote tokenizer deadline (tokenizer.default.timeout), fixed; 0 leaves kvroute's default, a deadline adapted to recent tokenization times")
 	flag.BoolVar(&o.keep, "keep-logs", false, "keep the processes' logs and configs")
 	flag.IntVar(&o.replicas, "engines", 4, "enginesim replicas")
 	flag.StringVar(&o.engineArgs, "engine-args", "", "further enginesim flags for every replica, space separated (later flags win: e.g. \"--max-model-len 131072 --num-gpu-blocks 24576\")")
@@ -74,11 +76,15 @@ func main() {
 // kvrouteConfig is the demo's kvroute config after listeners and replicas:
 // written out in full, so what the demo measures is what the file says.
 func kvrouteConfig(o options) string {
+	timeout := ""
+	if o.tokTimeout > 0 {
+		timeout = ", timeout: " + o.tokTimeout.String()
+	}
 	return fmt.Sprintf(`policy: {name: %s}
 tokenizer:
-  default: {kind: remote, timeout: %s, fallback: approximate}
+  default: {kind: remote%s, fallback: approximate}
 telemetry: {log_level: warn}
-`, o.policy, o.tokTimeout)
+`, o.policy, timeout)
 }
 
 func run(ctx context.Context, o options) error {
@@ -130,7 +136,11 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("kvroute: policy %s, remote tokenizer (the engines' /tokenize) with a %s timeout\n", o.policy, o.tokTimeout)
+	deadline := "an adaptive deadline"
+	if o.tokTimeout > 0 {
+		deadline = "a " + o.tokTimeout.String() + " deadline"
+	}
+	fmt.Printf("kvroute: policy %s, remote tokenizer (the engines' /tokenize) with %s\n", o.policy, deadline)
 	if o.serve {
 		plain, err := s.StartPlainEnvoy(ctx, g, so)
 		if err != nil {
@@ -170,7 +180,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	report(os.Stdout, engines, []string{label, "round robin"}, []*stats{routed, rr})
-	fmt.Printf("tokenizer fallbacks during run 1 (remote /tokenize over %s): %s\n", o.tokTimeout, fallbacks)
+	fmt.Printf("tokenizer fallbacks during run 1 (remote /tokenize, %s): %s\n", deadline, fallbacks)
 	return nil
 }
 

@@ -72,6 +72,9 @@ type BenchOptions struct {
 	// Worst is how many of each run's slowest requests (by TTFT) the
 	// report keeps (default 5).
 	Worst int
+	// Requests keeps every request of every run in the report (without
+	// inter-token latencies).
+	Requests bool
 	// Log receives progress lines (default discarded).
 	Log io.Writer
 }
@@ -88,6 +91,8 @@ type Arm struct {
 	Router *RouterStats `json:"router,omitempty"`
 	// Start is the run's start, from the bench's start.
 	Start time.Duration `json:"start_ns"`
+	// Requests are every request of the run (BenchOptions.Requests).
+	Requests []Request `json:"requests,omitempty"`
 }
 
 // RouterStats are growths of kvroute's metrics over a run.
@@ -539,6 +544,12 @@ func (b *benchRun) arm(ctx context.Context, t target, w *bench.Workload, salt ui
 	for _, q := range ok[:min(b.o.Worst, len(ok))] {
 		q.ITLs = nil
 		a.Worst = append(a.Worst, q)
+	}
+	if b.o.Requests {
+		for _, q := range rep.Requests {
+			q.ITLs = nil
+			a.Requests = append(a.Requests, q)
+		}
 	}
 	return a, nil
 }
