@@ -1,5 +1,7 @@
 package bench
 
+import "slices"
+
 // hashTable maps 64-bit block hashes (uniform already) to values: open
 // addressing with linear probing and Fibonacci hashing, growing at 3/4
 // load, never deleting. The simulator keeps a few with millions of entries
@@ -64,6 +66,13 @@ func (t *hashTable[V]) ref(h uint64) (v *V, added bool) {
 			return &e.v, true
 		}
 	}
+}
+
+// clone returns a copy of t.
+func (t *hashTable[V]) clone() hashTable[V] {
+	c := *t
+	c.slots = slices.Clone(t.slots)
+	return c
 }
 
 func (t *hashTable[V]) grow() {

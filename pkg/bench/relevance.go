@@ -29,21 +29,32 @@ var filterIrrelevant = true
 // differently from this prediction is a bug that Simulate reports (the
 // counts would not all end at zero).
 type relevance struct {
-	eng    *engine.Engine        // hashes and generates as every replica does
+	*prepared
 	blocks *hashTable[blockInfo] // the simulator's; pending counts here
 	left   int64                 // sum of pending
-	// hashes are every turn's prompt block hashes, per session, until it
-	// arrives.
-	hashes [][][]uint64
-	broken bool // a count went below zero
+	broken bool                  // a count went below zero
 }
 
-func newRelevance(w *Workload, cfg FleetConfig, blocks *hashTable[blockInfo]) (*relevance, error) {
-	e, err := engine.New(cfg.Engine, 1)
+// prepared is what relevance computes from the workload alone, before any
+// policy runs: every turn's prompt block hashes and, per block hash, how
+// many prompts hold it. It is read-only once built, so the simulations of
+// every policy on one workload and engine share it (RunCases), each
+// starting from a copy of its counts.
+type prepared struct {
+	eng *engine.Engine // hashes and generates as every replica does
+	// hashes are every turn's prompt block hashes, per session.
+	hashes [][][]uint64
+	blocks hashTable[blockInfo] // pending counts only
+	left   int64
+}
+
+// prepare computes w's prepared relevance on engines configured as cfg.
+func prepare(w *Workload, cfg engine.Config) (*prepared, error) {
+	e, err := engine.New(cfg, 1)
 	if err != nil {
 		return nil, err
 	}
-	rl := &relevance{eng: e, blocks: blocks, hashes: make([][][]uint64, len(w.Sessions))}
+	p := &prepared{eng: e, hashes: make([][][]uint64, len(w.Sessions))}
 	for i := range w.Sessions {
 		ss := &w.Sessions[i]
 		var hist []uint32
@@ -55,28 +66,35 @@ func newRelevance(w *Workload, cfg FleetConfig, blocks *hashTable[blockInfo]) (*
 			} else {
 				prompt = Expand(hist, t.Append)
 			}
-			prompt, out, _ := fitPrompt(prompt, t.Output, cfg.Engine.MaxModelLen)
+			prompt, out, _ := fitPrompt(prompt, t.Output, cfg.MaxModelLen)
 			if len(prompt) == 0 || out < 1 {
 				break // the simulation stops with an error here
 			}
 			hashes := e.ExtendHashes(prev, engine.Request{Prompt: prompt})
 			for _, h := range hashes {
-				b, _ := rl.blocks.ref(h)
+				b, _ := p.blocks.ref(h)
 				b.pending++
 			}
-			rl.left += int64(len(hashes))
-			rl.hashes[i] = append(rl.hashes[i], hashes)
+			p.left += int64(len(hashes))
+			p.hashes[i] = append(p.hashes[i], hashes)
 			if k+1 < len(ss.Turns) && t.TraceIDs == nil {
 				hist = append(prompt[:len(prompt):len(prompt)], e.Generated(prompt, out)...)
 				prev = hashes
 			}
 		}
 	}
-	return rl, nil
+	return p, nil
+}
+
+// newRelevance starts a simulation's relevance from p: blocks (the
+// simulator's table, empty) becomes a copy of p's counts.
+func newRelevance(p *prepared, blocks *hashTable[blockInfo]) *relevance {
+	*blocks = p.blocks.clone()
+	return &relevance{prepared: p, blocks: blocks, left: p.left}
 }
 
 // arrived counts turn of sess, whose prompt is prompt, as arrived, and
-// returns the prompt's predicted block hashes.
+// returns the prompt's predicted block hashes (shared: read only).
 func (rl *relevance) arrived(sess, turn int, prompt []uint32) []uint64 {
 	all := rl.hashes[sess]
 	if turn >= len(all) {
@@ -84,7 +102,6 @@ func (rl *relevance) arrived(sess, turn int, prompt []uint32) []uint64 {
 		return nil
 	}
 	hashes := all[turn]
-	all[turn] = nil
 	if len(hashes) != len(prompt)/rl.eng.Config().BlockSize {
 		rl.broken = true
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvroute/kvroute/pkg/engine"
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
@@ -50,6 +51,7 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 		workers = runtime.GOMAXPROCS(0)
 	}
 	out := make([]CaseResult, len(cases))
+	preps := newPrepCache(cases)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
 	var mu sync.Mutex
@@ -63,7 +65,9 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 			if err != nil {
 				return err
 			}
-			r, err := Simulate(gctx, c.Workload, p, c.Fleet)
+			pre, release := preps.get(c)
+			r, err := simulate(gctx, c.Workload, p, c.Fleet, pre)
+			release()
 			if err != nil {
 				return fmt.Errorf("%s on %s: %w", c.Policy, c.Workload.Name, err)
 			}
@@ -85,6 +89,79 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 		return nil, err
 	}
 	return out, nil
+}
+
+// prepCache shares each workload's prepared relevance between the cases
+// that simulate it on the same engines (the policies and seeds of a grid
+// cell): the first case to need it computes it, the others wait for it,
+// and the last to finish drops it, so a grid holds only the workloads
+// being simulated.
+type prepCache struct {
+	mu sync.Mutex
+	m  map[prepKey]*prepEntry
+}
+
+type prepKey struct {
+	w   *Workload
+	eng engine.Config
+}
+
+type prepEntry struct {
+	once  sync.Once
+	pre   *prepared
+	users int
+}
+
+func newPrepCache(cases []Case) *prepCache {
+	pc := &prepCache{m: map[prepKey]*prepEntry{}}
+	for i := range cases {
+		if k, ok := prepKeyOf(&cases[i]); ok {
+			e := pc.m[k]
+			if e == nil {
+				e = &prepEntry{}
+				pc.m[k] = e
+			}
+			e.users++
+		}
+	}
+	return pc
+}
+
+func prepKeyOf(c *Case) (prepKey, bool) {
+	if !filterIrrelevant {
+		return prepKey{}, false
+	}
+	f, err := c.Fleet.withDefaults()
+	if err != nil {
+		return prepKey{}, false // Simulate reports it
+	}
+	return prepKey{w: c.Workload, eng: f.Engine}, true
+}
+
+// get returns c's prepared relevance (nil: simulate prepares its own) and
+// the function to call when c no longer needs it.
+func (pc *prepCache) get(c *Case) (*prepared, func()) {
+	k, ok := prepKeyOf(c)
+	if !ok {
+		return nil, func() {}
+	}
+	pc.mu.Lock()
+	e := pc.m[k]
+	pc.mu.Unlock()
+	e.once.Do(func() {
+		// An error leaves pre nil: simulate then prepares again and
+		// reports it.
+		e.pre, _ = prepare(c.Workload, k.eng)
+	})
+	pre := e.pre
+	return pre, func() {
+		pc.mu.Lock()
+		defer pc.mu.Unlock()
+		if e.users--; e.users == 0 {
+			e.pre = nil
+			delete(pc.m, k)
+		}
+	}
 }
 
 // Spread is a figure over seeds: its median (the mean of the two middle

@@ -61,6 +61,52 @@ func TestRunCasesParallelMatchesSequential(t *testing.T) {
 	}
 }
 
+// RunCases shares each workload's prepared relevance between its cases
+// (two engine configurations here: two preparations of one workload) and
+// drops it after the last; every run is the one Simulate gives alone, with
+// a preparation of its own.
+func TestRunCasesSharedPreparation(t *testing.T) {
+	w, err := Generate(GenAgents, GenOptions{Seed: 3, SizeScale: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, big := smallFleet(), smallFleet()
+	big.Engine.BlockSize = 32
+	var cases []Case
+	for _, f := range []FleetConfig{small, big} {
+		for _, p := range []string{policy.NameRoundRobin, policy.NameKVRoute, policy.NameSession} {
+			cases = append(cases, Case{Workload: w, Policy: p, Fleet: f, KeepRun: true})
+		}
+	}
+	got, err := RunCases(context.Background(), cases, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cases {
+		alone, err := Simulate(context.Background(), w, mustPolicy(t, c.Policy), c.Fleet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got[i].Run, alone) {
+			t.Fatalf("case %d (%s, block size %d): shared preparation changes the run", i, c.Policy, c.Fleet.Engine.BlockSize)
+		}
+	}
+	pc := newPrepCache(cases)
+	if len(pc.m) != 2 {
+		t.Fatalf("%d preparations for two engine configurations", len(pc.m))
+	}
+	for i := range cases {
+		pre, release := pc.get(&cases[i])
+		if pre == nil {
+			t.Fatalf("case %d: no preparation", i)
+		}
+		release()
+	}
+	if len(pc.m) != 0 {
+		t.Fatalf("%d preparations left after every case", len(pc.m))
+	}
+}
+
 func TestRunCasesErrors(t *testing.T) {
 	w := mustGen(t, GenHerding, 0.01)
 	_, err := RunCases(context.Background(), []Case{

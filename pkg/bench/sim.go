@@ -275,6 +275,12 @@ type sim struct {
 // events. It is deterministic: the same workload, policy (freshly built)
 // and config give the same Run. ctx cancels a long run.
 func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig) (*Run, error) {
+	return simulate(ctx, w, pol, cfg, nil)
+}
+
+// simulate is Simulate with w's relevance prepared for cfg's engines (nil:
+// prepared here).
+func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig, pre *prepared) (*Run, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -291,9 +297,14 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	}
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
 	if filterIrrelevant {
-		if s.rel, err = newRelevance(w, cfg, &s.blocks); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSim, err)
+		if pre == nil {
+			if pre, err = prepare(w, cfg.Engine); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrSim, err)
+			}
+		} else if pre.eng.Config() != cfg.Engine {
+			return nil, fmt.Errorf("%w: internal: relevance prepared for other engines", ErrSim)
 		}
+		s.rel = newRelevance(pre, &s.blocks)
 		s.feed.needed = s.rel.needed
 	}
 	s.tracker, err = load.NewTracker(nil)
@@ -491,7 +502,9 @@ func (s *sim) ceiling(f *engine.Finished) int {
 func (s *sim) computed(res *engine.StepResult) {
 	for i := range res.Events {
 		ev := &res.Events[i]
-		if ev.Kind != engine.BlockStored {
+		if ev.Kind != engine.BlockStored || ev.Medium == engine.MediumCPU {
+			// A CPU-tier store is an offload of a block the GPU stored
+			// (in this step's events or an earlier step's): computed then.
 			continue
 		}
 		for _, h := range ev.Hashes {

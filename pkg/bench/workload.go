@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +102,11 @@ func (w *Workload) Requests() int {
 
 // Expand returns the tokens of segs.
 func Expand(dst []uint32, segs []Segment) []uint32 {
+	n := 0
+	for _, s := range segs {
+		n += s.Len
+	}
+	dst = slices.Grow(dst, n)
 	for _, s := range segs {
 		for i := range s.Len {
 			dst = append(dst, segToken(s.ID, uint64(i)))
