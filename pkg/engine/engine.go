@@ -198,8 +198,9 @@ type Engine struct {
 	busyUntil time.Duration
 	st        Stats
 	scratch   []byte
-	gpuIDs    []int32 // admit's scratch: each prefix hit's GPU block or -1
-	spare     []Event // a recycled batch array for the next step's events
+	gpuIDs    []int32     // admit's scratch: each prefix hit's GPU block or -1
+	spare     []Event     // a recycled batch array for the next step's events
+	batch     []scheduled // the step's batch (scratch, reused)
 }
 
 // New returns an engine for cfg (defaulted, then validated). seed fixes the
@@ -657,7 +658,8 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	}
 	e.events = e.events[:0]
 	budget := e.cfg.MaxNumBatchedTokens
-	var batch []scheduled
+	batch := e.batch[:0]
+	defer func() { e.batch = batch[:0] }()
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		r := e.running[i]
@@ -710,6 +712,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	res.PrefillTokens, res.DecodeTokens, res.ReloadedTokens = prefill, decode, reloaded
 	e.observeStep(d, prefill, decode, reloaded)
 	finished := false
+	res.Tokens = make([]Token, 0, len(batch))
 	for _, s := range batch {
 		r := s.r
 		r.numComputed += s.n

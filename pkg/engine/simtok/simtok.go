@@ -106,7 +106,7 @@ var words = []string{
 type Generator struct {
 	rng  *rand.Rand
 	word string
-	pos  int
+	pos  int // next byte of word to emit; -1: the space before it
 }
 
 // NewGenerator returns the generator for a prompt under seed.
@@ -127,15 +127,20 @@ func NewGenerator(seed uint64, prompt []uint32) *Generator {
 	return &Generator{rng: rand.New(rand.NewPCG(seed, h.Sum64()))}
 }
 
-// Next returns the next output token (always a printable ASCII byte).
+// Next returns the next output token (always a printable ASCII byte):
+// words from a fixed list, separated by single spaces.
 func (g *Generator) Next() uint32 {
 	if g.pos >= len(g.word) {
-		if g.word == "" {
-			g.word = words[g.rng.IntN(len(words))]
-		} else {
-			g.word = " " + words[g.rng.IntN(len(words))]
-		}
+		first := g.word == ""
+		g.word = words[g.rng.IntN(len(words))]
 		g.pos = 0
+		if !first {
+			g.pos = -1 // the space before the word comes first
+		}
+	}
+	if g.pos < 0 {
+		g.pos = 0
+		return ' '
 	}
 	c := g.word[g.pos]
 	g.pos++

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -88,6 +89,15 @@ func TestGeneratorDeterministic(t *testing.T) {
 	for _, c := range a {
 		if c != ' ' && (c < 'a' || c > 'z') {
 			t.Fatalf("unexpected character %q in %q", c, a)
+		}
+	}
+	// Whole words of the list, one space apart, no leading space (the
+	// last may be cut).
+	long := gen(3, []uint32{7})
+	fields := strings.Split(long, " ")
+	for i, f := range fields[:len(fields)-1] {
+		if !slices.Contains(words, f) {
+			t.Fatalf("field %d %q of %q is not a word", i, f, long)
 		}
 	}
 }
