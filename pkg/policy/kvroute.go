@@ -154,13 +154,33 @@ func NewKVRoute(cfg KVRouteConfig) (*KVRoute, error) { return cfg.resolve() }
 func (k *KVRoute) Name() string { return NameKVRoute }
 
 // HitBlocks is the candidate's trusted cache hit for the request, in
-// blocks: its matched blocks weighted by tier, times its trust.
+// blocks: its matched blocks weighted by tier plus its in-flight credit
+// (PendingBlocks), times its trust.
 func (k *KVRoute) HitBlocks(c Candidate) float64 {
-	matched := 0.0
+	matched := k.PendingBlocks(c)
 	for tier, m := range c.Matched {
 		matched += float64(m) * k.tierWeight[tier]
 	}
 	return matched * trust(c)
+}
+
+// PendingBlocks is the part of the candidate's in-flight prefix
+// (Candidate.Pending) the request can expect to find computed when the
+// engine takes it up: as many of those blocks as there are other prefill
+// blocks queued there, at most all of them. The prefix is computed by the
+// request that carried it, whose prefill is queued or running; an engine
+// admits a waiting request as soon as its step has room, so with nothing
+// else queued the request joins in the same step and computes the prefix
+// again itself (engines share blocks once computed, not while in
+// flight); only other queued prefill (ActivePrefillBlocks beyond the
+// pending blocks themselves) holds the request back long enough for the
+// prefix to be done.
+func (k *KVRoute) PendingBlocks(c Candidate) float64 {
+	p := float64(c.Pending)
+	if !(p > 0) {
+		return 0
+	}
+	return math.Min(p, math.Max(0, c.Load.ActivePrefillBlocks-p))
 }
 
 // Fleet is what KVRoute's cost reads of the other candidates: the own
@@ -290,8 +310,15 @@ func blockTokens(req Request) float64 {
 func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Prediction {
 	pc := k.Pace(c, f)
 	o := own(req, hit)
+	wait := k.backlogWeight * c.Load.ActivePrefillBlocks
+	if hit > 0 && k.PendingBlocks(c) > 0 {
+		// Part of the hit is a prefix in flight: it is computed only once
+		// its own prefill is, which was just sent and is charged in full.
+		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
+		wait = k.backlogWeight*math.Max(0, a-pend) + math.Min(a, pend)
+	}
 	p := Prediction{
-		Wait:     pc.BlockSecs * k.backlogWeight * c.Load.ActivePrefillBlocks,
+		Wait:     pc.BlockSecs * wait,
 		Own:      pc.BlockSecs * o,
 		Move:     pc.BlockSecs * k.moveWeight * f.Pressure * math.Max(0, o-f.HomeOwn),
 		Decode:   pc.BlockSecs * k.decodeWeight * c.Load.ActiveDecodeBlocks,

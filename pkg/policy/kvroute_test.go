@@ -90,6 +90,10 @@ func TestKVRoutePredict(t *testing.T) {
 		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
 		{"headroom left: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.5; return c }(), idle, Prediction{Own: 10}},
 		{"overflow is charged twice", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.95; return c }(), idle, Prediction{Own: 10, Memory: 2 * 14}},
+		{"in flight, nothing else queued: no credit", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 5, Own: 10}},
+		{"in flight behind other prefill: credit up to it, the prefix's own prefill waited in full", pend(cand("a", 0, 16, 0), 10), idle, Prediction{Wait: 0.5*6 + 10, Own: 4}},
+		{"in flight behind a long queue: full credit", pend(cand("a", 0, 40, 0), 10), idle, Prediction{Wait: 0.5*30 + 10}},
+		{"in flight beyond an indexed match", pend(cand("a", 4, 30, 0), 6), idle, Prediction{Wait: 0.5*24 + 6}},
 		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
 	}
 	for _, tt := range tests {
@@ -247,6 +251,57 @@ func TestKVRouteBoundSparesHome(t *testing.T) {
 }
 
 func home(c Candidate) Candidate { c.Home = true; return c }
+
+func pend(c Candidate, blocks int) Candidate { c.Pending = blocks; return c }
+
+// A fan-out's siblings (one new 64-block prompt, sent together) meet the
+// first sibling's prefix in flight (Candidate.Pending). On an idle fleet a
+// sibling placed with the first would be admitted alongside it and
+// compute the prefix again, so they spread; behind a queue the prefix is
+// computed before the sibling's turn, and the sibling joins the first
+// where the prediction says so: waiting for the prefix's own prefill
+// there beats prefilling it again behind a longer queue elsewhere.
+func TestKVRoutePendingPrefix(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	req := Request{PromptBlocks: 64}
+	cs := make([]Candidate, 4)
+	for i := range cs {
+		cs[i] = withReqs(cand(fmt.Sprint("r", i), 0, 0, 0), 1, 0)
+	}
+	env := seeded(3)
+	var placed [4]int
+	for range 4 {
+		res := p.Pick(req, cs, env)
+		placed[res.Pick]++
+		cs[res.Pick].Pending = 64 // the router remembers what it sent
+		cs[res.Pick].Load.ActivePrefillBlocks += 64
+		cs[res.Pick].Load.ActiveRequests++
+	}
+	if placed != [4]int{1, 1, 1, 1} {
+		t.Errorf("idle fleet: placed %v, want one sibling a replica", placed)
+	}
+
+	// The first sibling went to a (150 blocks queued ahead of it).
+	cs = []Candidate{withReqs(cand("a", 0, 150+64, 0), 2, 0), withReqs(cand("b", 0, 200, 0), 1, 0)}
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 1 {
+		t.Errorf("no in-flight prefix: picked %d, want the shorter queue; costs %v", res.Pick, res.Costs)
+	}
+	cs[0].Pending = 64
+	res := p.Pick(req, cs, seeded(1))
+	if res.Pick != 0 {
+		t.Errorf("in flight behind a queue: picked %d, want the holder; costs %v", res.Pick, res.Costs)
+	}
+	// 150/2 still queued ahead, the 64 in-flight blocks in full, no own
+	// prefill, a step for each of the 2 requests there and for itself.
+	if want := blk*(75+64) + stp*3; math.Abs(res.Costs[0]-want) > 1e-12 {
+		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
+	}
+	// Other policies do not read Pending.
+	bl := mustNew(t, NameBlended, Config{})
+	if res := bl.Pick(req, cs, seeded(1)); res.Pick != 1 {
+		t.Errorf("blended picked %d, want the shorter queue (it ignores in-flight prefixes)", res.Pick)
+	}
+}
 
 func TestKVRoutePicks(t *testing.T) {
 	p := mustNew(t, NameKVRoute, Config{})

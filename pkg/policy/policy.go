@@ -25,6 +25,13 @@ type Candidate struct {
 	// has no session key or the session is new. Only kvroute reads it: its
 	// load bound never takes a session's credit at home.
 	Home bool
+	// Pending counts blocks beyond Matched that are in flight to the
+	// replica: the router just sent a request with that longer prefix
+	// there (route's Options.Pending) and its prefill has not finished, so
+	// they are not held yet and may be computed only after whatever is
+	// queued ahead of them. Only kvroute reads it (see KVRoute); 0 when
+	// the router keeps no such memory.
+	Pending int
 	// Footprint is the replica's cached footprint (for instance the blocks
 	// it holds in the router's index); 0 when unknown. Only prefixaffinity
 	// reads it: its low-match branch prefers the smallest footprint and

@@ -1,18 +1,20 @@
 package route
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
-// A request sharing a prefix with one just sent to r1 (not yet in r1's
-// events) is credited there with that prefix while Options.Pending
-// remembers it, the extra blocks on the GPU tier; Explain reads but does
-// not record; after DefaultPendingTTL the credit is gone; the index's own
-// longer match is never shortened.
+// A request sharing a prefix with one just sent to r0 (not yet in r0's
+// events) sees that prefix in flight there (Candidate.Pending, apart from
+// the indexed match) while Options.Pending remembers it; Explain reads but
+// does not record; after DefaultPendingTTL it is gone; a longer indexed
+// match elsewhere leaves nothing in flight beyond it.
 func TestDecidePendingPrefix(t *testing.T) {
 	st := fleet(3)
 	ix := index.New(index.Config{})
@@ -34,25 +36,26 @@ func TestDecidePendingPrefix(t *testing.T) {
 		t.Fatalf("first decision: %s matched %d", d.Replica, d.MatchedBlocks())
 	}
 	sibling := append(append([]uint32(nil), task...), seq(4*16, 7000)...)
-	matchedOn := func(d Decision, r index.ReplicaID) [index.NumTiers]int {
+	candOf := func(d Decision, r index.ReplicaID) Candidate {
 		for _, c := range d.Candidates {
 			if c.Replica == r {
-				return c.Matched
+				return c
 			}
 		}
 		t.Fatalf("no candidate %s", r)
-		return [index.NumTiers]int{}
+		return Candidate{}
 	}
+	matchedOn := func(d Decision, r index.ReplicaID) [index.NumTiers]int { return candOf(d, r).Matched }
 
 	e, err := rt.Explain(t.Context(), Request{Model: model, Tokens: sibling})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := matchedOn(e, "r0"); m[index.TierGPU] != 20 || e.Replica != "r0" {
-		t.Fatalf("sibling: r0 matched %v (want the 20-block task prefix on the GPU tier), picked %s", m, e.Replica)
+	if c := candOf(e, "r0"); c.Pending != 20 || c.Matched != ([index.NumTiers]int{}) {
+		t.Fatalf("sibling: r0 pending %d matched %v, want the 20-block task prefix in flight and nothing held", c.Pending, c.Matched)
 	}
-	if m := matchedOn(e, "r1"); m != ([index.NumTiers]int{}) {
-		t.Fatalf("sibling: r1 matched %v, want nothing", m)
+	if c := candOf(e, "r1"); c.Matched != ([index.NumTiers]int{}) || c.Pending != 0 {
+		t.Fatalf("sibling: r1 matched %v pending %d, want nothing", c.Matched, c.Pending)
 	}
 	if s := pending.Stats(); s.Keys != 24 {
 		t.Fatalf("pending holds %d keys after one Decide and one Explain, want the first request's 24", s.Keys)
@@ -70,13 +73,60 @@ func TestDecidePendingPrefix(t *testing.T) {
 	if m := matchedOn(e, "r2"); m[index.TierGPU] != 24 {
 		t.Fatalf("r2 matched %v, want its 24 indexed blocks", m)
 	}
+	if c := candOf(e, "r0"); c.Pending != 0 {
+		t.Fatalf("r0 pending %d, want none beyond r2's indexed 24 blocks", c.Pending)
+	}
 
 	now = now.Add(DefaultPendingTTL + time.Second)
 	e, err = rt.Explain(t.Context(), Request{Model: model, Tokens: sibling})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := matchedOn(e, "r0"); m != ([index.NumTiers]int{}) {
-		t.Fatalf("after the TTL r0 still matched %v", m)
+	if c := candOf(e, "r0"); c.Pending != 0 || c.Matched != ([index.NumTiers]int{}) {
+		t.Fatalf("after the TTL r0 still pending %d matched %v", c.Pending, c.Matched)
+	}
+}
+
+// With the default policy, a fan-out's second request (the same new
+// prompt, sent right after the first) joins the first where its prompt is
+// in flight behind a queue, when waiting there for the prefix beats
+// prefilling it again behind the other replica's longer queue; without
+// the in-flight memory it goes to the shorter queue. On an idle fleet the
+// siblings spread (one placed with the first would be admitted alongside
+// it and compute the prefix again anyway).
+func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
+	prompt := seq(64*16, 100)
+	run := func(queues []float64, pending bool) []index.ReplicaID {
+		st := fleet(len(queues))
+		for i, q := range queues {
+			st.loads[st.reps[i].ID] = load.Load{Healthy: true, ActivePrefillBlocks: q, ActiveRequests: 1}
+		}
+		opts := Options{State: st, Seed: 1, Now: func() time.Time { return time.Unix(1000, 0) }}
+		if pending {
+			opts.Pending = NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})
+		}
+		rt := New(opts)
+		var picks []index.ReplicaID
+		for range len(queues) {
+			d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: prompt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			picks = append(picks, d.Replica)
+			l := st.loads[d.Replica] // the router's in-flight view: the uncached blocks
+			l.ActivePrefillBlocks += float64(d.PromptBlocks - d.MatchedBlocks())
+			l.ActiveRequests++
+			st.loads[d.Replica] = l
+		}
+		return picks
+	}
+	if got := run([]float64{150, 200}, true); got[0] != "r0" || got[1] != "r0" {
+		t.Errorf("with in-flight memory: picks %v, want both on r0", got)
+	}
+	if got := run([]float64{150, 200}, false); got[0] != "r0" || got[1] != "r1" {
+		t.Errorf("without in-flight memory: picks %v, want r0 then r1", got)
+	}
+	if got := run([]float64{0, 0, 0, 0}, true); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
+		t.Errorf("idle fleet: picks %v, want 4 siblings on 4 replicas", got)
 	}
 }

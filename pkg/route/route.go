@@ -68,12 +68,10 @@ type Options struct {
 	// requests sharing a new prefix (GRPO samples of one task, fan-out
 	// siblings) sees a cold index for every member and is spread, each
 	// member prefilling the prefix again. Only the part of a prefix beyond
-	// every candidate's indexed match is credited, on the GPU tier and at
-	// the candidate's trust (see matchPending); the policy charges the
-	// queued prefill ahead of it as usual. Decide records, Explain only
-	// reads. Build it with NewApproxIndex(ApproxConfig{TTL:
-	// DefaultPendingTTL}). kvroute leaves it off unless
-	// routing.pending_ttl is set.
+	// every candidate's indexed match counts, reported apart from the
+	// match as Candidate.Pending (see matchPending): the kvroute policy
+	// weighs it, the others ignore it. Decide records, Explain only reads.
+	// Build it with NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL}).
 	Pending *ApproxIndex
 
 	// ApproxTrust is the trust of a match in Approx, in (0, 1]; 0 means
@@ -470,10 +468,11 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	}
 }
 
-// matchPending raises each event-fed candidate's match to what
-// Options.Pending remembers was just sent there, for the blocks beyond
-// both its own indexed match and the longest prefix any candidate's events
-// show (those extra blocks on the GPU tier). Blocks some replica is known
+// matchPending sets each event-fed candidate's Pending to the blocks
+// Options.Pending remembers were just sent there beyond both its own
+// indexed match and the longest prefix any candidate's events show (the
+// match itself stays what the index holds: the policy decides what a
+// prefix still being prefilled is worth, see policy.Candidate.Pending). Blocks some replica is known
 // to hold earn no pending credit elsewhere: a burst sharing a system
 // prompt the fleet already holds is spread by the prediction as before,
 // not pulled onto whichever replica took its first members; pending
@@ -520,8 +519,8 @@ func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Option
 					have += n
 				}
 				if extra := mt.Blocks - max(have, indexed/sh.bs); extra > 0 && extra*PendingMinShare >= len(sc.keys) {
-					raw[k].Matched[index.TierGPU] += extra
-					sc.cands[k].Matched[index.TierGPU] += extra * sh.bs / primary
+					raw[k].Pending = extra
+					sc.cands[k].Pending = extra * sh.bs / primary
 				}
 			}
 		}

@@ -146,6 +146,9 @@ type Candidate struct {
 	Eligible bool    // healthy, in the subset, serving the model
 	// Home marks the replica that served the session's previous request.
 	Home bool
+	// Pending counts the request's blocks beyond Matched in flight to the
+	// replica (Options.Pending), on the GPU tier, in the replica's blocks.
+	Pending int
 	// Approximate is set when Matched and Trust come from the
 	// dispatch-learned index (Options.Approx), not from engine events.
 	Approximate bool
