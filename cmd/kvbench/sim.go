@@ -58,7 +58,7 @@ func (f *simFlags) registerSource(fs *flag.FlagSet) {
 // number of replicas).
 func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 	fs.DurationVar(&f.delay, "event-delay", 0, "delay of KV events to the router's index")
-	fs.DurationVar(&f.pending, "pending-ttl", 0, "remember the prefixes the router just sent for this long (kvroute's routing.pending_ttl; 0: off, the default of both; "+route.DefaultPendingTTL.String()+" is the value measured)")
+	fs.DurationVar(&f.pending, "pending-ttl", route.DefaultPendingTTL, "remember the prefixes the router just sent for this long (kvroute's routing.pending_ttl, same default; only the kvroute policy weighs them; 0: off)")
 	fs.Float64Var(&f.loss, "event-loss", 0, "probability a KV-event batch is lost")
 	fs.IntVar(&f.gpuBlocks, "gpu-blocks", 0, "GPU KV blocks per replica (default 24576 blocks of 16 tokens; with -block-size, the same memory in bigger blocks)")
 	fs.IntVar(&f.blockSize, "block-size", 0, "KV block size in tokens of engines and router (default 16); bigger blocks keep GPU and CPU memory in tokens and cut the simulator's per-block work")

@@ -101,13 +101,13 @@ type RoutingConfig struct {
 	// Approximate tunes the dispatch-learned index used for replicas
 	// without an events endpoint.
 	Approximate route.ApproxConfig `yaml:"approximate"`
-	// PendingTTL > 0 credits an event-fed replica, for this long, with the
-	// part of a prefix it was just sent that no replica's events show yet
-	// (route.Options.Pending: fan-out siblings and GRPO samples of a new
-	// task stay together instead of each prefilling it again). Default 0:
-	// off. It is opt-in because the grid showed it trading losses for its
-	// gains (docs/benchmarks.md, "In-flight prefixes"); route.DefaultPendingTTL
-	// is the value measured.
+	// PendingTTL is how long the router remembers the prefixes it just
+	// sent to event-fed replicas (route.Options.Pending): the part of a
+	// prefix no replica's events show yet is in flight there, which the
+	// kvroute policy weighs (fan-out siblings and GRPO samples of a new
+	// task can join the replica prefilling their prompt instead of each
+	// prefilling it again). Default route.DefaultPendingTTL; a negative
+	// value turns it off.
 	PendingTTL time.Duration `yaml:"pending_ttl"`
 
 	// The ext_proc abuse limits (extproc.Config):
@@ -241,6 +241,9 @@ func (c Config) WithDefaults() Config {
 		c.Routing.BlockSize = kvblock.DefaultBlockSize
 	}
 	c.Routing.Approximate = c.Routing.Approximate.WithDefaults()
+	if c.Routing.PendingTTL == 0 {
+		c.Routing.PendingTTL = route.DefaultPendingTTL
+	}
 	// The abuse limits' defaults are extproc's, applied by its WithDefaults.
 	lim := extproc.Config{
 		MaxRequestLifetime:      c.Routing.MaxRequestLifetime,
@@ -296,9 +299,6 @@ func (c *Config) Validate() error {
 	errs = append(errs, inSection("index", c.Index.Validate())...)
 	if c.Routing.RemovedDestinationHeader != nil {
 		bad("routing.destination_header", "removed: the pick is always sent as %s (header, and the envoy.lb metadata key Envoy's override_host load balancer reads, which the shipped Envoy configs and the chart use); delete this key", extproc.DefaultDestinationHeader)
-	}
-	if c.Routing.PendingTTL < 0 {
-		bad("routing.pending_ttl", "%v must not be negative (0 turns it off)", c.Routing.PendingTTL)
 	}
 	if h := c.Routing.SessionHeader; h != strings.ToLower(h) || strings.ContainsAny(h, " :") {
 		bad("routing.session_header", "%q must be a lower-case header name", h)

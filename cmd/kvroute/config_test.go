@@ -243,7 +243,7 @@ replicas:
 events: {queue_size: -1, replay_timeout: -1s, backoff_min: 2s, backoff_max: 1s}
 load: {scrape_interval: -1s, fidelity_alpha: 2, fidelity_min_samples: -1}
 index: {max_bytes: -1}
-routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}, max_request_lifetime: -1s, max_streams_per_connection: -2, max_connection_idle: -1s, pending_ttl: -1s}
+routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}, max_request_lifetime: -1s, max_streams_per_connection: -2, max_connection_idle: -1s}
 telemetry: {log_level: loud, log_format: xml}
 readiness: {warm_timeout: -1s}
 `))
@@ -257,7 +257,7 @@ readiness: {warm_timeout: -1s}
 		"events.queue_size", "events.replay_timeout", "events.backoff_max",
 		"load.scrape_interval", "load.fidelity_alpha", "load.fidelity_min_samples",
 		"index.max_bytes",
-		"routing.block_size", "routing.pending_ttl", "routing.session_header", "routing.approximate.ttl", "routing.approximate.max_entries",
+		"routing.block_size", "routing.session_header", "routing.approximate.ttl", "routing.approximate.max_entries",
 		"routing.max_request_lifetime", "routing.max_streams_per_connection", "routing.max_connection_idle",
 		"telemetry.log_level", "telemetry.log_format",
 		"readiness.warm_timeout",

@@ -65,8 +65,10 @@ type FleetConfig struct {
 	// arrives (no replay: the index stays stale until later events).
 	EventLoss float64
 	// PendingTTL > 0 gives the router a memory of the prefixes it just
-	// sent (route.Options.Pending) for this long, as kvroute does with
-	// routing.pending_ttl set; 0 runs without one (both defaults).
+	// sent (route.Options.Pending) for this long, as kvroute's
+	// routing.pending_ttl does (default route.DefaultPendingTTL, as is
+	// kvbench's -pending-ttl); 0 runs without one. Only the kvroute
+	// policy reads it.
 	PendingTTL time.Duration
 	// ScrapeInterval is the age bound of the engines' scraped figures
 	// (running, waiting, KV usage) the router sees (default 200 ms, the
