@@ -236,6 +236,10 @@ type live struct {
 	truncated  bool
 	reason     string
 	key        string
+	// opener is the first request of its conversation (promptHash: its
+	// prompt's hash); its answer opens the conversation.
+	opener     bool
+	promptHash uint64
 }
 
 type replica struct {
@@ -267,7 +271,9 @@ type sim struct {
 	loss    *rand.Rand
 	live    []map[engine.ReqID]*live
 	history [][]uint32           // per session: the last prompt plus its outputs
-	opening [][]byte             // per session: its opening messages (see openingMessages)
+	conv    []int32              // per session: its conversation (see conversations)
+	opened  []bool               // per conversation: its first request has arrived
+	opening [][]byte             // per conversation: its opening messages (see openingMessages)
 	blocks  hashTable[blockInfo] // per engine block hash: see blockInfo
 	run     *Run
 }
@@ -294,9 +300,11 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		idx:     index.New(index.Config{}),
 		loss:    rand.New(rand.NewPCG(cfg.Seed, 0x6c6f7373)),
 		history: make([][]uint32, len(w.Sessions)),
-		opening: make([][]byte, len(w.Sessions)),
 		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
 	}
+	s.conv = conversations(w)
+	s.opened = make([]bool, len(w.Sessions))
+	s.opening = make([][]byte, len(w.Sessions))
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
 	if filterIrrelevant {
 		if pre == nil {
@@ -429,7 +437,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	dec, err := s.router.Decide(ctx, route.Request{
 		Model:      s.cfg.Engine.Model,
 		Tokens:     prompt,
-		Input:      route.TokenizeInput{Chat: true, Messages: s.opening[sess]},
+		Input:      route.TokenizeInput{Chat: true, Messages: s.opening[s.conv[sess]]},
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,
@@ -458,6 +466,9 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	}
 	if lv.keepOut {
 		lv.prompt = prompt // the next turn resends it
+	}
+	if c := s.conv[sess]; !s.opened[c] {
+		s.opened[c], lv.opener, lv.promptHash = true, true, hashTokens(prompt)
 	}
 	s.live[ri][id] = lv
 	r.res.Requests++
@@ -573,10 +584,10 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
+		if lv.opener {
+			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, f.OutputTokens)
+		}
 		if lv.keepOut {
-			if lv.turn == 0 {
-				s.opening[lv.sess] = openingMessages(lv.prompt, lv.outputs)
-			}
 			hist := append(lv.prompt, lv.outputs...)
 			s.history[lv.sess] = hist
 			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
@@ -601,19 +612,48 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 }
 
 // openingMessages is what a chat client resends at the start of every
-// later turn of a conversation, as the OpenAI messages array: the first
-// turn's prompt (its system and user messages, here one user message) and
-// the answer to it. The simulator has token ids, not text, so each
-// message's content is a hash of its tokens. route.SessionKey derives the
-// conversation's key from it exactly as from a live request's body (a
-// first turn carries none: it has no assistant message yet), so the
-// simulated router sees the identities a live one would.
-func openingMessages(prompt, answer []uint32) []byte {
+// later request of a conversation, as the OpenAI messages array: the first
+// request's prompt (its system and user messages, here one user message)
+// and the answer to it. The simulator has token ids, not text, so the
+// prompt's content is a hash of its tokens, and the answer's names the
+// engine's output for that prompt (which depends only on the prompt, every
+// replica sharing one engine seed) by the prompt's hash and the output's
+// length. route.SessionKey derives the conversation's key from it exactly
+// as from a live request's body (a conversation's first request carries
+// none: it has no assistant message yet), so the simulated router sees the
+// identities a live one would.
+func openingMessages(promptHash uint64, outputTokens int) []byte {
 	b := append(make([]byte, 0, 96), `[{"role":"user","content":"`...)
-	b = strconv.AppendUint(b, hashTokens(prompt), 16)
-	b = append(b, `"},{"role":"assistant","content":"`...)
-	b = strconv.AppendUint(b, hashTokens(answer), 16)
+	b = strconv.AppendUint(b, promptHash, 16)
+	b = append(b, `"},{"role":"assistant","content":"answer to `...)
+	b = strconv.AppendUint(b, promptHash, 16)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(outputTokens), 10)
 	return append(b, `"}]`...)
+}
+
+// conversations maps each session to its conversation: a session of
+// several turns is one (its later turns resend its history), and the
+// trace's single-request sessions of one rebuilt conversation (one
+// Session.ID; their prompts extend each other) share the first's. Other
+// sessions sharing an ID are not later turns of each other (fan-out
+// siblings send one prompt at once) and stay apart.
+func conversations(w *Workload) []int32 {
+	conv := make([]int32, len(w.Sessions))
+	first := map[string]int32{}
+	for i := range w.Sessions {
+		ss := &w.Sessions[i]
+		conv[i] = int32(i)
+		if len(ss.Turns) == 0 || ss.Turns[0].TraceIDs == nil || ss.ID == "" {
+			continue
+		}
+		if c, ok := first[ss.ID]; ok {
+			conv[i] = c
+		} else {
+			first[ss.ID] = int32(i)
+		}
+	}
+	return conv
 }
 
 // hashTokens hashes token ids (little-endian bytes).

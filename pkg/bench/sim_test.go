@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,53 +193,81 @@ func TestQuantileAndCV(t *testing.T) {
 }
 
 // TestSimulateSessionKeysAsLive checks that the simulated router derives
-// the session keys a live router would: the header when sent; else, from a
-// conversation's second turn on, the hash of its opening messages (the
-// same key for every later turn of one conversation, different between
-// conversations); else the OpenAI user field; nothing for a keyless first
-// turn.
+// the session keys a live router would: the header when sent; else, on a
+// conversation's later requests (once its first has been answered), the
+// hash of its opening messages (one key per conversation, different
+// between conversations); else the OpenAI user field; nothing for a first
+// request without header or user. The chat generator's conversations are
+// sessions of several turns; the trace's are single-request sessions
+// sharing a conversation id.
 func TestSimulateSessionKeysAsLive(t *testing.T) {
-	w := mustGen(t, GenChat, 0.3)
-	r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameSession), smallFleet())
+	tr, err := ReadTraceFile(traceForTest(t), TraceOptions{Limit: 400})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conv := map[int]string{}  // session -> its derived key
-	owner := map[string]int{} // derived key -> session
-	var header, user, derived, none int
-	for _, q := range r.Requests {
-		s := w.Sessions[q.Session]
-		switch {
-		case s.Key != "":
-			header++
-			if q.SessionKey != s.Key {
-				t.Fatalf("session %d turn %d: key %q, want the header %q", q.Session, q.Turn, q.SessionKey, s.Key)
+	for _, w := range []*Workload{mustGen(t, GenChat, 0.3), tr} {
+		t.Run(w.Name, func(t *testing.T) {
+			r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameSession), smallFleet())
+			if err != nil {
+				t.Fatal(err)
 			}
-		case q.Turn == 0 && s.User != "":
-			user++
-			if q.SessionKey != "user:"+s.User {
-				t.Fatalf("session %d first turn: key %q, want user:%s", q.Session, q.SessionKey, s.User)
+			// A conversation is a session, or in the trace the
+			// sessions of one id; its first request is turn 0 of its
+			// earliest session.
+			convOf := func(sess int) string {
+				if w.Name == "trace" {
+					return w.Sessions[sess].ID
+				}
+				return strconv.Itoa(sess)
 			}
-		case q.Turn == 0:
-			none++
-			if q.SessionKey != "" {
-				t.Fatalf("session %d first turn without identity got key %q", q.Session, q.SessionKey)
+			first := map[string]int{}
+			for i := range w.Sessions {
+				if _, ok := first[convOf(i)]; !ok {
+					first[convOf(i)] = i
+				}
 			}
-		default:
-			derived++
-			if !strings.HasPrefix(q.SessionKey, "conv:") {
-				t.Fatalf("session %d turn %d: key %q, want one derived from the opening", q.Session, q.Turn, q.SessionKey)
+			keyOf := map[string]string{} // conversation -> derived key
+			owner := map[string]string{} // derived key -> conversation
+			var header, user, derived, none int
+			for _, q := range r.Requests {
+				s := w.Sessions[q.Session]
+				conv := convOf(q.Session)
+				opener := q.Turn == 0 && first[conv] == q.Session
+				switch {
+				case s.Key != "":
+					header++
+					if q.SessionKey != s.Key {
+						t.Fatalf("session %d turn %d: key %q, want the header %q", q.Session, q.Turn, q.SessionKey, s.Key)
+					}
+				case strings.HasPrefix(q.SessionKey, "conv:"):
+					derived++
+					if opener {
+						t.Fatalf("session %d: the first request of its conversation has key %q", q.Session, q.SessionKey)
+					}
+					if k, ok := keyOf[conv]; ok && k != q.SessionKey {
+						t.Fatalf("conversation %s derives different keys %q and %q", conv, k, q.SessionKey)
+					}
+					if o, ok := owner[q.SessionKey]; ok && o != conv {
+						t.Fatalf("conversations %s and %s share the derived key %q", o, conv, q.SessionKey)
+					}
+					keyOf[conv], owner[q.SessionKey] = q.SessionKey, conv
+				case w.Name != "trace" && !opener:
+					t.Fatalf("session %d turn %d: key %q, want one derived from the opening", q.Session, q.Turn, q.SessionKey)
+				case s.User != "":
+					user++
+					if q.SessionKey != "user:"+s.User {
+						t.Fatalf("session %d: key %q, want user:%s", q.Session, q.SessionKey, s.User)
+					}
+				default:
+					none++
+					if q.SessionKey != "" {
+						t.Fatalf("session %d without identity got key %q", q.Session, q.SessionKey)
+					}
+				}
 			}
-			if k, ok := conv[q.Session]; ok && k != q.SessionKey {
-				t.Fatalf("session %d: turns derive different keys %q and %q", q.Session, k, q.SessionKey)
+			if header == 0 || user == 0 || derived == 0 || none == 0 || len(keyOf) < 2 {
+				t.Fatalf("workload does not cover every habit: header %d, user %d, derived %d (%d conversations), none %d", header, user, derived, len(keyOf), none)
 			}
-			if o, ok := owner[q.SessionKey]; ok && o != q.Session {
-				t.Fatalf("sessions %d and %d share the derived key %q", o, q.Session, q.SessionKey)
-			}
-			conv[q.Session], owner[q.SessionKey] = q.SessionKey, q.Session
-		}
-	}
-	if header == 0 || user == 0 || derived == 0 || none == 0 || len(conv) < 2 {
-		t.Fatalf("workload does not cover every habit: header %d, user %d, derived %d (%d sessions), none %d", header, user, derived, len(conv), none)
+		})
 	}
 }
