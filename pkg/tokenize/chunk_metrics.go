@@ -7,6 +7,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type chunkCollector struct {
 	t                   *Tokenizer
 	hits, misses, bytes *prometheus.Desc
+	// The conversation memo (conv.go).
+	convHits, convMisses, convReused, convBytes *prometheus.Desc
 }
 
 func newChunkCollector(t *Tokenizer) *chunkCollector {
@@ -18,6 +20,14 @@ func newChunkCollector(t *Tokenizer) *chunkCollector {
 			"Text chunks the local tokenizer encoded and stored in its chunk cache, by model.", []string{"model"}, nil),
 		bytes: prometheus.NewDesc("kvroute_tokenizer_chunk_cache_bytes",
 			"Bytes the local tokenizer's chunk cache holds (bounded by prefix_cache_bytes), by model.", []string{"model"}, nil),
+		convHits: prometheus.NewDesc("kvroute_tokenizer_conversation_hits_total",
+			"Large chat requests whose previous turn the local tokenizer's conversation memo held, by model.", []string{"model"}, nil),
+		convMisses: prometheus.NewDesc("kvroute_tokenizer_conversation_misses_total",
+			"Large chat requests with no previous turn in the conversation memo, by model.", []string{"model"}, nil),
+		convReused: prometheus.NewDesc("kvroute_tokenizer_conversation_reused_tokens_total",
+			"Token ids taken from a previous turn instead of being encoded, by model.", []string{"model"}, nil),
+		convBytes: prometheus.NewDesc("kvroute_tokenizer_conversation_bytes",
+			"Bytes the conversation memo holds (bounded by prefix_cache_bytes), by model.", []string{"model"}, nil),
 	}
 }
 
@@ -25,6 +35,10 @@ func (c *chunkCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.hits
 	ch <- c.misses
 	ch <- c.bytes
+	ch <- c.convHits
+	ch <- c.convMisses
+	ch <- c.convReused
+	ch <- c.convBytes
 }
 
 func (c *chunkCollector) Collect(ch chan<- prometheus.Metric) {
@@ -36,6 +50,13 @@ func (c *chunkCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(hits), name)
 		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(misses), name)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(bytes), name)
+		if l.conv != nil {
+			hits, misses, reused, bytes := l.conv.stats()
+			ch <- prometheus.MustNewConstMetric(c.convHits, prometheus.CounterValue, float64(hits), name)
+			ch <- prometheus.MustNewConstMetric(c.convMisses, prometheus.CounterValue, float64(misses), name)
+			ch <- prometheus.MustNewConstMetric(c.convReused, prometheus.CounterValue, float64(reused), name)
+			ch <- prometheus.MustNewConstMetric(c.convBytes, prometheus.GaugeValue, float64(bytes), name)
+		}
 	}
 }
 

@@ -85,8 +85,9 @@ type ModelConfig struct {
 	// CacheSize is the remote tokenizer's LRU size in entries (default
 	// 4096; negative disables).
 	CacheSize int `yaml:"cache_size"`
-	// PrefixCacheBytes bounds the local tokenizer's multi-turn prefix cache
-	// (default 64 MiB; negative disables).
+	// PrefixCacheBytes bounds each of the local tokenizer's multi-turn
+	// caches, the chunk cache and the conversation memo (default 64 MiB;
+	// negative disables both).
 	PrefixCacheBytes int `yaml:"prefix_cache_bytes"`
 	// MaxInputBytes rejects larger prompts (rendered chat included) with
 	// ErrInputTooLarge (default 32 MiB).

@@ -76,6 +76,25 @@
 // tokenizers, still tokenize exactly but reuse less (only repeated whole
 // spans). Tests compare cached and full encodings turn by turn.
 //
+// Conversation memo (conv.go): on top of the chunk cache, a chat request
+// whose rendered prompt is at least 4 KB is remembered (its prompt text,
+// ids and "safe cuts", bounded LRU, prefix_cache_bytes again), keyed by a
+// hash of its tools, template arguments and messages' raw JSON. A later
+// request whose messages start with those messages byte for byte (the
+// next turn, a retry) finds it, takes the longest common prefix of the
+// two rendered prompts and reuses the ids up to the last safe cut in it:
+// the end of an added token without rstrip that no other added token
+// contains. The encoder's decisions before such a cut depend only on the
+// bytes before it and it starts afresh after it, so reuse is exact for any
+// template, including ones that render earlier turns differently once a
+// new turn arrives (the common prefix then ends earlier). Only the text
+// after the cut is encoded (through the chunk cache); the body is still
+// parsed and the template still rendered in full
+// (kvroute_tokenizer_conversation_hits_total, _misses_total,
+// _reused_tokens_total and kvroute_tokenizer_conversation_bytes, per
+// model). Tests compare every turn with a cacheless tokenizer, for every
+// family.
+//
 // Byte-exactness with the reference (transformers + tokenizers), and how it
 // is kept:
 //

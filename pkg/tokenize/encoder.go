@@ -63,6 +63,10 @@ type Encoder struct {
 	addedByte byte
 	addedByID map[uint32]string
 	addedIDs  map[string]uint32
+	// safeCut[k]: the end of added[k] is a safe cut for conversation
+	// reuse (conv.go): added[k] has no rstrip and no other added token
+	// contains its content.
+	safeCut []bool
 
 	// post is the TemplateProcessing "single" template: ids to emit, with
 	// seqMarker standing for the encoded text. Empty when no special tokens
@@ -183,6 +187,7 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		}
 	}
 	e.addedOnly = firsts == 1
+	e.safeCut = safeCuts(e.added)
 	for b := range e.addedFirst {
 		l := e.addedFirst[b]
 		sort.SliceStable(l, func(i, j int) bool { return len(e.added[l[i]].content) > len(e.added[l[j]].content) })
@@ -191,6 +196,32 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// safeCuts reports, for each added token, whether text can be cut right
+// after it for conversation reuse: it has no rstrip (which would take in
+// white space after it) and no other added token contains its content (a
+// longer match could then start before the cut and end after it).
+func safeCuts(added []addedToken) []bool {
+	index := make(map[string]int, len(added))
+	for i, a := range added {
+		index[a.content] = i
+	}
+	contained := make([]bool, len(added))
+	for i, b := range added {
+		for p := 0; p < len(b.content); p++ {
+			for q := p + 1; q <= len(b.content); q++ {
+				if j, ok := index[b.content[p:q]]; ok && j != i && b.content[p:q] != b.content {
+					contained[j] = true
+				}
+			}
+		}
+	}
+	out := make([]bool, len(added))
+	for i, a := range added {
+		out[i] = !a.rstrip && !contained[i]
+	}
+	return out
 }
 
 // normalizers are the normalizer components the encoder implements.
@@ -469,6 +500,12 @@ func (e *Encoder) appendEncode(ctx context.Context, dst []uint32, text string, a
 // added tokens is encoded on its own (normalization and pre-tokenization
 // never cross an added token), which is what makes chunk reuse exact.
 func (e *Encoder) encodeText(ctx context.Context, dst []uint32, text string, cache *chunkCache) ([]uint32, error) {
+	return e.encodeTextCuts(ctx, dst, text, cache, nil, 0)
+}
+
+// encodeTextCuts is encodeText, also appending to *cuts (when cuts is not
+// nil) each safe cut of text (see conv.go), its offset shifted by base.
+func (e *Encoder) encodeTextCuts(ctx context.Context, dst []uint32, text string, cache *chunkCache, cuts *[]textCut, base int) ([]uint32, error) {
 	var err error
 	last := 0
 	for i := 0; i < len(text); i++ {
@@ -499,6 +536,9 @@ func (e *Encoder) encodeText(ctx context.Context, dst []uint32, text string, cac
 				return dst, err
 			}
 			dst = append(dst, a.id)
+			if cuts != nil && e.safeCut[k] {
+				*cuts = append(*cuts, textCut{off: base + end, ids: len(dst)})
+			}
 			last = end
 			i = end - 1
 			break

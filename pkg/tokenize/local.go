@@ -19,6 +19,10 @@ type Local struct {
 	tmpl     *ChatTemplate // nil when no tokenizer_config is configured
 	maxBytes int
 	cache    *chunkCache // nil when disabled
+	conv     *convMemo   // nil when disabled (with cache)
+	// convMin: chat prompts shorter than this skip the conversation memo
+	// (minConvText; tests lower it).
+	convMin int
 }
 
 // ErrNoChatTemplate: a chat request reached a local tokenizer configured
@@ -33,7 +37,7 @@ func LoadLocal(mc ModelConfig) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Local{enc: enc, maxBytes: mc.MaxInputBytes}
+	l := &Local{enc: enc, maxBytes: mc.MaxInputBytes, convMin: minConvText}
 	if mc.TokenizerConfig != "" {
 		if l.tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
 			return nil, err
@@ -41,6 +45,7 @@ func LoadLocal(mc ModelConfig) (*Local, error) {
 	}
 	if mc.PrefixCacheBytes > 0 {
 		l.cache = newChunkCache(mc.PrefixCacheBytes)
+		l.conv = newConvMemo(mc.PrefixCacheBytes)
 	}
 	return l, nil
 }
@@ -48,12 +53,13 @@ func LoadLocal(mc ModelConfig) (*Local, error) {
 // NewLocal assembles a Local from loaded parts (tmpl may be nil);
 // cacheBytes <= 0 disables chunk reuse.
 func NewLocal(enc *Encoder, tmpl *ChatTemplate, maxInputBytes, cacheBytes int) *Local {
-	l := &Local{enc: enc, tmpl: tmpl, maxBytes: maxInputBytes}
+	l := &Local{enc: enc, tmpl: tmpl, maxBytes: maxInputBytes, convMin: minConvText}
 	if l.maxBytes <= 0 {
 		l.maxBytes = DefaultMaxInputBytes
 	}
 	if cacheBytes > 0 {
 		l.cache = newChunkCache(cacheBytes)
+		l.conv = newConvMemo(cacheBytes)
 	}
 	return l
 }
@@ -97,7 +103,13 @@ func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (ro
 	if len(text) > l.maxBytes {
 		return route.Tokens{}, fmt.Errorf("%w: %d bytes > %d", ErrInputTooLarge, len(text), l.maxBytes)
 	}
-	ids, err := l.enc.appendEncode(ctx, make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)
+	var ids []uint32
+	var err error
+	if in.Chat && l.conv != nil && len(text) >= l.convMin && len(in.ChatMessages) > 0 && (!in.AddSpecialTokens || len(l.enc.post) == 0) {
+		ids, err = l.encodeTurn(ctx, in, text)
+	} else {
+		ids, err = l.enc.appendEncode(ctx, make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)
+	}
 	if err != nil {
 		return route.Tokens{}, err
 	}
