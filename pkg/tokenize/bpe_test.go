@@ -91,12 +91,21 @@ func TestMergeWordEqualsDefinition(t *testing.T) {
 				for i := 0; i < len(w); i++ {
 					syms = append(syms, m.byteID[w[i]])
 				}
-				got, err := m.mergeWord(nil, w)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := naiveMerge(m, syms); !slices.Equal(got, want) {
-					t.Fatalf("%s: word %q: heap %v, definition %v", name, w, got, want)
+				want := naiveMerge(m, syms)
+				for _, merge := range []struct {
+					name string
+					f    func([]uint32, string) ([]uint32, error)
+				}{{"mergeWord", m.mergeWord}, {"mergeHeap", m.mergeHeap}, {"mergeShort", m.mergeShort}} {
+					if merge.name == "mergeShort" && len(w) > maxShortWord {
+						continue
+					}
+					got, err := merge.f(nil, w)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(got, want) {
+						t.Fatalf("%s: word %q: %s %v, definition %v", name, w, merge.name, got, want)
+					}
 				}
 			}
 		}
