@@ -16,9 +16,11 @@ import (
 // takes the mean of the candidates that have, else the policy's
 // prefill_rate and decode_step.
 //
-//	hit     = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight) * Candidate.Trust
+//	hit     = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight + inflight) * Candidate.Trust
+//	inflight = min(pending, max(0, active_prefill_blocks - pending))   (PendingBlocks)
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
-//	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it
+//	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it; with inflight > 0:
+//	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending)
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one)
 //	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
 //	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt
@@ -34,6 +36,23 @@ import (
 // step (request_weight 1): it lengthens every step a little, and a
 // session in flight comes back with its next turn; this is what spreads
 // a light burst on a shared prefix, whose queued prefill stays small.
+//
+// In-flight prefixes: pending (Candidate.Pending) counts the request's
+// blocks beyond the index's match that the router just sent to the
+// candidate (route's Options.Pending, on by default: routing.pending_ttl):
+// a fan-out sibling or a GRPO sample of a new task finds its prompt being
+// prefilled there. Engines share blocks once computed, not while in
+// flight, and admit a waiting request as soon as a step has room: with
+// nothing else queued, a request placed there joins the same step as the
+// prefix's own prefill and computes the prefix again. So the in-flight
+// blocks are credited only up to the other prefill queued there
+// (active_prefill_blocks beyond them), which holds the request back until
+// the prefix is done, and the prefix's own prefill, just sent, is waited
+// for in full (no backlog discount). On an idle fleet a fan-out spreads
+// like unrelated requests; behind queues its siblings join the replica
+// prefilling their prompt when waiting there beats prefilling it again
+// behind a queue elsewhere. RL samples, whose replicas are busy decoding
+// rather than prefilling, stay spread. No other policy reads pending.
 //
 // The move charge is what moving a session away from its history costs
 // the others. The session's home (Candidate.Home: the replica that served
