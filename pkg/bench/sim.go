@@ -286,6 +286,12 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	return simulate(ctx, w, pol, cfg, nil)
 }
 
+// pendingWeigher is a policy that weighs policy.Candidate.Pending (the
+// in-flight prefixes route.Options.Pending reports), as kvroute does.
+type pendingWeigher interface {
+	PendingBlocks(c policy.Candidate) float64
+}
+
 // simulate is Simulate with w's relevance prepared for cfg's engines (nil:
 // prepared here).
 func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig, pre *prepared) (*Run, error) {
@@ -342,7 +348,9 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		s.live = append(s.live, make(map[engine.ReqID]*live))
 	}
 	var pending *route.ApproxIndex
-	if cfg.PendingTTL > 0 {
+	if _, weighs := pol.(pendingWeigher); cfg.PendingTTL > 0 && weighs {
+		// Only a policy that weighs in-flight prefixes gets the memory:
+		// for any other, keeping it costs CPU and changes nothing.
 		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.PendingTTL})
 	}
 	s.router = route.New(route.Options{

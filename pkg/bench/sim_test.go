@@ -271,3 +271,26 @@ func TestSimulateSessionKeysAsLive(t *testing.T) {
 		})
 	}
 }
+
+// The router's memory of in-flight prefixes (FleetConfig.PendingTTL) goes
+// only to a policy that weighs it: with it on or off, every other policy's
+// run is the same, and kvroute's changes on fan-out siblings.
+func TestSimulatePendingOnlyWhereWeighed(t *testing.T) {
+	w := mustGen(t, GenFanout, 0.1)
+	on, off := smallFleet(), smallFleet()
+	on.PendingTTL, off.PendingTTL = 5*time.Second, 0
+	for _, name := range []string{policy.NameRoundRobin, policy.NameSession, policy.NameHardSwitch, policy.NameKVRoute} {
+		a, err := Simulate(context.Background(), w, mustPolicy(t, name), on)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Simulate(context.Background(), w, mustPolicy(t, name), off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, weighs := mustPolicy(t, name).(pendingWeigher)
+		if same := reflect.DeepEqual(a, b); same == weighs {
+			t.Errorf("%s (weighs in-flight prefixes: %v): runs with and without the memory equal: %v", name, weighs, same)
+		}
+	}
+}
