@@ -180,8 +180,8 @@ func printBench(w io.Writer, rep *live.BenchReport, asJSON bool) {
 			for _, k := range slices.Sorted(maps.Keys(rs.Reasons)) {
 				reasons = append(reasons, fmt.Sprintf("%s %.0f", k, rs.Reasons[k]))
 			}
-			fmt.Fprintf(w, "\nrep %d kvroute: %.0f decisions (%.0f degraded, %.0f tokenizer fallbacks), decision mean %.2f ms, tokenization mean %.2f ms; reasons: %s\n",
-				r.Rep, rs.Decisions, rs.Degraded, rs.Fallbacks, 1000*rs.DecisionMean, 1000*rs.TokenizeMean, strings.Join(reasons, ", "))
+			fmt.Fprintf(w, "\nrep %d kvroute: %.0f decisions (%.0f degraded, %.0f tokenizer fallbacks), decision mean %.2f ms (%.0f over 100 ms), tokenization mean %.2f ms; reasons: %s\n",
+				r.Rep, rs.Decisions, rs.Degraded, rs.Fallbacks, 1000*rs.DecisionMean, rs.SlowDecisions, 1000*rs.TokenizeMean, strings.Join(reasons, ", "))
 		}
 		for _, a := range []struct {
 			name string

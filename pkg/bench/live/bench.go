@@ -108,6 +108,8 @@ type RouterStats struct {
 	// per tokenization.
 	DecisionMean float64 `json:"decision_mean_s"`
 	TokenizeMean float64 `json:"tokenize_mean_s"`
+	// SlowDecisions took more than 100 ms (kvroute_decision_duration_seconds).
+	SlowDecisions float64 `json:"slow_decisions"`
 	// Reasons counts decisions by the policy's reason.
 	Reasons map[string]float64 `json:"reasons"`
 }
@@ -532,6 +534,7 @@ func (b *benchRun) arm(ctx context.Context, t target, w *bench.Workload, salt ui
 				a.Router.Reasons[r] = d(k)
 			}
 		}
+		a.Router.SlowDecisions = d("decision_count") - d("decision_fast")
 		if n := d("decision_count"); n > 0 {
 			a.Router.DecisionMean = d("decision_sum") / n
 		}
@@ -583,6 +586,7 @@ func (b *benchRun) routerMetrics(ctx context.Context) map[string]float64 {
 	read("fallbacks", "kvroute_tokenizer_fallbacks_total{")
 	read("decision_sum", "kvroute_decision_duration_seconds_sum")
 	read("decision_count", "kvroute_decision_duration_seconds_count")
+	read("decision_fast", "kvroute_decision_duration_seconds_bucket{", `le="0.1"`)
 	read("tokenize_sum", "kvroute_tokenize_duration_seconds_sum")
 	read("tokenize_count", "kvroute_tokenize_duration_seconds_count")
 	for _, l := range strings.Split(text, "\n") {
