@@ -275,13 +275,13 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		fmt.Fprintf(o.Log, " on %d more enginesims", o.Engines)
 	}
 	fmt.Fprintln(o.Log)
-	st, err := testbed.StartStack(ctx, g, so)
+	st, err := startStack(ctx, g, so)
 	if err != nil {
 		return nil, err
 	}
 	rrEngines := st.Engines
 	if o.Parallel {
-		rrEngines, err = startEngines(ctx, g, so)
+		rrEngines, err = startEngines(ctx, g, so, "enginesim-rr", false)
 		if err != nil {
 			return nil, err
 		}
@@ -330,16 +330,58 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	return rep, nil
 }
 
-// startEngines starts a second set of enginesims like the stack's.
-func startEngines(ctx context.Context, g *testbed.Group, so testbed.StackOptions) ([]*testbed.Engine, error) {
-	es := make([]*testbed.Engine, so.Engines)
-	eg, ectx := errgroup.WithContext(ctx)
-	for i := range es {
-		es[i] = &testbed.Engine{Name: fmt.Sprintf("enginesim-rr-%d", i), Args: append(so.EngineArgs(i), "--kv-events-disable")}
-		eg.Go(func() error { return es[i].Start(ectx, g, so.Bin.EngineSim) })
+// startStack is testbed.StartStack with the engines started a few at a
+// time: each loads a real tokenizer, and many at once on a loaded machine
+// miss the testbed's readiness deadline.
+func startStack(ctx context.Context, g *testbed.Group, so testbed.StackOptions) (*testbed.Stack, error) {
+	es, err := startEngines(ctx, g, so, "enginesim", true)
+	if err != nil {
+		return nil, err
 	}
-	return es, eg.Wait()
+	st := &testbed.Stack{Engines: es}
+	st.KV = &testbed.KVRoute{Engines: es, Model: so.Model, Extra: so.KVRouteExtra, Env: so.KVRouteEnv, Args: so.KVRouteArgs}
+	if err := st.KV.Start(ctx, g, so.Bin.KVRoute); err != nil {
+		return nil, err
+	}
+	st.Envoy = &testbed.Envoy{
+		Config:      testbed.EnvoyConfig{ExtProc: []int{st.KV.ExtProc}, Engines: st.EnginePorts(), UpstreamHeader: so.UpstreamHeader},
+		Concurrency: so.EnvoyConcurrency,
+	}
+	return st, st.Envoy.Start(ctx, g, so.Bin.Envoy, so.Envoy)
 }
+
+// startEngines starts so.Engines enginesims, engineBatch at a time; with
+// events they publish KV events on ipc endpoints in the group's socket
+// directory, without they publish none.
+func startEngines(ctx context.Context, g *testbed.Group, so testbed.StackOptions, name string, events bool) ([]*testbed.Engine, error) {
+	sock, err := testbed.SocketDir(g)
+	if err != nil {
+		return nil, err
+	}
+	es := make([]*testbed.Engine, so.Engines)
+	for i := range es {
+		es[i] = &testbed.Engine{Name: fmt.Sprintf("%s-%d", name, i), Args: so.EngineArgs(i)}
+		if events {
+			es[i].Events = fmt.Sprintf("ipc://%s/%s-ev%d", sock, name, i)
+			es[i].Replay = fmt.Sprintf("ipc://%s/%s-rp%d", sock, name, i)
+		} else {
+			es[i].Args = append(es[i].Args, "--kv-events-disable")
+		}
+	}
+	for lo := 0; lo < len(es); lo += engineBatch {
+		eg, ectx := errgroup.WithContext(ctx)
+		for _, e := range es[lo:min(lo+engineBatch, len(es))] {
+			eg.Go(func() error { return e.Start(ectx, g, so.Bin.EngineSim) })
+		}
+		if err := eg.Wait(); err != nil {
+			return nil, err
+		}
+	}
+	return es, nil
+}
+
+// engineBatch is how many enginesims start at once.
+const engineBatch = 2
 
 func ports(es []*testbed.Engine) []int {
 	ps := make([]int, len(es))
