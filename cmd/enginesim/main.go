@@ -102,7 +102,7 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.Float64Var(&o.speed, "speed", 1, "time multiplier: 10 runs the simulation ten times faster than real time")
 	seed := fs.Uint64("seed", 0, "seed for block hashes, generated text and drops (default: random per process)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.tokenizerDir, "tokenizer-dir", "", "directory with a HuggingFace tokenizer.json (and tokenizer_config.json for chat) that POST /tokenize and the engine's text prompts use instead of the simulator's byte tokens (generated tokens stay the simulator's)")
+	fs.StringVar(&o.tokenizerDir, "tokenizer-dir", "", "directory with a HuggingFace tokenizer.json (and tokenizer_config.json for chat) that POST /tokenize and the engine's text prompts use instead of the simulator's byte tokens; generated tokens then go out as one-token words (\" q\")")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

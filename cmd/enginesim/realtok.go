@@ -18,8 +18,9 @@ import (
 // it would be against vLLM. Text prompts of completions and chats are
 // tokenized with it too, so that the engine caches, and its KV events
 // carry, the token ids a router with the same tokenizer computes. Generated
-// tokens stay the simulator's own (one byte each); a client that resends
-// the generated text gets it re-tokenized by the real tokenizer, so the
+// tokens stay the simulator's own ids inside the engine but are sent as
+// one-token words (server.tokenText), so a resent answer counts as many
+// tokens as were generated; its ids differ from the engine's, so the
 // blocks holding an answer are cached under ids the next turn does not
 // send, as with any engine whose output does not re-tokenize to itself.
 type realTokenizer struct {

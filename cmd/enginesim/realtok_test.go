@@ -158,7 +158,8 @@ func TestRealTokenizerSelfCheck(t *testing.T) {
 
 // TestRealTokenizerPrompts: with --tokenizer-dir the engine computes on the
 // real tokenizer's ids, as vLLM does: a text prompt's usage counts Qwen3
-// tokens (not bytes), a resend hits the blocks its ids fill, the same ids
+// tokens (not bytes), the answer re-tokenizes to as many tokens as were
+// generated, a resend hits the blocks its ids fill, the same ids
 // sent pre-tokenized hit them too, and a chat is rendered by the model's
 // template.
 func TestRealTokenizerPrompts(t *testing.T) {
@@ -182,6 +183,12 @@ func TestRealTokenizerPrompts(t *testing.T) {
 	first := s.complete(t, body)
 	if first.Usage.PromptTokens != n || first.Usage.PromptTokensDetails != nil {
 		t.Fatalf("first: usage %+v, want %d prompt tokens and nothing cached", first.Usage, n)
+	}
+	// The answer is words of one token each: resent, it counts as many
+	// tokens as were generated.
+	ans, err := ref.Tokenize(route.TokenizeInput{Prompt: first.Choices[0].Text})
+	if err != nil || len(ans.IDs) != 3 || len(first.Choices[0].Text) != 6 {
+		t.Fatalf("answer %q re-tokenizes to %d tokens (%v), want 3", first.Choices[0].Text, len(ans.IDs), err)
 	}
 	second := s.complete(t, body)
 	if got := second.Usage.PromptTokensDetails; got == nil || got.CachedTokens != (n/16)*16 {

@@ -33,6 +33,28 @@ type server struct {
 	realTok       *realTokenizer // --tokenizer-dir: /tokenize with a real tokenizer
 }
 
+// tokenText renders a generated token: simtok's text, or with a real
+// tokenizer a space and a letter, a word real BPE tokenizers encode as one
+// token, so that a client resending the answer sends as many tokens as
+// were generated (simtok's one-byte tokens would re-tokenize to about a
+// quarter as many, and a resent history would grow slower than the
+// engine's KV cache did).
+func (s *server) tokenText(tok uint32) string {
+	if s.realTok != nil {
+		return wordText[tok%26]
+	}
+	return simtok.TokenString(tok)
+}
+
+// wordText is " a" ... " z".
+var wordText = func() [26]string {
+	var w [26]string
+	for i := range w {
+		w[i] = " " + string(rune('a'+i))
+	}
+	return w
+}()
+
 func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
@@ -264,7 +286,7 @@ func (g *generation) collect() bool {
 		}
 		switch {
 		case it.tok != nil:
-			g.texts[it.idx] = append(g.texts[it.idx], simtok.TokenString(it.tok.Token)...)
+			g.texts[it.idx] = append(g.texts[it.idx], g.s.tokenText(it.tok.Token)...)
 		case it.fin != nil:
 			g.fins[it.idx] = it.fin
 			left--
@@ -343,7 +365,7 @@ func (g *generation) stream(includeUsage, continuous bool) bool {
 				length := "length"
 				fr = &length
 			}
-			text := simtok.TokenString(it.tok.Token)
+			text := g.s.tokenText(it.tok.Token)
 			var c response
 			if g.chat {
 				c = chunk([]chatChoice{{Index: it.idx, Delta: &chatMsg{Content: text}, FinishReason: fr}})
