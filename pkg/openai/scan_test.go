@@ -269,3 +269,29 @@ func FuzzValidUTF8(f *testing.F) {
 		}
 	})
 }
+
+// TestUnquoteMatchesEncodingJSON: invalid UTF-8 next to escapes (a
+// truncated sequence before one, a stray continuation byte after one,
+// a lone surrogate escape between invalid bytes), long runs for the
+// eight-byte step, and valid text: unquote gives what encoding/json gives.
+func TestUnquoteMatchesEncodingJSON(t *testing.T) {
+	long := strings.Repeat("eight by", 5)
+	for _, s := range []string{
+		"\"caf\xc3\\u00a9\"", "\"\\u00e9\xa9\"", "\"\xe4\xb8\\n\xad\"", "\"\\ud800\xff\\udc00\"", "\"" + long + "\xc3\\\\" + long + "\"",
+		"\"" + long + "\\u4e2d\xe4\xb8\xad" + long + "\\t\"", "\"\\\"" + long + "\xf0\x9f\x9a\x80\\/\"", "\"\xed\xa0\x80\\u0041\"",
+		"\"a\\u00\xe4\xb8\xad\"", "\"\xef\xbf\xbd\\ufffd\xff\"",
+	} {
+		var want string
+		if err := json.Unmarshal([]byte(s), &want); err != nil {
+			continue // not a string encoding/json accepts: the scanner's business, not unquote's
+		}
+		sc := &scanner{b: []byte(s)}
+		raw, complex, err := sc.str()
+		if err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		if got := unquote(raw, complex); got != want {
+			t.Fatalf("%q: unquote %q, encoding/json %q", s, got, want)
+		}
+	}
+}

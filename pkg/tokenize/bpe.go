@@ -101,23 +101,25 @@ type symbol struct {
 // a candidate whose left symbol still links to a live right symbol of the
 // same size is still the pair it was (no merge-table lookup to check it).
 type candidate struct {
-	rank   uint32
-	pos    int32
+	// order is the rank in the high half and the position in the low
+	// half: one comparison orders by rank, then position.
+	order  uint64
 	right  int32
 	result uint32
 	rsize  int32
 }
 
+func newCandidate(rank uint32, pos, right int32, result uint32, rsize int32) candidate {
+	return candidate{order: uint64(rank)<<32 | uint64(uint32(pos)), right: right, result: result, rsize: rsize}
+}
+
+func (c candidate) pos() int32 { return int32(uint32(c.order)) }
+
 // candHeap is a binary min-heap of candidates (typed, so pushes do not
 // allocate).
 type candHeap []candidate
 
-func (c candidate) less(o candidate) bool {
-	if c.rank != o.rank {
-		return c.rank < o.rank
-	}
-	return c.pos < o.pos
-}
+func (c candidate) less(o candidate) bool { return c.order < o.order }
 
 func (h *candHeap) push(c candidate) {
 	*h = append(*h, c)
@@ -285,13 +287,14 @@ func (m *bpe) mergeHeap(dst []uint32, word string) ([]uint32, error) {
 	h := sc.heap[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok {
-			h = append(h, candidate{rank: mg.rank, pos: int32(i), right: int32(i + 1), result: mg.id, rsize: syms[i+1].size})
+			h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, syms[i+1].size))
 		}
 	}
 	h.init()
 	for len(h) > 0 {
 		c := h.pop()
-		l := &syms[c.pos]
+		pos := c.pos()
+		l := &syms[pos]
 		// Stale: either side already merged away, or the pair changed.
 		if l.size == 0 || l.next != c.right {
 			continue
@@ -305,18 +308,18 @@ func (m *bpe) mergeHeap(dst []uint32, word string) ([]uint32, error) {
 		r.size = 0
 		l.next = r.next
 		if r.next >= 0 {
-			syms[r.next].prev = c.pos
+			syms[r.next].prev = pos
 		}
 		if l.prev >= 0 {
 			p := &syms[l.prev]
 			if mg, ok := m.merges.get(pairKey(p.id, l.id)); ok {
-				h.push(candidate{rank: mg.rank, pos: l.prev, right: c.pos, result: mg.id, rsize: l.size})
+				h.push(newCandidate(mg.rank, l.prev, pos, mg.id, l.size))
 			}
 		}
 		if l.next >= 0 {
 			n := &syms[l.next]
 			if mg, ok := m.merges.get(pairKey(l.id, n.id)); ok {
-				h.push(candidate{rank: mg.rank, pos: c.pos, right: l.next, result: mg.id, rsize: n.size})
+				h.push(newCandidate(mg.rank, pos, l.next, mg.id, n.size))
 			}
 		}
 	}
