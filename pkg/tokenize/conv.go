@@ -194,19 +194,23 @@ func (l *Local) encodeTurn(ctx context.Context, in route.TokenizeInput, text str
 // safe cut from base (nil: nothing to reuse). It returns text's entry
 // (ids and cuts; no key) and how many ids came from base.
 func (e *Encoder) encodeReusing(ctx context.Context, base *convEntry, text string, cache *chunkCache) (*convEntry, int, error) {
-	dst := make([]uint32, 0, len(text)/3+4)
 	var cuts []textCut
 	start, reused := 0, 0
+	var from []uint32
 	if base != nil {
 		common := commonPrefix(base.text, text)
 		j := sort.Search(len(base.cuts), func(i int) bool { return base.cuts[i].off > common }) - 1
 		if j >= 0 {
 			c := base.cuts[j]
-			dst = append(dst, base.ids[:c.ids]...)
+			from = base.ids[:c.ids]
 			cuts = append(make([]textCut, 0, j+1+16), base.cuts[:j+1]...)
 			start, reused = c.off, c.ids
 		}
 	}
+	// Room for the reused ids and the new text at up to one id per two
+	// bytes, so that the new ids rarely make the slice grow (a copy of the
+	// whole prompt's ids).
+	dst := append(make([]uint32, 0, reused+(len(text)-start)/2+16), from...)
 	dst, err := e.encodeTextCuts(ctx, dst, text[start:], cache, &cuts, start)
 	if err != nil {
 		return nil, 0, err
