@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"time"
 
@@ -51,6 +52,9 @@ const (
 	// DefaultMaxResponseBodyBytes bounds a non-streamed response buffered
 	// to read its usage (4 MiB).
 	DefaultMaxResponseBodyBytes = 4 << 20
+	// LargeBody is the body size from which a decision takes one of the
+	// DecideConcurrency slots (64 KiB: a few milliseconds of tokenizing).
+	LargeBody = 64 << 10
 	// DefaultDecideTimeout bounds one decision, tokenization included.
 	DefaultDecideTimeout = 2 * time.Second
 	// DefaultMaxRequestLifetime is how long a routed request counts as
@@ -112,6 +116,16 @@ type Config struct {
 	// request_body_buffer_limit; a test checks the shipped configs).
 	// Default DefaultMaxBodyBytes.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// DecideConcurrency bounds the decisions on large bodies (LargeBody
+	// bytes and more: parsing, tokenization, scoring) computed at once; a
+	// stream past the bound waits for a slot within its DecideTimeout.
+	// Smaller bodies are decided at once. Default (0): GOMAXPROCS-1, at
+	// least 1, so that a processor stays free for the streams' cheap
+	// messages: with every processor busy tokenizing large prompts, Go's
+	// scheduler noticed arriving messages only every 10 ms or so, and each
+	// streamed response chunk (which Envoy holds until kvroute answers)
+	// waited that long.
+	DecideConcurrency int `yaml:"decide_concurrency"`
 	// MaxResponseBodyBytes bounds a non-streamed response buffered to read
 	// its usage; beyond it usage is not read (the response still flows).
 	// Default DefaultMaxResponseBodyBytes.
@@ -178,6 +192,9 @@ func (c Config) WithDefaults() Config {
 	if c.DecideTimeout == 0 {
 		c.DecideTimeout = DefaultDecideTimeout
 	}
+	if c.DecideConcurrency == 0 {
+		c.DecideConcurrency = max(runtime.GOMAXPROCS(0)-1, 1)
+	}
 	if c.MaxRequestLifetime == 0 {
 		c.MaxRequestLifetime = DefaultMaxRequestLifetime
 	}
@@ -234,6 +251,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxResponseBodyBytes < 0 {
 		bad("max_response_body_bytes", "must be positive, got %d", c.MaxResponseBodyBytes)
+	}
+	if c.DecideConcurrency < 0 {
+		bad("decide_concurrency", "must be positive, got %d", c.DecideConcurrency)
 	}
 	if c.MaxRequestLifetime < 0 {
 		bad("max_request_lifetime", "must be positive, got %v", c.MaxRequestLifetime)

@@ -147,23 +147,27 @@ func (st *procStream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proc
 	}
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		name := strings.ToLower(hv.GetKey())
-		val := hv.GetValue()
-		if len(hv.GetRawValue()) > 0 {
-			val = string(hv.GetRawValue())
+		// The value is copied out of the message only for the headers
+		// read below (Envoy sends values as raw bytes).
+		val := func() string {
+			if raw := hv.GetRawValue(); len(raw) > 0 {
+				return string(raw)
+			}
+			return hv.GetValue()
 		}
 		switch {
 		case name == ":path":
-			st.path = val
+			st.path = val()
 		case name == "content-type":
-			st.contentType = strings.ToLower(val)
+			st.contentType = strings.ToLower(val())
 		case name == st.s.cfg.SessionHeader:
-			st.session = val
+			st.session = val()
 		}
 		if st.s.cfg.isStripped(name) && !slices.Contains(st.strip, name) {
 			st.strip = append(st.strip, name)
 		}
 		if st.s.propFields[name] {
-			st.carrier.Set(name, val) // only what the propagator reads
+			st.carrier.Set(name, val()) // only what the propagator reads
 		}
 	}
 	slices.Sort(st.strip)
@@ -275,6 +279,19 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	if st.subsetSet {
 		req.Subset = st.subset
 	}
+	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
+	defer cancel()
+	if len(body) >= LargeBody {
+		// A decision slot (Config.DecideConcurrency), waited for within
+		// the decision's deadline.
+		select {
+		case st.s.slots <- struct{}{}:
+			defer func() { <-st.s.slots }()
+		case <-ctx.Done():
+			st.s.metrics.decideDur.Observe(st.s.cfg.DecideTimeout.Seconds())
+			return nil, st.decideError(ctx.Err(), req)
+		}
+	}
 	if len(body) > 0 {
 		kind := openai.KindOf(st.path)
 		jsonish := st.contentType == "" || strings.Contains(st.contentType, "json")
@@ -290,8 +307,6 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
-	defer cancel()
 	ctx, span := st.s.tracer.Start(ctx, "kvroute.decide")
 	start := time.Now()
 	dec, err := st.s.cfg.Decider.Decide(ctx, req)
@@ -399,14 +414,17 @@ func (st *procStream) pickFor(dec route.Decision) *pick {
 func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.phase, st.answered = phaseResponse, true
 	for _, hv := range h.GetHeaders().GetHeaders() {
+		key := hv.GetKey()
+		if key != ":status" && !strings.EqualFold(key, "content-type") {
+			continue
+		}
 		val := hv.GetValue()
 		if len(hv.GetRawValue()) > 0 {
 			val = string(hv.GetRawValue())
 		}
-		switch strings.ToLower(hv.GetKey()) {
-		case ":status":
+		if key == ":status" {
 			st.respStatus, _ = strconv.Atoi(val)
-		case "content-type":
+		} else {
 			st.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(val)), "text/event-stream")
 		}
 	}

@@ -32,6 +32,9 @@ type Server struct {
 	propFields map[string]bool
 	// ending is set by EndStreams: every stream ends at its next message.
 	ending atomic.Bool
+	// slots holds one token per decision being computed
+	// (Config.DecideConcurrency).
+	slots chan struct{}
 }
 
 // ErrEndStreams is the status of a stream ended by EndStreams: UNAVAILABLE,
@@ -65,7 +68,8 @@ func New(cfg Config) (*Server, error) {
 	for _, f := range cfg.Propagator.Fields() {
 		fields[strings.ToLower(f)] = true
 	}
-	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields}, nil
+	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields,
+		slots: make(chan struct{}, cfg.DecideConcurrency)}, nil
 }
 
 // ServerOptions are the gRPC server options this server's configuration

@@ -1,0 +1,119 @@
+package extproc
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// gatedDecider holds every decision until its gate opens, counting the
+// decisions under way.
+type gatedDecider struct {
+	gate            chan struct{}
+	ignoreCtx       bool // hold until the gate opens, deadline or not
+	mu              sync.Mutex
+	inside, maxSeen int
+	calls           int
+}
+
+func (g *gatedDecider) Decide(ctx context.Context, req route.Request) (route.Decision, error) {
+	g.mu.Lock()
+	g.calls++
+	g.inside++
+	g.maxSeen = max(g.maxSeen, g.inside)
+	g.mu.Unlock()
+	defer func() { g.mu.Lock(); g.inside--; g.mu.Unlock() }()
+	if g.ignoreCtx {
+		<-g.gate
+		return decision(), nil
+	}
+	select {
+	case <-g.gate:
+		return decision(), nil
+	case <-ctx.Done():
+		return route.Decision{}, ctx.Err()
+	}
+}
+
+func (g *gatedDecider) state() (calls, inside, maxSeen int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls, g.inside, g.maxSeen
+}
+
+func chatBodyOf(n int) string {
+	return `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"}]}`
+}
+
+// Decisions on large bodies take one of DecideConcurrency slots: beyond
+// it a stream waits (its decision is not started) until a slot frees;
+// small bodies are decided at once; a wait past the deadline is a 503.
+func TestDecideConcurrencyBoundsLargeBodies(t *testing.T) {
+	g := &gatedDecider{gate: make(chan struct{})}
+	h := newHarness(t, Config{Decider: g, DecideConcurrency: 1, DecideTimeout: 20 * time.Second})
+	large := chatBodyOf(LargeBody)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := func(body string) func() {
+		s := h.open(ctx)
+		send(t, s, withMode(reqHeaders(false, ":path", "/v1/chat/completions", "content-type", "application/json"),
+			filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
+		recv(t, s) // headers answered at once in BUFFERED mode
+		send(t, s, reqBody(body, true))
+		return func() {
+			if r := recv(t, s); r.GetRequestBody() == nil {
+				t.Errorf("body answered with %v, want the pick", r)
+			}
+		}
+	}
+	first := start(large)
+	eventually(t, "the first large decision under way", func() bool { c, _, _ := g.state(); return c == 1 })
+	second := start(large)
+	small := start(chatBodyOf(100))
+	eventually(t, "the small body decided beside it", func() bool { c, _, _ := g.state(); return c == 2 })
+	time.Sleep(50 * time.Millisecond) // room for a wrongly admitted second large decision
+	if calls, inside, _ := g.state(); calls != 2 || inside != 2 {
+		t.Fatalf("%d decisions started, %d under way: the second large body did not wait", calls, inside)
+	}
+	close(g.gate)
+	first()
+	small()
+	second()
+	if calls, _, _ := g.state(); calls != 3 {
+		t.Fatalf("%d decisions, want 3", calls)
+	}
+
+	// A slot never freed: the waiting stream gets decide_timeout.
+	g2 := &gatedDecider{gate: make(chan struct{}), ignoreCtx: true}
+	h2 := newHarness(t, Config{Decider: g2, DecideConcurrency: 1, DecideTimeout: 300 * time.Millisecond})
+	blocker := h2.open(ctx)
+	send(t, blocker, withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
+	recv(t, blocker)
+	send(t, blocker, reqBody(large, true))
+	eventually(t, "the blocking decision under way", func() bool { c, _, _ := g2.state(); return c == 1 })
+	out := h2.exchange(withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED),
+		reqBody(large, true))
+	if len(out) != 2 || out[1].GetImmediateResponse().GetStatus().GetCode() != 503 {
+		t.Fatalf("answers %v, want the headers and a 503", out)
+	}
+	if calls, _, _ := g2.state(); calls != 1 {
+		t.Fatalf("%d decisions: the timed-out stream's was started", calls)
+	}
+	close(g2.gate)
+}
+
+func TestDecideConcurrencyDefault(t *testing.T) {
+	c := Config{Decider: &fakeDecider{}}.WithDefaults()
+	if c.DecideConcurrency < 1 {
+		t.Fatalf("default decide_concurrency %d", c.DecideConcurrency)
+	}
+	if err := (Config{Decider: &fakeDecider{}, DecideConcurrency: -1}).WithDefaults().Validate(); err == nil ||
+		!strings.Contains(err.Error(), "decide_concurrency: must be positive") {
+		t.Fatalf("negative decide_concurrency: %v", err)
+	}
+}
