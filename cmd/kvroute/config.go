@@ -122,6 +122,10 @@ type RoutingConfig struct {
 	// MaxConnectionIdle closes an ext_proc connection without streams for
 	// this long. Default extproc.DefaultMaxConnectionIdle.
 	MaxConnectionIdle time.Duration `yaml:"max_connection_idle"`
+	// DecideConcurrency bounds the decisions on large request bodies
+	// computed at once (extproc.Config.DecideConcurrency). Default
+	// GOMAXPROCS-1, at least 1.
+	DecideConcurrency int `yaml:"decide_concurrency"`
 }
 
 // ExtProc is the part of extproc.Config this section sets: the routing
@@ -133,6 +137,7 @@ func (r RoutingConfig) ExtProc() extproc.Config {
 		MaxRequestLifetime:      r.MaxRequestLifetime,
 		MaxStreamsPerConnection: uint32(min(max(int64(r.MaxStreamsPerConnection), 0), math.MaxUint32)), // Validate bounds it
 		MaxConnectionIdle:       r.MaxConnectionIdle,
+		DecideConcurrency:       r.DecideConcurrency,
 	}
 }
 
@@ -249,12 +254,16 @@ func (c Config) WithDefaults() Config {
 		MaxRequestLifetime:      c.Routing.MaxRequestLifetime,
 		MaxStreamsPerConnection: uint32(min(max(int64(c.Routing.MaxStreamsPerConnection), 0), math.MaxUint32)),
 		MaxConnectionIdle:       c.Routing.MaxConnectionIdle,
+		DecideConcurrency:       c.Routing.DecideConcurrency,
 	}.WithDefaults()
 	c.Routing.MaxRequestLifetime = lim.MaxRequestLifetime
 	if c.Routing.MaxStreamsPerConnection == 0 {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
 	c.Routing.MaxConnectionIdle = lim.MaxConnectionIdle
+	if c.Routing.DecideConcurrency == 0 {
+		c.Routing.DecideConcurrency = lim.DecideConcurrency
+	}
 	c.Telemetry = c.Telemetry.WithDefaults()
 	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
 	c.TLS.Admin = c.TLS.Admin.WithDefaults()
@@ -315,6 +324,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.MaxConnectionIdle <= 0 {
 		bad("routing.max_connection_idle", "must be positive, got %v", c.Routing.MaxConnectionIdle)
+	}
+	if c.Routing.DecideConcurrency <= 0 {
+		bad("routing.decide_concurrency", "must be positive, got %d", c.Routing.DecideConcurrency)
 	}
 	errs = append(errs, inSection("telemetry", c.Telemetry.Validate())...)
 	if c.Readiness.WarmTimeout < 0 {

@@ -101,14 +101,14 @@ routing:
 // the extproc.Config kvroute serves with, next to the routing headers.
 func TestAbuseLimits(t *testing.T) {
 	c, err := ParseConfig([]byte(minimal + `
-routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connection_idle: 45s, session_header: x-user}
+routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connection_idle: 45s, session_header: x-user, decide_concurrency: 3}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := c.Routing.ExtProc()
 	if got.MaxRequestLifetime != 90*time.Second || got.MaxStreamsPerConnection != 64 || got.MaxConnectionIdle != 45*time.Second ||
-		got.SessionHeader != "x-user" {
+		got.SessionHeader != "x-user" || got.DecideConcurrency != 3 {
 		t.Errorf("extproc config %+v", got)
 	}
 	// Defaults survive extproc's own WithDefaults unchanged (written once).
@@ -118,7 +118,8 @@ routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connect
 	}
 	e := d.Routing.ExtProc()
 	if w := e.WithDefaults(); w.MaxRequestLifetime != e.MaxRequestLifetime || w.MaxStreamsPerConnection != e.MaxStreamsPerConnection ||
-		w.MaxConnectionIdle != e.MaxConnectionIdle || e.MaxStreamsPerConnection != extproc.DefaultMaxStreamsPerConnection {
+		w.MaxConnectionIdle != e.MaxConnectionIdle || e.MaxStreamsPerConnection != extproc.DefaultMaxStreamsPerConnection ||
+		w.DecideConcurrency != e.DecideConcurrency || e.DecideConcurrency < 1 {
 		t.Errorf("defaulted limits %+v differ from extproc's %+v", e, w)
 	}
 }
@@ -169,6 +170,7 @@ replicas:
 		{"request lifetime", minimal + "routing: {max_request_lifetime: -1s}\n", []string{"routing.max_request_lifetime"}},
 		{"connection idle", minimal + "routing: {max_connection_idle: -1m}\n", []string{"routing.max_connection_idle"}},
 		{"negative stream limit", minimal + "routing: {max_streams_per_connection: -1}\n", []string{"routing.max_streams_per_connection", "-1"}},
+		{"negative decide concurrency", minimal + "routing: {decide_concurrency: -1}\n", []string{"routing.decide_concurrency", "-1"}},
 		{"log level", minimal + "telemetry: {log_level: loud}\n", []string{"telemetry.log_level"}},
 		{"several errors are all reported", minimal + "telemetry: {log_level: loud, log_format: xml}\n",
 			[]string{"telemetry.log_level", "telemetry.log_format"}},
