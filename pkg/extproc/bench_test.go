@@ -7,6 +7,11 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kvroute/kvroute/pkg/load"
 )
 
@@ -116,4 +121,25 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkDecodeChunk decodes one streamed response chunk message as the
+// server receives it: through kvroute's codec and, for comparison,
+// gRPC's protobuf codec.
+func BenchmarkDecodeChunk(b *testing.B) {
+	wire, _ := proto.Marshal(respBody("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"finish_reason\":null}]}\n\n", false))
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"kvroute", codec{}}, {"protobuf", protoCodec}} {
+		b.Run(c.name, func(b *testing.B) {
+			req := new(extprocv3.ProcessingRequest)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

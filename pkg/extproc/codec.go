@@ -18,11 +18,12 @@ import (
 //     headers, each streamed response chunk, trailers) are marshaled once;
 //     sending one writes those bytes. A streamed answer sends one of them
 //     per chunk.
-//   - A large request or response body (aliasMinBytes and up) is read
-//     from the received frames with one copy: the message is gathered into
-//     a buffer of its own and the HttpBody's bytes point into it, instead
-//     of gathering into a pooled buffer and copying the body out again.
-//     Anything but a plain body message takes protobuf's path.
+//   - A request or response body message (a streamed chunk, a buffered
+//     body) is decoded by hand: the message is gathered into a buffer of
+//     its own, the HttpBody's bytes point into it (one copy of a large
+//     body instead of two) and the stream's previous body message's
+//     wrappers are reused, without protobuf's generic decoder. Anything
+//     but a plain body message takes protobuf's path.
 type codec struct{}
 
 // Name is the content subtype; "proto" replaces the default codec.
@@ -30,10 +31,6 @@ func (codec) Name() string { return "proto" }
 
 // protoCodec is gRPC's protobuf codec, for everything else.
 var protoCodec = encoding.GetCodecV2("proto")
-
-// aliasMinBytes: smaller messages take the pooled path (one small copy
-// either way).
-const aliasMinBytes = 8 << 10
 
 // Constant answers, built once and never modified: handlers return them
 // (in the fixed one-element slices) instead of new messages.
@@ -83,11 +80,11 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	return protoCodec.Marshal(v)
 }
 
-// Unmarshal reads a large body message with one copy (see codec), anything
-// else through protobuf.
+// Unmarshal decodes a body message by hand (see codec), anything else
+// through protobuf.
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*extprocv3.ProcessingRequest)
-	if !ok || data.Len() < aliasMinBytes {
+	if !ok {
 		return protoCodec.Unmarshal(data, v)
 	}
 	buf := data.Materialize() // a fresh slice nothing else holds
@@ -110,7 +107,13 @@ const (
 // protobuf. It reports false, leaving req to be decoded from scratch, for
 // anything else: another oneof member, two bodies, an unknown HttpBody
 // field, malformed bytes.
+//
+// The wrappers of req's previous body message, when it held one, are
+// reused: a stream decodes each message into the same request and its
+// handler keeps nothing of a message but the body bytes, which are new
+// each time.
 func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
+	prev := req.Request
 	proto.Reset(req)
 	var body *extprocv3.HttpBody
 	request := false
@@ -130,12 +133,12 @@ func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
 			if body != nil || typ != protowire.BytesType {
 				return false
 			}
+			request = num == fieldRequestBody
+			body = reusedBody(prev, request)
 			v, _ := protowire.ConsumeBytes(field[n:])
-			hb, ok := httpBody(v)
-			if !ok {
+			if !decodeHTTPBody(v, body) {
 				return false
 			}
-			body, request = hb, num == fieldRequestBody
 		case num >= 2 && num <= 7: // the oneof's other members
 			return false
 		default:
@@ -147,6 +150,18 @@ func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
 	if body == nil {
 		return false
 	}
+	switch p := prev.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if p.RequestBody == body {
+			req.Request = p
+			return true
+		}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if p.ResponseBody == body {
+			req.Request = p
+			return true
+		}
+	}
 	if request {
 		req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
 	} else {
@@ -155,21 +170,41 @@ func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
 	return true
 }
 
-// httpBody decodes an HttpBody whose only fields are body (1) and
-// end_of_stream (2); body aliases b.
-func httpBody(b []byte) (*extprocv3.HttpBody, bool) {
-	hb := &extprocv3.HttpBody{}
+// reusedBody is the HttpBody of prev (the request's previous message)
+// when it was a body of the same direction, cleared; else a new one.
+func reusedBody(prev any, request bool) *extprocv3.HttpBody {
+	var hb *extprocv3.HttpBody
+	switch p := prev.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if request {
+			hb = p.RequestBody
+		}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if !request {
+			hb = p.ResponseBody
+		}
+	}
+	if hb == nil {
+		return &extprocv3.HttpBody{}
+	}
+	proto.Reset(hb)
+	return hb
+}
+
+// decodeHTTPBody decodes into hb an HttpBody whose only fields are body
+// (1) and end_of_stream (2); the body aliases b.
+func decodeHTTPBody(b []byte, hb *extprocv3.HttpBody) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, false
+			return false
 		}
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return nil, false
+				return false
 			}
 			if len(v) > 0 {
 				hb.Body = v[:len(v):len(v)]
@@ -180,13 +215,13 @@ func httpBody(b []byte) (*extprocv3.HttpBody, bool) {
 		case num == 2 && typ == protowire.VarintType:
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
-				return nil, false
+				return false
 			}
 			hb.EndOfStream = v != 0
 			b = b[m:]
 		default:
-			return nil, false
+			return false
 		}
 	}
-	return hb, true
+	return true
 }

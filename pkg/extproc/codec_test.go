@@ -208,3 +208,34 @@ func TestQuietChunksSkippedUsageStillRead(t *testing.T) {
 		})
 	}
 }
+
+// A stream decodes every message into one request: consecutive body
+// messages reuse its wrappers, and the earlier bodies' bytes stay intact.
+func TestCodecReusesBodyWrappers(t *testing.T) {
+	req := new(extprocv3.ProcessingRequest)
+	decode := func(m *extprocv3.ProcessingRequest) {
+		t.Helper()
+		wire, _ := proto.Marshal(m)
+		if err := (codec{}).Unmarshal(split(wire, 7), req); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(req, m) {
+			t.Fatalf("decoded %v, want %v", req, m)
+		}
+	}
+	decode(bodyRequest(false, []byte("data: one\n\n"), false))
+	first, wrapper := req.GetResponseBody().GetBody(), req.Request
+	decode(bodyRequest(false, []byte("data: two\n\n"), true))
+	if req.Request != wrapper {
+		t.Error("the second chunk's wrappers were not reused")
+	}
+	if string(first) != "data: one\n\n" {
+		t.Fatalf("the first chunk's bytes changed to %q", first)
+	}
+	decode(bodyRequest(true, []byte("{}"), true)) // the other direction: new wrappers
+	if req.Request == wrapper {
+		t.Error("a request body reused a response body's wrapper")
+	}
+	decode(respHeaders(false, ":status", "200"))
+	decode(bodyRequest(false, nil, true))
+}
