@@ -118,7 +118,9 @@ type Config struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DecideConcurrency bounds the decisions on large bodies (LargeBody
 	// bytes and more: parsing, tokenization, scoring) computed at once; a
-	// stream past the bound waits for a slot within its DecideTimeout.
+	// stream past the bound waits for a slot, at most a quarter of
+	// DecideTimeout, then is decided anyway (counted in
+	// kvroute_extproc_decide_slot_timeouts_total): late beats refused.
 	// Smaller bodies are decided at once. Default (0): GOMAXPROCS-1, at
 	// least 1, so that a processor stays free for the streams' cheap
 	// messages: with every processor busy tokenizing large prompts, Go's

@@ -13,6 +13,7 @@ type metrics struct {
 	rejections *prometheus.CounterVec
 	streamErrs *prometheus.CounterVec
 	active     prometheus.Gauge
+	slotWaits  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,9 +44,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_extproc_streams_active",
 			Help: "ext_proc streams currently open.",
 		}),
+		slotWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_extproc_decide_slot_timeouts_total",
+			Help: "Large-body decisions that waited a quarter of the decision timeout for a routing.decide_concurrency slot and went ahead without one.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active} {
+		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

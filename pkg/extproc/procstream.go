@@ -282,15 +282,21 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
 	defer cancel()
 	if len(body) >= LargeBody {
-		// A decision slot (Config.DecideConcurrency), waited for within
-		// the decision's deadline.
+		// A decision slot (Config.DecideConcurrency), waited for a quarter
+		// of the decision's deadline at most: past that the decision goes
+		// ahead without one (late beats refused).
+		wait := time.NewTimer(st.s.cfg.DecideTimeout / 4)
 		select {
 		case st.s.slots <- struct{}{}:
 			defer func() { <-st.s.slots }()
+		case <-wait.C:
+			st.s.metrics.slotWaits.Inc()
 		case <-ctx.Done():
+			wait.Stop()
 			st.s.metrics.decideDur.Observe(st.s.cfg.DecideTimeout.Seconds())
 			return nil, st.decideError(ctx.Err(), req)
 		}
+		wait.Stop()
 	}
 	if len(body) > 0 {
 		kind := openai.KindOf(st.path)

@@ -9,6 +9,7 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // gatedDecider holds every decision until its gate opens, counting the
@@ -88,23 +89,32 @@ func TestDecideConcurrencyBoundsLargeBodies(t *testing.T) {
 		t.Fatalf("%d decisions, want 3", calls)
 	}
 
-	// A slot never freed: the waiting stream gets decide_timeout.
+	// A slot never freed: after a quarter of the decision timeout the
+	// waiting stream is decided without one (and counted), not refused.
 	g2 := &gatedDecider{gate: make(chan struct{}), ignoreCtx: true}
-	h2 := newHarness(t, Config{Decider: g2, DecideConcurrency: 1, DecideTimeout: 300 * time.Millisecond})
-	blocker := h2.open(ctx)
-	send(t, blocker, withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
-	recv(t, blocker)
-	send(t, blocker, reqBody(large, true))
-	eventually(t, "the blocking decision under way", func() bool { c, _, _ := g2.state(); return c == 1 })
-	out := h2.exchange(withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED),
-		reqBody(large, true))
-	if len(out) != 2 || out[1].GetImmediateResponse().GetStatus().GetCode() != 503 {
-		t.Fatalf("answers %v, want the headers and a 503", out)
+	reg := prometheus.NewRegistry()
+	h2 := newHarness(t, Config{Decider: g2, DecideConcurrency: 1, DecideTimeout: 400 * time.Millisecond, Registerer: reg})
+	open := func() func() {
+		s := h2.open(ctx)
+		send(t, s, withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
+		recv(t, s)
+		send(t, s, reqBody(large, true))
+		return func() {
+			if r := recv(t, s); r.GetRequestBody() == nil {
+				t.Errorf("body answered with %v, want the pick", r)
+			}
+		}
 	}
-	if calls, _, _ := g2.state(); calls != 1 {
-		t.Fatalf("%d decisions: the timed-out stream's was started", calls)
+	blocker := open()
+	eventually(t, "the blocking decision under way", func() bool { c, _, _ := g2.state(); return c == 1 })
+	late := open()
+	eventually(t, "the second decision going ahead without a slot", func() bool { c, _, _ := g2.state(); return c == 2 })
+	if v, ok := metricValue(t, reg, "kvroute_extproc_decide_slot_timeouts_total", nil); !ok || v != 1 {
+		t.Errorf("slot timeouts %v %v, want 1", v, ok)
 	}
 	close(g2.gate)
+	blocker()
+	late()
 }
 
 func TestDecideConcurrencyDefault(t *testing.T) {
