@@ -122,9 +122,9 @@ type RoutingConfig struct {
 	// MaxConnectionIdle closes an ext_proc connection without streams for
 	// this long. Default extproc.DefaultMaxConnectionIdle.
 	MaxConnectionIdle time.Duration `yaml:"max_connection_idle"`
-	// DecideConcurrency bounds the decisions on large request bodies
-	// computed at once (extproc.Config.DecideConcurrency). Default
-	// GOMAXPROCS-1, at least 1.
+	// DecideConcurrency, when positive, bounds the decisions on large
+	// request bodies computed at once (extproc.Config.DecideConcurrency).
+	// Default 0: no bound.
 	DecideConcurrency int `yaml:"decide_concurrency"`
 }
 
@@ -261,9 +261,6 @@ func (c Config) WithDefaults() Config {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
 	c.Routing.MaxConnectionIdle = lim.MaxConnectionIdle
-	if c.Routing.DecideConcurrency == 0 {
-		c.Routing.DecideConcurrency = lim.DecideConcurrency
-	}
 	c.Telemetry = c.Telemetry.WithDefaults()
 	c.TLS.ExtProc = c.TLS.ExtProc.WithDefaults()
 	c.TLS.Admin = c.TLS.Admin.WithDefaults()
@@ -325,8 +322,8 @@ func (c *Config) Validate() error {
 	if c.Routing.MaxConnectionIdle <= 0 {
 		bad("routing.max_connection_idle", "must be positive, got %v", c.Routing.MaxConnectionIdle)
 	}
-	if c.Routing.DecideConcurrency <= 0 {
-		bad("routing.decide_concurrency", "must be positive, got %d", c.Routing.DecideConcurrency)
+	if c.Routing.DecideConcurrency < 0 {
+		bad("routing.decide_concurrency", "must not be negative (0: no bound), got %d", c.Routing.DecideConcurrency)
 	}
 	errs = append(errs, inSection("telemetry", c.Telemetry.Validate())...)
 	if c.Readiness.WarmTimeout < 0 {

@@ -119,7 +119,7 @@ routing: {max_request_lifetime: 90s, max_streams_per_connection: 64, max_connect
 	e := d.Routing.ExtProc()
 	if w := e.WithDefaults(); w.MaxRequestLifetime != e.MaxRequestLifetime || w.MaxStreamsPerConnection != e.MaxStreamsPerConnection ||
 		w.MaxConnectionIdle != e.MaxConnectionIdle || e.MaxStreamsPerConnection != extproc.DefaultMaxStreamsPerConnection ||
-		w.DecideConcurrency != e.DecideConcurrency || e.DecideConcurrency < 1 {
+		w.DecideConcurrency != e.DecideConcurrency || e.DecideConcurrency != 0 {
 		t.Errorf("defaulted limits %+v differ from extproc's %+v", e, w)
 	}
 }

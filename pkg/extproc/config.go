@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"runtime"
 	"strings"
 	"time"
 
@@ -116,17 +115,17 @@ type Config struct {
 	// request_body_buffer_limit; a test checks the shipped configs).
 	// Default DefaultMaxBodyBytes.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
-	// DecideConcurrency bounds the decisions on large bodies (LargeBody
-	// bytes and more: parsing, tokenization, scoring) computed at once; a
-	// stream past the bound waits for a slot, at most a quarter of
-	// DecideTimeout, then is decided anyway (counted in
+	// DecideConcurrency, when positive, bounds the decisions on large
+	// bodies (LargeBody bytes and more: parsing, tokenization, scoring)
+	// computed at once; a stream past the bound waits for a slot, at most
+	// a quarter of DecideTimeout, then is decided anyway (counted in
 	// kvroute_extproc_decide_slot_timeouts_total): late beats refused.
-	// Smaller bodies are decided at once. Default (0): GOMAXPROCS-1, at
-	// least 1, so that a processor stays free for the streams' cheap
-	// messages: with every processor busy tokenizing large prompts, Go's
-	// scheduler noticed arriving messages only every 10 ms or so, and each
-	// streamed response chunk (which Envoy holds until kvroute answers)
-	// waited that long.
+	// Smaller bodies are decided at once. Default 0: no bound, every core
+	// decides. A bound below GOMAXPROCS keeps processors free for the
+	// streams' per-chunk messages (Envoy holds each streamed response
+	// chunk until kvroute answers it) while large prompts are tokenized;
+	// on the 2-core benchmark machine it did not pay (docs/benchmarks.md,
+	// "Large bodies").
 	DecideConcurrency int `yaml:"decide_concurrency"`
 	// MaxResponseBodyBytes bounds a non-streamed response buffered to read
 	// its usage; beyond it usage is not read (the response still flows).
@@ -194,9 +193,6 @@ func (c Config) WithDefaults() Config {
 	if c.DecideTimeout == 0 {
 		c.DecideTimeout = DefaultDecideTimeout
 	}
-	if c.DecideConcurrency == 0 {
-		c.DecideConcurrency = max(runtime.GOMAXPROCS(0)-1, 1)
-	}
 	if c.MaxRequestLifetime == 0 {
 		c.MaxRequestLifetime = DefaultMaxRequestLifetime
 	}
@@ -255,7 +251,7 @@ func (c Config) Validate() error {
 		bad("max_response_body_bytes", "must be positive, got %d", c.MaxResponseBodyBytes)
 	}
 	if c.DecideConcurrency < 0 {
-		bad("decide_concurrency", "must be positive, got %d", c.DecideConcurrency)
+		bad("decide_concurrency", "must not be negative (0: no bound), got %d", c.DecideConcurrency)
 	}
 	if c.MaxRequestLifetime < 0 {
 		bad("max_request_lifetime", "must be positive, got %v", c.MaxRequestLifetime)

@@ -281,7 +281,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	}
 	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
 	defer cancel()
-	if len(body) >= LargeBody {
+	if st.s.slots != nil && len(body) >= LargeBody {
 		// A decision slot (Config.DecideConcurrency), waited for a quarter
 		// of the decision's deadline at most: past that the decision goes
 		// ahead without one (late beats refused).

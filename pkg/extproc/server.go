@@ -32,8 +32,8 @@ type Server struct {
 	propFields map[string]bool
 	// ending is set by EndStreams: every stream ends at its next message.
 	ending atomic.Bool
-	// slots holds one token per decision being computed
-	// (Config.DecideConcurrency).
+	// slots holds one token per large-body decision being computed
+	// (Config.DecideConcurrency); nil without a bound.
 	slots chan struct{}
 }
 
@@ -68,8 +68,11 @@ func New(cfg Config) (*Server, error) {
 	for _, f := range cfg.Propagator.Fields() {
 		fields[strings.ToLower(f)] = true
 	}
-	return &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields,
-		slots: make(chan struct{}, cfg.DecideConcurrency)}, nil
+	srv := &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields}
+	if cfg.DecideConcurrency > 0 {
+		srv.slots = make(chan struct{}, cfg.DecideConcurrency)
+	}
+	return srv, nil
 }
 
 // ServerOptions are the gRPC server options this server's configuration

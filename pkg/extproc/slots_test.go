@@ -119,11 +119,29 @@ func TestDecideConcurrencyBoundsLargeBodies(t *testing.T) {
 
 func TestDecideConcurrencyDefault(t *testing.T) {
 	c := Config{Decider: &fakeDecider{}}.WithDefaults()
-	if c.DecideConcurrency < 1 {
-		t.Fatalf("default decide_concurrency %d", c.DecideConcurrency)
+	if c.DecideConcurrency != 0 {
+		t.Fatalf("default decide_concurrency %d, want 0 (no bound)", c.DecideConcurrency)
 	}
 	if err := (Config{Decider: &fakeDecider{}, DecideConcurrency: -1}).WithDefaults().Validate(); err == nil ||
-		!strings.Contains(err.Error(), "decide_concurrency: must be positive") {
+		!strings.Contains(err.Error(), "decide_concurrency: must not be negative") {
 		t.Fatalf("negative decide_concurrency: %v", err)
+	}
+	// Without a bound, large-body decisions run side by side.
+	g := &gatedDecider{gate: make(chan struct{})}
+	h := newHarness(t, Config{Decider: g})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []func()
+	for range 3 {
+		s := h.open(ctx)
+		send(t, s, withMode(reqHeaders(false, ":path", "/v1/chat/completions"), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED))
+		recv(t, s)
+		send(t, s, reqBody(chatBodyOf(LargeBody), true))
+		waits = append(waits, func() { recv(t, s) })
+	}
+	eventually(t, "three large decisions under way at once", func() bool { _, inside, _ := g.state(); return inside == 3 })
+	close(g.gate)
+	for _, w := range waits {
+		w()
 	}
 }
