@@ -1,9 +1,11 @@
 package tokenize
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -109,5 +111,62 @@ func TestMergeWordEqualsDefinition(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestWordCacheConcurrent: goroutines encoding overlapping words through
+// one small word cache (many words per slot, so entries are overwritten
+// while others read them) always get each word's own ids.
+func TestWordCacheConcurrent(t *testing.T) {
+	enc := loadEncoder(t, "qwen3")
+	m := *enc.model // a copy with its own small cache
+	m.cache = newWordCache(64)
+	var words []string
+	var want [][]uint32
+	for i := range 400 {
+		w := fmt.Sprintf(" w%dord%c", i*7919, 'a'+i%26)
+		ids, err := m.mergeWord(nil, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		words, want = append(words, w), append(want, ids)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := range 50 {
+				for k := range words {
+					i := (k*(g+1) + round) % len(words)
+					got, err := m.encodeWord(nil, words[i])
+					if err == nil && !slices.Equal(got, want[i]) {
+						err = fmt.Errorf("word %q: ids %v, want %v", words[i], got, want[i])
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	hits := 0
+	for i, w := range words {
+		if ids, ok := m.cache.get(w); ok {
+			hits++
+			if !slices.Equal(ids, want[i]) {
+				t.Fatalf("cached %q: %v, want %v", w, ids, want[i])
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("nothing stayed in the cache")
 	}
 }
