@@ -64,6 +64,10 @@ type Stats struct {
 	// CPUPerRequest is kvroute's CPU time per completed request (zero for
 	// the round-robin target).
 	CPUPerRequest time.Duration
+	// CPUCores is kvroute's CPU time over the phase divided by the phase's
+	// wall time (cores in use; zero for the round-robin target): at a rate
+	// near zero, its idle cost.
+	CPUCores float64
 	// EnvoyCPUPerRequest is the target Envoy's own CPU time per completed
 	// request (both targets): what the ext_proc exchange costs the proxy.
 	EnvoyCPUPerRequest time.Duration

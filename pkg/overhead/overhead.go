@@ -262,6 +262,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 					return rep, ctx.Err()
 				}
 				cpu0, _ := procCPU(st.KV.Proc.Pid())
+				cpuAt := time.Now()
 				ecpu0, eerr := procCPU(t.envoy)
 				dec0, _ := decisions(ctx, st.KV)
 				fb0, _ := fallbacks(ctx, st.KV)
@@ -285,6 +286,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				}
 				if t.name == "kvroute" {
 					cpu1, err := procCPU(st.KV.Proc.Pid())
+					if wall := time.Since(cpuAt); err == nil && wall > 0 {
+						s.CPUCores = float64(cpu1-cpu0) / float64(wall)
+					}
 					dec1, _ := decisions(ctx, st.KV)
 					fb1, _ := fallbacks(ctx, st.KV)
 					s.Fallbacks = int(fb1 - fb0)
@@ -366,6 +370,7 @@ func medianStats(ss []Stats) Stats {
 		CPUPerRequest:      md(func(s Stats) time.Duration { return s.CPUPerRequest }),
 		EnvoyCPUPerRequest: md(func(s Stats) time.Duration { return s.EnvoyCPUPerRequest }),
 		Throughput:         mf(func(s Stats) float64 { return s.Throughput }),
+		CPUCores:           mf(func(s Stats) float64 { return s.CPUCores }),
 		Routed:             mf(func(s Stats) float64 { return s.Routed }),
 	}
 	for _, s := range ss {
@@ -380,12 +385,12 @@ func medianStats(ss []Stats) Stats {
 // Print writes the side-by-side table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\tEnvoy CPU/req kvroute/RR\trouted\ttok fallbacks\terrors kv/RR\t")
+	fmt.Fprintln(tw, "workload\tE2E p50 kvroute/RR\tadded p50\tE2E p99 kvroute/RR\tadded p99\tTTFT p50 added\tITL p50 added\treq/s kvroute/RR\tratio\tkvroute CPU/req\tkvroute cores\tEnvoy CPU/req kvroute/RR\trouted\ttok fallbacks\terrors kv/RR\t")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%s / %s\t%.2f\t%d\t%d / %d\t\n",
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s\t%s / %s\t%s\t%s\t%s\t%.1f / %.1f\t%.2f\t%s\t%.3f\t%s / %s\t%.2f\t%d\t%d / %d\t\n",
 			row.Workload, ms(row.KVRoute.E2Ep50), ms(row.RR.E2Ep50), ms(row.AddedE2Ep50),
 			ms(row.KVRoute.E2Ep99), ms(row.RR.E2Ep99), ms(row.AddedE2Ep99), ms(row.AddedTTFTp50), us(row.AddedITLp50),
-			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), us(row.KVRoute.EnvoyCPUPerRequest), us(row.RR.EnvoyCPUPerRequest), row.KVRoute.Routed,
+			row.KVRoute.Throughput, row.RR.Throughput, row.ThroughputRatio, us(row.KVRoute.CPUPerRequest), row.KVRoute.CPUCores, us(row.KVRoute.EnvoyCPUPerRequest), us(row.RR.EnvoyCPUPerRequest), row.KVRoute.Routed,
 			row.KVRoute.Fallbacks, row.KVRoute.Errors, row.RR.Errors)
 	}
 	_ = tw.Flush()

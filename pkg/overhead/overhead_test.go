@@ -103,3 +103,11 @@ func TestProcCPU(t *testing.T) {
 		t.Error("no error for a missing process")
 	}
 }
+
+// The medians carry every measured figure, kvroute's cores included.
+func TestMedianStatsCarriesCPUCores(t *testing.T) {
+	m := medianStats([]Stats{{CPUCores: 0.3, Throughput: 1}, {CPUCores: 0.1, Throughput: 3}, {CPUCores: 0.2, Throughput: 2}})
+	if m.CPUCores != 0.2 || m.Throughput != 2 {
+		t.Fatalf("medians %+v", m)
+	}
+}
