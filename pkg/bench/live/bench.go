@@ -539,7 +539,11 @@ func (b *benchRun) prepare(ctx context.Context, t target) error {
 		}
 	}
 	// Let kvroute apply the engines' cleared events before the run.
-	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(200 * time.Millisecond):
+	}
 	return nil
 }
 

@@ -10,10 +10,20 @@
 // a chat client resends its history. Prompts are text: every token of the
 // workload becomes one lower-case letter, so a one-token-per-byte
 // tokenizer (enginesim's) sees prompts of the workload's lengths, and
-// equal prefixes stay equal.
+// equal prefixes stay equal; with Options.Words a space and a letter, one
+// token of a real BPE tokenizer.
 //
 // Run owns one goroutine per started session; all stop when ctx is done or
 // the workload is finished, and Run returns only after every one has
 // returned. Options.MaxInFlight bounds concurrent requests; a session
 // start that finds the bound reached waits (counted in Report.Delayed).
+//
+// Bench (kvbench live -stack) starts a stack on loopback in a process
+// group of its own (package testbed: enginesims, kvroute behind Envoy, a
+// plain round-robin Envoy, with BenchOptions.Parallel in front of a second
+// set of enginesims so both arms run at the same time, kvbench's default)
+// and runs repetitions of
+// kvroute against round robin through it, each from empty caches on idle
+// engines, reading the engines' and kvroute's metrics around every run.
+// Every process it started is stopped before it returns.
 package live
