@@ -27,13 +27,21 @@
 // cache events are applied to an index.Index after EventDelay, and lost
 // whole with probability EventLoss. Each finished request records its
 // TTFT, E2E, cached, predicted and ceiling tokens (the ceiling being one
-// infinite cache that saw every earlier prompt and output).
+// infinite cache that saw every earlier prompt and output) and the session
+// key the router derived. Requests carry what a live client sends: a
+// session's x-session-id header or OpenAI user field after its habit, and,
+// on a conversation's later requests, its opening messages (hashes of the
+// first prompt and its answer), from which route.SessionKey derives the
+// same conv: key a live router would.
 //
 // # Many cases
 //
 // RunCases simulates a list of cases (workload, policy, fleet with its
 // seed) on a bounded pool of goroutines and returns their summaries in case
-// order: results do not depend on the number of workers. AggregateSeeds
+// order: results do not depend on the number of workers. The cases of one
+// workload on one engine configuration share its relevance precomputation
+// (every prompt's block hashes), computed once and dropped after the last
+// of them. AggregateSeeds
 // turns one policy's per-seed summaries into medians and ranges (Spread);
 // comparisons use the medians.
 //
