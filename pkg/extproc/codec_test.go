@@ -239,3 +239,35 @@ func TestCodecReusesBodyWrappers(t *testing.T) {
 	decode(respHeaders(false, ":status", "200"))
 	decode(bodyRequest(false, nil, true))
 }
+
+// Whatever bytes arrive, the codec decodes them exactly as protobuf does,
+// or fails where protobuf fails; decoding into a message that held an
+// earlier body (the stream's reused wrappers) changes nothing.
+func FuzzCodecUnmarshal(f *testing.F) {
+	body := []byte(`data: {"choices":[{"delta":{"content":"x"}}]}` + "\n\n")
+	for _, m := range []*extprocv3.ProcessingRequest{
+		bodyRequest(true, body, true),
+		bodyRequest(false, body, false),
+		bodyRequest(false, nil, true),
+		reqHeaders(false, ":path", "/v1/chat/completions"),
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		want := new(extprocv3.ProcessingRequest)
+		werr := proto.Unmarshal(b, want)
+		for _, into := range []*extprocv3.ProcessingRequest{new(extprocv3.ProcessingRequest), bodyRequest(false, []byte("stale"), false), bodyRequest(true, []byte("stale"), true)} {
+			gerr := codec{}.Unmarshal(split(bytes.Clone(b), 7), into)
+			if (werr == nil) != (gerr == nil) {
+				t.Fatalf("codec error %v, protobuf error %v", gerr, werr)
+			}
+			if werr == nil && !proto.Equal(into, want) {
+				t.Fatalf("codec decoded\n%v\nprotobuf decoded\n%v", into, want)
+			}
+		}
+	})
+}
