@@ -209,15 +209,9 @@ func tokenizerFallbacks(ctx context.Context, kv *testbed.KVRoute) string {
 // cold.
 func resetCaches(ctx context.Context, engines []*testbed.Engine) error {
 	for _, e := range engines {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/reset_prefix_cache", nil)
-		if err != nil {
+		if err := e.ResetPrefixCache(ctx); err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
 	}
 	return nil
 }

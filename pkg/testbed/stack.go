@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,6 +79,24 @@ func (e *Engine) Addr() string { return "127.0.0.1:" + strconv.Itoa(e.Port) }
 
 // URL is the engine's base URL.
 func (e *Engine) URL() string { return "http://" + e.Addr() }
+
+// ResetPrefixCache empties the engine's prefix cache (POST
+// /reset_prefix_cache, as on vLLM); any answer but 200 is an error.
+func (e *Engine) ResetPrefixCache(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/reset_prefix_cache", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: reset_prefix_cache: %s", e.Name, resp.Status)
+	}
+	return nil
+}
 
 // Start starts the engine (again, if it ran before, on the same port and
 // endpoints) and waits until /health answers 200.

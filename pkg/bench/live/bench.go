@@ -502,11 +502,15 @@ func (b *benchRun) prepare(ctx context.Context, t target) error {
 	for {
 		busy := 0.0
 		for _, e := range t.engines {
-			n, err := metricSum(ctx, e.URL()+"/metrics", "vllm:num_requests_running{")
+			text, err := fetch(ctx, e.URL()+"/metrics") // one scrape for both gauges
 			if err != nil {
 				return err
 			}
-			m, err := metricSum(ctx, e.URL()+"/metrics", "vllm:num_requests_waiting{")
+			n, err := sumLines(strings.NewReader(text), "vllm:num_requests_running{")
+			if err != nil {
+				return err
+			}
+			m, err := sumLines(strings.NewReader(text), "vllm:num_requests_waiting{")
 			if err != nil {
 				return err
 			}
@@ -525,17 +529,8 @@ func (b *benchRun) prepare(ctx context.Context, t target) error {
 		}
 	}
 	for _, e := range t.engines {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/reset_prefix_cache", nil)
-		if err != nil {
+		if err := e.ResetPrefixCache(ctx); err != nil {
 			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: reset_prefix_cache: %s", e.Name, resp.Status)
 		}
 	}
 	// Let kvroute apply the engines' cleared events before the run.
