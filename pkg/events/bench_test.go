@@ -1,6 +1,9 @@
 package events
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"syscall"
@@ -8,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
+	zmq "github.com/pebbe/zmq4"
 )
 
 // benchBatches builds n pairs of payloads: a batch of perBatch BlockStored
@@ -187,4 +191,67 @@ func BenchmarkGroupTracker(b *testing.B) {
 		dst, _ = g.removed(dst[:0], 1, index.TierGPU, h)
 	}
 	b.ReportMetric(perHash, "heap-bytes/hash")
+}
+
+// BenchmarkIdleSources is what following quiet engines costs: 16 sources,
+// each a bound PUB socket that never publishes, caught up by the quiet
+// window, with the default poll interval. An iteration is 100 ms of wall
+// time; the metric is CPU per second of it, per source.
+func BenchmarkIdleSources(b *testing.B) {
+	const n = 16
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = zctx.Term() }()
+	var srcs []Source
+	for i := range n {
+		pub, err := zctx.NewSocket(zmq.PUB)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = pub.Close() }()
+		if err := errors.Join(pub.SetLinger(0), pub.Bind("tcp://127.0.0.1:*")); err != nil {
+			b.Fatal(err)
+		}
+		ep, err := pub.GetLastEndpoint()
+		if err != nil {
+			b.Fatal(err)
+		}
+		srcs = append(srcs, Source{ID: index.ReplicaID(fmt.Sprint("r", i)), Model: "m", Endpoint: ep, Topic: "kv", BlockSize: 16})
+	}
+	m := NewManager(index.New(index.Config{}), Config{ResyncQuiet: 50 * time.Millisecond}.WithDefaults(), nil, nil)
+	if err := m.SetSources(srcs); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ready := 0
+		for _, s := range srcs {
+			if m.Status(s.ID).CaughtUp {
+				ready++
+			}
+		}
+		if ready == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d sources caught up", ready, n)
+		}
+	}
+	runtime.GC()
+	b.ResetTimer()
+	cpu0 := cpuTime(b)
+	for range b.N {
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/b.Elapsed().Seconds()/n, "cpu-us/s/source")
 }

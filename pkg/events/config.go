@@ -17,7 +17,7 @@ const (
 	DefaultBackoffMax      = 10 * time.Second
 	DefaultSilentAfter     = 60 * time.Second
 	DefaultResyncQuiet     = 30 * time.Second
-	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultPollInterval    = time.Second
 	DefaultMaxMessageBytes = 64 << 20
 )
 
@@ -45,8 +45,10 @@ type Config struct {
 	// ResyncQuiet is the window of gap-free live events after which a
 	// replica that could not be replayed counts as caught up.
 	ResyncQuiet time.Duration `yaml:"resync_quiet"`
-	// PollInterval is how often socket loops look at their context and
-	// timers.
+	// PollInterval is the longest a socket loop waits with nothing to do.
+	// Messages, the stream's timers and shutdown wake it sooner; what it
+	// bounds is how late the silence flag and a worker-requested resync
+	// are noticed (the worker withdraws the replica's credit at once).
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// MaxMessageBytes bounds one ZMQ message.
 	MaxMessageBytes int64 `yaml:"max_message_bytes"`

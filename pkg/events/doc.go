@@ -172,8 +172,9 @@
 // router treats it as cold. Clearing is ordered with the batches through
 // the worker queue (a new epoch; batches of the old epoch are skipped).
 // A batch that cannot be decoded, or an event with a malformed field,
-// clears the replica and restarts the quiet window (replaying it would
-// fetch the same bytes).
+// withdraws the replica's credit at once (the worker does it), then clears
+// the replica and restarts the quiet window (replaying it would fetch the
+// same bytes).
 //
 // Socket failures (bind errors, poll errors) reopen the session after a
 // capped exponential backoff with jitter (BackoffMin..BackoffMax); TCP
@@ -202,8 +203,11 @@
 //
 // NewManager starts nothing. Run starts Config.Workers workers and one
 // goroutine per source, owns a dedicated ZMQ context, and on ctx end
-// cancels the sources, joins them (each closes its own sockets; loops wake
-// every PollInterval), closes and joins the workers, and terminates the
-// context before returning. ZMQ sockets are never shared between
-// goroutines.
+// cancels the sources, joins them (each closes its own sockets), closes and
+// joins the workers, and terminates the context before returning. A
+// source's socket loop sleeps until a message, its sequencer's next timer,
+// or PollInterval at most; the end of its context wakes it through an
+// inproc socket in the same poll, sent to by a context.AfterFunc goroutine
+// that the session joins before closing it. ZMQ sockets are never shared
+// between goroutines.
 package events

@@ -393,6 +393,14 @@ func (r *replica) noteEvent(now time.Time) {
 	r.routedNs.Store(0)
 }
 
+// lostBatch is the worker's report that a batch was not applied: the
+// view has a hole from now on, so the replica's credit is withdrawn at
+// once, and its subscriber clears and relearns it at its next tick.
+func (r *replica) lostBatch() {
+	r.caughtUp.Store(false)
+	r.needResync.Store(true)
+}
+
 func (r *replica) silentAt(now time.Time, after time.Duration) bool {
 	f := r.routedNs.Load()
 	return f != 0 && now.UnixNano()-f >= int64(after)
@@ -592,7 +600,7 @@ func (w *worker) handle(it item) {
 		if p := recover(); p != nil {
 			w.m.met.decodeErrors.WithLabelValues(string(r.src.ID), "panic").Inc()
 			r.log.Error("event worker recovered from a panic", slog.Any("panic", p))
-			r.needResync.Store(true)
+			r.lostBatch()
 		}
 	}()
 	switch it.kind {
@@ -616,7 +624,7 @@ func (w *worker) handle(it item) {
 		if !r.decodeLogged.Swap(true) {
 			r.log.Warn("undecodable event batch; resyncing replica", slog.String("reason", reason), slog.Any("error", err))
 		}
-		r.needResync.Store(true)
+		r.lostBatch()
 		return
 	}
 	b := &w.b
@@ -625,7 +633,7 @@ func (w *worker) handle(it item) {
 		if !r.decodeLogged.Swap(true) {
 			r.log.Warn("event with a malformed field; resyncing replica", slog.Int("events", b.Invalid))
 		}
-		r.needResync.Store(true)
+		r.lostBatch()
 	}
 	if b.Unknown > 0 {
 		r.met.unkn.Add(float64(b.Unknown))

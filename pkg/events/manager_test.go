@@ -468,6 +468,45 @@ func TestUndecodableBatchResyncs(t *testing.T) {
 	}
 }
 
+// A batch the worker cannot apply withdraws the replica's credit at once,
+// without waiting for the subscriber's next wake-up: here the loops wait up
+// to an hour for a message, and stopping them must not wait for that.
+func TestLostBatchWithdrawsCreditAtOnce(t *testing.T) {
+	e := newFakeEngine(t, engineOpts{newFraming: true})
+	w := newWorkload(t, 11, "r1", 6, 4)
+	cfg := testConfig()
+	cfg.PollInterval = time.Hour
+	h := newHarness(t, cfg, source("r1", e))
+	e.publish(w.next(false), false)
+	h.synced(e, w, "r1")
+	e.publish([]byte{0xdd, 0xff, 0xff, 0xff, 0xff}, false)
+	eventually(t, "credit withdrawn", func() error {
+		if h.m.Credit("r1") != 0 || h.m.Status("r1").CaughtUp {
+			return fmt.Errorf("credit kept after a lost batch")
+		}
+		return nil
+	})
+	if got := h.counter("kvroute_events_resyncs_total", "reason", "decode_error"); got != 0 {
+		t.Fatalf("resynced before the subscriber woke: %v", got)
+	}
+	// The next message wakes the subscriber, which clears the replica.
+	e.publish(w.next(false), false)
+	eventually(t, "resync", func() error {
+		if h.counter("kvroute_events_resyncs_total", "reason", "decode_error") != 1 {
+			return fmt.Errorf("no decode_error resync")
+		}
+		return nil
+	})
+	if h.m.Credit("r1") != 0 {
+		t.Error("credit restored without a replay or the quiet window")
+	}
+	start := time.Now()
+	h.shutdown()
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("Run took %v to stop with an hour-long poll interval", d)
+	}
+}
+
 func TestSetSourcesValidation(t *testing.T) {
 	m := NewManager(index.New(index.Config{}), Config{}, nil, nil)
 	good := Source{ID: "a", Endpoint: "tcp://127.0.0.1:1"}

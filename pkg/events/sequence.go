@@ -268,6 +268,21 @@ func (q *sequencer) DecodeError(now time.Time) []action {
 	return q.done()
 }
 
+// NextTimer is when Tick next has something to do (the connection
+// deadline of the first warm-up, the end of the quiet window); ok is false
+// while no timer runs.
+func (q *sequencer) NextTimer() (at time.Time, ok bool) {
+	if q.awaiting && !q.settled {
+		at, ok = q.awaitDeadline, true
+	}
+	if !q.quietSince.IsZero() {
+		if end := q.quietSince.Add(q.cfg.resyncQuiet); !ok || end.Before(at) {
+			at, ok = end, true
+		}
+	}
+	return at, ok
+}
+
 // Tick runs the timers: the connection deadline of the first warm-up and
 // the quiet window.
 func (q *sequencer) Tick(now time.Time) []action {

@@ -34,6 +34,9 @@ type zmqSubscriber struct {
 
 	seq *sequencer
 	sub *zmq.Socket
+	// wake receives a message when the session's context ends: every
+	// poll includes it, so a loop waits for its timers, not for shutdown.
+	wake *zmq.Socket
 	// replayAt is a replay the sequencer asked for that has not been
 	// started yet (replayWant); inReplay is set while one runs.
 	replayAt   uint64
@@ -147,6 +150,12 @@ func (s *zmqSubscriber) session(ctx context.Context) (err error) {
 	}
 	s.rep.set(func(r *replica) { r.endpoint = endpoint })
 	s.sub = sub
+	wake, stopWake, err := s.wakeOnDone(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopWake()
+	s.wake = wake
 	s.log.Info("event stream opened", slog.String("endpoint", endpoint), slog.Bool("listen", src.Listen))
 
 	// Until the engine is connected the view is empty and incomplete.
@@ -154,8 +163,9 @@ func (s *zmqSubscriber) session(ctx context.Context) (err error) {
 	poller := zmq.NewPoller()
 	poller.Add(mon, zmq.POLLIN) // connection events first
 	poller.Add(sub, zmq.POLLIN)
+	poller.Add(wake, zmq.POLLIN)
 	for ctx.Err() == nil {
-		polled, err := poller.Poll(s.cfg().PollInterval)
+		polled, err := poller.Poll(s.idleWait(s.cfg().Now()))
 		if err != nil {
 			if isIntr(err) {
 				continue
@@ -163,15 +173,60 @@ func (s *zmqSubscriber) session(ctx context.Context) (err error) {
 			return fmt.Errorf("poll: %w", err)
 		}
 		for _, p := range polled {
-			if p.Socket == mon {
+			switch p.Socket {
+			case mon:
 				s.drainMonitor(ctx, mon)
-			} else {
+			case sub:
 				s.drainLive(ctx)
 			}
 		}
 		s.tick(ctx)
 	}
 	return nil
+}
+
+// idleWait is how long the live loop may wait for a message: until the
+// sequencer's next timer, at most PollInterval, at least a millisecond.
+func (s *zmqSubscriber) idleWait(now time.Time) time.Duration {
+	d := s.cfg().PollInterval
+	if at, ok := s.seq.NextTimer(); ok {
+		d = min(d, at.Sub(now))
+	}
+	return max(d, time.Millisecond)
+}
+
+// wakeOnDone binds an inproc PULL socket that receives one message when
+// ctx ends. stop joins the goroutine context.AfterFunc may have started
+// to send it, then closes the socket. Should the message be lost, the
+// loops still see the context at their next timeout.
+func (s *zmqSubscriber) wakeOnDone(ctx context.Context) (sock *zmq.Socket, stop func(), err error) {
+	addr := fmt.Sprintf("inproc://kvroute-events-wake-%d", s.m.monSeq.Add(1))
+	pull, err := s.zctx.NewSocket(zmq.PULL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("wake socket: %w", err)
+	}
+	if err := errors.Join(pull.SetLinger(0), pull.Bind(addr)); err != nil {
+		_ = pull.Close()
+		return nil, nil, fmt.Errorf("wake socket: %w", err)
+	}
+	sent := make(chan struct{})
+	cancel := context.AfterFunc(ctx, func() {
+		defer close(sent)
+		push, err := s.zctx.NewSocket(zmq.PUSH)
+		if err != nil {
+			return
+		}
+		defer func() { _ = push.Close() }()
+		if push.SetLinger(0) == nil && push.Connect(addr) == nil {
+			_, _ = push.SendBytes([]byte{1}, zmq.DONTWAIT)
+		}
+	})
+	return pull, func() {
+		if !cancel() {
+			<-sent
+		}
+		_ = pull.Close()
+	}, nil
 }
 
 func (s *zmqSubscriber) drainMonitor(ctx context.Context, mon *zmq.Socket) {
@@ -402,6 +457,7 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 	poller := zmq.NewPoller()
 	poller.Add(dealer, zmq.POLLIN)
 	poller.Add(s.sub, zmq.POLLIN)
+	poller.Add(s.wake, zmq.POLLIN)
 	now := s.cfg().Now()
 	deadline := now.Add(s.cfg().ReplayTimeout)
 	// Once the round has applied batches, a pause of replayIdle means the
@@ -423,6 +479,9 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 		if wait <= 0 {
 			return errReplayTimeout
 		}
+		if s.seq.RoundApplied() > 0 {
+			wait = min(wait, max(lastReply.Add(idle).Sub(now), time.Millisecond))
+		}
 		polled, err := poller.Poll(wait)
 		if err != nil {
 			if isIntr(err) {
@@ -431,6 +490,9 @@ func (s *zmqSubscriber) replay(ctx context.Context, start uint64) error {
 			return fmt.Errorf("poll: %w", err)
 		}
 		for _, p := range polled {
+			if p.Socket == s.wake {
+				continue // ctx ended: seen at the top of the loop
+			}
 			if p.Socket == s.sub {
 				s.drainLive(ctx)
 				if finished() {
