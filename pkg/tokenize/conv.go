@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"container/list"
 	"context"
 	"encoding/binary"
 	"sort"
@@ -62,18 +61,15 @@ func (e *convEntry) size() int {
 // convMemo is a bounded LRU of convEntry by messages key. It is safe for
 // concurrent use; entries are immutable once stored.
 type convMemo struct {
-	mu       sync.Mutex
-	maxBytes int
-	bytes    int
-	ll       *list.List
-	items    map[xxh3.Uint128]*list.Element
-	hits     uint64
-	misses   uint64
-	reused   uint64 // ids taken from entries
+	mu     sync.Mutex
+	lru    *lru[xxh3.Uint128, *convEntry]
+	hits   uint64
+	misses uint64
+	reused uint64 // ids taken from entries
 }
 
 func newConvMemo(maxBytes int) *convMemo {
-	return &convMemo{maxBytes: maxBytes, ll: list.New(), items: map[xxh3.Uint128]*list.Element{}}
+	return &convMemo{lru: newLRU[xxh3.Uint128, *convEntry](maxBytes)}
 }
 
 // find returns the entry of the longest prefix of keys that has one,
@@ -82,38 +78,21 @@ func (c *convMemo) find(keys []xxh3.Uint128) *convEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for k := len(keys) - 1; k >= 0 && k >= len(keys)-1-maxConvBack; k-- {
-		if el, ok := c.items[keys[k]]; ok {
+		if e, ok := c.lru.get(keys[k]); ok {
 			c.hits++
-			c.ll.MoveToFront(el)
-			return el.Value.(*convEntry)
+			return e
 		}
 	}
 	c.misses++
 	return nil
 }
 
+// put stores e under its key, replacing an older entry.
 func (c *convMemo) put(e *convEntry) {
 	size := e.size()
-	if size > c.maxBytes {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if el, ok := c.items[e.key]; ok {
-		c.bytes -= el.Value.(*convEntry).size()
-		el.Value = e
-		c.ll.MoveToFront(el)
-	} else {
-		c.items[e.key] = c.ll.PushFront(e)
-	}
-	c.bytes += size
-	for c.bytes > c.maxBytes {
-		last := c.ll.Back()
-		old := last.Value.(*convEntry)
-		c.ll.Remove(last)
-		delete(c.items, old.key)
-		c.bytes -= old.size()
-	}
+	c.lru.put(e.key, e, size)
 }
 
 func (c *convMemo) addReused(n int) {
@@ -125,7 +104,7 @@ func (c *convMemo) addReused(n int) {
 func (c *convMemo) stats() (hits, misses, reused uint64, bytes int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.hits, c.misses, c.reused, c.bytes
+	return c.hits, c.misses, c.reused, c.lru.size()
 }
 
 // messageKeys returns, for k = 1..len(msgs), a hash of the request's

@@ -2,7 +2,6 @@ package tokenize
 
 import (
 	"bytes"
-	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +35,7 @@ type remote struct {
 	cfg      ModelConfig
 	client   *http.Client
 	replicas func(model string) []string
-	cache    *lru
+	cache    *idsCache
 	breakers *breakers
 	now      func() time.Time
 	hits     func()
@@ -310,46 +309,25 @@ func (b *breakers) changed(base string, s breakerState) {
 	}
 }
 
-// lru is a bounded least-recently-used map from an input hash to ids.
-type lru struct {
-	mu    sync.Mutex
-	size  int
-	ll    *list.List
-	items map[xxh3.Uint128]*list.Element
+// idsCache is a bounded least-recently-used map from an input hash to
+// ids, bounded by its number of entries. It is safe for concurrent use.
+type idsCache struct {
+	mu  sync.Mutex
+	lru *lru[xxh3.Uint128, []uint32] // every entry has size 1
 }
 
-type lruEntry struct {
-	key xxh3.Uint128
-	ids []uint32
+func newIDsCache(entries int) *idsCache {
+	return &idsCache{lru: newLRU[xxh3.Uint128, []uint32](entries)}
 }
 
-func newLRU(size int) *lru {
-	return &lru{size: size, ll: list.New(), items: make(map[xxh3.Uint128]*list.Element, size)}
-}
-
-func (c *lru) get(k xxh3.Uint128) ([]uint32, bool) {
+func (c *idsCache) get(k xxh3.Uint128) ([]uint32, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.items[k]
-	if !ok {
-		return nil, false
-	}
-	c.ll.MoveToFront(e)
-	return e.Value.(*lruEntry).ids, true
+	return c.lru.get(k)
 }
 
-func (c *lru) put(k xxh3.Uint128, ids []uint32) {
+func (c *idsCache) put(k xxh3.Uint128, ids []uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.items[k]; ok {
-		e.Value.(*lruEntry).ids = ids
-		c.ll.MoveToFront(e)
-		return
-	}
-	c.items[k] = c.ll.PushFront(&lruEntry{key: k, ids: ids})
-	for c.ll.Len() > c.size {
-		last := c.ll.Back()
-		c.ll.Remove(last)
-		delete(c.items, last.Value.(*lruEntry).key)
-	}
+	c.lru.put(k, ids, 1)
 }

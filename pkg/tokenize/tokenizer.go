@@ -318,7 +318,7 @@ func (t *Tokenizer) newRemote(name string, mc ModelConfig, opts Options, cached 
 		},
 	}
 	if cached && mc.CacheSize > 0 {
-		r.cache = newLRU(mc.CacheSize)
+		r.cache = newIDsCache(mc.CacheSize)
 	}
 	return r
 }
