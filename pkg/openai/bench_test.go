@@ -153,3 +153,41 @@ func reportCPU(b *testing.B, since time.Duration, bytes int) {
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(bytes)*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
 }
+
+// BenchmarkChunkDecode decodes the events of a streamed chat response that
+// the stream parser reads in full (the role chunk, the first content chunk
+// and the final usage chunk, as vLLM sends them) with the scanner and with
+// encoding/json (the parser's decoder before it), side by side.
+func BenchmarkChunkDecode(b *testing.B) {
+	events := [][]byte{
+		[]byte(`{"id":"chatcmpl-5f0e1c2d9a8b4c7e","object":"chat.completion.chunk","created":1764600000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}`),
+		[]byte(`{"id":"chatcmpl-5f0e1c2d9a8b4c7e","object":"chat.completion.chunk","created":1764600000,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}],"usage":null}`),
+		[]byte(`{"id":"chatcmpl-5f0e1c2d9a8b4c7e","object":"chat.completion.chunk","created":1764600000,"model":"Qwen/Qwen3-8B","choices":[],"usage":{"prompt_tokens":1041,"total_tokens":1105,"completion_tokens":64,"prompt_tokens_details":{"cached_tokens":1024}}}`),
+	}
+	n := 0
+	for _, e := range events {
+		n += len(e)
+	}
+	b.Run("scanner", func(b *testing.B) {
+		b.SetBytes(int64(n))
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, e := range events {
+				if _, err := scanChunk(e); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.SetBytes(int64(n))
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, e := range events {
+				if _, _, _, err := refScanChunk(e); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}

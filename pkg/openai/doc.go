@@ -29,7 +29,11 @@
 // chunks (bytes as they arrive, events split anywhere), remembers the last
 // usage object seen (the final chunk when stream_options.include_usage is
 // set; every chunk under continuous usage stats) and reports the first event
-// carrying generated content.
+// carrying generated content. Both read JSON with the request's scanner
+// (chunk.go), decoding only usage and whether a choice carries output,
+// with encoding/json's answers (tests and a fuzz target compare them; keys
+// match as encoding/json matches these ASCII names, exactly or ignoring
+// case).
 //
 // The package holds no state beyond the values it returns, starts no
 // goroutine and never panics on input. A StreamParser is not safe for

@@ -2,9 +2,9 @@ package openai
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // ErrInvalidResponse is wrapped by ParseUsage errors.
@@ -23,39 +23,24 @@ type Usage struct {
 	HasCachedTokens bool
 }
 
-type usageJSON struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	TotalTokens         int `json:"total_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (u *usageJSON) usage() Usage {
-	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
-	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
-	}
-	return out
-}
-
 // ParseUsage reads the top-level usage object of a non-streamed response
 // body. ok is false when the body has no (or a null) usage object.
 func ParseUsage(body []byte) (u Usage, ok bool, err error) {
-	var v struct {
-		Usage *usageJSON `json:"usage"`
-	}
 	if firstByte(body) != '{' {
 		return Usage{}, false, fmt.Errorf("%w: body is not a JSON object", ErrInvalidResponse)
 	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return Usage{}, false, fmt.Errorf("%w: %v", ErrInvalidResponse, err)
+	us, ok, err := scanUsage(body)
+	if err != nil {
+		if errors.Is(err, ErrInvalidResponse) {
+			return Usage{}, false, err
+		}
+		// The scanner's syntax errors name requests; this is a response.
+		return Usage{}, false, fmt.Errorf("%w: %s", ErrInvalidResponse, strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": "))
 	}
-	if v.Usage == nil {
+	if !ok {
 		return Usage{}, false, nil
 	}
-	return v.Usage.usage(), true, nil
+	return us.usage(), true, nil
 }
 
 // DefaultMaxEventBytes bounds one server-sent event (all its data lines).
@@ -201,20 +186,6 @@ func (p *StreamParser) endLine() {
 	p.hasData = true
 }
 
-type chunkJSON struct {
-	Usage   *usageJSON `json:"usage"`
-	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
-			Content          *string         `json:"content"`
-			ReasoningContent *string         `json:"reasoning_content"`
-			Reasoning        *string         `json:"reasoning"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-}
-
 func (p *StreamParser) dispatch() {
 	if !p.hasData {
 		return
@@ -231,29 +202,18 @@ func (p *StreamParser) dispatch() {
 	if p.content && !bytes.Contains(data, []byte(`"usage"`)) {
 		return
 	}
-	var c chunkJSON
-	if err := json.Unmarshal(data, &c); err != nil {
+	c, err := scanChunk(data)
+	if err != nil {
 		p.bad++
 		return
 	}
-	if c.Usage != nil {
-		p.usage, p.hasUse = c.Usage.usage(), true
+	if c.hasUsage {
+		p.usage, p.hasUse = c.usage.usage(), true
 	}
-	if p.content {
-		return
-	}
-	for _, ch := range c.Choices {
-		d := ch.Delta
-		if ch.Text != "" || nonEmpty(d.Content) || nonEmpty(d.ReasoningContent) || nonEmpty(d.Reasoning) ||
-			(len(d.ToolCalls) > 0 && !isNull(d.ToolCalls) && string(bytes.TrimSpace(d.ToolCalls)) != "[]") ||
-			ch.FinishReason != nil {
-			p.content = true
-			return
-		}
+	if !p.content && c.output {
+		p.content = true
 	}
 }
-
-func nonEmpty(s *string) bool { return s != nil && *s != "" }
 
 // Usage returns the last usage object the stream carried.
 func (p *StreamParser) Usage() (Usage, bool) { return p.usage, p.hasUse }

@@ -446,7 +446,7 @@ func (s *scanner) raw(depth int) ([]byte, error) {
 
 // object walks the object at s.i. For each member, field is called with
 // the key (decoded only when it is short and plain: keys the parser looks
-// for are) while s.i is at the value; it returns handled=true when it
+// for are; valid only during the call) while s.i is at the value; it returns handled=true when it
 // consumed the value, else the value is skipped.
 func (s *scanner) object(field func(key string, plain bool) (handled bool, err error), depth int) error {
 	s.i++ // '{'
@@ -469,7 +469,9 @@ func (s *scanner) object(field func(key string, plain bool) (handled bool, err e
 		s.ws()
 		handled := false
 		if !complex && len(k) <= 32 {
-			if handled, err = field(string(k), true); err != nil {
+			// The key is a view of the body, not a copy: field only
+			// compares it or formats it into an error.
+			if handled, err = field(unsafe.String(unsafe.SliceData(k), len(k)), true); err != nil {
 				return err
 			}
 		} else if complex && len(k) <= 64 {

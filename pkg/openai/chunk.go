@@ -1,0 +1,287 @@
+package openai
+
+import (
+	"bytes"
+	"fmt"
+)
+
+// Streamed response events and non-streamed response bodies are read by
+// the same in-place scanner as requests: the JSON is validated and only
+// usage and the fields that show generated output are decoded. The
+// result is what encoding/json gives when it decodes the document into
+// the structs below (kept as the reference in the tests): keys match as
+// encoding/json matches them for these ASCII names (exactly, or else
+// ignoring ASCII case), null leaves a plain field as it was and clears a
+// pointer, a repeated object key merges into the value before it, and a
+// value of the wrong type fails the whole document.
+
+// usageScan is usageJSON as decoded so far.
+type usageScan struct {
+	prompt, completion, total int64
+	hasDetails                bool // prompt_tokens_details is an object
+	cached                    int64
+	hasCached                 bool
+}
+
+func (u *usageScan) usage() Usage {
+	out := Usage{PromptTokens: int(u.prompt), CompletionTokens: int(u.completion), TotalTokens: int(u.total)}
+	if u.hasDetails && u.hasCached {
+		out.CachedTokens, out.HasCachedTokens = int(u.cached), true
+	}
+	return out
+}
+
+// keyIs reports whether an object key selects the field name (lower-case
+// ASCII), as encoding/json matches a key against a struct field's name.
+func keyIs(key, name string) bool {
+	if len(key) != len(name) {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// errWrongType stops a scan at a value of the wrong type: encoding/json
+// fails the whole document then.
+var errWrongType = fmt.Errorf("%w: value of the wrong type", ErrInvalidResponse)
+
+// usageObject decodes a usage object (or null: ok false) at s.i into u,
+// merging into what u holds, as encoding/json does for a pointer field
+// met twice.
+func (s *scanner) usageObject(u *usageScan, has *bool) error {
+	switch s.peek() {
+	case 'n':
+		*u, *has = usageScan{}, false
+		return s.literal("null")
+	case '{':
+	default:
+		return errWrongType
+	}
+	*has = true
+	return s.object(func(key string, _ bool) (bool, error) {
+		switch {
+		case keyIs(key, "prompt_tokens"):
+			return true, s.intInto(&u.prompt, nil)
+		case keyIs(key, "completion_tokens"):
+			return true, s.intInto(&u.completion, nil)
+		case keyIs(key, "total_tokens"):
+			return true, s.intInto(&u.total, nil)
+		case keyIs(key, "prompt_tokens_details"):
+			switch s.peek() {
+			case 'n':
+				u.hasDetails, u.hasCached, u.cached = false, false, 0
+				return true, s.literal("null")
+			case '{':
+			default:
+				return true, errWrongType
+			}
+			u.hasDetails = true
+			return true, s.object(func(key string, _ bool) (bool, error) {
+				if keyIs(key, "cached_tokens") {
+					return true, s.intInto(&u.cached, &u.hasCached)
+				}
+				return false, nil
+			}, 3)
+		}
+		return false, nil
+	}, 2)
+}
+
+// intInto decodes an integer into *v. Null leaves *v as it is, or, for a
+// pointer field (set not nil), clears *set.
+func (s *scanner) intInto(v *int64, set *bool) error {
+	if null, err := s.isNullAt(); null || err != nil {
+		if null && set != nil {
+			*v, *set = 0, false
+		}
+		return err
+	}
+	c := s.peek()
+	if c != '-' && (c < '0' || c > '9') {
+		return errWrongType
+	}
+	lit, err := s.number()
+	if err != nil {
+		return err
+	}
+	n, ok := parseInt(lit)
+	if !ok {
+		return errWrongType
+	}
+	*v = n
+	if set != nil {
+		*set = true
+	}
+	return nil
+}
+
+// strInto scans a string or null into *nonEmpty (whether the decoded
+// string is non-empty: it is exactly when its raw bytes are). Null
+// leaves it as it is, or, for a pointer field (ptr), clears it.
+func (s *scanner) strInto(nonEmpty *bool, ptr bool) error {
+	if null, err := s.isNullAt(); null || err != nil {
+		if null && ptr {
+			*nonEmpty = false
+		}
+		return err
+	}
+	if s.peek() != '"' {
+		return errWrongType
+	}
+	raw, _, err := s.str()
+	*nonEmpty = len(raw) > 0
+	return err
+}
+
+// choiceScan is one element of choices as decoded so far.
+type choiceScan struct {
+	text, content, reasoningContent, reasoning, finish bool
+	toolCalls                                          bool // tool_calls is present, not null, not "[]"
+}
+
+func (c *choiceScan) output() bool {
+	return c.text || c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.finish
+}
+
+// choice decodes one element of choices at s.i.
+func (s *scanner) choice(c *choiceScan) error {
+	switch s.peek() {
+	case 'n':
+		return s.literal("null") // a struct element: left as it is
+	case '{':
+	default:
+		return errWrongType
+	}
+	return s.object(func(key string, _ bool) (bool, error) {
+		switch {
+		case keyIs(key, "text"):
+			return true, s.strInto(&c.text, false)
+		case keyIs(key, "finish_reason"):
+			// Any string, even "", is a finish reason.
+			if null, err := s.isNullAt(); null || err != nil {
+				if null {
+					c.finish = false
+				}
+				return true, err
+			}
+			if s.peek() != '"' {
+				return true, errWrongType
+			}
+			_, _, err := s.str()
+			c.finish = true
+			return true, err
+		case keyIs(key, "delta"):
+			switch s.peek() {
+			case 'n':
+				return true, s.literal("null")
+			case '{':
+			default:
+				return true, errWrongType
+			}
+			return true, s.object(func(key string, _ bool) (bool, error) {
+				switch {
+				case keyIs(key, "content"):
+					return true, s.strInto(&c.content, true)
+				case keyIs(key, "reasoning_content"):
+					return true, s.strInto(&c.reasoningContent, true)
+				case keyIs(key, "reasoning"):
+					return true, s.strInto(&c.reasoning, true)
+				case keyIs(key, "tool_calls"):
+					raw, err := s.raw(4)
+					c.toolCalls = len(raw) > 0 && !isNull(raw) && string(bytes.TrimSpace(raw)) != "[]"
+					return true, err
+				}
+				return false, nil
+			}, 4)
+		}
+		return false, nil
+	}, 3)
+}
+
+// chunkScan is what one streamed event tells the stream parser.
+type chunkScan struct {
+	usage    usageScan
+	hasUsage bool
+	output   bool // a choice carries generated output or a finish reason
+}
+
+// scanChunk decodes a streamed event's JSON. Any error (malformed JSON, a
+// value of the wrong type) means the event is malformed.
+func scanChunk(data []byte) (chunkScan, error) {
+	var c chunkScan
+	s := &scanner{b: data}
+	switch s.peek() {
+	case 'n':
+		if err := s.literal("null"); err != nil {
+			return c, err
+		}
+		return c, s.end()
+	case '{':
+	default:
+		if err := s.skip(0); err != nil {
+			return c, err
+		}
+		return c, errWrongType
+	}
+	var choices []choiceScan
+	err := s.object(func(key string, _ bool) (bool, error) {
+		switch {
+		case keyIs(key, "usage"):
+			return true, s.usageObject(&c.usage, &c.hasUsage)
+		case keyIs(key, "choices"):
+			switch s.peek() {
+			case 'n':
+				choices = choices[:0]
+				return true, s.literal("null")
+			case '[':
+			default:
+				return true, errWrongType
+			}
+			choices = choices[:0]
+			return true, s.array(func(int) error {
+				choices = append(choices, choiceScan{})
+				return s.choice(&choices[len(choices)-1])
+			})
+		}
+		return false, nil
+	}, 1)
+	if err == nil {
+		err = s.end()
+	}
+	if err != nil {
+		return chunkScan{}, err
+	}
+	for i := range choices {
+		if choices[i].output() {
+			c.output = true
+			break
+		}
+	}
+	return c, nil
+}
+
+// scanUsage finds a response body's top-level usage object.
+func scanUsage(body []byte) (u usageScan, ok bool, err error) {
+	s := &scanner{b: body}
+	if s.peek() != '{' {
+		return u, false, errWrongType
+	}
+	err = s.object(func(key string, _ bool) (bool, error) {
+		if keyIs(key, "usage") {
+			return true, s.usageObject(&u, &ok)
+		}
+		return false, nil
+	}, 1)
+	if err == nil {
+		err = s.end()
+	}
+	return u, ok, err
+}

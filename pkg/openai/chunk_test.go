@@ -1,0 +1,237 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// The reference: what the stream parser and ParseUsage decoded with
+// encoding/json before the scanner replaced it.
+type refUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *refUsage) usage() Usage {
+	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
+	}
+	return out
+}
+
+type refChunk struct {
+	Usage   *refUsage `json:"usage"`
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content          *string         `json:"content"`
+			ReasoningContent *string         `json:"reasoning_content"`
+			Reasoning        *string         `json:"reasoning"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+func refScanChunk(data []byte) (u Usage, hasUsage, output bool, err error) {
+	var c refChunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Usage{}, false, false, err
+	}
+	if c.Usage != nil {
+		u, hasUsage = c.Usage.usage(), true
+	}
+	nonEmpty := func(s *string) bool { return s != nil && *s != "" }
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		if ch.Text != "" || nonEmpty(d.Content) || nonEmpty(d.ReasoningContent) || nonEmpty(d.Reasoning) ||
+			(len(d.ToolCalls) > 0 && !isNull(d.ToolCalls) && string(bytes.TrimSpace(d.ToolCalls)) != "[]") ||
+			ch.FinishReason != nil {
+			output = true
+		}
+	}
+	return u, hasUsage, output, nil
+}
+
+func refParseUsage(body []byte) (Usage, bool, error) {
+	var v struct {
+		Usage *refUsage `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Usage{}, false, err
+	}
+	if v.Usage == nil {
+		return Usage{}, false, nil
+	}
+	return v.Usage.usage(), true, nil
+}
+
+// comparable reports whether encoding/json's answer on data is one the
+// scanner is meant to reproduce: no object repeats a key (encoding/json
+// then merges into values in ways that depend on its reflection), and no
+// key holds non-ASCII bytes or escapes (encoding/json also folds the
+// Kelvin sign and the long s into k and s).
+func comparable(data []byte) bool {
+	if bytes.Contains(data, []byte(`\u`)) || bytes.Contains(data, []byte(`\U`)) {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	type level struct {
+		obj  bool
+		keys map[string]bool
+		key  bool // the next string token is a key
+	}
+	var stack []level
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return true // malformed: both must fail
+		}
+		top := len(stack) - 1
+		isKey := top >= 0 && stack[top].obj && stack[top].key
+		if top >= 0 && stack[top].obj {
+			stack[top].key = !stack[top].key
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, level{obj: true, keys: map[string]bool{}, key: true})
+			case '[':
+				stack = append(stack, level{})
+			default:
+				stack = stack[:len(stack)-1]
+				if n := len(stack) - 1; n >= 0 && stack[n].obj {
+					stack[n].key = true
+				}
+			}
+			if t == '{' || t == '[' {
+				if top >= 0 && stack[top].obj {
+					stack[top].key = true // the container was a value
+				}
+			}
+		case string:
+			if isKey {
+				for i := 0; i < len(t); i++ {
+					if t[i] >= 0x80 {
+						return false
+					}
+				}
+				k := strings.ToLower(t)
+				if stack[top].keys[k] {
+					return false
+				}
+				stack[top].keys[k] = true
+			}
+		}
+	}
+}
+
+var chunkCases = []string{
+	`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}`,
+	`{"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}`,
+	`{"choices":[{"delta":{"content":"lo"},"finish_reason":"stop"}]}`,
+	`{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":2,"total_tokens":42,"prompt_tokens_details":{"cached_tokens":32}}}`,
+	`{"usage":{"prompt_tokens":4,"prompt_tokens_details":{"cached_tokens":null}}}`,
+	`{"usage":{"prompt_tokens":4,"prompt_tokens_details":null}}`,
+	`{"usage":{"prompt_tokens":null,"total_tokens":7}}`,
+	`{"choices":[{"text":""},{"text":"x"}]}`,
+	`{"choices":[{"text":null,"finish_reason":""}]}`,
+	`{"choices":[{"delta":{"tool_calls":[]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":[ ]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":null}}]}`,
+	`{"choices":[{"delta":{"tool_calls":{"a":[1,2]}}}]}`,
+	`{"choices":[{"delta":{"reasoning":"r"}}]}`,
+	`{"choices":[{"delta":{"reasoning_content":"\n"}}]}`,
+	`{"choices":[{"delta":null},null]}`,
+	`{"choices":null,"usage":{"prompt_tokens":1}}`,
+	`{"Choices":[{"Text":"x"}],"USAGE":{"Prompt_Tokens":3}}`,
+	`null`,
+	`[]`,
+	`"x"`,
+	`{"usage":"x"}`,
+	`{"usage":{"prompt_tokens":1.5}}`,
+	`{"usage":{"prompt_tokens":1e2}}`,
+	`{"usage":{"prompt_tokens":99999999999999999999}}`,
+	`{"usage":{"prompt_tokens":"3"}}`,
+	`{"choices":{}}`,
+	`{"choices":[1]}`,
+	`{"choices":[{"text":1}]}`,
+	`{"choices":[{"delta":[]}]}`,
+	`{"choices":[{"delta":{"content":false}}]}`,
+	`{"choices":[{"finish_reason":3}]}`,
+	`{"choices":[{"text":"x"}]`,
+	`{"choices":[{"text":"x"}]} x`,
+	`{"a":[1,{"b":"\ud800"}],"choices":[{"text":"\u00e9"}]}`,
+	`{"choices":[{"text":"x","extra":{"deep":[[[{}]]]}}],"usage":{"total_tokens":-3}}`,
+}
+
+func TestScanChunkMatchesEncodingJSON(t *testing.T) {
+	for _, data := range chunkCases {
+		checkChunk(t, []byte(data))
+	}
+}
+
+func checkChunk(t *testing.T, data []byte) {
+	t.Helper()
+	c, err := scanChunk(data)
+	wu, wHas, wOut, wErr := refScanChunk(data)
+	if (err != nil) != (wErr != nil) {
+		t.Fatalf("%s: scanner error %v, encoding/json error %v", data, err, wErr)
+	}
+	if err != nil {
+		return
+	}
+	if c.hasUsage != wHas || c.usage.usage() != wu || c.output != wOut {
+		t.Fatalf("%s: scanner usage %+v/%v output %v; encoding/json %+v/%v output %v", data, c.usage.usage(), c.hasUsage, c.output, wu, wHas, wOut)
+	}
+	if firstByte(data) != '{' {
+		return
+	}
+	u, ok, err := ParseUsage(data)
+	ru, rok, rerr := refParseUsage(data)
+	if (err != nil) != (rerr != nil) || u != ru || ok != rok {
+		t.Fatalf("%s: ParseUsage %+v/%v/%v, encoding/json %+v/%v/%v", data, u, ok, err, ru, rok, rerr)
+	}
+	if err != nil && !errors.Is(err, ErrInvalidResponse) {
+		t.Fatalf("%s: error %v does not wrap ErrInvalidResponse", data, err)
+	}
+}
+
+func FuzzScanChunk(f *testing.F) {
+	for _, c := range chunkCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !comparable(data) {
+			return
+		}
+		checkChunk(t, data)
+	})
+}
+
+func TestComparableFindsRepeatedKeys(t *testing.T) {
+	for data, want := range map[string]bool{
+		`{"a":1,"A":2}`:                           false,
+		`{"a":{"a":1},"b":[{"a":1}]}`:             true,
+		`{"a":[1,{"b":1,"b":2}]}`:                 false,
+		`{"choices":[{"text":"x"}],"choices":[]}`: false,
+		`{"k\u0061":1}`:                           false,
+	} {
+		if got := comparable([]byte(data)); got != want {
+			t.Errorf("comparable(%s) = %v, want %v", data, got, want)
+		}
+	}
+}
