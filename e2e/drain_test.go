@@ -12,9 +12,12 @@ import (
 
 // TestStreamOutlivesDrain: kvroute gets SIGTERM while a long SSE answer it
 // routed is streaming, and the answer outlives the drain deadline (1s
-// here). kvroute ends the stream with UNAVAILABLE at its next chunk
-// instead of cutting the connection, exits 0, and Envoy fails open: the
-// client's answer completes, every event up to [DONE].
+// here). The observer stream (the observability-mode filter, which Envoy
+// never waits for) is ended with UNAVAILABLE at its next chunk; the
+// router's stream, idle since the pick (Envoy closes it when the request
+// is done), is cut with kvroute's connections, which Envoy, failing open,
+// treats as the end of processing. kvroute exits 0 and the client's answer
+// completes, every event up to [DONE].
 func TestStreamOutlivesDrain(t *testing.T) {
 	c := newCluster(t, clusterOpts{engines: 2, kvArgs: []string{"--drain-timeout", "1s"}})
 	l := &openLoad{c: c}
@@ -44,9 +47,6 @@ func TestStreamOutlivesDrain(t *testing.T) {
 	if len(c.kv.Proc.Lines("ending the remaining ext_proc streams")) == 0 {
 		t.Errorf("kvroute did not reach its drain deadline with the stream open")
 	}
-	if lines := c.kv.Proc.Lines("closing the ext_proc connections"); len(lines) != 0 {
-		t.Errorf("the stream was cut with its connection, not ended with a status: %v", lines)
-	}
 	var o outcome
 	select {
 	case o = <-res:
@@ -55,9 +55,6 @@ func TestStreamOutlivesDrain(t *testing.T) {
 	}
 	if !o.ok() {
 		t.Fatalf("the stream that outlived the drain: %v", o)
-	}
-	if n := counter(t, c, "http.inference.ext_proc.failure_mode_allowed"); n < 1 {
-		t.Errorf("Envoy did not fail open on the ended stream (failure_mode_allowed %d)", n)
 	}
 	t.Logf("kvroute exited %v after SIGTERM with the stream open; the stream completed at %v (%s)",
 		exited.Round(time.Millisecond), o.end.Sub(termAt).Round(time.Millisecond), strings.TrimSpace(o.upstream))

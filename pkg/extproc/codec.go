@@ -99,6 +99,8 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 const (
 	fieldRequestBody  = 4
 	fieldResponseBody = 5
+	// fieldObservabilityMode is ProcessingRequest.observability_mode.
+	fieldObservabilityMode = 10
 )
 
 // unmarshalBody decodes b into req when b is a request or response body
@@ -141,6 +143,10 @@ func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
 			}
 		case num >= 2 && num <= 7: // the oneof's other members
 			return false
+		case num == fieldObservabilityMode && typ == protowire.VarintType:
+			// Every message of an observer stream carries it.
+			v, _ := protowire.ConsumeVarint(field[n:])
+			req.ObservabilityMode = v != 0
 		default:
 			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
 				return false

@@ -93,6 +93,7 @@ func TestCodecUnmarshalMatchesProtobuf(t *testing.T) {
 		"response body":         bodyRequest(false, big, false),
 		"body with metadata":    withMeta,
 		"small body":            bodyRequest(false, []byte("data: x\n\n"), false),
+		"observer chunk":        obs(bodyRequest(false, []byte("data: x\n\n"), false)),
 		"empty body":            bodyRequest(true, nil, true),
 		"large request headers": headers,
 	}
@@ -139,6 +140,13 @@ func TestUnmarshalBodyAliasesAndFallsBack(t *testing.T) {
 	}
 	if cap(got) != len(got) {
 		t.Fatalf("aliased body has spare capacity %d: an append could overwrite the buffer", cap(got)-len(got))
+	}
+
+	// An observer's chunk (observability_mode set) takes the shortcut too.
+	owire, _ := proto.Marshal(obs(bodyRequest(false, body, false)))
+	oreq := new(extprocv3.ProcessingRequest)
+	if !unmarshalBody(owire, oreq) || !oreq.GetObservabilityMode() || len(oreq.GetResponseBody().GetBody()) != len(body) {
+		t.Fatalf("observer chunk not decoded by the shortcut: %v", oreq.GetObservabilityMode())
 	}
 
 	unknown := protowire.AppendTag(nil, 3, protowire.VarintType)

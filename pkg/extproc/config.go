@@ -59,6 +59,10 @@ const (
 	// DefaultMaxRequestLifetime is how long a routed request counts as
 	// load and may report its served cached tokens.
 	DefaultMaxRequestLifetime = 15 * time.Minute
+	// DefaultObserverWait is how long after its decision a routed request
+	// waits for an observer stream to claim it once its router stream has
+	// ended.
+	DefaultObserverWait = 2 * time.Second
 	// DefaultMaxStreamsPerConnection bounds concurrent ext_proc streams on
 	// one HTTP/2 connection (Envoy opens another connection beyond it).
 	DefaultMaxStreamsPerConnection = 1024
@@ -140,6 +144,12 @@ type Config struct {
 	// ever comes, is not fed to Fidelity. Default DefaultMaxRequestLifetime;
 	// keep it above the longest generation you serve.
 	MaxRequestLifetime time.Duration `yaml:"max_request_lifetime"`
+	// ObserverWait is how long after its decision a routed request waits
+	// for its observer stream (the request headers of Envoy's
+	// observability-mode filter, which carry DecisionHeader) once its router
+	// stream has ended; a request no stream observed ends then (counted in
+	// kvroute_extproc_unobserved_total). Default DefaultObserverWait.
+	ObserverWait time.Duration `yaml:"observer_wait"`
 	// MaxStreamsPerConnection and MaxConnectionIdle bound the gRPC server
 	// (ServerOptions): concurrent streams on one connection and how long a
 	// connection without streams stays open. Defaults
@@ -195,6 +205,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxRequestLifetime == 0 {
 		c.MaxRequestLifetime = DefaultMaxRequestLifetime
+	}
+	if c.ObserverWait == 0 {
+		c.ObserverWait = DefaultObserverWait
 	}
 	if c.MaxStreamsPerConnection == 0 {
 		c.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
@@ -255,6 +268,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRequestLifetime < 0 {
 		bad("max_request_lifetime", "must be positive, got %v", c.MaxRequestLifetime)
+	}
+	if c.ObserverWait < 0 {
+		bad("observer_wait", "must be positive, got %v", c.ObserverWait)
 	}
 	if c.MaxConnectionIdle < 0 {
 		bad("max_connection_idle", "must be positive, got %v", c.MaxConnectionIdle)

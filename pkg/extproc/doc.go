@@ -91,22 +91,46 @@
 // (kvroute_extproc_stream_errors_total{kind="panic"}), answered with 500
 // when still possible, and ends only that stream.
 //
-// Response side: chunks are echoed unchanged in FULL_DUPLEX_STREAMED mode
-// (one reused answer per stream, no allocation per chunk) and continued
-// otherwise; a chunk is parsed only as far as the first output and the
-// usage object need. On the pick the replica's in-flight counters rise
+// Response side, off the data path. The shipped Envoy configs run two
+// ext_proc filters: the router filter (request headers and a buffered
+// body; no response processing) and, after it, an observer filter in
+// observability mode (Envoy sends the request headers, response headers,
+// every response body chunk and the trailers without waiting, and ignores
+// answers; none are sent). On the pick the router sets DecisionHeader, a
+// per-process unique and unguessable id, replacing any client value, and
+// registers a flight (flight.go: the decision, the load charge, the request
+// span, the pick time) under it. Its stream then idles: Envoy closes a
+// stream with a buffered body when it is done with the request, which
+// marks the request's end when no observer stream of this process claims
+// the flight. The observer stream claims the flight with the id from its request
+// headers (once: a repeated, foreign or forged id is ended at once,
+// unanswered, and moves nothing) and does the accounting; it closes its
+// stream when the response ends, after which the proxy sends it nothing.
+// A proxy with one filter that sends the response on the router stream
+// works too: that stream claims its own flight and answers each message
+// (chunks echoed unchanged in FULL_DUPLEX_STREAMED mode with one reused
+// answer per stream, continued otherwise). A flight no stream claims
+// (no observer filter; in active-active, an observer stream Envoy sent to
+// another kvroute replica) releases its charge when its router stream
+// ends (buffered body: the request's end; a body-less request's stream may
+// end at once, and its charge then waits) and ends Config.ObserverWait
+// after the decision (kvroute_extproc_unobserved_total), until which a
+// late observer can still report usage.
+//
+// The accounting: a chunk is parsed only as far as the first output and
+// the usage object need. On the pick the replica's in-flight counters rise
 // (Tracker.Start with the uncached prompt blocks as prefill and the prompt
 // blocks as decode footprint); the first output (first SSE event with
 // content, or the first chunk of a non-streamed body) moves prefill to
-// decode; the end of the response, or any end of the stream (client
-// disconnect, error, panic), releases them. Usage from the JSON body or the
-// last SSE usage chunk is compared with the prediction (the picked
-// replica's matched blocks x block size, capped below the prompt length
-// since engines recompute the last token) and fed to Fidelity. A streamed
-// (SSE) response also feeds Config.Rates: pick-to-first-token and
-// pick-to-end times with the usage's prompt, cached and output tokens,
-// from which the router learns each replica's prefill speed and decode
-// step.
+// decode; the end of the response, or any end of the observing stream
+// (client disconnect, error, panic, the proxy's deferred close), releases
+// them. Usage from the JSON body or the last SSE usage chunk is compared
+// with the prediction (the picked replica's matched blocks x block size,
+// capped below the prompt length since engines recompute the last token)
+// and fed to Fidelity. A streamed (SSE) response also feeds Config.Rates:
+// pick-to-first-token and pick-to-end times with the usage's prompt,
+// cached and output tokens, from which the router learns each replica's
+// prefill speed and decode step.
 //
 // Abuse limits (a client of the port that is not a proxy; mutual TLS in
 // front of the port is the first defence): a stream counts as load only
@@ -123,14 +147,17 @@
 // (ErrEndStreams) at its next message, after answering that message, and
 // counts it (kvroute_extproc_stream_errors_total{kind="ended"}). A proxy
 // that fails open (Envoy's failure_mode_allow) serves the rest of the
-// request without the router; with Envoy's STREAMED response mode no
-// response byte is lost. Streams with no message pending are ended by the
-// owner's final grpc.Server.Stop.
+// request without the router; observer streams end the same way and the
+// proxy, which never waits for them, loses nothing. Streams with no
+// message pending are ended by the owner's final grpc.Server.Stop.
 //
 // Metrics (registered on Config.Registerer): kvroute_decisions_total,
 // kvroute_decision_duration_seconds, kvroute_tokenize_duration_seconds,
 // kvroute_extproc_immediate_responses_total,
-// kvroute_extproc_stream_errors_total, kvroute_extproc_streams_active.
+// kvroute_extproc_stream_errors_total, kvroute_extproc_streams_active,
+// kvroute_extproc_requests_in_flight (flights),
+// kvroute_extproc_observer_streams_total{outcome},
+// kvroute_extproc_unobserved_total.
 //
 // Health: NewHealth serves the gRPC health protocol with the three service
 // names liveness, readiness and envoy.service.ext_proc.v3.ExternalProcessor.

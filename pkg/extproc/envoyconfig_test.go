@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
@@ -102,4 +104,93 @@ func scalar(v any) string {
 		return strconv.Itoa(x)
 	}
 	return ""
+}
+
+// TestShippedEnvoyObservesResponsesOffThePath: every shipped Envoy config
+// (test/helm checks the chart's rendered one) runs the router filter without response processing
+// and a second ext_proc filter in observability mode that always fails
+// open, is sent DecisionHeader with the request headers, and streams the
+// response; client-sent decision ids are stripped before routing and the
+// id is not sent upstream.
+func TestShippedEnvoyObservesResponsesOffThePath(t *testing.T) {
+	files, err := filepath.Glob("../../envoy/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Envoy configs found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc any
+			if err := yaml.Unmarshal(data, &doc); err != nil {
+				t.Fatalf("%s is not YAML: %v", f, err)
+			}
+			var router, observer map[string]any
+			for _, fl := range findMaps(doc, "http_filters") {
+				cfg, _ := fl["typed_config"].(map[string]any)
+				switch fl["name"] {
+				case "envoy.filters.http.ext_proc":
+					router = cfg
+				case "kvroute.ext_proc.observe":
+					observer = cfg
+				}
+			}
+			if router == nil || observer == nil {
+				t.Fatalf("want the router and the observer ext_proc filters, got router %v observer %v", router != nil, observer != nil)
+			}
+			rm, _ := router["processing_mode"].(map[string]any)
+			if rm["response_header_mode"] != "SKIP" || rm["response_body_mode"] != "NONE" || rm["response_trailer_mode"] != "SKIP" {
+				t.Errorf("router filter processes the response: %v", rm)
+			}
+			if observer["observability_mode"] != true || observer["failure_mode_allow"] != true {
+				t.Errorf("observer: observability_mode %v failure_mode_allow %v, want both true", observer["observability_mode"], observer["failure_mode_allow"])
+			}
+			om, _ := observer["processing_mode"].(map[string]any)
+			if om["request_header_mode"] != "SEND" || om["response_header_mode"] != "SEND" || om["response_body_mode"] != "STREAMED" || om["request_body_mode"] != "NONE" {
+				t.Errorf("observer processing mode %v", om)
+			}
+			allowed := findKey(observer, "exact")
+			for _, h := range []string{DecisionHeader, ":status", "content-type"} {
+				if !slices.Contains(allowed, h) {
+					t.Errorf("observer is not sent %s (allowed %v)", h, allowed)
+				}
+			}
+			if !slices.Contains(findKey(doc, "remove"), DecisionHeader) {
+				t.Errorf("client-sent %s is not stripped before routing", DecisionHeader)
+			}
+			if !strings.Contains(string(data), "request_headers_to_remove: ["+DecisionHeader+"]") {
+				t.Errorf("%s is sent upstream", DecisionHeader)
+			}
+		})
+	}
+}
+
+// findMaps returns the elements of every list under key in v.
+func findMaps(v any, key string) []map[string]any {
+	var out []map[string]any
+	switch x := v.(type) {
+	case map[string]any:
+		for k, val := range x {
+			if k == key {
+				for _, e := range asList(val) {
+					if m, ok := e.(map[string]any); ok {
+						out = append(out, m)
+					}
+				}
+			}
+			out = append(out, findMaps(val, key)...)
+		}
+	case []any:
+		for _, e := range x {
+			out = append(out, findMaps(e, key)...)
+		}
+	}
+	return out
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
 }

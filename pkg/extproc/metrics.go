@@ -14,6 +14,9 @@ type metrics struct {
 	streamErrs *prometheus.CounterVec
 	active     prometheus.Gauge
 	slotWaits  prometheus.Counter
+	flights    prometheus.Gauge
+	unobserved prometheus.Counter
+	observed   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,9 +51,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_extproc_decide_slot_timeouts_total",
 			Help: "Large-body decisions that waited a quarter of the decision timeout for a routing.decide_concurrency slot and went ahead without one.",
 		}),
+		flights: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_extproc_requests_in_flight",
+			Help: "Routed requests whose response has not ended (or, unobserved, whose observer wait has not passed).",
+		}),
+		unobserved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_extproc_unobserved_total",
+			Help: "Routed requests whose response no stream of this process observed (no observer filter, or its stream went to another router replica); their load charge ended with the router stream or routing.observer_wait after the decision.",
+		}),
+		observed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_observer_streams_total",
+			Help: "Observer (observability-mode) ext_proc streams, by outcome: claimed (a decision of this process), unknown (an id this process does not hold: another replica's, already claimed, expired or forged), no_id (no decision header).",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits} {
+		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits, m.flights, m.unobserved, m.observed} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -64,14 +63,14 @@ type procStream struct {
 	span        trace.Span
 	spanCtx     context.Context
 
-	// Decision and lifecycle.
-	routed   bool
-	decision route.Decision
-	life     *load.Handle
-	expiry   *time.Timer // releases life at Config.MaxRequestLifetime
-	expired  atomic.Bool // set by expiry: no feedback any more
-	pickedAt time.Time   // when the pick was answered
-	firstAt  time.Time   // when the first output was seen
+	// Decision and lifecycle: the router stream's flight (set by decide),
+	// or the flight an observer stream claimed.
+	fl       *flight
+	claimed  bool      // this stream observes fl's response
+	observer bool      // an observability-mode stream: it never answers
+	bodyless bool      // the request had no body to read (headers ended it)
+	stop     bool      // Process ends the stream after this message
+	firstAt  time.Time // when the first output was seen
 
 	// Response.
 	echo       chunkEcho
@@ -99,7 +98,16 @@ func (st *procStream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.Proc
 		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
 	st.modesKnown = true
+	if req.GetObservabilityMode() || st.observer {
+		st.observer, st.answered = true, true
+		st.observe(req)
+		return nil
+	}
 	st.readMetadata(req)
+	return st.dispatch(req)
+}
+
+func (st *procStream) dispatch(req *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
 	switch v := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return st.requestHeaders(v.RequestHeaders)
@@ -117,6 +125,68 @@ func (st *procStream) handle(req *extprocv3.ProcessingRequest) []*extprocv3.Proc
 	}
 	st.s.metrics.streamErrs.WithLabelValues("protocol").Inc()
 	return nil
+}
+
+// observe handles one message of an observer stream (Envoy's second
+// ext_proc filter, in observability mode: it sends and never waits, and
+// ignores answers, so none are sent). The request headers carry the
+// decision id, which claims the router stream's flight; the response
+// headers, body chunks and trailers then feed the accounting. A stream
+// with nothing to observe (no id, a flight of another router replica or
+// already claimed) is ended at once, and so is a stream whose response
+// has ended: Envoy then sends it nothing more.
+func (st *procStream) observe(req *extprocv3.ProcessingRequest) {
+	switch v := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if st.fl != nil || st.phase != phaseHeaders {
+			return
+		}
+		st.phase = phaseRouted
+		id := headerValue(v.RequestHeaders, DecisionHeader)
+		if st.fl = st.s.claimFlight(id); st.fl == nil {
+			if id == "" {
+				st.s.metrics.observed.WithLabelValues("no_id").Inc()
+			} else {
+				st.s.metrics.observed.WithLabelValues("unknown").Inc()
+			}
+			st.stop = true
+			return
+		}
+		st.claimed = true
+		st.s.metrics.observed.WithLabelValues("claimed").Inc()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if !st.claimed {
+			st.s.metrics.observed.WithLabelValues("no_id").Inc()
+			st.stop = true
+			return
+		}
+		st.responseHeaders(v.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if st.claimed {
+			st.observeBody(v.ResponseBody.GetBody())
+			if v.ResponseBody.GetEndOfStream() {
+				st.finish()
+			}
+		}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.finish()
+	}
+	if st.finished {
+		st.stop = true
+	}
+}
+
+// headerValue is the value of the (lower-case) header name in h, or "".
+func headerValue(h *extprocv3.HttpHeaders, name string) string {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if strings.EqualFold(hv.GetKey(), name) {
+			if raw := hv.GetRawValue(); len(raw) > 0 {
+				return string(raw)
+			}
+			return hv.GetValue()
+		}
+	}
+	return ""
 }
 
 // readMetadata picks the subset hint (request side) and the served
@@ -180,6 +250,7 @@ func (st *procStream) requestHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proc
 		st.reqMode == filterv3.ProcessingMode_STREAMED || st.reqMode == filterv3.ProcessingMode_GRPC
 	if noBody {
 		// No body to read before the headers must go: route by load alone.
+		st.bodyless = true
 		p, rej := st.decide(nil)
 		if rej != nil {
 			return st.reject(*rej)
@@ -330,20 +401,15 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	annotate(span, dec, elapsed)
 	span.End()
 
-	st.decision, st.routed = dec, true
 	replica := string(dec.Replica)
 	st.s.metrics.decisions.WithLabelValues(replica, dec.Policy, dec.Reason, dec.Degraded).Inc()
 	st.span.SetAttributes(attribute.String("kvroute.replica", replica), attribute.String("kvroute.endpoint", dec.Address))
+	var life *load.Handle
 	if st.s.cfg.Tracker != nil {
 		matched := dec.MatchedBlocks()
-		st.life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
+		life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
 	}
-	life := st.life
-	st.pickedAt = time.Now()
-	st.expiry = time.AfterFunc(st.s.cfg.MaxRequestLifetime, func() {
-		st.expired.Store(true)
-		life.Done()
-	})
+	st.fl = st.s.startFlight(dec, life, st.span)
 	return st.pickFor(dec), nil
 }
 
@@ -401,7 +467,7 @@ func (st *procStream) pickFor(dec route.Decision) *pick {
 		dest = all
 	}
 	p := &pick{remove: st.strip, metadata: destinationMetadata(all)}
-	p.set = append(p.set, setHeader(cfg.DestinationHeader, dest))
+	p.set = append(p.set, setHeader(cfg.DestinationHeader, dest), setHeader(DecisionHeader, st.fl.id))
 	if !cfg.FallbacksInDestination && len(dec.Fallbacks) > 0 {
 		p.set = append(p.set, setHeader(cfg.FallbackHeader, strings.Join(dec.Fallbacks, ",")))
 	}
@@ -419,6 +485,18 @@ func (st *procStream) pickFor(dec route.Decision) *pick {
 
 func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.phase, st.answered = phaseResponse, true
+	if !st.claimed && !st.observer {
+		// The proxy sends the response on the router stream (a single
+		// ext_proc filter): observe it here, unless an observer stream
+		// already has.
+		st.claimed = st.fl.claim()
+	}
+	if !st.claimed {
+		if h.GetEndOfStream() {
+			st.finish()
+		}
+		return answerRespHeaders
+	}
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		key := hv.GetKey()
 		if key != ":status" && !strings.EqualFold(key, "content-type") {
@@ -434,8 +512,8 @@ func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pro
 			st.sse = strings.HasPrefix(strings.ToLower(strings.TrimSpace(val)), "text/event-stream")
 		}
 	}
-	if st.span != nil && st.respStatus != 0 {
-		st.span.SetAttributes(attribute.Int("http.response.status_code", st.respStatus))
+	if st.fl.span != nil && st.respStatus != 0 {
+		st.fl.span.SetAttributes(attribute.Int("http.response.status_code", st.respStatus))
 	}
 	if h.GetEndOfStream() {
 		st.finish()
@@ -444,7 +522,9 @@ func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pro
 }
 
 func (st *procStream) responseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
-	st.observeBody(b.GetBody())
+	if st.claimed {
+		st.observeBody(b.GetBody())
+	}
 	if b.GetEndOfStream() {
 		st.finish()
 	}
@@ -509,9 +589,9 @@ func (st *procStream) observeBody(chunk []byte) {
 	if !st.first && (!st.sse || st.parser.SawContent() || !ok) {
 		st.first = true
 		st.firstAt = time.Now()
-		st.life.FirstToken()
-		if st.span != nil {
-			st.span.AddEvent("first_token")
+		st.fl.life.FirstToken()
+		if st.fl.span != nil {
+			st.fl.span.AddEvent("first_token")
 		}
 	}
 }
@@ -546,8 +626,11 @@ func (st *procStream) finish() {
 	}
 	st.finished = true
 	st.phase = phaseDone
-	defer st.life.Done()
-	if !st.routed || st.expired.Load() || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
+	if !st.claimed {
+		return
+	}
+	defer st.fl.end()
+	if st.fl.expired.Load() || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
 		return
 	}
 	var (
@@ -565,17 +648,17 @@ func (st *procStream) finish() {
 		return
 	}
 	predicted := st.predictedCachedTokens(u.PromptTokens)
-	if st.span != nil {
-		st.span.SetAttributes(
+	if span := st.fl.span; span != nil {
+		span.SetAttributes(
 			attribute.Int("kvroute.usage.prompt_tokens", u.PromptTokens),
 			attribute.Int("kvroute.usage.completion_tokens", u.CompletionTokens),
 			attribute.Int("kvroute.cached_tokens.predicted", predicted))
 		if u.HasCachedTokens {
-			st.span.SetAttributes(attribute.Int("kvroute.cached_tokens.served", u.CachedTokens))
+			span.SetAttributes(attribute.Int("kvroute.cached_tokens.served", u.CachedTokens))
 		}
 	}
 	if u.HasCachedTokens && st.s.cfg.Fidelity != nil {
-		st.s.cfg.Fidelity.Observe(string(st.decision.Replica), predicted, u.CachedTokens)
+		st.s.cfg.Fidelity.Observe(string(st.fl.decision.Replica), predicted, u.CachedTokens)
 	}
 	st.observeRates(u, predicted)
 }
@@ -587,17 +670,17 @@ func (st *procStream) finish() {
 // response (no first-token time: the whole answer arrives at once) and a
 // stream that never showed content feed nothing.
 func (st *procStream) observeRates(u openai.Usage, predicted int) {
-	if st.s.cfg.Rates == nil || !st.sse || st.firstAt.IsZero() || st.pickedAt.IsZero() {
+	if st.s.cfg.Rates == nil || !st.sse || st.firstAt.IsZero() {
 		return
 	}
 	cached := predicted
 	if u.HasCachedTokens {
 		cached = u.CachedTokens
 	}
-	st.s.cfg.Rates.Observe(st.decision.Replica, route.RateSample{
+	st.s.cfg.Rates.Observe(st.fl.decision.Replica, route.RateSample{
 		Uncached: max(u.PromptTokens-cached, 0),
-		TTFT:     st.firstAt.Sub(st.pickedAt),
-		E2E:      time.Since(st.pickedAt),
+		TTFT:     st.firstAt.Sub(st.fl.pickedAt),
+		E2E:      time.Since(st.fl.pickedAt),
 		Output:   u.CompletionTokens,
 	})
 }
@@ -607,7 +690,7 @@ func (st *procStream) observeRates(u openai.Usage, predicted int) {
 // the prompt's last token, so a full match of a block-aligned prompt shows
 // one block less; the prediction is capped accordingly.
 func (st *procStream) predictedCachedTokens(promptTokens int) int {
-	dec := st.decision
+	dec := st.fl.decision
 	bs := 0
 	if st.s.cfg.BlockSize != nil {
 		bs = st.s.cfg.BlockSize(dec.Replica)
@@ -625,13 +708,29 @@ func (st *procStream) predictedCachedTokens(promptTokens int) int {
 	return max(predicted, 0)
 }
 
-// close runs when the stream ends on any path: the lifecycle is released
-// (a no-op when finish already did) and the request span ended.
+// close runs when the stream ends on any path. A stream that observed a
+// response ends its flight (a no-op when finish already did), marking the
+// request span aborted when the response did not end. The router stream
+// hands its flight over (flight.routerClosed) and ends the request span
+// itself only when there was no decision.
 func (st *procStream) close() {
-	if st.expiry != nil {
-		st.expiry.Stop()
+	if st.claimed && !st.finished {
+		if st.fl.span != nil {
+			st.fl.span.SetAttributes(attribute.Bool("kvroute.stream_aborted", true))
+		}
+		st.fl.end()
 	}
-	st.life.Done()
+	if st.observer {
+		return
+	}
+	if st.fl != nil {
+		// Envoy keeps a router stream with a buffered request body open
+		// until it is done with the request; a body-less or streamed
+		// request's stream may be closed as soon as it is routed.
+		buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
+		st.fl.routerClosed(buffered && !st.bodyless)
+		return
+	}
 	if st.span != nil {
 		if !st.finished && st.phase != phaseDone {
 			st.span.SetAttributes(attribute.Bool("kvroute.stream_aborted", true))

@@ -35,6 +35,8 @@ type Server struct {
 	// slots holds one token per large-body decision being computed
 	// (Config.DecideConcurrency); nil without a bound.
 	slots chan struct{}
+	// flights are the routed requests whose response has not ended.
+	flights *flights
 }
 
 // ErrEndStreams is the status of a stream ended by EndStreams: UNAVAILABLE,
@@ -68,7 +70,7 @@ func New(cfg Config) (*Server, error) {
 	for _, f := range cfg.Propagator.Fields() {
 		fields[strings.ToLower(f)] = true
 	}
-	srv := &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields}
+	srv := &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields, flights: newFlights()}
 	if cfg.DecideConcurrency > 0 {
 		srv.slots = make(chan struct{}, cfg.DecideConcurrency)
 	}
@@ -136,6 +138,11 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 				}
 				return serr
 			}
+		}
+		if st.stop {
+			// An observer stream with nothing (more) to observe: closing
+			// it tells the proxy to send nothing more on it.
+			return nil
 		}
 		if s.ending.Load() {
 			s.metrics.streamErrs.WithLabelValues("ended").Inc()

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -15,6 +17,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -52,6 +55,7 @@ func wantPickHeaders(remove ...string) *extprocv3.ProcessingResponse {
 				HeaderMutation: &extprocv3.HeaderMutation{
 					SetHeaders: []*corev3.HeaderValueOption{
 						set("x-gateway-destination-endpoint", "10.0.0.1:8000"),
+						set(DecisionHeader, anyID),
 						set("x-gateway-destination-endpoint-fallback", "10.0.0.2:8000,10.0.0.3:8000"),
 					},
 					RemoveHeaders: remove,
@@ -71,8 +75,42 @@ func wantChunk(body string, eos bool) *extprocv3.ProcessingResponse {
 	}}}
 }
 
+// anyID stands for the decision id in expected answers: diff checks
+// that each answer's id is set and distinct, then compares it as anyID.
+const anyID = "<decision id>"
+
 func diff(t *testing.T, want, got []*extprocv3.ProcessingResponse) {
 	t.Helper()
+	got = slices.Clone(got)
+	seen := map[string]bool{}
+	for i, r := range got {
+		var hm *extprocv3.HeaderMutation
+		switch {
+		case r.GetRequestHeaders() != nil:
+			hm = r.GetRequestHeaders().GetResponse().GetHeaderMutation()
+		case r.GetRequestBody() != nil:
+			hm = r.GetRequestBody().GetResponse().GetHeaderMutation()
+		}
+		for j, h := range hm.GetSetHeaders() {
+			if h.GetHeader().GetKey() != DecisionHeader {
+				continue
+			}
+			id := string(h.GetHeader().GetRawValue())
+			if id == "" || seen[id] {
+				t.Errorf("answer %d: decision id %q is empty or repeated", i, id)
+			}
+			seen[id] = true
+			c := proto.Clone(r).(*extprocv3.ProcessingResponse)
+			var chm *extprocv3.HeaderMutation
+			if c.GetRequestHeaders() != nil {
+				chm = c.GetRequestHeaders().GetResponse().GetHeaderMutation()
+			} else {
+				chm = c.GetRequestBody().GetResponse().GetHeaderMutation()
+			}
+			chm.SetHeaders[j].Header.RawValue = []byte(anyID)
+			got[i] = c
+		}
+	}
 	if d := cmp.Diff(want, got, protocmp.Transform()); d != "" {
 		t.Errorf("responses mismatch (-want +got):\n%s", d)
 	}
@@ -126,6 +164,7 @@ func TestRequestTranscripts(t *testing.T) {
 							HeaderMutation: &extprocv3.HeaderMutation{
 								SetHeaders: []*corev3.HeaderValueOption{
 									set("x-gateway-destination-endpoint", "10.0.0.1:8000"),
+									set(DecisionHeader, anyID),
 									set("x-gateway-destination-endpoint-fallback", "10.0.0.2:8000,10.0.0.3:8000"),
 								},
 								RemoveHeaders: []string{"x-gateway-destination-endpoint"},
@@ -163,6 +202,7 @@ func TestRequestTranscripts(t *testing.T) {
 					Response: &extprocv3.CommonResponse{
 						HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 							set("x-pick", "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000"),
+							set(DecisionHeader, anyID),
 						}},
 						ClearRouteCache: true,
 					},
@@ -410,7 +450,9 @@ func TestDecideTimeout(t *testing.T) {
 func TestPanicIsContained(t *testing.T) {
 	fd := &fakeDecider{dec: decision(), panic: true}
 	tr, _ := load.NewTracker(nil)
-	h := newHarness(t, Config{Decider: fd, Tracker: tr})
+	// A body-less request's router stream may end while the request is in
+	// flight: its charge waits for an observer stream, at most ObserverWait.
+	h := newHarness(t, Config{Decider: fd, Tracker: tr, ObserverWait: 50 * time.Millisecond})
 	got := h.exchange(reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x"}`, true))
 	if len(got) != 1 || got[0].GetImmediateResponse().GetStatus().GetCode() != 500 {
 		t.Fatalf("want one 500 immediate response, got %v", got)
@@ -428,8 +470,9 @@ func TestPanicIsContained(t *testing.T) {
 		v, _ := metricValue(t, h.reg, "kvroute_extproc_streams_active", nil)
 		return v == 0
 	})
-	if f := tr.Get("r1"); f != (load.InFlight{}) {
-		t.Errorf("counters leaked: %+v", f)
+	eventually(t, "unobserved request released", func() bool { return tr.Get("r1") == (load.InFlight{}) })
+	if v, _ := metricValue(t, h.reg, "kvroute_extproc_unobserved_total", nil); v != 1 {
+		t.Errorf("unobserved = %v, want 1", v)
 	}
 }
 

@@ -26,6 +26,14 @@ const (
 	// endpoint that actually served the request.
 	ServedKey = "x-gateway-destination-endpoint-served"
 
+	// DecisionHeader carries the decision id on the routed request: the
+	// router always sets it (replacing any client value), and the observer
+	// stream (Envoy's second, observability-mode ext_proc filter) reads it
+	// from the request headers it is sent, to find the decision whose
+	// response it observes. The shipped Envoy configs also strip it from
+	// client requests before routing and from the request sent upstream.
+	DecisionHeader = "x-kvroute-decision"
+
 	// ReasonHeader explains an immediate (error) response.
 	ReasonHeader = "x-kvroute-reason"
 	// DefaultSessionHeader carries the session affinity key.

@@ -21,8 +21,11 @@ const (
 	ExtProcCluster    = "kvroute_extproc"             // kvroute's ext_proc gRPC endpoints
 	FallbackCluster   = "fallback_round_robin"        // the engines, round robin
 	ExtProcFilterName = "envoy.filters.http.ext_proc" // removed for a plain Envoy
-	hcmFilterName     = "envoy.filters.network.http_connection_manager"
-	upstreamValue     = "%UPSTREAM_REMOTE_ADDRESS%"
+	// ObserverFilterName is the second ext_proc filter (observability
+	// mode: the response side); removed for a plain Envoy too.
+	ObserverFilterName = "kvroute.ext_proc.observe"
+	hcmFilterName      = "envoy.filters.network.http_connection_manager"
+	upstreamValue      = "%UPSTREAM_REMOTE_ADDRESS%"
 )
 
 // EnvoyConfig says what RenderEnvoy puts into the template. Every address
@@ -114,10 +117,12 @@ func RenderEnvoy(template []byte, c EnvoyConfig) ([]byte, error) {
 	}
 	if hcm != nil {
 		if len(c.ExtProc) == 0 {
-			if !removeNamed(get(hcm, "http_filters"), ExtProcFilterName) {
-				fail("no http filter %q", ExtProcFilterName)
+			for _, name := range []string{ExtProcFilterName, ObserverFilterName} {
+				if !removeNamed(get(hcm, "http_filters"), name) {
+					fail("no http filter %q", name)
+				}
+				dropPerFilterConfig(hcm, name)
 			}
-			dropPerFilterConfig(hcm, ExtProcFilterName)
 		}
 		if c.UpstreamHeader != "" {
 			rc := get(hcm, "route_config")

@@ -122,8 +122,8 @@ func TestRenderEnvoyPorts(t *testing.T) {
 	if got := v.clusterPorts(FallbackCluster); !slices.Equal(got, []int{21000, 21001, 21002}) {
 		t.Errorf("fallback endpoints %v", got)
 	}
-	if !slices.Contains(v.httpFilters(), ExtProcFilterName) {
-		t.Errorf("ext_proc filter missing: %v", v.httpFilters())
+	if !slices.Contains(v.httpFilters(), ExtProcFilterName) || !slices.Contains(v.httpFilters(), ObserverFilterName) {
+		t.Errorf("ext_proc filters missing: %v", v.httpFilters())
 	}
 	hdrs := v.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig.RouteConfig.ResponseHeadersToAdd
 	if len(hdrs) != 1 || hdrs[0].Header.Key != "x-upstream" || hdrs[0].Header.Value != "%UPSTREAM_REMOTE_ADDRESS%" {
@@ -150,16 +150,18 @@ func TestRenderEnvoyPlain(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := parse(t, out)
-	if slices.Contains(v.httpFilters(), ExtProcFilterName) {
-		t.Errorf("plain Envoy keeps the ext_proc filter: %v", v.httpFilters())
+	if slices.Contains(v.httpFilters(), ExtProcFilterName) || slices.Contains(v.httpFilters(), ObserverFilterName) {
+		t.Errorf("plain Envoy keeps an ext_proc filter: %v", v.httpFilters())
 	}
 	if v.clusterPorts(ExtProcCluster) != nil {
 		t.Error("plain Envoy keeps the ext_proc cluster")
 	}
 	// No per-route or per-host ext_proc settings are left either (the
 	// template enables ext_proc per virtual host).
-	if path := findKey(parseAny(t, out), ExtProcFilterName, ""); path != "" {
-		t.Errorf("plain Envoy keeps ext_proc settings at %s", path)
+	for _, name := range []string{ExtProcFilterName, ObserverFilterName} {
+		if path := findKey(parseAny(t, out), name, ""); path != "" {
+			t.Errorf("plain Envoy keeps %s settings at %s", name, path)
+		}
 	}
 	if path := findKey(parseAny(t, template(t)), ExtProcFilterName, ""); path == "" {
 		t.Log("the template has no per-filter ext_proc settings (nothing to remove)")

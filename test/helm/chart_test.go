@@ -943,14 +943,22 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		if xp["failure_mode_allow"] != want.failOpen {
 			t.Errorf("failure_mode_allow %v, want %v", xp["failure_mode_allow"], want.failOpen)
 		}
-		// Buffered request bodies and STREAMED (not full-duplex) responses:
-		// Envoy keeps the body and each response chunk until kvroute answers,
-		// so it can fail open when kvroute dies mid-request.
+		// Buffered request bodies (Envoy keeps the body, so it can fail open
+		// when kvroute dies mid-request) and no response processing on this
+		// filter: the response goes to the observer filter, in
+		// observability mode (Envoy never waits for it), always failing open.
 		if m := dig(t, xp, "processing_mode", "request_body_mode"); m != "BUFFERED" {
 			t.Errorf("request_body_mode %v", m)
 		}
-		if m := dig(t, xp, "processing_mode", "response_body_mode"); m != "STREAMED" {
-			t.Errorf("response_body_mode %v", m)
+		if m, ok := xp["processing_mode"].(map[string]any)["response_body_mode"]; ok && m != "NONE" {
+			t.Errorf("router filter response_body_mode %v, want NONE", m)
+		}
+		obs := env.httpFilter(t, "inference", "kvroute.ext_proc.observe")
+		if obs["observability_mode"] != true || obs["failure_mode_allow"] != true {
+			t.Errorf("observer filter observability_mode %v failure_mode_allow %v, want both true", obs["observability_mode"], obs["failure_mode_allow"])
+		}
+		if m := dig(t, obs, "processing_mode", "response_body_mode"); m != "STREAMED" {
+			t.Errorf("observer response_body_mode %v", m)
 		}
 		fwd := dig(t, xp, "metadata_options", "forwarding_namespaces", "untyped").([]any)
 		// The subset hint reaches kvroute; envoy.lb is not forwarded (Envoy
@@ -967,8 +975,9 @@ func checkAll(t *testing.T, o *objects, vals map[string]any, want expect) {
 		for _, m := range dig(t, hcm, "early_header_mutation_extensions", 0, "typed_config", "mutations").([]any) {
 			removed = append(removed, m.(map[string]any)["remove"].(string))
 		}
-		if !slices.Contains(removed, "x-gateway-destination-endpoint") || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") {
-			t.Errorf("early-stripped headers %v, want the destination and fallback headers among them", removed)
+		if !slices.Contains(removed, "x-gateway-destination-endpoint") || !slices.Contains(removed, "x-gateway-destination-endpoint-fallback") ||
+			!slices.Contains(removed, "x-kvroute-decision") {
+			t.Errorf("early-stripped headers %v, want the destination, fallback and decision headers among them", removed)
 		}
 		// HTTP/1.0 and oversized headers are answered (426, 431): the limits
 		// are explicit and ext_proc, which would hold those local replies,

@@ -1,0 +1,188 @@
+package extproc
+
+import (
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/route"
+)
+
+// flight is one routed request from its decision to the end of its
+// response: what the response side needs (the decision, the load charge,
+// the request span, the pick time). The router stream makes it and
+// registers it under its decision id (DecisionHeader); the stream that
+// sees the response claims it, once: the observer stream (a second,
+// observability-mode ext_proc filter that Envoy never waits for) or, with
+// a proxy that sends the response on the router stream itself, that
+// stream. The claimer ends the flight at the response's end or its own
+// end. A flight nobody claims ends ObserverWait after the decision, once
+// the router stream has ended (its charge is released as soon as the
+// router stream ends when that marks the request's end: a buffered request
+// body keeps the router stream open until Envoy is done with the request).
+// A flight also stops counting as load at MaxRequestLifetime.
+type flight struct {
+	s        *Server
+	id       string
+	decision route.Decision
+	life     *load.Handle
+	span     trace.Span // the request span, ended with the flight; may be nil
+	pickedAt time.Time
+	timer    *time.Timer // lifetime, then the unclaimed deadline
+	expired  atomic.Bool // MaxRequestLifetime passed: no feedback any more
+
+	mu         sync.Mutex
+	claimed    bool
+	routerDone bool
+	routerEnd  time.Time // when the router stream ended
+	ended      bool
+}
+
+// flights is the registry of a server's flights, by decision id. A
+// sync.Map: streams insert and delete disjoint keys concurrently, which
+// it serves without a common lock.
+type flights struct {
+	m      sync.Map // id -> *flight
+	prefix string   // this process's id prefix
+	seq    atomic.Uint64
+	n      atomic.Int64
+}
+
+func newFlights() *flights {
+	return &flights{prefix: strconv.FormatUint(rand.Uint64()&0xffffffff, 36) + "."}
+}
+
+// nextID is a decision id unique in this process (a counter) and not
+// guessable by a client (a random part): an observer stream naming a
+// flight it did not see routed cannot release another request's charge.
+func (f *flights) nextID() string {
+	b := make([]byte, 0, 32)
+	b = append(b, f.prefix...)
+	b = strconv.AppendUint(b, f.seq.Add(1), 36)
+	b = append(b, '.')
+	b = strconv.AppendUint(b, rand.Uint64(), 36)
+	return string(b)
+}
+
+// start registers a new flight and arms its lifetime.
+func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span) *flight {
+	fl := &flight{s: s, id: s.flights.nextID(), decision: dec, life: life, span: span, pickedAt: time.Now()}
+	s.flights.m.Store(fl.id, fl)
+	s.flights.n.Add(1)
+	s.metrics.flights.Inc()
+	fl.mu.Lock() // the timer's function reads fl.timer under the lock
+	fl.timer = time.AfterFunc(s.cfg.MaxRequestLifetime, fl.onTimer)
+	fl.mu.Unlock()
+	return fl
+}
+
+// claimFlight takes the flight of a decision id for the response side, or
+// nil when there is none in this process (another router replica's, one
+// already claimed or ended, a forged id).
+func (s *Server) claimFlight(id string) *flight {
+	v, ok := s.flights.m.Load(id)
+	if !ok {
+		return nil
+	}
+	fl := v.(*flight)
+	if !fl.claim() {
+		return nil
+	}
+	return fl
+}
+
+func (fl *flight) claim() bool {
+	if fl == nil {
+		return false
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.claimed || fl.ended {
+		return false
+	}
+	fl.claimed = true
+	return true
+}
+
+// routerClosed runs when the router stream ends. requestEnded says that
+// its end is the request's end (Envoy closes a stream with a buffered
+// request body only when it is done with the request).
+func (fl *flight) routerClosed(requestEnded bool) {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.routerDone || fl.ended {
+		return
+	}
+	fl.routerDone, fl.routerEnd = true, time.Now()
+	if fl.claimed {
+		return // the claimer ends it
+	}
+	if requestEnded {
+		fl.life.Done()
+	}
+	wait := fl.s.cfg.ObserverWait - time.Since(fl.pickedAt)
+	if wait <= 0 {
+		fl.endLocked(true)
+		return
+	}
+	fl.timer.Reset(wait)
+}
+
+// onTimer is the flight's timer: the unclaimed deadline after the router
+// stream ended, else MaxRequestLifetime.
+func (fl *flight) onTimer() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.ended {
+		return
+	}
+	if !fl.claimed && fl.routerDone && time.Since(fl.pickedAt) < fl.s.cfg.MaxRequestLifetime {
+		fl.endLocked(true)
+		return
+	}
+	// The request's deadline: it no longer counts as load and its usage,
+	// if it ever comes, is ignored.
+	fl.expired.Store(true)
+	fl.life.Done()
+	if !fl.claimed {
+		fl.endLocked(true)
+	}
+}
+
+// end ends a claimed flight (its response ended, or its claimer's stream).
+func (fl *flight) end() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	fl.endLocked(false)
+}
+
+func (fl *flight) endLocked(unclaimed bool) {
+	if fl.ended {
+		return
+	}
+	fl.ended = true
+	fl.timer.Stop()
+	fl.life.Done()
+	fl.s.flights.m.Delete(fl.id)
+	fl.s.flights.n.Add(-1)
+	fl.s.metrics.flights.Dec()
+	if unclaimed {
+		fl.s.metrics.unobserved.Inc()
+	}
+	if fl.span != nil {
+		if unclaimed {
+			fl.span.SetAttributes(attribute.Bool("kvroute.response_unobserved", true))
+			if !fl.routerEnd.IsZero() {
+				fl.span.End(trace.WithTimestamp(fl.routerEnd))
+				return
+			}
+		}
+		fl.span.End()
+	}
+}
