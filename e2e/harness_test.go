@@ -145,6 +145,7 @@ type clusterOpts struct {
 	engines int
 	kvEnv   []string // extra environment for kvroute (OTEL_*)
 	kvArgs  []string // further kvroute serve flags
+	kvExtra string   // YAML appended to kvrouteExtra
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
@@ -153,7 +154,7 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
 		Bin: bins, Envoy: envoyTmpl, Engines: o.engines,
 		EngineArgs:     func(i int) []string { return engineArgs(100 + i) },
-		KVRouteExtra:   kvrouteExtra,
+		KVRouteExtra:   kvrouteExtra + o.kvExtra,
 		KVRouteEnv:     o.kvEnv,
 		KVRouteArgs:    o.kvArgs,
 		UpstreamHeader: "x-e2e-upstream",

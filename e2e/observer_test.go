@@ -93,3 +93,32 @@ func TestResponseObservedOffThePath(t *testing.T) {
 		t.Errorf("Envoy counted %d failed ext_proc streams", n)
 	}
 }
+
+// TestObserverStopsAtTheFirstToken: with routing.usage_sample_every large,
+// the observer of each streamed answer closes its stream at the first
+// token, through the real Envoy: every answer still completes, nothing
+// fails on Envoy's side, and every in-flight charge is released when Envoy
+// closes the router stream at the request's end.
+func TestObserverStopsAtTheFirstToken(t *testing.T) {
+	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {usage_sample_every: 1000}\n"})
+	l := &openLoad{c: c}
+	const streamed = 6
+	for i := range streamed {
+		if o := l.one(int64(i), true, 200); !o.ok() {
+			t.Fatalf("streamed request %d: %v", i, o)
+		}
+	}
+	waitFor(t, 30*time.Second, "every charge released", func() bool {
+		return kvMetric(t, c, "kvroute_replica_inflight_requests", nil) == 0 &&
+			kvMetric(t, c, "kvroute_extproc_requests_in_flight", nil) == 0
+	})
+	if n := kvMetric(t, c, "kvroute_extproc_observed_to_first_token_total", nil); n != streamed {
+		t.Errorf("%v answers observed to the first token only, want %d", n, streamed)
+	}
+	if n := kvMetric(t, c, "kvroute_extproc_unobserved_total", nil); n != 0 {
+		t.Errorf("%v requests unobserved, want none", n)
+	}
+	if n := counter(t, c, "http.inference.ext_proc.streams_failed"); n != 0 {
+		t.Errorf("Envoy counted %d failed ext_proc streams", n)
+	}
+}

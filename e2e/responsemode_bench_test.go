@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -17,17 +18,19 @@ import (
 	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
-// BenchmarkResponseBodyModes compares what the ext_proc response body mode
-// costs a streamed answer: two Envoys from envoy/envoy.yaml in front of the
-// same kvroute and engines, one with response_body_mode STREAMED (shipped:
-// Envoy holds each chunk until kvroute answers, so a dead kvroute loses
-// nothing) and one with FULL_DUPLEX_STREAMED (kvroute echoes each chunk
-// back), requests alternating between them. Reported per mode: the median
-// and p99 gap between SSE events at the client, and the median time to the
-// first event. Engines at real speed (10 ms per decode step).
+// BenchmarkResponsePath compares what kvroute's place on the response path
+// costs a streamed answer: three Envoys in front of the same kvroute and
+// engines, requests alternating between them: "observer" (envoy/envoy.yaml
+// as shipped: the response goes to kvroute through the observability-mode
+// filter, which Envoy never waits for), "streamed" (the response through
+// the router filter in STREAMED mode, as shipped before issue 11: Envoy
+// holds each chunk until kvroute answers) and "plain" (no ext_proc: round
+// robin). Reported per arm: the median and p99 gap between SSE events at
+// the client, and the median time to the first event. Engines at real speed
+// (10 ms per decode step).
 //
-//	go test -tags e2e -run '^$' -bench BenchmarkResponseBodyModes -benchtime 40x ./e2e/
-func BenchmarkResponseBodyModes(b *testing.B) {
+//	go test -tags e2e -run '^$' -bench BenchmarkResponsePath -benchtime 40x ./e2e/
+func BenchmarkResponsePath(b *testing.B) {
 	g := newGroup(b)
 	ctx := context.Background()
 	s, err := testbed.StartStack(ctx, g, testbed.StackOptions{
@@ -40,12 +43,23 @@ func BenchmarkResponseBodyModes(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	duplexTmpl := bytes.Replace(envoyTmpl, []byte("response_body_mode: STREAMED"), []byte("response_body_mode: FULL_DUPLEX_STREAMED"), 1)
-	if bytes.Equal(duplexTmpl, envoyTmpl) {
-		b.Fatal("envoy/envoy.yaml has no response_body_mode: STREAMED to replace")
+	// The router filter processes the response; the observer filter stays
+	// disabled (its per-route enabling removed).
+	streamedTmpl := bytes.Replace(envoyTmpl, []byte(`response_header_mode: SKIP
+                response_body_mode: NONE
+                response_trailer_mode: SKIP`), []byte(`response_header_mode: SEND
+                response_body_mode: STREAMED
+                response_trailer_mode: SEND`), 1)
+	streamedTmpl = regexp.MustCompile(`(?m)^ *kvroute\.ext_proc\.observe:\n(?: {18}.*\n)+`).ReplaceAll(streamedTmpl, nil)
+	if bytes.Equal(streamedTmpl, envoyTmpl) || bytes.Count(streamedTmpl, []byte("kvroute.ext_proc.observe")) != 1 {
+		b.Fatal("envoy/envoy.yaml changed: cannot derive the STREAMED single-filter config")
 	}
-	duplex := &testbed.Envoy{Name: "envoy-duplex", Config: testbed.EnvoyConfig{ExtProc: []int{s.KV.ExtProc}, Engines: s.EnginePorts()}}
-	if err := duplex.Start(ctx, g, bins.Envoy, duplexTmpl); err != nil {
+	streamed := &testbed.Envoy{Name: "envoy-streamed", Config: testbed.EnvoyConfig{ExtProc: []int{s.KV.ExtProc}, Engines: s.EnginePorts()}}
+	if err := streamed.Start(ctx, g, bins.Envoy, streamedTmpl); err != nil {
+		b.Fatal(err)
+	}
+	plain := &testbed.Envoy{Name: "envoy-plain", Config: testbed.EnvoyConfig{Engines: s.EnginePorts()}}
+	if err := plain.Start(ctx, g, bins.Envoy, envoyTmpl); err != nil {
 		b.Fatal(err)
 	}
 	modes := []struct {
@@ -53,11 +67,11 @@ func BenchmarkResponseBodyModes(b *testing.B) {
 		url  string
 		gaps []time.Duration
 		ttft []time.Duration
-	}{{name: "streamed", url: s.Envoy.URL()}, {name: "duplex", url: duplex.URL()}}
+	}{{name: "observer", url: s.Envoy.URL()}, {name: "streamed", url: streamed.URL()}, {name: "plain", url: plain.URL()}}
 	b.ResetTimer()
 	for i := range b.N {
 		for m := range modes {
-			gaps, ttft, err := sseTimes(ctx, modes[m].url, fmt.Sprintf("bench %d %s", i, prompt("modes", 40)))
+			gaps, ttft, err := sseTimes(ctx, modes[m].url, fmt.Sprintf("bench %d %s", i, prompt("path", 40)))
 			if err != nil {
 				b.Fatalf("%s request %d: %v", modes[m].name, i, err)
 			}

@@ -23,6 +23,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	tok := fs.String("tokenizer", "", "kvroute tokenizer: local (default when the Qwen3 files are fetched: make fixtures) or remote")
 	events := fs.Bool("events", false, "keep the engines' KV event streams on")
 	asJSON := fs.Bool("json", false, "print JSON")
+	kvYAML := fs.String("kvroute-yaml", "", "YAML appended to kvroute's config (e.g. 'routing: {usage_sample_every: 8}')")
 	prof := fs.String("profile", "", "directory to write CPU, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -38,7 +39,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	rep, err := overhead.Run(ctx, overhead.Options{
-		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, ProfileDir: *prof, Log: stderr,
+		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, ProfileDir: *prof, KVRouteYAML: *kvYAML, Log: stderr,
 	})
 	if err != nil {
 		return err

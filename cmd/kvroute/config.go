@@ -126,6 +126,16 @@ type RoutingConfig struct {
 	// request bodies computed at once (extproc.Config.DecideConcurrency).
 	// Default 0: no bound.
 	DecideConcurrency int `yaml:"decide_concurrency"`
+	// ObserverWait is how long after its decision a routed request waits
+	// for its observer stream (Envoy's observability-mode ext_proc filter)
+	// once its router stream has ended (extproc.Config.ObserverWait).
+	// Default extproc.DefaultObserverWait.
+	ObserverWait time.Duration `yaml:"observer_wait"`
+	// UsageSampleEvery: one streamed response in this many is observed to
+	// its end for its usage; the others only to their first token
+	// (extproc.Config.UsageSampleEvery). Default
+	// extproc.DefaultUsageSampleEvery (1: all).
+	UsageSampleEvery int `yaml:"usage_sample_every"`
 }
 
 // ExtProc is the part of extproc.Config this section sets: the routing
@@ -138,6 +148,8 @@ func (r RoutingConfig) ExtProc() extproc.Config {
 		MaxStreamsPerConnection: uint32(min(max(int64(r.MaxStreamsPerConnection), 0), math.MaxUint32)), // Validate bounds it
 		MaxConnectionIdle:       r.MaxConnectionIdle,
 		DecideConcurrency:       r.DecideConcurrency,
+		ObserverWait:            r.ObserverWait,
+		UsageSampleEvery:        r.UsageSampleEvery,
 	}
 }
 
@@ -255,8 +267,12 @@ func (c Config) WithDefaults() Config {
 		MaxStreamsPerConnection: uint32(min(max(int64(c.Routing.MaxStreamsPerConnection), 0), math.MaxUint32)),
 		MaxConnectionIdle:       c.Routing.MaxConnectionIdle,
 		DecideConcurrency:       c.Routing.DecideConcurrency,
+		ObserverWait:            c.Routing.ObserverWait,
+		UsageSampleEvery:        c.Routing.UsageSampleEvery,
 	}.WithDefaults()
 	c.Routing.MaxRequestLifetime = lim.MaxRequestLifetime
+	c.Routing.ObserverWait = lim.ObserverWait
+	c.Routing.UsageSampleEvery = lim.UsageSampleEvery
 	if c.Routing.MaxStreamsPerConnection == 0 {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
@@ -321,6 +337,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.MaxConnectionIdle <= 0 {
 		bad("routing.max_connection_idle", "must be positive, got %v", c.Routing.MaxConnectionIdle)
+	}
+	if c.Routing.ObserverWait <= 0 {
+		bad("routing.observer_wait", "must be positive, got %v", c.Routing.ObserverWait)
+	}
+	if c.Routing.UsageSampleEvery <= 0 {
+		bad("routing.usage_sample_every", "must be positive (1: every response), got %d", c.Routing.UsageSampleEvery)
 	}
 	if c.Routing.DecideConcurrency < 0 {
 		bad("routing.decide_concurrency", "must not be negative (0: no bound), got %d", c.Routing.DecideConcurrency)

@@ -46,6 +46,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"max request lifetime", c.Routing.MaxRequestLifetime, extproc.DefaultMaxRequestLifetime},
 		{"max streams per connection", c.Routing.MaxStreamsPerConnection, extproc.DefaultMaxStreamsPerConnection},
 		{"max connection idle", c.Routing.MaxConnectionIdle, extproc.DefaultMaxConnectionIdle},
+		{"observer wait", c.Routing.ObserverWait, extproc.DefaultObserverWait},
+		{"usage sample every", c.Routing.UsageSampleEvery, extproc.DefaultUsageSampleEvery},
 		{"warm timeout", c.Readiness.WarmTimeout, DefaultWarmTimeout},
 		{"log level", c.Telemetry.LogLevel, "info"},
 		{"index budget", c.Index.MaxBytes, int64(index.DefaultMaxBytes)},

@@ -63,6 +63,9 @@ const (
 	// waits for an observer stream to claim it once its router stream has
 	// ended.
 	DefaultObserverWait = 2 * time.Second
+	// DefaultUsageSampleEvery: every streamed response is observed to its
+	// end.
+	DefaultUsageSampleEvery = 1
 	// DefaultMaxStreamsPerConnection bounds concurrent ext_proc streams on
 	// one HTTP/2 connection (Envoy opens another connection beyond it).
 	DefaultMaxStreamsPerConnection = 1024
@@ -150,6 +153,16 @@ type Config struct {
 	// stream has ended; a request no stream observed ends then (counted in
 	// kvroute_extproc_unobserved_total). Default DefaultObserverWait.
 	ObserverWait time.Duration `yaml:"observer_wait"`
+	// UsageSampleEvery: one streamed (SSE) response in this many is
+	// observed to its end, for its usage (Fidelity's cached tokens, the
+	// learned speeds of Rates, the span's usage attributes); the others,
+	// when their router stream's close marks the request's end (a buffered
+	// body), are observed only to their first token, then the observer
+	// stream is closed and Envoy sends it none of the remaining chunks
+	// (each chunk is one gRPC message, most of kvroute's CPU per streamed
+	// request). The load view loses nothing: first token and end are seen
+	// for every request. Default DefaultUsageSampleEvery (1: all).
+	UsageSampleEvery int `yaml:"usage_sample_every"`
 	// MaxStreamsPerConnection and MaxConnectionIdle bound the gRPC server
 	// (ServerOptions): concurrent streams on one connection and how long a
 	// connection without streams stays open. Defaults
@@ -208,6 +221,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ObserverWait == 0 {
 		c.ObserverWait = DefaultObserverWait
+	}
+	if c.UsageSampleEvery == 0 {
+		c.UsageSampleEvery = DefaultUsageSampleEvery
 	}
 	if c.MaxStreamsPerConnection == 0 {
 		c.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
@@ -271,6 +287,9 @@ func (c Config) Validate() error {
 	}
 	if c.ObserverWait < 0 {
 		bad("observer_wait", "must be positive, got %v", c.ObserverWait)
+	}
+	if c.UsageSampleEvery < 0 {
+		bad("usage_sample_every", "must be positive (1: every response), got %d", c.UsageSampleEvery)
 	}
 	if c.MaxConnectionIdle < 0 {
 		bad("max_connection_idle", "must be positive, got %v", c.MaxConnectionIdle)

@@ -117,6 +117,14 @@
 // after the decision (kvroute_extproc_unobserved_total), until which a
 // late observer can still report usage.
 //
+// With Config.UsageSampleEvery N > 1, the observer follows one streamed
+// response in N to its end; for the others whose router stream's close
+// marks the request's end (a buffered body) it stops at the first token
+// and closes its stream, so Envoy sends none of the remaining chunks
+// (kvroute_extproc_observed_to_first_token_total), and the router stream's
+// close ends the flight: the load view still sees first token and end,
+// Fidelity and Rates only the sampled responses.
+//
 // The accounting: a chunk is parsed only as far as the first output and
 // the usage object need. On the pick the replica's in-flight counters rise
 // (Tracker.Start with the uncached prompt blocks as prefill and the prompt
@@ -157,7 +165,8 @@
 // kvroute_extproc_stream_errors_total, kvroute_extproc_streams_active,
 // kvroute_extproc_requests_in_flight (flights),
 // kvroute_extproc_observer_streams_total{outcome},
-// kvroute_extproc_unobserved_total.
+// kvroute_extproc_unobserved_total,
+// kvroute_extproc_observed_to_first_token_total.
 //
 // Health: NewHealth serves the gRPC health protocol with the three service
 // names liveness, readiness and envoy.service.ext_proc.v3.ExternalProcessor.

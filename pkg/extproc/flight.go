@@ -37,8 +37,16 @@ type flight struct {
 	timer    *time.Timer // lifetime, then the unclaimed deadline
 	expired  atomic.Bool // MaxRequestLifetime passed: no feedback any more
 
+	// endsWithRouter: Envoy closes the router stream only when it is done
+	// with the request (a buffered body), so that close is the request's
+	// end. full: the observer follows this response to its end (usage,
+	// cached tokens, learned speeds); otherwise, with endsWithRouter, it
+	// stops at the first token (Config.UsageSampleEvery).
+	endsWithRouter, full bool
+
 	mu         sync.Mutex
 	claimed    bool
+	detached   bool // the observer stopped at the first token
 	routerDone bool
 	routerEnd  time.Time // when the router stream ended
 	ended      bool
@@ -61,18 +69,21 @@ func newFlights() *flights {
 // nextID is a decision id unique in this process (a counter) and not
 // guessable by a client (a random part): an observer stream naming a
 // flight it did not see routed cannot release another request's charge.
-func (f *flights) nextID() string {
+func (f *flights) nextID() (string, uint64) {
+	n := f.seq.Add(1)
 	b := make([]byte, 0, 32)
 	b = append(b, f.prefix...)
-	b = strconv.AppendUint(b, f.seq.Add(1), 36)
+	b = strconv.AppendUint(b, n, 36)
 	b = append(b, '.')
 	b = strconv.AppendUint(b, rand.Uint64(), 36)
-	return string(b)
+	return string(b), n
 }
 
 // start registers a new flight and arms its lifetime.
-func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span) *flight {
-	fl := &flight{s: s, id: s.flights.nextID(), decision: dec, life: life, span: span, pickedAt: time.Now()}
+func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span, endsWithRouter bool) *flight {
+	id, n := s.flights.nextID()
+	fl := &flight{s: s, id: id, decision: dec, life: life, span: span, pickedAt: time.Now(),
+		endsWithRouter: endsWithRouter, full: n%uint64(s.cfg.UsageSampleEvery) == 0}
 	s.flights.m.Store(fl.id, fl)
 	s.flights.n.Add(1)
 	s.metrics.flights.Inc()
@@ -121,7 +132,10 @@ func (fl *flight) routerClosed(requestEnded bool) {
 	}
 	fl.routerDone, fl.routerEnd = true, time.Now()
 	if fl.claimed {
-		return // the claimer ends it
+		if fl.detached {
+			fl.endLocked(false) // the request's end; its observer stopped at the first token
+		}
+		return // else the claimer ends it
 	}
 	if requestEnded {
 		fl.life.Done()
@@ -132,6 +146,26 @@ func (fl *flight) routerClosed(requestEnded bool) {
 		return
 	}
 	fl.timer.Reset(wait)
+}
+
+// detach lets the claiming observer stop after the first token, when the
+// flight is not sampled for its usage and its router stream's close will
+// mark the request's end; it reports whether the observer may stop.
+func (fl *flight) detach() bool {
+	if fl.full || !fl.endsWithRouter {
+		return false
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.ended {
+		return true
+	}
+	fl.detached = true
+	fl.s.metrics.detached.Inc()
+	if fl.routerDone {
+		fl.endLocked(false)
+	}
+	return true
 }
 
 // onTimer is the flight's timer: the unclaimed deadline after the router

@@ -17,6 +17,7 @@ type metrics struct {
 	flights    prometheus.Gauge
 	unobserved prometheus.Counter
 	observed   *prometheus.CounterVec
+	detached   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -63,9 +64,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_extproc_observer_streams_total",
 			Help: "Observer (observability-mode) ext_proc streams, by outcome: claimed (a decision of this process), unknown (an id this process does not hold: another replica's, already claimed, expired or forged), no_id (no decision header).",
 		}, []string{"outcome"}),
+		detached: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_extproc_observed_to_first_token_total",
+			Help: "Streamed responses observed only to their first token (not sampled for usage: routing.usage_sample_every); their end came from the router stream.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits, m.flights, m.unobserved, m.observed} {
+		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits, m.flights, m.unobserved, m.observed, m.detached} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

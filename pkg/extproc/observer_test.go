@@ -261,3 +261,65 @@ func TestObserverStreamCutReleasesTheCharge(t *testing.T) {
 		t.Errorf("unobserved = %v, want 0 (it was observed, then cut)", v)
 	}
 }
+
+// With UsageSampleEvery 2, the observer of every other streamed response
+// stops at its first token: the server closes that stream (Envoy sends it
+// none of the remaining chunks) and the request stays in flight, decoding,
+// until its router stream ends. The sampled one is followed to its end.
+func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
+	tr, err := load.NewTracker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid, err := load.NewFidelity(load.FidelityConfig{Alpha: 1, MinSamples: 1, Floor: 0.1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &rateLog{}
+	hh := newHarness(t, Config{
+		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid, Rates: rl, UsageSampleEvery: 2,
+		BlockSize: func(index.ReplicaID) int { return 16 },
+	})
+	h := &observerHarness{lifecycleHarness: &lifecycleHarness{harness: hh, tracker: tr, fidelity: fid}, rates: rl}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	second := strings.Index(sseStream, "Hi") + len("Hi\"}}]}\n\n")
+
+	// Decision 1: not sampled.
+	router, id := h.route(ctx)
+	o := h.open(ctx)
+	send(t, o, obs(reqHeaders(false, DecisionHeader, id)), obs(respHeaders(false, ":status", "200", "content-type", "text/event-stream")),
+		obs(respBody(sseStream[:second], false)))
+	closedByServer(t, o)
+	if got, want := h.tracker.Get("r1"), (load.InFlight{DecodeBlocks: 5, Requests: 1}); got != want {
+		t.Fatalf("after the first token: %+v, want %+v (decoding until the request ends)", got, want)
+	}
+	if v := h.counter(t, "kvroute_extproc_observed_to_first_token_total", nil); v != 1 {
+		t.Errorf("observed to the first token = %v, want 1", v)
+	}
+	_ = router.CloseSend() // Envoy is done with the request
+	eventually(t, "released at the router stream's end", func() bool { return h.tracker.Get("r1") == (load.InFlight{}) })
+	if c := h.fidelity.Credit("r1"); c != 1 {
+		t.Errorf("credit moved to %v without a usage", c)
+	}
+
+	// Decision 2: sampled, followed to the end.
+	router, id = h.route(ctx)
+	o = h.open(ctx)
+	send(t, o, obs(reqHeaders(false, DecisionHeader, id)), obs(respHeaders(false, ":status", "200", "content-type", "text/event-stream")),
+		obs(respBody(sseStream[:second], false)), obs(respBody(sseStream[second:], true)))
+	closedByServer(t, o)
+	if c := h.fidelity.Credit("r1"); c < 0.33 || c > 0.34 {
+		t.Errorf("credit = %v, want 16/48 from the sampled response", c)
+	}
+	if _, got := h.rates.get(); len(got) != 1 {
+		t.Errorf("%d rate samples, want 1 (the sampled response)", len(got))
+	}
+	_ = router.CloseSend()
+	eventually(t, "all released", func() bool {
+		return h.tracker.Get("r1") == (load.InFlight{}) && h.counter(t, "kvroute_extproc_requests_in_flight", nil) == 0
+	})
+	if v := h.counter(t, "kvroute_extproc_unobserved_total", nil); v != 0 {
+		t.Errorf("unobserved = %v, want 0", v)
+	}
+}

@@ -69,6 +69,7 @@ type procStream struct {
 	claimed  bool      // this stream observes fl's response
 	observer bool      // an observability-mode stream: it never answers
 	bodyless bool      // the request had no body to read (headers ended it)
+	detached bool      // an observer that stopped at the first token
 	stop     bool      // Process ends the stream after this message
 	firstAt  time.Time // when the first output was seen
 
@@ -166,6 +167,13 @@ func (st *procStream) observe(req *extprocv3.ProcessingRequest) {
 			st.observeBody(v.ResponseBody.GetBody())
 			if v.ResponseBody.GetEndOfStream() {
 				st.finish()
+			} else if st.first && st.sse && st.fl.detach() {
+				// Not sampled for usage (Config.UsageSampleEvery): the
+				// first token was all this stream had to see; the router
+				// stream's close ends the flight. Closing the stream stops
+				// the rest of the chunks.
+				st.detached, st.stop = true, true
+				return
 			}
 		}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -409,7 +417,8 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		matched := dec.MatchedBlocks()
 		life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
 	}
-	st.fl = st.s.startFlight(dec, life, st.span)
+	buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
+	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless)
 	return st.pickFor(dec), nil
 }
 
@@ -714,7 +723,7 @@ func (st *procStream) predictedCachedTokens(promptTokens int) int {
 // hands its flight over (flight.routerClosed) and ends the request span
 // itself only when there was no decision.
 func (st *procStream) close() {
-	if st.claimed && !st.finished {
+	if st.claimed && !st.finished && !st.detached {
 		if st.fl.span != nil {
 			st.fl.span.SetAttributes(attribute.Bool("kvroute.stream_aborted", true))
 		}

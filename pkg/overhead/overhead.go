@@ -57,6 +57,9 @@ type Options struct {
 	// (<workload>-run<N>.{cpu,mutex,block}.pprof, from its admin
 	// /debug/pprof/; kvroute then runs with --profile-contention).
 	ProfileDir string
+	// KVRouteYAML is appended to kvroute's configuration (e.g.
+	// "routing: {usage_sample_every: 8}\n").
+	KVRouteYAML string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -168,6 +171,9 @@ func (o *Options) kvrouteExtra() string {
 			model, filepath.Join(o.TokenizerDir, "tokenizer.json"), filepath.Join(o.TokenizerDir, "tokenizer_config.json"))
 	} else {
 		b.WriteString("tokenizer:\n  default: {kind: remote}\n")
+	}
+	if o.KVRouteYAML != "" {
+		b.WriteString(strings.TrimSuffix(o.KVRouteYAML, "\n") + "\n")
 	}
 	return b.String()
 }
