@@ -124,6 +124,27 @@ func TestDecisionSpansExported(t *testing.T) {
 			t.Errorf("span attribute %s = %v", k, v)
 		}
 	}
+
+	// The request span is ended by the observer stream (Envoy's
+	// observability-mode filter) with what it saw of the response: the
+	// status Envoy forwarded to it, the usage, the served cached tokens.
+	var req receivedSpan
+	waitFor(t, 30*time.Second, "the kvroute.request span with the response's usage", func() bool {
+		rcv.mu.Lock()
+		defer rcv.mu.Unlock()
+		for _, s := range rcv.spans {
+			if s.name == "kvroute.request" && s.attrs["kvroute.endpoint"].GetStringValue() == last.upstream &&
+				s.attrs["kvroute.usage.prompt_tokens"].GetIntValue() == int64(last.prompt) &&
+				s.attrs["kvroute.cached_tokens.served"].GetIntValue() == int64(last.cached) && last.cached > 0 {
+				req = s
+				return true
+			}
+		}
+		return false
+	})
+	if v := req.attrs["http.response.status_code"].GetIntValue(); v != 200 {
+		t.Errorf("request span http.response.status_code = %d, want 200 (the observer is sent :status)", v)
+	}
 }
 
 // findMatched returns a decide span for replica whose match is non-zero.
