@@ -295,3 +295,37 @@ func TestUnquoteMatchesEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestUnquoteRandomMatchesEncodingJSON: random valid strings built of
+// ASCII runs of every length (so that escapes fall at every offset of the
+// eight-byte copy), multi-byte characters and every kind of escape
+// (surrogate pairs, unpaired and reversed surrogates included), decoded
+// like encoding/json decodes them.
+func TestUnquoteRandomMatchesEncodingJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	pieces := []string{`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u0041`, `\u00e9`, `\u4e2d`, `\ud83d\ude80`,
+		`\ud800`, `\udc00`, `\udc00\ud800`, `\ud800\u0041`, `\u0000`, "é", "中", "🚀", "\u2028"}
+	for range 20000 {
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for range rng.IntN(12) {
+			sb.WriteString(strings.Repeat("x", rng.IntN(20)))
+			sb.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		sb.WriteString(strings.Repeat("y", rng.IntN(10)))
+		sb.WriteByte('"')
+		s := sb.String()
+		var want string
+		if err := json.Unmarshal([]byte(s), &want); err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		sc := &scanner{b: []byte(s)}
+		raw, complex, err := sc.str()
+		if err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		if got := unquote(raw, complex); got != want {
+			t.Fatalf("%q: unquote %q, encoding/json %q", s, got, want)
+		}
+	}
+}

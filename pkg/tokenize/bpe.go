@@ -2,8 +2,8 @@ package tokenize
 
 import (
 	"math/bits"
-	"strings"
 	"sync"
+	"unsafe"
 )
 
 // byteLevelAlphabet is GPT-2's bytes_to_unicode table: each byte maps to a
@@ -340,20 +340,35 @@ const maxCachedWord = 256
 // wordCache is a bounded, sharded map from pre-token to ids. A full shard is
 // emptied rather than evicted piecemeal: the cache only saves time, and
 // common words come straight back.
+//
+// Each shard's map is allocated at its full size once (it never grows,
+// so it never rehashes), and the keys' bytes and the ids are copied into
+// blocks the shard appends to, not one allocation each (a cold prompt
+// puts thousands of words). A block is only ever appended to: a slice a
+// reader got stays valid, and a full block or an emptied shard starts a
+// new one (the old one lives on while a slice of it is in use).
 type wordCache struct {
 	shards   [16]cacheShard
 	perShard int
 }
 
 type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
+	mu   sync.RWMutex
+	m    map[string][]uint32
+	ids  []uint32 // the current block of ids
+	text []byte   // the current block of key bytes
 }
+
+// Block sizes of the word cache's shards.
+const (
+	wordCacheIDBlock   = 2048
+	wordCacheTextBlock = 8192
+)
 
 func newWordCache(capacity int) *wordCache {
 	c := &wordCache{perShard: max(capacity/16, 1)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
+		c.shards[i].m = make(map[string][]uint32, c.perShard)
 	}
 	return c
 }
@@ -374,15 +389,27 @@ func (c *wordCache) get(w string) ([]uint32, bool) {
 	return ids, ok
 }
 
+// put stores copies of w (which may point into a large prompt) and ids.
 func (c *wordCache) put(w string, ids []uint32) {
+	if w == "" {
+		return
+	}
 	s := c.shard(w)
-	cp := append([]uint32(nil), ids...)
-	key := strings.Clone(w) // w may point into a large prompt
 	s.mu.Lock()
 	if len(s.m) >= c.perShard {
 		clear(s.m)
+		s.ids, s.text = nil, nil
 	}
-	s.m[key] = cp
+	if cap(s.ids)-len(s.ids) < len(ids) {
+		s.ids = make([]uint32, 0, max(wordCacheIDBlock, len(ids)))
+	}
+	if cap(s.text)-len(s.text) < len(w) {
+		s.text = make([]byte, 0, max(wordCacheTextBlock, len(w)))
+	}
+	i, t := len(s.ids), len(s.text)
+	s.ids = append(s.ids, ids...)
+	s.text = append(s.text, w...)
+	s.m[unsafe.String(&s.text[t], len(w))] = s.ids[i:len(s.ids):len(s.ids)]
 	s.mu.Unlock()
 }
 

@@ -68,6 +68,10 @@ type Encoder struct {
 	// contains its content.
 	safeCut []bool
 
+	// maxWorkers bounds the goroutines one long text is encoded on
+	// (parallel.go); 0 means GOMAXPROCS.
+	maxWorkers int
+
 	// post is the TemplateProcessing "single" template: ids to emit, with
 	// seqMarker standing for the encoded text. Empty when no special tokens
 	// are added.
@@ -505,8 +509,33 @@ func (e *Encoder) encodeText(ctx context.Context, dst []uint32, text string, cac
 
 // encodeTextCuts is encodeText, also appending to *cuts (when cuts is not
 // nil) each safe cut of text (see conv.go), its offset shifted by base.
+// Long texts are encoded on several goroutines (parallel.go).
 func (e *Encoder) encodeTextCuts(ctx context.Context, dst []uint32, text string, cache *chunkCache, cuts *[]textCut, base int) ([]uint32, error) {
+	if w := e.workers(len(text)); w > 1 {
+		return e.encodeParallel(ctx, dst, text, cache, cuts, base, w)
+	}
 	var err error
+	e.splitAdded(text, func(seg string, k, end int) bool {
+		if dst, err = e.encodeSegment(ctx, dst, seg, cache); err != nil {
+			return false
+		}
+		if k >= 0 {
+			dst = append(dst, e.added[k].id)
+			if cuts != nil && e.safeCut[k] {
+				*cuts = append(*cuts, textCut{off: base + end, ids: len(dst)})
+			}
+		}
+		return true
+	})
+	return dst, err
+}
+
+// splitAdded cuts text at its added tokens: for each, in order, it calls
+// f with the text before the token (white space an lstrip/rstrip token
+// takes in removed), the token's index in e.added and the offset where
+// the token (and what it takes in) ends; then once more with the text
+// after the last token and k = -1. It stops when f returns false.
+func (e *Encoder) splitAdded(text string, f func(seg string, k, end int) bool) {
 	last := 0
 	for i := 0; i < len(text); i++ {
 		if e.addedOnly {
@@ -532,19 +561,15 @@ func (e *Encoder) encodeTextCuts(ctx context.Context, dst []uint32, text string,
 			if a.rstrip {
 				end = skipSpace(text, end)
 			}
-			if dst, err = e.encodeSegment(ctx, dst, text[last:start], cache); err != nil {
-				return dst, err
-			}
-			dst = append(dst, a.id)
-			if cuts != nil && e.safeCut[k] {
-				*cuts = append(*cuts, textCut{off: base + end, ids: len(dst)})
+			if !f(text[last:start], k, end) {
+				return
 			}
 			last = end
 			i = end - 1
 			break
 		}
 	}
-	return e.encodeSegment(ctx, dst, text[last:], cache)
+	f(text[last:], -1, len(text))
 }
 
 // encodeSegment encodes text free of added tokens, chunk by chunk through
@@ -563,25 +588,30 @@ func (e *Encoder) encodeSegment(ctx context.Context, dst []uint32, s string, cac
 			return dst, err
 		}
 		n := e.chunkEnd(s)
-		chunk := s[:n]
-		s = s[n:]
-		if len(chunk) < minCachedChunk || cache == nil {
-			if dst, err = e.encodeChecked(dst, chunk); err != nil {
-				return dst, err
-			}
-			continue
-		}
-		key := xxh3.HashString128(chunk)
-		if ids, ok := cache.get(key, len(chunk)); ok {
-			dst = append(dst, ids...)
-			continue
-		}
-		start := len(dst)
-		if dst, err = e.encodeChecked(dst, chunk); err != nil {
+		if dst, err = e.encodeChunk(dst, s[:n], cache); err != nil {
 			return dst, err
 		}
-		cache.put(key, len(chunk), dst[start:])
+		s = s[n:]
 	}
+	return dst, nil
+}
+
+// encodeChunk encodes one chunk of a segment (see chunkEnd), through the
+// cache when there is one and the chunk is long enough to be worth it.
+func (e *Encoder) encodeChunk(dst []uint32, chunk string, cache *chunkCache) ([]uint32, error) {
+	if len(chunk) < minCachedChunk || cache == nil {
+		return e.encodeChecked(dst, chunk)
+	}
+	key := xxh3.HashString128(chunk)
+	if ids, ok := cache.get(key, len(chunk)); ok {
+		return append(dst, ids...), nil
+	}
+	start := len(dst)
+	dst, err := e.encodeChecked(dst, chunk)
+	if err != nil {
+		return dst, err
+	}
+	cache.put(key, len(chunk), dst[start:])
 	return dst, nil
 }
 
