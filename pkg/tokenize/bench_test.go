@@ -497,19 +497,27 @@ func BenchmarkSmallChat(b *testing.B) {
 			}
 			b.ReportAllocs()
 			var cpu time.Duration
-			for i := 0; b.Loop(); i++ {
-				t0 := cpuTime()
-				req, err := openai.Parse("/v1/chat/completions", bodies[i%len(bodies)])
-				if err != nil {
-					b.Fatal(err)
+			best := time.Hour
+			for b.Loop() {
+				// One op is all the bodies: a batch long enough to time.
+				t0, w0 := cpuTime(), time.Now()
+				for _, body := range bodies {
+					req, err := openai.Parse("/v1/chat/completions", body)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := local.Tokenize(route.TokenizeInput{Chat: true, Messages: req.Messages,
+						ChatMessages: parsedchat.Messages(req.ChatMessages), AddGenerationPrompt: true}); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, err := local.Tokenize(route.TokenizeInput{Chat: true, Messages: req.Messages,
-					ChatMessages: parsedchat.Messages(req.ChatMessages), AddGenerationPrompt: true}); err != nil {
-					b.Fatal(err)
-				}
+				best = min(best, time.Since(w0))
 				cpu += cpuTime() - t0
 			}
-			b.ReportMetric(float64(cpu.Nanoseconds())/1000/float64(b.N), "cpu-us/op")
+			n := float64(b.N * len(bodies))
+			b.ReportMetric(float64(cpu.Nanoseconds())/1000/n, "cpu-us/req")
+			// The fastest batch: other processes only ever add time.
+			b.ReportMetric(float64(best.Nanoseconds())/1000/float64(len(bodies)), "min-us/req")
 		})
 	}
 }

@@ -50,6 +50,28 @@ type bpe struct {
 	ignoreMerges bool
 	cache        *wordCache
 	char         *charModel // character-level with byte fallback (bpe_char.go); nil for byte-level
+	// bytePairs[a<<8|b] is the merge of the single-byte tokens of bytes a
+	// and b (rank noRank: none), for byte-level models: a word's first
+	// lookups, one per adjacent pair of its bytes, index this 512 KB
+	// array instead of probing the merge table.
+	bytePairs []merge
+}
+
+// fillBytePairs builds bytePairs from the merge table.
+func (m *bpe) fillBytePairs() {
+	m.bytePairs = make([]merge, 1<<16)
+	for a := range 256 {
+		for b := range 256 {
+			mg, ok := merge{rank: noRank}, false
+			if m.hasByte[a] && m.hasByte[b] {
+				var got merge
+				if got, ok = m.merges.get(pairKey(m.byteID[a], m.byteID[b])); ok {
+					mg = got
+				}
+			}
+			m.bytePairs[a<<8|b] = mg
+		}
+	}
 }
 
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
@@ -231,7 +253,8 @@ func (m *bpe) mergeShort(dst []uint32, word string) ([]uint32, error) {
 		}
 	}
 	for i := 0; i+1 < n; i++ {
-		pair(i)
+		mg := m.bytePairs[uint16(word[i])<<8|uint16(word[i+1])]
+		ranks[i], res[i] = mg.rank, mg.id
 	}
 	for n > 1 {
 		best, r := 0, ranks[0]
@@ -285,9 +308,17 @@ func (m *bpe) mergeHeap(dst []uint32, word string) ([]uint32, error) {
 	}
 	syms[len(syms)-1].next = -1
 	h := sc.heap[:0]
-	for i := 0; i+1 < len(syms); i++ {
-		if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok {
-			h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, syms[i+1].size))
+	if m.char == nil { // byte-level: every symbol is a byte
+		for i := 0; i+1 < len(syms); i++ {
+			if mg := m.bytePairs[uint16(word[i])<<8|uint16(word[i+1])]; mg.rank != noRank {
+				h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, 1))
+			}
+		}
+	} else {
+		for i := 0; i+1 < len(syms); i++ {
+			if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok {
+				h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, syms[i+1].size))
+			}
 		}
 	}
 	h.init()

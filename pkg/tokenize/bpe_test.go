@@ -170,3 +170,35 @@ func TestWordCacheConcurrent(t *testing.T) {
 		t.Fatal("nothing stayed in the cache")
 	}
 }
+
+// TestBytePairsMatchMergeTable: the byte-pair array answers every pair of
+// bytes as the merge table does, for every byte-level family.
+func TestBytePairsMatchMergeTable(t *testing.T) {
+	for _, name := range fixtureNames {
+		m := loadEncoder(t, name).model
+		if m.char != nil {
+			if m.bytePairs != nil {
+				t.Fatalf("%s: character-level model with byte pairs", name)
+			}
+			continue
+		}
+		merges := 0
+		for a := range 256 {
+			for b := range 256 {
+				got := m.bytePairs[a<<8|b]
+				want, ok := m.merges.get(pairKey(m.byteID[a], m.byteID[b]))
+				if !ok {
+					want = merge{rank: noRank}
+				} else {
+					merges++
+				}
+				if got != want {
+					t.Fatalf("%s: bytes %#x %#x: array %v, table %v", name, a, b, got, want)
+				}
+			}
+		}
+		if merges < 100 {
+			t.Fatalf("%s: only %d byte pairs merge", name, merges)
+		}
+	}
+}

@@ -459,6 +459,7 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 		// Like HuggingFace, a repeated pair keeps its last rank.
 		m.merges.set(pairKey(a, b), merge{rank: uint32(rank), id: r})
 	}
+	m.fillBytePairs()
 	return m, nil
 }
 
