@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,14 +16,15 @@ import (
 )
 
 // endingCtx is alive for its first n Err calls, then past its deadline.
+// Goroutines encoding parts of one text share it.
 type endingCtx struct {
 	context.Context
-	n, calls int
+	n     int64
+	calls atomic.Int64
 }
 
 func (c *endingCtx) Err() error {
-	c.calls++
-	if c.calls > c.n {
+	if c.calls.Add(1) > c.n {
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -46,32 +48,44 @@ func TestLocalStopsWhenContextEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cacheBytes := range []int{0, 1 << 20} {
-		l := NewLocal(enc, loadTemplate(t, "qwen3"), 0, cacheBytes)
-		in := route.TokenizeInput{Prompt: text}
+	// One goroutine stops at the first failing check; several (the text
+	// is long enough to be split) each stop at their next one.
+	seq := *enc
+	seq.maxWorkers = 1
+	par := *enc
+	par.maxWorkers = 3
+	if par.workers(len(text)) != 3 {
+		t.Fatalf("%d bytes: %d workers, want 3", len(text), par.workers(len(text)))
+	}
+	for _, e := range []*Encoder{&seq, &par} {
+		for _, cacheBytes := range []int{0, 1 << 20} {
+			l := NewLocal(e, loadTemplate(t, "qwen3"), 0, cacheBytes)
+			in := route.TokenizeInput{Prompt: text}
+			w := int64(e.workers(len(text)))
 
-		ctx := &endingCtx{Context: context.Background(), n: 3}
-		if _, err := l.TokenizeContext(ctx, in); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("cache %d: err = %v, want deadline exceeded", cacheBytes, err)
-		}
-		if ctx.calls != ctx.n+1 {
-			t.Errorf("cache %d: ctx checked %d times, want it to stop at the first failing check (%d)", cacheBytes, ctx.calls, ctx.n+1)
-		}
+			ctx := &endingCtx{Context: context.Background(), n: 3}
+			if _, err := l.TokenizeContext(ctx, in); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("workers %d, cache %d: err = %v, want deadline exceeded", w, cacheBytes, err)
+			}
+			if calls := ctx.calls.Load(); calls < ctx.n+1 || calls > ctx.n+w {
+				t.Errorf("workers %d, cache %d: ctx checked %d times, want each goroutine to stop at its first failing check (%d to %d)", w, cacheBytes, calls, ctx.n+1, ctx.n+w)
+			}
 
-		alive := &endingCtx{Context: context.Background(), n: 1 << 30}
-		got, err := l.TokenizeContext(alive, in)
-		if err != nil || !slices.Equal(got.IDs, want) {
-			t.Fatalf("cache %d: alive context: err %v, ids equal %v", cacheBytes, err, slices.Equal(got.IDs, want))
-		}
-		if alive.calls < 10 {
-			t.Errorf("cache %d: ctx checked %d times over %d bytes, want at least one check per chunk", cacheBytes, alive.calls, len(text))
-		}
+			alive := &endingCtx{Context: context.Background(), n: 1 << 30}
+			got, err := l.TokenizeContext(alive, in)
+			if err != nil || !slices.Equal(got.IDs, want) {
+				t.Fatalf("workers %d, cache %d: alive context: err %v, ids equal %v", w, cacheBytes, err, slices.Equal(got.IDs, want))
+			}
+			if calls := alive.calls.Load(); calls < 10 {
+				t.Errorf("workers %d, cache %d: ctx checked %d times over %d bytes, want at least one check per chunk", w, cacheBytes, calls, len(text))
+			}
 
-		cancelled, cancel := context.WithCancel(context.Background())
-		cancel()
-		chat := route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`)}
-		if _, err := l.TokenizeContext(cancelled, chat); !errors.Is(err, context.Canceled) {
-			t.Errorf("cache %d: cancelled chat: err = %v, want canceled", cacheBytes, err)
+			cancelled, cancel := context.WithCancel(context.Background())
+			cancel()
+			chat := route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`)}
+			if _, err := l.TokenizeContext(cancelled, chat); !errors.Is(err, context.Canceled) {
+				t.Errorf("cache %d: cancelled chat: err = %v, want canceled", cacheBytes, err)
+			}
 		}
 	}
 }

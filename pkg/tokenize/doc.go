@@ -139,8 +139,14 @@
 //
 // Concurrency: everything is safe for concurrent use. The only goroutines
 // are the self-check workers, started by New and stopped and joined by
-// Tokenizer.Close, and the auto kind's file loads (one per model with found
-// files, joined by Close); the remote tokenizer's HTTP client owns its idle
+// Tokenizer.Close, the auto kind's file loads (one per model with found
+// files, joined by Close), and those of a long text's local encoding:
+// a text of 64 KB or more is cut into the pieces that encode
+// independently (text between added tokens, and its chunks as above),
+// and contiguous runs of them are encoded on up to GOMAXPROCS goroutines
+// that the call starts and joins before it returns (parallel.go; the same
+// ids, cuts and chunk-cache entries as one goroutine, less latency, the
+// same CPU time). The remote tokenizer's HTTP client owns its idle
 // connections, also released by Close. Caches are bounded (remote LRU
 // entries, chunk cache bytes, word cache entries).
 package tokenize

@@ -50,10 +50,10 @@ func TestParallelEncodeEqualsSequential(t *testing.T) {
 			seq := *enc
 			seq.maxWorkers = 1
 			par := *enc
-			par.maxWorkers = 5
-			for seed := range uint64(3) {
-				text := parallelText(t, enc, name, 300<<10+int(seed)*50_000, seed)
-				if par.workers(len(text)) < 5 {
+			par.maxWorkers = 4
+			for seed := range uint64(2) {
+				text := parallelText(t, enc, name, 130<<10+int(seed)*50_000, seed)
+				if par.workers(len(text)) < 4 {
 					t.Fatalf("%d bytes: only %d workers", len(text), par.workers(len(text)))
 				}
 				want, err := seq.Encode(text, true)
@@ -108,7 +108,7 @@ func TestParallelEncodeErrors(t *testing.T) {
 	enc := loadEncoder(t, "qwen3")
 	par := *enc
 	par.maxWorkers = 4
-	text := parallelText(t, enc, "qwen3", 200<<10, 1)
+	text := parallelText(t, enc, "qwen3", 130<<10, 1)
 	for _, at := range []int{0, len(text) / 2, len(text) - 1} {
 		for at > 0 && !utf8.RuneStart(text[at]) {
 			at--
