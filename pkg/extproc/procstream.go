@@ -413,7 +413,10 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	st.s.metrics.decisions.WithLabelValues(replica, dec.Policy, dec.Reason, dec.Degraded).Inc()
 	st.span.SetAttributes(attribute.String("kvroute.replica", replica), attribute.String("kvroute.endpoint", dec.Address))
 	var life *load.Handle
-	if st.s.cfg.Tracker != nil {
+	switch {
+	case dec.Hold != nil: // the router charged its pick (route.Options.Tracker)
+		life = dec.Hold
+	case st.s.cfg.Tracker != nil:
 		matched := dec.MatchedBlocks()
 		life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
@@ -82,6 +83,14 @@ type Options struct {
 	// a candidate's Load.PrefillRate and Load.DecodeStep from it when the
 	// State left them 0. Nil means a Rates of the Router's own (Router.Rates).
 	Rates *Rates
+	// Tracker, when not nil, is the in-flight view the State's loads are
+	// built from (load.View's Tracker): Decide charges its pick there
+	// (load.Tracker.Start with the uncached prompt blocks as prefill and
+	// the prompt blocks as decode footprint) before any other decision
+	// reads the loads, and returns the hold in Decision.Hold for the
+	// caller to finish. Without it the caller charges the pick itself,
+	// after Decide returns, and concurrent decisions may miss each other.
+	Tracker *load.Tracker
 }
 
 // DefaultPendingTTL is a good TTL for Options.Pending: long enough for a
@@ -100,6 +109,7 @@ const DefaultApproxTrust = 1.0
 // Router makes routing decisions. It is safe for concurrent use; it starts
 // no goroutine and owns none.
 type Router struct {
+	mu      sync.Mutex // Decide's section from the loads to the pick's charge
 	opts    Options
 	homes   *homes
 	rand    *rand.Rand
@@ -279,17 +289,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	sc.cands, sc.src, sc.bs, sc.la = sc.cands[:0], sc.src[:0], sc.bs[:0], sc.la[:0]
 	for _, i := range cands {
 		rep := reps[i]
-		c := policy.Candidate{Replica: rep.ID, Load: r.opts.State.Load(rep.ID), Home: hasHome && rep.ID == home}
-		if c.Load.PrefillRate == 0 || c.Load.DecodeStep == 0 {
-			if rt, ok := r.opts.Rates.Get(rep.ID); ok {
-				if c.Load.PrefillRate == 0 {
-					c.Load.PrefillRate = rt.PrefillTokensPerSec
-				}
-				if c.Load.DecodeStep == 0 {
-					c.Load.DecodeStep = rt.DecodeStep
-				}
-			}
-		}
+		c := policy.Candidate{Replica: rep.ID, Home: hasHome && rep.ID == home}
 		src := srcEvents
 		switch {
 		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
@@ -314,14 +314,6 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			d.Degraded = DegradedApproximateIndex
 		}
 	}
-	healthy := false
-	for _, c := range sc.cands {
-		healthy = healthy || c.Load.Healthy
-	}
-	if !healthy {
-		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
-	}
-
 	raw := make([]Candidate, len(cands)) // the decision's own copy
 	kopts := kvblock.Options{CacheSalt: req.CacheSalt}
 	if hasIDs && toks.Exact {
@@ -330,6 +322,37 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if useApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start}, raw, primary)
+	}
+
+	// From the loads to the pick's charge, a Decide holds the router's
+	// lock: a concurrent decision sees this one's request in the pick's
+	// load (Options.Tracker) and in Pending, never a load read before this
+	// pick was charged (a burst of concurrent requests would otherwise all
+	// see the same loads and go to the same replica). The section does no
+	// I/O: loads, the pending match, the policy, the charge and the
+	// records.
+	if learn {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	healthy := false
+	for k, i := range cands {
+		c := &sc.cands[k]
+		c.Load = r.opts.State.Load(reps[i].ID)
+		if c.Load.PrefillRate == 0 || c.Load.DecodeStep == 0 {
+			if rt, ok := r.opts.Rates.Get(c.Replica); ok {
+				if c.Load.PrefillRate == 0 {
+					c.Load.PrefillRate = rt.PrefillTokensPerSec
+				}
+				if c.Load.DecodeStep == 0 {
+					c.Load.DecodeStep = rt.DecodeStep
+				}
+			}
+		}
+		healthy = healthy || c.Load.Healthy
+	}
+	if !healthy {
+		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
 	}
 	if hasIDs && toks.Exact && r.opts.Pending != nil {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
@@ -379,6 +402,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
+		if r.opts.Tracker != nil {
+			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
+		}
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil

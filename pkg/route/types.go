@@ -176,6 +176,10 @@ type Decision struct {
 	// Session is the session key the decision used (SessionKey: the
 	// header, else one derived from the request), "" for none.
 	Session string
+	// Hold is the pick's in-flight charge when the Router has a Tracker
+	// (Options.Tracker): the caller must finish it (FirstToken at the
+	// first token, Done on every path). Nil otherwise, and for Explain.
+	Hold *load.Handle
 }
 
 // MatchedBlocks returns the picked replica's matched blocks over all tiers.

@@ -1,0 +1,104 @@
+package route
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// trackerState is a fleet whose loads are a load.Tracker's in-flight view,
+// as kvroute's load.View builds them; each Load read sleeps a little, so
+// that concurrent decisions overlap.
+type trackerState struct {
+	*fakeState
+	t     *load.Tracker
+	sleep time.Duration
+}
+
+func (s *trackerState) Load(id index.ReplicaID) load.Load {
+	time.Sleep(s.sleep)
+	in := s.t.Get(string(id))
+	return load.Load{Healthy: true, ActiveRequests: in.Requests, ActivePrefillBlocks: float64(in.PrefillBlocks), ActiveDecodeBlocks: float64(in.DecodeBlocks)}
+}
+
+// With Options.Tracker, a decision charges its pick before any other
+// decision reads the loads: a burst of concurrent requests is seen one by
+// one (the k-th decision sees k-1 requests in flight), so a burst on a
+// prefix one replica holds is not sent there whole by decisions that all
+// read the same idle fleet. Each decision returns its hold; finishing it
+// empties the tracker.
+func TestDecideChargesItsPickBeforeOthersRead(t *testing.T) {
+	const n = 24
+	tr, err := load.NewTracker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &trackerState{fakeState: fleet(4), t: tr, sleep: 200 * time.Microsecond}
+	ix := index.New(index.Config{})
+	sys := seq(40*16, 7)
+	store(t, ix, "r2", model, sys, 16)
+	p, err := policy.New(policy.NameKVRoute, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := New(Options{Matcher: ix, State: st, Policy: p, Seed: 1, Tracker: tr})
+
+	var (
+		mu    sync.Mutex
+		seen  []int
+		holds []*load.Handle
+		picks = map[index.ReplicaID]int{}
+		wg    sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			tokens := append(append([]uint32(nil), sys...), seq(2*16, uint32(100000+100*i))...)
+			d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: tokens})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			inflight := 0
+			for _, c := range d.Candidates {
+				inflight += c.Load.Requests()
+			}
+			mu.Lock()
+			seen, holds = append(seen, inflight), append(holds, d.Hold)
+			picks[d.Replica]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	slices.Sort(seen)
+	for k, v := range seen {
+		if v != k {
+			t.Fatalf("in-flight requests seen by the decisions: %v, want 0..%d (each decision sees every earlier pick charged)", seen, n-1)
+		}
+	}
+	if picks["r2"] == n {
+		t.Errorf("every request went to the prefix holder: %v", picks)
+	}
+	for _, h := range holds {
+		if h == nil {
+			t.Fatal("a decision returned no hold")
+		}
+		h.Done()
+	}
+	for _, r := range []string{"r0", "r1", "r2", "r3"} {
+		if in := tr.Get(r); in != (load.InFlight{}) {
+			t.Errorf("%s still charged after every hold is done: %+v", r, in)
+		}
+	}
+	// Explain never charges.
+	if d, err := rt.Explain(t.Context(), Request{Model: model, Tokens: sys}); err != nil || d.Hold != nil || tr.Get(string(d.Replica)).Requests != 0 {
+		t.Errorf("explain: hold %v, %s charged %d, err %v", d.Hold, d.Replica, tr.Get(string(d.Replica)).Requests, err)
+	}
+}
