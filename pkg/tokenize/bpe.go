@@ -62,10 +62,9 @@ func (m *bpe) fillBytePairs() {
 	m.bytePairs = make([]merge, 1<<16)
 	for a := range 256 {
 		for b := range 256 {
-			mg, ok := merge{rank: noRank}, false
+			mg := merge{rank: noRank}
 			if m.hasByte[a] && m.hasByte[b] {
-				var got merge
-				if got, ok = m.merges.get(pairKey(m.byteID[a], m.byteID[b])); ok {
+				if got, ok := m.merges.get(pairKey(m.byteID[a], m.byteID[b])); ok {
 					mg = got
 				}
 			}
