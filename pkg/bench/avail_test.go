@@ -2,7 +2,9 @@ package bench
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"unsafe"
 )
 
 // hashTable agrees with a map through growth, with hash 0 and with keys
@@ -42,5 +44,43 @@ func TestHashTableMatchesMap(t *testing.T) {
 		if _, in := model[12345]; !in {
 			t.Fatal("phantom key")
 		}
+	}
+}
+
+// A table large enough to live outside the Go heap (package hugemem) keeps
+// its entries through growth, a clone is independent of its original, and
+// free gives the memory back.
+func TestHashTableOffHeapCloneFree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var tab hashTable[int64]
+	keys := make([]uint64, 300000)
+	for i := range keys {
+		keys[i] = rng.Uint64() | 1
+		v, _ := tab.ref(keys[i])
+		*v = int64(i)
+	}
+	if runtime.GOOS == "linux" && tab.mem == nil {
+		t.Fatalf("%d slots of %d bytes stayed on the heap", len(tab.slots), unsafe.Sizeof(tab.slots[0]))
+	}
+	c := tab.clone()
+	for i, h := range keys {
+		v, added := c.ref(h)
+		if added || *v != int64(i) {
+			t.Fatalf("clone: key %d reads %d (added %v)", i, *v, added)
+		}
+		*v = -1
+	}
+	tab.free()
+	if _, ok := tab.get(keys[0]); ok || tab.n != 0 {
+		t.Fatal("a freed table still holds entries")
+	}
+	for _, h := range keys {
+		if v, ok := c.get(h); !ok || v != -1 {
+			t.Fatalf("clone after the original's free: %d %v", v, ok)
+		}
+	}
+	c.free()
+	if c.mem != nil || c.slots != nil {
+		t.Fatal("free kept the slot array")
 	}
 }

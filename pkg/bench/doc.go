@@ -45,6 +45,13 @@
 // turns one policy's per-seed summaries into medians and ranges (Spread);
 // comparisons use the medians.
 //
+// # Memory
+//
+// The simulator's table of every block hash (the ceiling's availability
+// and relevance's counts; hundreds of MB on a long trace) lives outside the
+// Go heap on huge pages (package hugemem) and is unmapped when its run or
+// its shared preparation ends.
+//
 // # Concurrency
 //
 // RunCases starts its workers and joins them before it returns; nothing

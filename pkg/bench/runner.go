@@ -158,6 +158,9 @@ func (pc *prepCache) get(c *Case) (*prepared, func()) {
 		pc.mu.Lock()
 		defer pc.mu.Unlock()
 		if e.users--; e.users == 0 {
+			if e.pre != nil {
+				e.pre.blocks.free() // every user has copied it and finished
+			}
 			e.pre = nil
 			delete(pc.m, k)
 		}

@@ -312,8 +312,12 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	s.opened = make([]bool, len(w.Sessions))
 	s.opening = make([][]byte, len(w.Sessions))
 	s.feed = newApplier(s.idx, cfg.Engine.Model)
+	// The block table can be hundreds of MB outside the Go heap: give it
+	// back as soon as the run ends.
+	defer s.blocks.free()
 	if filterIrrelevant {
-		if pre == nil {
+		own := pre == nil
+		if own {
 			if pre, err = prepare(w, cfg.Engine); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrSim, err)
 			}
@@ -322,6 +326,9 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		}
 		s.rel = newRelevance(pre, &s.blocks)
 		s.feed.needed = s.rel.needed
+		if own {
+			pre.blocks.free() // copied; nothing else reads it
+		}
 	}
 	s.tracker, err = load.NewTracker(nil)
 	if err != nil {

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/kvroute/kvroute/pkg/engine/hugemem"
+
 // blockMeta is what a cached block's events need: its place in its chain,
 // its tokens and its extra keys. It is immutable once built.
 type blockMeta struct {
@@ -44,9 +46,13 @@ type pool struct {
 	loc locTable
 
 	// The CPU tier: an LRU list threaded through cpu's slots (head = most
-	// recently used), indexed by loc; freed slots are reused.
+	// recently used), indexed by loc; freed slots are reused. The links
+	// live outside the Go heap on huge pages (cpuMem: the list is walked
+	// at random), each slot's metadata in cpuMeta (same index).
 	cpuCap           int
 	cpu              []cpuEntry
+	cpuMem           *hugemem.Region
+	cpuMeta          []*blockMeta
 	cpuFree          []int32
 	cpuHead, cpuTail int32
 
@@ -60,7 +66,6 @@ type pool struct {
 
 type cpuEntry struct {
 	hash       uint64
-	meta       *blockMeta
 	prev, next int32
 }
 
@@ -77,8 +82,11 @@ func (s *slab[T]) one(v T) []T {
 }
 
 func newPool(numBlocks, cpuBlocks, blockSize int, events *[]Event) *pool {
+	cpu, cpuMem := hugemem.Make[cpuEntry](cpuBlocks)
 	p := &pool{
 		blockSize: blockSize,
+		cpu:       cpu[:0], // appended to up to cpuBlocks, in place
+		cpuMem:    cpuMem,
 		blocks:    make([]gpuBlock, numBlocks),
 		head:      -1,
 		tail:      -1,
@@ -193,9 +201,10 @@ func (p *pool) offload(h uint64, meta *blockMeta) {
 		p.cpuFree = p.cpuFree[:len(p.cpuFree)-1]
 	default:
 		p.cpu = append(p.cpu, cpuEntry{})
+		p.cpuMeta = append(p.cpuMeta, nil)
 		i = int32(len(p.cpu) - 1)
 	}
-	p.cpu[i].hash, p.cpu[i].meta = h, meta
+	p.cpu[i].hash, p.cpuMeta[i] = h, meta
 	p.cpuPushFront(i)
 	p.loc.setCPU(h, i)
 	*p.events = append(*p.events, p.storedEvent(h, meta, MediumCPU))
@@ -242,7 +251,7 @@ func (p *pool) cpuGet(h uint64) (*blockMeta, bool) {
 	}
 	p.cpuUnlink(i)
 	p.cpuPushFront(i)
-	return p.cpu[i].meta, true
+	return p.cpuMeta[i], true
 }
 
 func (p *pool) cpuHas(h uint64) bool { w, _ := p.loc.get(h); return w.cpu >= 0 }
@@ -283,7 +292,8 @@ func (p *pool) clear() {
 		b.cached, b.hash, b.meta, b.group = false, 0, nil, 0
 	}
 	p.loc.reset()
-	p.cpu, p.cpuFree = p.cpu[:0], p.cpuFree[:0]
+	clear(p.cpuMeta)
+	p.cpu, p.cpuMeta, p.cpuFree = p.cpu[:0], p.cpuMeta[:0], p.cpuFree[:0]
 	p.cpuHead, p.cpuTail = -1, -1
 }
 

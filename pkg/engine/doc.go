@@ -90,6 +90,11 @@
 // Everything is deterministic: the same config, seed and sequence of calls
 // give the same results, hashes and events.
 //
+// Memory: the table from block hash to its place on both tiers and the CPU
+// tier's LRU links are mapped outside the Go heap on huge pages (package
+// hugemem), because they are probed at random; an Engine that becomes
+// unreachable gives them back to the OS.
+//
 // # Concurrency
 //
 // An Engine is not safe for concurrent use: the driver serialises calls.

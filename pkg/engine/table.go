@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/kvroute/kvroute/pkg/engine/hugemem"
+
 // where is a block hash's place on each tier: its GPU block id and its CPU
 // slot, -1 when the tier does not hold it.
 type where struct{ gpu, cpu int32 }
@@ -16,8 +18,13 @@ type locSlot struct {
 // block both tiers can hold at a load of at most 3/4, so it never grows.
 // One lookup answers "on the GPU? on the CPU?" (the prefix-cache walk, an
 // eviction and its offload each touch one slot instead of two Go maps).
+//
+// The slot array is mapped outside the Go heap on huge pages (package
+// hugemem): probes land at random over megabytes, and with 4 KiB pages
+// nearly each one misses the TLB as well as the caches.
 type locTable struct {
 	slots []locSlot
+	mem   *hugemem.Region // holds slots (nil: on the Go heap)
 	shift uint
 	n     int // entries, hash 0 included
 	zero  where
@@ -36,7 +43,9 @@ func newLocTable(capacity int) locTable {
 	for s := size; s > 1; s >>= 1 {
 		shift--
 	}
-	return locTable{slots: make([]locSlot, size), shift: shift}
+	t := locTable{shift: shift}
+	t.slots, t.mem = hugemem.Make[locSlot](size)
+	return t
 }
 
 // home is the first slot probed for h (Fibonacci hashing: block hashes are
