@@ -258,6 +258,7 @@ type sim struct {
 	w       *Workload
 	now     time.Duration
 	q       evHeap
+	spare   []*event // popped events, reused by push
 	seq     uint64
 	reps    []*replica
 	routes  []route.Replica
@@ -373,7 +374,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		if len(ss.Turns) == 0 {
 			continue
 		}
-		s.push(&event{at: ss.Start + ss.Turns[0].Gap, kind: evArrival, sess: i})
+		s.push(event{at: ss.Start + ss.Turns[0].Gap, kind: evArrival, sess: i})
 	}
 	steps := 0
 	for s.q.Len() > 0 {
@@ -395,6 +396,8 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		case evDeliver:
 			s.apply(ev.replica, ev.res.Events)
 		}
+		*ev = event{}
+		s.spare = append(s.spare, ev)
 	}
 	if s.rel != nil {
 		if err := s.rel.check(); err != nil {
@@ -409,10 +412,19 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	return s.run, nil
 }
 
-func (s *sim) push(ev *event) {
+// push queues ev, in an event struct the loop handed back (spare) when
+// there is one: a run queues several events per step.
+func (s *sim) push(ev event) {
 	s.seq++
 	ev.seq = s.seq
-	heap.Push(&s.q, ev)
+	var e *event
+	if n := len(s.spare); n > 0 {
+		e, s.spare = s.spare[n-1], s.spare[:n-1]
+	} else {
+		e = new(event)
+	}
+	*e = ev
+	heap.Push(&s.q, e)
 }
 
 // prompt builds the prompt of a session's turn.
@@ -490,7 +502,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	if !r.stepping && !r.queued {
 		at, _ := r.eng.NextEventTime()
 		r.queued = true
-		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
+		s.push(event{at: max(at, s.now), kind: evStep, replica: ri})
 	}
 	return nil
 }
@@ -551,7 +563,7 @@ func (s *sim) step(ri int) {
 		return
 	}
 	r.stepping = true
-	s.push(&event{at: res.End, kind: evDone, replica: ri, res: &res})
+	s.push(event{at: res.End, kind: evDone, replica: ri, res: &res})
 }
 
 func (s *sim) done(ri int, res *engine.StepResult) {
@@ -606,7 +618,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			hist := append(lv.prompt, lv.outputs...)
 			s.history[lv.sess] = hist
 			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
-			s.push(&event{at: f.Finish + next.Gap, kind: evArrival, sess: lv.sess, turn: lv.turn + 1})
+			s.push(event{at: f.Finish + next.Gap, kind: evArrival, sess: lv.sess, turn: lv.turn + 1})
 		}
 	}
 	if len(res.Events) > 0 {
@@ -617,12 +629,12 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		case s.cfg.EventDelay == 0:
 			s.apply(ri, res.Events)
 		default:
-			s.push(&event{at: res.End + s.cfg.EventDelay, kind: evDeliver, replica: ri, res: res})
+			s.push(event{at: res.End + s.cfg.EventDelay, kind: evDeliver, replica: ri, res: res})
 		}
 	}
 	if at, busy := r.eng.NextEventTime(); busy && !r.queued {
 		r.queued = true
-		s.push(&event{at: max(at, s.now), kind: evStep, replica: ri})
+		s.push(event{at: max(at, s.now), kind: evStep, replica: ri})
 	}
 }
 

@@ -237,11 +237,16 @@ func (e *Engine) Submit(now time.Duration, r Request) (ReqID, error) {
 		return 0, fmt.Errorf("%w: %d + %d > %d", ErrMaxTokensTooLong, n, r.MaxTokens, e.cfg.MaxModelLen)
 	}
 	e.nextID++
+	// Every slice the request grows is sized once for its whole life
+	// (prompt plus output), so that appending never copies.
+	total := len(r.Prompt) + r.MaxTokens
 	q := &request{
 		id:      e.nextID,
 		req:     r,
-		tokens:  append(make([]uint32, 0, len(r.Prompt)+r.MaxTokens), r.Prompt...),
+		tokens:  append(make([]uint32, 0, total), r.Prompt...),
 		gen:     simtok.NewGenerator(e.seed, r.Prompt),
+		blocks:  make([]int32, 0, ceilDiv(total, e.cfg.BlockSize)),
+		hashes:  make([]uint64, 0, total/e.cfg.BlockSize),
 		cached:  -1,
 		arrival: now,
 	}
