@@ -38,7 +38,9 @@
 //
 // RunCases simulates a list of cases (workload, policy, fleet with its
 // seed) on a bounded pool of goroutines and returns their summaries in case
-// order: results do not depend on the number of workers. The cases of one
+// order: results do not depend on the number of workers. It starts the
+// costliest cases (most prompt and output tokens) first, so that no worker
+// runs a long case alone at the end. The cases of one
 // workload on one engine configuration share its relevance precomputation
 // (every prompt's block hashes), computed once and dropped after the last
 // of them. AggregateSeeds

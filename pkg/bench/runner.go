@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -55,7 +56,7 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
 	var mu sync.Mutex
-	for i := range cases {
+	for _, i := range longestFirst(cases) {
 		c := &cases[i]
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
@@ -89,6 +90,36 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 		return nil, err
 	}
 	return out, nil
+}
+
+// longestFirst returns the cases' indices, the costliest simulation first:
+// with the long ones started early, the last to finish is a short one, so
+// workers do not sit idle while one long case runs alone at the end. The
+// cost estimate is the workload's prompt and output tokens (a simulation's
+// work grows with its blocks); equal estimates keep their order, so the
+// cases of one workload, which share its preparation, stay together.
+func longestFirst(cases []Case) []int {
+	cost := map[*Workload]int64{}
+	order := make([]int, len(cases))
+	for i := range cases {
+		order[i] = i
+		w := cases[i].Workload
+		if _, ok := cost[w]; ok || w == nil {
+			continue
+		}
+		var n int64
+		for j := range w.Sessions {
+			ss := &w.Sessions[j]
+			for k, l := range ss.PromptLens() {
+				n += int64(l + ss.Turns[k].Output)
+			}
+		}
+		cost[w] = n
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(cost[cases[b].Workload], cost[cases[a].Workload])
+	})
+	return order
 }
 
 // prepCache shares each workload's prepared relevance between the cases

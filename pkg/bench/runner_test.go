@@ -168,3 +168,43 @@ func TestParseSeeds(t *testing.T) {
 		}
 	}
 }
+
+// RunCases starts the costliest cases first (on one worker, progress sees
+// them in that order), keeping the order of cases of equal cost, and still
+// returns results in case order.
+func TestRunCasesLongestFirst(t *testing.T) {
+	small, err := Generate(GenChat, GenOptions{Seed: 1, SizeScale: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := Generate(GenChat, GenOptions{Seed: 1, SizeScale: 0.03})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []Case
+	for _, w := range []*Workload{small, big, small} {
+		for _, p := range []string{policy.NameRoundRobin, policy.NameSession} {
+			cases = append(cases, Case{Workload: w, Policy: p, Fleet: smallFleet()})
+		}
+	}
+	want := []int{2, 3, 0, 1, 4, 5}
+	if got := longestFirst(cases); !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+	var started []int
+	res, err := RunCases(context.Background(), cases, 1, func(i int, _ CaseResult) { started = append(started, i) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(started, want) {
+		t.Fatalf("one worker ran %v, want %v", started, want)
+	}
+	for i, r := range res {
+		if r.Summary.Policy != cases[i].Policy || r.Summary.Requests != cases[i].Workload.Requests() {
+			t.Fatalf("result %d is %s with %d requests, want case %d's", i, r.Summary.Policy, r.Summary.Requests, i)
+		}
+	}
+	if small.Requests() >= big.Requests() {
+		t.Fatalf("the bigger workload has %d requests, the smaller %d", big.Requests(), small.Requests())
+	}
+}
