@@ -184,24 +184,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	bin, err := testbed.FindBinaries(o.Bin)
-	if err != nil {
-		return nil, fmt.Errorf("binaries (make build): %w", err)
-	}
-	tmpl, err := os.ReadFile(filepath.Join(o.Root, "envoy", "envoy.yaml"))
+	ws, err := testbed.NewWorkspace(o.Bin, o.Root, "kvbench-overhead")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kvbench-overhead")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	g, err := testbed.NewGroup(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = g.Stop() }()
+	defer func() { _ = ws.Close() }()
+	bin, tmpl, g := ws.Bin, ws.Envoy, ws.Group
 
 	engineArgs := []string{
 		// One token per millisecond: fast, yet slower than one router round

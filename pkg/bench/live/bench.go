@@ -236,24 +236,12 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	bin, err := testbed.FindBinaries(o.Bin)
-	if err != nil {
-		return nil, fmt.Errorf("binaries (make build): %w", err)
-	}
-	tmpl, err := os.ReadFile(filepath.Join(o.Root, "envoy", "envoy.yaml"))
+	ws, err := testbed.NewWorkspace(o.Bin, o.Root, "kvbench-live")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "kvbench-live")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	g, err := testbed.NewGroup(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = g.Stop() }()
+	defer func() { _ = ws.Close() }()
+	bin, tmpl, dir, g := ws.Bin, ws.Envoy, ws.Dir, ws.Group
 	extra, err := o.kvrouteExtra(dir)
 	if err != nil {
 		return nil, err
