@@ -42,14 +42,7 @@ import (
 // and accepted kvroute's new server certificate. No check may fail
 // during the rotation, and every request of the load is a complete 200.
 func TestExtProcCertRotation(t *testing.T) {
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mtls, err := os.ReadFile(filepath.Join(root, "envoy", "envoy-mtls.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, mtls := mtlsTemplate(t)
 	dir := t.TempDir()
 	serverCA := newTestCA(t, "server CA")
 	clientCA1 := newTestCA(t, "client CA 1")
@@ -63,22 +56,10 @@ func TestExtProcCertRotation(t *testing.T) {
 	put("envoy-client-sds.yaml", fmt.Appendf(nil, "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: kvroute_extproc_client\n  tls_certificate:\n    certificate_chain: {filename: %s/client.pem}\n    private_key: {filename: %s/client-key.pem}\n", dir, dir))
 	put("envoy-ca-sds.yaml", fmt.Appendf(nil, "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: kvroute_extproc_ca\n  validation_context:\n    trusted_ca: {filename: %s/ca.pem}\n", dir))
 
-	extra := kvrouteExtra + fmt.Sprintf("tls:\n  extproc:\n    cert_file: %s/server.pem\n    key_file: %s/server-key.pem\n    client_ca_file: %s/client-ca.pem\n    reload_interval: 200ms\n", dir, dir, dir)
-	g := newGroup(t)
-	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: bytes.ReplaceAll(mtls, []byte("/etc/kvroute/tls"), []byte(dir)), Engines: 2,
-		EngineArgs:     func(i int) []string { return engineArgs(500 + i) },
-		KVRouteExtra:   extra,
-		UpstreamHeader: "x-e2e-upstream",
+	c := newCluster(t, clusterOpts{engines: 2, seed: 500,
+		envoy:   bytes.ReplaceAll(mtls, []byte("/etc/kvroute/tls"), []byte(dir)),
+		kvExtra: fmt.Sprintf("tls:\n  extproc:\n    cert_file: %s/server.pem\n    key_file: %s/server-key.pem\n    client_ca_file: %s/client-ca.pem\n    reload_interval: 200ms\n", dir, dir, dir),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
-	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 500 + i, g: g})
-	}
-	c.setPorts()
 	c.waitExtProcHealthy(true)
 	addr := fmt.Sprintf("127.0.0.1:%d", c.extprocPort)
 

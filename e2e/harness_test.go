@@ -143,17 +143,35 @@ type cluster struct {
 
 type clusterOpts struct {
 	engines int
-	kvEnv   []string // extra environment for kvroute (OTEL_*)
-	kvArgs  []string // further kvroute serve flags
-	kvExtra string   // YAML appended to kvrouteExtra
+	// seed: engine i's enginesim seed is seed+i (default 100).
+	seed int
+	// engineArgs returns engine i's flags after engineArgs(seed+i); may
+	// be nil.
+	engineArgs func(i int) []string
+	envoy      []byte   // Envoy's config template; default envoyTmpl
+	kvEnv      []string // extra environment for kvroute (OTEL_*)
+	kvArgs     []string // further kvroute serve flags
+	kvExtra    string   // YAML appended to kvrouteExtra
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
 	t.Helper()
+	if o.seed == 0 {
+		o.seed = 100
+	}
+	if o.envoy == nil {
+		o.envoy = envoyTmpl
+	}
 	g := newGroup(t)
 	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: envoyTmpl, Engines: o.engines,
-		EngineArgs:     func(i int) []string { return engineArgs(100 + i) },
+		Bin: bins, Envoy: o.envoy, Engines: o.engines,
+		EngineArgs: func(i int) []string {
+			args := engineArgs(o.seed + i)
+			if o.engineArgs != nil {
+				args = append(args, o.engineArgs(i)...)
+			}
+			return args
+		},
 		KVRouteExtra:   kvrouteExtra + o.kvExtra,
 		KVRouteEnv:     o.kvEnv,
 		KVRouteArgs:    o.kvArgs,
@@ -164,7 +182,7 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 	}
 	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
 	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 100 + i, g: g})
+		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: o.seed + i, g: g})
 	}
 	c.setPorts()
 	return c

@@ -12,8 +12,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 // TestHybridFleet: two hybrid-attention engines (enginesim
@@ -33,27 +31,12 @@ import (
 // window: R goes to A, which serves all 336 of P's tokens from cache.
 // Finally Q sent to A directly hits nothing, as kvroute predicted.
 func TestHybridFleet(t *testing.T) {
-	g := newGroup(t)
-	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: envoyTmpl, Engines: 2,
-		EngineArgs: func(i int) []string {
-			// One block per prefill step, so a prompt's early
-			// sliding-window blocks are released during its prefill; a
-			// pool of 200 blocks.
-			return append(engineArgs(400+i), "--speed", "50", "--hybrid-sliding-window", "64",
-				"--num-gpu-blocks", "200", "--max-model-len", "2048", "--max-num-seqs", "16", "--max-num-batched-tokens", "16")
-		},
-		KVRouteExtra:   kvrouteExtra,
-		UpstreamHeader: "x-e2e-upstream",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
-	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 400 + i, g: g})
-	}
-	c.setPorts()
+	c := newCluster(t, clusterOpts{engines: 2, seed: 400, engineArgs: func(int) []string {
+		// One block per prefill step, so a prompt's early sliding-window
+		// blocks are released during its prefill; a pool of 200 blocks.
+		return []string{"--speed", "50", "--hybrid-sliding-window", "64",
+			"--num-gpu-blocks", "200", "--max-model-len", "2048", "--max-num-seqs", "16", "--max-num-batched-tokens", "16"}
+	}})
 	ctx := t.Context()
 	a, b := c.engines[0], c.engines[1]
 	rng := rand.New(rand.NewPCG(4, 2))

@@ -24,22 +24,7 @@ func TestLiveSideBySide(t *testing.T) {
 	if err := plain.Start(t.Context(), c.g, bins.Envoy, envoyTmpl); err != nil {
 		t.Fatal(err)
 	}
-	// 6 sessions of 3 turns: a shared 400-token system prompt, 60 new
-	// tokens a turn, 8 output tokens, 50 ms think time.
-	w := &bench.Workload{Name: "e2e"}
-	for s := range 6 {
-		sess := bench.Session{Key: "s" + string(rune('a'+s)), Start: time.Duration(s) * 20 * time.Millisecond}
-		for turn := range 3 {
-			tu := bench.Turn{Append: []bench.Segment{{ID: uint64(1000*s + turn + 1), Len: 60}}, Output: 8}
-			if turn == 0 {
-				tu.Append = append([]bench.Segment{{ID: 7, Len: 400}}, tu.Append...)
-			} else {
-				tu.Gap = 50 * time.Millisecond
-			}
-			sess.Turns = append(sess.Turns, tu)
-		}
-		w.Sessions = append(w.Sessions, sess)
-	}
+	w := sharedPromptSessions(3, 60)
 	before, err := decisions(c)
 	if err != nil {
 		t.Fatal(err)
@@ -80,4 +65,25 @@ func TestLiveSideBySide(t *testing.T) {
 	if routed.HitRate <= 0 {
 		t.Errorf("no cached prompt tokens behind kvroute: hit rate %v", routed.HitRate)
 	}
+}
+
+// sharedPromptSessions is 6 sessions of turns turns, starting 20 ms
+// apart: a shared 400-token system prompt, newTokens new tokens a turn, 8
+// output tokens, 50 ms think time.
+func sharedPromptSessions(turns, newTokens int) *bench.Workload {
+	w := &bench.Workload{Name: "e2e"}
+	for s := range 6 {
+		sess := bench.Session{Key: "s" + string(rune('a'+s)), Start: time.Duration(s) * 20 * time.Millisecond}
+		for turn := range turns {
+			tu := bench.Turn{Append: []bench.Segment{{ID: uint64(1000*s + turn + 1), Len: newTokens}}, Output: 8}
+			if turn == 0 {
+				tu.Append = append([]bench.Segment{{ID: 7, Len: 400}}, tu.Append...)
+			} else {
+				tu.Gap = 50 * time.Millisecond
+			}
+			sess.Turns = append(sess.Turns, tu)
+		}
+		w.Sessions = append(w.Sessions, sess)
+	}
+	return w
 }

@@ -35,22 +35,7 @@ func TestLiveBench(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
 	}
-	// 6 sessions of 4 turns: a shared 400-token system prompt, 200 new
-	// tokens a turn, 8 output tokens, 50 ms think time.
-	w := &bench.Workload{Name: "e2e"}
-	for s := range 6 {
-		sess := bench.Session{Key: "s" + string(rune('a'+s)), Start: time.Duration(s) * 20 * time.Millisecond}
-		for turn := range 4 {
-			tu := bench.Turn{Append: []bench.Segment{{ID: uint64(1000*s + turn + 1), Len: 200}}, Output: 8}
-			if turn == 0 {
-				tu.Append = append([]bench.Segment{{ID: 7, Len: 400}}, tu.Append...)
-			} else {
-				tu.Gap = 50 * time.Millisecond
-			}
-			sess.Turns = append(sess.Turns, tu)
-		}
-		w.Sessions = append(w.Sessions, sess)
-	}
+	w := sharedPromptSessions(4, 200)
 	for _, parallel := range []bool{false, true} {
 		reps := 2
 		if parallel {

@@ -3,15 +3,12 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 // TestLoRAAdapters: two of three engines serve the adapter sql-lora
@@ -21,27 +18,12 @@ import (
 // hit; the base model's keys never match the adapter's blocks; an adapter
 // nobody serves is 404.
 func TestLoRAAdapters(t *testing.T) {
-	g := newGroup(t)
-	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: envoyTmpl, Engines: 3,
-		EngineArgs: func(i int) []string {
-			args := engineArgs(200 + i)
-			if i > 0 {
-				args = append(args, "--lora-modules", "sql-lora=/loras/sql")
-			}
-			return args
-		},
-		KVRouteExtra:   kvrouteExtra,
-		UpstreamHeader: "x-e2e-upstream",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
-	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 200 + i, g: g})
-	}
-	c.setPorts()
+	c := newCluster(t, clusterOpts{engines: 3, seed: 200, engineArgs: func(i int) []string {
+		if i > 0 {
+			return []string{"--lora-modules", "sql-lora=/loras/sql"}
+		}
+		return nil
+	}})
 	ctx := t.Context()
 	serving := map[string]bool{c.engines[1].addr(): true, c.engines[2].addr(): true}
 

@@ -24,11 +24,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
-// TestExtProcMutualTLS: Envoy (envoy/envoy-mtls.yaml) reaches kvroute's
-// ext_proc listener over mutual TLS with certificates from hack/certs.sh
-// and kvroute routes by cache; a client without a certificate, or in
-// plaintext, is refused.
-func TestExtProcMutualTLS(t *testing.T) {
+// mtlsTemplate returns the repository root and envoy/envoy-mtls.yaml.
+func mtlsTemplate(t *testing.T) (string, []byte) {
+	t.Helper()
 	root, err := testbed.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +35,15 @@ func TestExtProcMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return root, mtls
+}
+
+// TestExtProcMutualTLS: Envoy (envoy/envoy-mtls.yaml) reaches kvroute's
+// ext_proc listener over mutual TLS with certificates from hack/certs.sh
+// and kvroute routes by cache; a client without a certificate, or in
+// plaintext, is refused.
+func TestExtProcMutualTLS(t *testing.T) {
+	root, mtls := mtlsTemplate(t)
 	sameExceptTLS(t, envoyTmpl, mtls)
 
 	dir := t.TempDir()
@@ -44,23 +51,9 @@ func TestExtProcMutualTLS(t *testing.T) {
 		t.Fatalf("hack/certs.sh: %v\n%s", err, out)
 	}
 	tmpl := bytes.ReplaceAll(mtls, []byte("/etc/kvroute/tls"), []byte(dir))
-	extra := kvrouteExtra + fmt.Sprintf("tls:\n  extproc:\n    cert_file: %s/server.pem\n    key_file: %s/server-key.pem\n    client_ca_file: %s/ca.pem\n", dir, dir, dir)
-
-	g := newGroup(t)
-	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: tmpl, Engines: 2,
-		EngineArgs:     func(i int) []string { return engineArgs(300 + i) },
-		KVRouteExtra:   extra,
-		UpstreamHeader: "x-e2e-upstream",
+	c := newCluster(t, clusterOpts{engines: 2, seed: 300, envoy: tmpl,
+		kvExtra: fmt.Sprintf("tls:\n  extproc:\n    cert_file: %s/server.pem\n    key_file: %s/server-key.pem\n    client_ca_file: %s/ca.pem\n", dir, dir, dir),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
-	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 300 + i, g: g})
-	}
-	c.setPorts()
 	// Envoy's gRPC health checks reach kvroute over mutual TLS.
 	c.waitExtProcHealthy(true)
 

@@ -43,26 +43,12 @@ const (
 // later probe. Affinity must return; the figure is logged (docs/benchmarks.md,
 // "Warm restart").
 func TestRestartWarmAffinity(t *testing.T) {
-	g := newGroup(t)
-	s, err := testbed.StartStack(context.Background(), g, testbed.StackOptions{
-		Bin: bins, Envoy: envoyTmpl, Engines: 4,
-		EngineArgs: func(i int) []string {
-			// One block per prefill step, so that one long prompt
-			// publishes one batch per block, at 50x real time.
-			return append(engineArgs(300+i), "--speed", "50", "--max-num-seqs", "16",
-				"--max-num-batched-tokens", "16", "--kv-events-buffer-steps", strconv.Itoa(replayBufferSteps))
-		},
-		KVRouteExtra:   kvrouteExtra,
-		UpstreamHeader: "x-e2e-upstream",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, g: g, kv: s.KV, envoy: s.Envoy}
-	for i, e := range s.Engines {
-		c.engines = append(c.engines, &engine{Engine: e, id: i, seed: 300 + i, g: g})
-	}
-	c.setPorts()
+	c := newCluster(t, clusterOpts{engines: 4, seed: 300, engineArgs: func(int) []string {
+		// One block per prefill step, so that one long prompt publishes
+		// one batch per block, at 50x real time.
+		return []string{"--speed", "50", "--max-num-seqs", "16",
+			"--max-num-batched-tokens", "16", "--kv-events-buffer-steps", strconv.Itoa(replayBufferSteps)}
+	}})
 	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(13, 17))
 
@@ -112,9 +98,11 @@ func TestRestartWarmAffinity(t *testing.T) {
 	}
 	held := make([]int64, len(c.engines))
 	for i, e := range c.engines {
-		if held[i], err = engineBatches(ctx, e.URL()); err != nil {
+		n, err := engineBatches(ctx, e.URL())
+		if err != nil {
 			t.Fatal(err)
 		}
+		held[i] = n
 		if held[i] < fillUntil || held[i] >= replayBufferSteps-200 {
 			t.Fatalf("engine %d published %d batches: want a buffer between %d and %d of %d full", i, held[i], fillUntil, replayBufferSteps-200, replayBufferSteps)
 		}
