@@ -60,12 +60,18 @@ func TestMultiTurnSessionsStick(t *testing.T) {
 }
 
 // TestSharedSystemPromptDoesNotHerd: one long system prompt shared by every
-// request, cached on one replica first, then a concurrent burst: the load
-// term must spread the burst instead of sending it all to the cache holder.
-// It runs the router's default policy (kvroute): at this light load no
-// prefill queue builds up, so it is kvroute's load bound that spreads the
-// burst (a replica at or above its share of the in-flight requests earns
-// no cache credit).
+// request, cached on one replica first, then a concurrent burst of 64 from
+// 16 clients: the router must spread the burst instead of sending it all
+// to the cache holder. It runs the router's default policy (kvroute).
+// Here the prompt's prefill (~3.4k tokens) is long against a decode step,
+// and the holder's hits leave no prefill queue, so the prediction rightly
+// finds the holder faster for every request, while the other replicas are
+// still prefilling the prompt for their first requests. What spreads the
+// burst is kvroute's prefix share bound: once the prompt drew 2N or more
+// placements within about a second, a replica that took 1.25/N of them is
+// passed over (N = 4; route's prefix memory). Decisions see each other's
+// in-flight charge (route.Options.Tracker), so concurrent requests do not
+// all read the same idle fleet.
 func TestSharedSystemPromptDoesNotHerd(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
 	ctx := t.Context()

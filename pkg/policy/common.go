@@ -21,6 +21,10 @@ const (
 	ReasonAffinity     = "affinity" // pureaffinity: longest match
 	ReasonNoneEligible = "none_eligible"
 	ReasonLoadBound    = "load_bound" // kvroute: the load bound took a candidate's cache credit and changed the pick
+	// ReasonPrefixShare: kvroute passed over a cheaper candidate that took
+	// too large a share of the recent placements drawn by the request's
+	// prefix (herding).
+	ReasonPrefixShare = "prefix_share"
 )
 
 // LoadBlocks is the load figure ties are broken on: the replica's active
@@ -253,6 +257,13 @@ func anyEligible(cands []Candidate) bool {
 // ineligible) and picks the lowest; equal costs go to the less loaded
 // candidate, then at random. It returns -1 when none is eligible.
 func lowestCost(cands []Candidate, env Env, cost func(Candidate) float64) (int, []float64) {
+	return lowestCostAmong(cands, env, cost, nil)
+}
+
+// lowestCostAmong is lowestCost picking only among the eligible candidates
+// allowed admits (all when allowed is nil); costs are computed for every
+// eligible candidate.
+func lowestCostAmong(cands []Candidate, env Env, cost func(Candidate) float64, allowed func(Candidate) bool) (int, []float64) {
 	costs := make([]float64, len(cands))
 	ch := newChooser()
 	for i, c := range cands {
@@ -261,6 +272,9 @@ func lowestCost(cands []Candidate, env Env, cost func(Candidate) float64) (int, 
 			continue
 		}
 		costs[i] = cost(c)
+		if allowed != nil && !allowed(c) {
+			continue
+		}
 		if ch.pick < 0 {
 			ch.better(i)
 			continue

@@ -83,13 +83,29 @@ import (
 // resolves by preempting a running request and recomputing it later.
 // Without Load.KVBlocks the term is 0.
 //
-// Herding protection comes from the prediction: a burst's queued prefill
-// is in the router's in-flight view (wait), and its requests in the
-// per-request charge. The load bound below is only a safety net, for a
-// burst on a prefix so long that the holder stays the faster choice for
-// many requests; it fires at three times the fleet's mean load, and it
-// never takes a session's credit on its home replica: a session leaves
-// its history only when the prediction says the holder is slower.
+// Herding protection comes from the prediction where a burst's cost is
+// visible: its queued prefill is in the router's in-flight view (wait),
+// and its requests in the per-request charge. Two bounds are the safety
+// net for a burst on a prefix so long that the holder stays the faster
+// choice for many requests, and neither ever applies at a session's home
+// (a session leaves its history only when the prediction says the holder
+// is slower). The load bound below fires at three times the fleet's mean
+// load. The prefix share bound (prefix_share_bound c, default 1.25; 0
+// turns it off) passes over a candidate that took c/N or more of the
+// router's recent placements of requests drawn by the same prefix
+// (Candidate.PrefixShare: the longest indexed match any candidate has for
+// the request, placements counted with a one-second half-life, so only a
+// burst of 2N or more within about a second, Request.PrefixPlacements,
+// arms it), while any eligible candidate is not over it; its cost is still
+// computed and reported, and reason "prefix_share" marks a pick it
+// changed. Such a burst is what the prediction herds on when the prefix's
+// prefill is long against a decode step: with 16 clients sharing a
+// 3.4k-token system prompt on 4 replicas (e2e
+// TestSharedSystemPromptDoesNotHerd), every request is rightly predicted
+// faster on the holder, whose hits leave no prefill queue, while the
+// others prefill the prompt for their first requests; the holder took up
+// to 28 of 64 requests. Spreading costs each other replica one prefill of
+// the prompt, after which it holds it too.
 // Candidate.Trust (the closed-loop fidelity of the replica's served hits)
 // scales the hit. Ties go to the less loaded candidate, then at random.
 // KVRoute holds no state.
@@ -115,23 +131,25 @@ type KVRoute struct {
 	moveWeight, movePressureMax                float64
 	memoryWeight, memoryReserve                float64
 	loadBound, loadBoundMin                    float64
+	prefixShareBound                           float64
 	prefillRate, decodeStep                    float64
 	tierWeight                                 [index.NumTiers]float64
 }
 
 func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	k := &KVRoute{
-		backlogWeight:   orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
-		decodeWeight:    orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
-		requestWeight:   orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
-		moveWeight:      orDefault(c.MoveWeight, DefaultKVRouteMoveWeight),
-		movePressureMax: orDefault(c.MovePressureMax, DefaultKVRouteMovePressureMax),
-		memoryWeight:    orDefault(c.MemoryWeight, DefaultKVRouteMemoryWeight),
-		memoryReserve:   orDefault(c.MemoryReserve, DefaultKVRouteMemoryReserve),
-		loadBound:       orDefault(c.LoadBound, DefaultKVRouteLoadBound),
-		loadBoundMin:    orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
-		prefillRate:     orDefault(c.PrefillRate, DefaultKVRoutePrefillRate),
-		decodeStep:      orDefault(c.DecodeStep, DefaultKVRouteDecodeStep),
+		backlogWeight:    orDefault(c.BacklogWeight, DefaultKVRouteBacklogWeight),
+		decodeWeight:     orDefault(c.DecodeWeight, DefaultKVRouteDecodeWeight),
+		requestWeight:    orDefault(c.RequestWeight, DefaultKVRouteRequestWeight),
+		moveWeight:       orDefault(c.MoveWeight, DefaultKVRouteMoveWeight),
+		movePressureMax:  orDefault(c.MovePressureMax, DefaultKVRouteMovePressureMax),
+		memoryWeight:     orDefault(c.MemoryWeight, DefaultKVRouteMemoryWeight),
+		memoryReserve:    orDefault(c.MemoryReserve, DefaultKVRouteMemoryReserve),
+		loadBound:        orDefault(c.LoadBound, DefaultKVRouteLoadBound),
+		loadBoundMin:     orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
+		prefixShareBound: orDefault(c.PrefixShareBound, DefaultKVRoutePrefixShareBound),
+		prefillRate:      orDefault(c.PrefillRate, DefaultKVRoutePrefillRate),
+		decodeStep:       orDefault(c.DecodeStep, DefaultKVRouteDecodeStep),
 	}
 	if err := allFiniteNonNeg(
 		knob{"kvroute.backlog_weight", k.backlogWeight},
@@ -154,6 +172,9 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	}
 	if b := k.loadBound; math.IsNaN(b) || math.IsInf(b, 0) || (b != 0 && b < 1) {
 		return nil, fieldErr("kvroute.load_bound", b, "0 (off) or a finite number >= 1")
+	}
+	if b := k.prefixShareBound; math.IsNaN(b) || math.IsInf(b, 0) || (b != 0 && b < 1) {
+		return nil, fieldErr("kvroute.prefix_share_bound", b, "0 (off) or a finite number >= 1")
 	}
 	if m := k.loadBoundMin; !(m >= 1 && m <= 1<<20) || m != math.Trunc(m) {
 		return nil, fieldErr("kvroute.load_bound_min", m, "a whole number in [1, 1048576]")
@@ -388,21 +409,61 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	bound := k.LoadBound(cands)
 	credited := func(c Candidate) bool { return c.Home || float64(c.Load.Requests()) < bound }
 	f := k.FleetOf(req, cands, credited)
-	pick, costs := lowestCost(cands, env, func(c Candidate) float64 {
+	herding := k.Herding(req, cands)
+	var allowed func(Candidate) bool
+	for _, c := range cands {
+		if eligible(c) && !herding(c) {
+			allowed = func(c Candidate) bool { return !herding(c) }
+			break
+		}
+	}
+	pick, costs := lowestCostAmong(cands, env, func(c Candidate) float64 {
 		hit := 0.0
 		if credited(c) {
 			hit = k.HitBlocks(c)
 		}
 		return k.Predict(req, c, hit, f).Total()
-	})
+	}, allowed)
 	reason := ReasonCost
 	switch {
 	case cold(cands):
 		reason = ReasonColdIndex
+	case allowed != nil && passedOver(cands, costs, pick, herding):
+		reason = ReasonPrefixShare
 	case k.boundChanged(req, cands, pick, costs[pick], credited):
 		reason = ReasonLoadBound
 	}
 	return Result{Pick: pick, Reason: reason, Costs: costs}
+}
+
+// Herding returns whether a candidate is herding the request's prefix:
+// it is not the session's home, the prefix that draws the request
+// (Candidate.PrefixShare) has had at least 2N recent placements, N the
+// eligible candidates, and the candidate took prefix_share_bound/N of them
+// or more. It is false for every candidate when the bound is off.
+func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
+	n := 0
+	for _, c := range cands {
+		if eligible(c) {
+			n++
+		}
+	}
+	if k.prefixShareBound == 0 || n < 2 || req.PrefixPlacements < float64(2*n) {
+		return func(Candidate) bool { return false }
+	}
+	lim := k.prefixShareBound / float64(n)
+	return func(c Candidate) bool { return !c.Home && c.PrefixShare >= lim }
+}
+
+// passedOver reports whether an eligible herding candidate was cheaper
+// than the pick.
+func passedOver(cands []Candidate, costs []float64, pick int, herding func(Candidate) bool) bool {
+	for i, c := range cands {
+		if eligible(c) && herding(c) && costs[i] < costs[pick] && !floatEq(costs[i], costs[pick]) {
+			return true
+		}
+	}
+	return false
 }
 
 // boundChanged reports whether the pick would have been another,
@@ -460,6 +521,12 @@ type KVRouteConfig struct {
 	// LoadBoundMin is the bound's floor in requests (default 6; a whole
 	// number >= 1).
 	LoadBoundMin *float64 `yaml:"load_bound_min"`
+	// PrefixShareBound c: a candidate other than the session's home that
+	// took c/N or more of the router's recent placements drawn by the
+	// request's prefix (once that prefix drew 2N or more, N the eligible
+	// candidates) is passed over while another candidate is not (default
+	// 1.25; 0 turns it off; otherwise it must be >= 1).
+	PrefixShareBound *float64 `yaml:"prefix_share_bound"`
 	// PrefillRate is the prefill speed, uncached tokens per second,
 	// assumed for a replica while no candidate has a learned one
 	// (Load.PrefillRate; default 16000).
@@ -471,15 +538,16 @@ type KVRouteConfig struct {
 
 // kvroute's defaults.
 const (
-	DefaultKVRouteBacklogWeight   = 0.5
-	DefaultKVRouteDecodeWeight    = 0.0
-	DefaultKVRouteRequestWeight   = 1.0
-	DefaultKVRouteMoveWeight      = 1.0
-	DefaultKVRouteMovePressureMax = 4.0
-	DefaultKVRouteMemoryWeight    = 2.0
-	DefaultKVRouteMemoryReserve   = 0.05
-	DefaultKVRouteLoadBound       = 3.0
-	DefaultKVRouteLoadBoundMin    = 6.0
-	DefaultKVRoutePrefillRate     = 16000.0
-	DefaultKVRouteDecodeStep      = 0.008
+	DefaultKVRouteBacklogWeight    = 0.5
+	DefaultKVRouteDecodeWeight     = 0.0
+	DefaultKVRouteRequestWeight    = 1.0
+	DefaultKVRouteMoveWeight       = 1.0
+	DefaultKVRouteMovePressureMax  = 4.0
+	DefaultKVRouteMemoryWeight     = 2.0
+	DefaultKVRouteMemoryReserve    = 0.05
+	DefaultKVRouteLoadBound        = 3.0
+	DefaultKVRouteLoadBoundMin     = 6.0
+	DefaultKVRoutePrefixShareBound = 1.25
+	DefaultKVRoutePrefillRate      = 16000.0
+	DefaultKVRouteDecodeStep       = 0.008
 )

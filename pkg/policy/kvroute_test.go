@@ -380,6 +380,8 @@ func TestKVRouteWeightedConfigErrors(t *testing.T) {
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(0)}}, "kvroute.load_bound_min"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(2.5)}}, "kvroute.load_bound_min"},
 		{NameKVRoute, Config{KVRoute: KVRouteConfig{LoadBoundMin: Float(math.NaN())}}, "kvroute.load_bound_min"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{PrefixShareBound: Float(0.9)}}, "kvroute.prefix_share_bound"},
+		{NameKVRoute, Config{KVRoute: KVRouteConfig{PrefixShareBound: Float(math.Inf(1))}}, "kvroute.prefix_share_bound"},
 		{NameWeighted, Config{Weighted: WeightedConfig{PrefixWeight: Float(-1)}}, "weighted.prefix_weight"},
 		{NameWeighted, Config{Weighted: WeightedConfig{QueueWeight: Float(math.NaN())}}, "weighted.queue_weight"},
 		{NameWeighted, Config{Weighted: WeightedConfig{KVUtilizationWeight: Float(math.Inf(1))}}, "weighted.kv_utilization_weight"},
@@ -580,5 +582,56 @@ func TestKVRouteSessionStaysHomeUnlessSlower(t *testing.T) {
 	}
 	if res := p.Pick(req, fleet(300), seeded(1)); res.Pick == 0 {
 		t.Errorf("300 blocks queued at home on an idle fleet: stayed home; costs %v", res.Costs)
+	}
+}
+
+// The prefix share bound: a prefix that drew at least N recent placements
+// (N candidates), most of them to its holder, has the holder passed over
+// for the next request it draws, though the holder is the cheapest; not
+// below N placements, not at the session's home, not with the bound off,
+// and not when every candidate herds.
+func TestKVRoutePrefixShareBound(t *testing.T) {
+	req := Request{PromptBlocks: 229, BlockSize: 16, PrefixPlacements: 8}
+	fleet := func(holderShare float64) []Candidate {
+		cs := []Candidate{withReqs(cand("holder", 213, 34, 460), 2, 0)}
+		cs[0].PrefixShare = holderShare
+		for i := range 3 {
+			c := withReqs(cand(fmt.Sprint("r", i), 0, 0, 0), 0, 0)
+			c.PrefixShare = (1 - holderShare) / 3
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	p := mustNew(t, NameKVRoute, Config{})
+	if res := p.Pick(req, fleet(0.30), seeded(1)); res.Pick != 0 || res.Reason != ReasonCost {
+		t.Errorf("holder at 30%% (< 1.25/4): picked %d (%s), want the holder", res.Pick, res.Reason)
+	}
+	res := p.Pick(req, fleet(0.32), seeded(1))
+	if res.Pick == 0 || res.Reason != ReasonPrefixShare {
+		t.Errorf("holder at 32%% of 8 placements: picked %d (%s), want it passed over", res.Pick, res.Reason)
+	}
+	if !(res.Costs[0] < res.Costs[res.Pick]) {
+		t.Errorf("the holder should still be the cheapest: costs %v", res.Costs)
+	}
+	few := req
+	few.PrefixPlacements = 3
+	if res := p.Pick(few, fleet(1), seeded(1)); res.Pick != 0 {
+		t.Errorf("3 placements (< 4 candidates): picked %d (%s), want the holder", res.Pick, res.Reason)
+	}
+	cs := fleet(0.9)
+	cs[0].Home = true
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("the session's home: picked %d (%s), want home", res.Pick, res.Reason)
+	}
+	all := fleet(0.25)
+	for i := range all {
+		all[i].PrefixShare = 0.5 // impossible shares: every candidate herds
+	}
+	if res := p.Pick(req, all, seeded(1)); res.Pick != 0 {
+		t.Errorf("every candidate over: picked %d (%s), want the cheapest", res.Pick, res.Reason)
+	}
+	off := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{PrefixShareBound: Float(0)}})
+	if res := off.Pick(req, fleet(0.9), seeded(1)); res.Pick != 0 {
+		t.Errorf("bound off: picked %d (%s), want the holder", res.Pick, res.Reason)
 	}
 }

@@ -37,6 +37,12 @@ type Candidate struct {
 	// reads it: its low-match branch prefers the smallest footprint and
 	// falls back to Load.KVUsage when no candidate reports a Footprint.
 	Footprint float64
+	// PrefixShare is the replica's share of the router's recent
+	// placements of requests drawn by the same prefix as this one (the
+	// longest indexed match any candidate has for it; route's prefix
+	// memory), in [0, 1]; 0 without one. Only kvroute reads it, with
+	// Request.PrefixPlacements (see KVRoute's prefix share bound).
+	PrefixShare float64
 }
 
 // MatchedBlocks is the replica's matched prefix length over all tiers.
@@ -62,6 +68,11 @@ type Request struct {
 	// BlockSize is the block size of PromptBlocks, in tokens; 0 when
 	// unknown (kvroute then takes PromptTokens/PromptBlocks).
 	BlockSize int
+	// PrefixPlacements counts the router's recent placements of requests
+	// drawn by the same prefix, each halved per second of age (route's
+	// PrefixShareHalfLife); 0 when none or unknown. See
+	// Candidate.PrefixShare.
+	PrefixPlacements float64
 }
 
 // Env is what a policy may use besides its inputs: injected randomness, so

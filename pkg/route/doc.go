@@ -42,8 +42,18 @@
 // charges a move away from it and never applies its load bound there),
 // never a pin. Decide records the pick as the new home; Explain does not.
 //
+// Prefixes: the Router also remembers, per prefix that draws a request
+// (the longest indexed match any candidate has, keyed by its deepest
+// block; bounded like the homes), how its recent placements spread over
+// replicas, each halved per PrefixShareHalfLife of age, and reports them
+// as policy.Candidate.PrefixShare and policy.Request.PrefixPlacements
+// (kvroute's prefix share bound). Decide records its pick there; Explain
+// does not.
+//
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
-// goroutine. Per-call buffers come from a sync.Pool; policy randomness comes
+// goroutine. Decide holds the Router's lock from reading the candidates'
+// loads to charging its pick (Options.Tracker, Decision.Hold) and
+// recording it, so concurrent decisions see each other's picks. Per-call buffers come from a sync.Pool; policy randomness comes
 // from one *rand.Rand over a mutex-guarded PCG seeded from Options.Seed, so a
 // single goroutine's sequence of decisions is reproducible. Decide reads the
 // clock (Options.Now, injectable) to report TokenizeTime and DecideTime; its

@@ -112,6 +112,7 @@ type Router struct {
 	mu      sync.Mutex // Decide's section from the loads to the pick's charge
 	opts    Options
 	homes   *homes
+	shares  *prefixShares
 	rand    *rand.Rand
 	scratch sync.Pool // *scratch
 }
@@ -173,9 +174,10 @@ func New(opts Options) *Router {
 		opts.Rates = NewRates()
 	}
 	r := &Router{
-		opts:  opts,
-		homes: newHomes(opts.SessionMemory),
-		rand:  rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
+		opts:   opts,
+		homes:  newHomes(opts.SessionMemory),
+		shares: newPrefixShares(DefaultPrefixMemory),
+		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 	}
 	r.scratch.New = func() any { return new(scratch) }
 	return r
@@ -323,6 +325,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start}, raw, primary)
 	}
+	// The prefix that draws the request: its longest indexed match on any
+	// candidate (see prefixShares).
+	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs)
 
 	// From the loads to the pick's charge, a Decide holds the router's
 	// lock: a concurrent decision sees this one's request in the pick's
@@ -357,6 +362,21 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if hasIDs && toks.Exact && r.opts.Pending != nil {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
+	placements := 0.0
+	if drawn {
+		placements = r.shares.get(drawKey, start, func(id index.ReplicaID, v float64) {
+			for k := range sc.cands {
+				if sc.cands[k].Replica == id {
+					sc.cands[k].PrefixShare = v
+				}
+			}
+		})
+		for k := range sc.cands {
+			if placements > 0 {
+				sc.cands[k].PrefixShare /= placements
+			}
+		}
+	}
 
 	res := r.opts.Policy.Pick(policy.Request{
 		PromptBlocks:         d.PromptBlocks,
@@ -364,6 +384,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		SessionKey:           d.Session,
 		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
 		BlockSize:            primary,
+		PrefixPlacements:     placements,
 	}, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
@@ -402,12 +423,34 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
+		if drawn {
+			r.shares.record(drawKey, d.Replica, start)
+		}
 		if r.opts.Tracker != nil {
 			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
 		}
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil
+}
+
+// drawingPrefix returns the key (at the primary block size) of the
+// deepest block of the longest match any candidate has for the request;
+// ok is false without a match.
+func (r *Router) drawingPrefix(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, hasIDs bool) (kvblock.Key, bool) {
+	if !hasIDs {
+		return 0, false
+	}
+	longest := 0
+	for _, c := range sc.cands {
+		longest = max(longest, c.MatchedBlocks())
+	}
+	longest = min(longest, len(tokens)/primary)
+	if longest == 0 {
+		return 0, false
+	}
+	sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:longest*primary], primary, opts)
+	return sc.keys[longest-1], true
 }
 
 // candidates returns the indexes into reps of the replicas serving the

@@ -1,0 +1,112 @@
+package route
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+// DefaultPrefixMemory is how many prefixes' recent placements a Router
+// remembers (two generations of half as many each, like session homes).
+const DefaultPrefixMemory = 1 << 14
+
+// PrefixShareHalfLife is how fast a prefix's placements are forgotten:
+// each counts half after this long. A prefix draws N (the candidates)
+// decayed placements only in a burst: N or more requests within about
+// this time.
+const PrefixShareHalfLife = time.Second
+
+// prefixShares remembers, per prefix, how the router's recent placements
+// of requests drawn by that prefix were spread over replicas. The prefix
+// that draws a request is the longest indexed match any candidate has for
+// it (its deepest matched block's key): the shared system prompt of a
+// burst of new requests, the history of a session's next turn. The policy
+// reads it as Candidate.PrefixShare and Request.PrefixPlacements: a prefix
+// drawing many requests whose placements go mostly to one replica is
+// herding there. Safe for concurrent use (one mutex).
+type prefixShares struct {
+	mu       sync.Mutex
+	max      int
+	cur, old map[kvblock.Key]*shareEntry
+}
+
+// shareEntry is one prefix's decayed placement counts.
+type shareEntry struct {
+	at    time.Time // when the counts were last decayed
+	total float64
+	by    map[index.ReplicaID]float64
+}
+
+// decay brings the entry's counts to now.
+func (e *shareEntry) decay(now time.Time) {
+	dt := now.Sub(e.at)
+	if dt <= 0 {
+		return
+	}
+	e.at = now
+	d := math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
+	e.total *= d
+	for r, v := range e.by {
+		if v *= d; v < 1e-3 {
+			delete(e.by, r)
+		} else {
+			e.by[r] = v
+		}
+	}
+}
+
+func newPrefixShares(max int) *prefixShares {
+	return &prefixShares{max: max, cur: map[kvblock.Key]*shareEntry{}}
+}
+
+// lookup returns the prefix's entry (nil when unknown); callers hold mu.
+func (p *prefixShares) lookup(k kvblock.Key) *shareEntry {
+	if e, ok := p.cur[k]; ok {
+		return e
+	}
+	return p.old[k]
+}
+
+// get returns the prefix's placement count at now (decayed) in total and
+// calls each for every replica it was placed on, with that replica's.
+func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.ReplicaID, float64)) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.lookup(k)
+	if e == nil {
+		return 0
+	}
+	d := 1.0
+	if dt := now.Sub(e.at); dt > 0 {
+		d = math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
+	}
+	for r, v := range e.by {
+		each(r, v*d)
+	}
+	return e.total * d
+}
+
+// record counts a placement at now of a request drawn by prefix k on
+// replica, the earlier ones decayed (PrefixShareHalfLife).
+func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.cur[k]
+	if !ok {
+		if e = p.old[k]; e != nil {
+			delete(p.old, k)
+		} else {
+			e = &shareEntry{at: now, by: map[index.ReplicaID]float64{}}
+		}
+		p.cur[k] = e
+		if len(p.cur) >= max(1, p.max/2) {
+			p.old, p.cur = p.cur, map[kvblock.Key]*shareEntry{}
+		}
+	}
+	e.decay(now)
+	e.total++
+	e.by[replica]++
+}
