@@ -37,8 +37,8 @@ test: ## Unit tests (race, shuffled) then end-to-end tests; installs what they n
 	@KVROUTE_VLLM_WIRE=require $(MAKE) --no-print-directory test-unit test-e2e
 
 .PHONY: test-unit
-test-unit: ## Unit tests: go test -race -shuffle=on -count=1 ./...
-	$(GO) test -race -shuffle=on -count=1 $(PKGS)
+test-unit: ## Unit tests: go test -race -shuffle=on -count=1 -timeout 25m ./...
+	$(GO) test -race -shuffle=on -count=1 -timeout 25m $(PKGS)
 
 # Every package with e2e-tagged test files: ./e2e and, e.g., pkg/overhead's
 # TestBodySizeLimits (their untagged tests run again, cheaply). -p 1: one
