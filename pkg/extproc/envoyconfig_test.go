@@ -20,39 +20,25 @@ import (
 // for bodies Envoy meant to route; a gRPC limit below it (the old 4 MiB
 // default) made Envoy fail open and route 4–16 MiB prompts blind.
 func TestShippedEnvoyLimitsAgree(t *testing.T) {
-	files, err := filepath.Glob("../../envoy/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no Envoy configs found: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
+	eachShippedConfig(t, func(t *testing.T, f string, data []byte, doc any) {
+		limits := findKey(doc, "request_body_buffer_limit")
+		modes := findKey(doc, "request_body_mode")
+		if len(modes) == 0 {
+			t.Fatalf("%s has no ext_proc request_body_mode", f)
+		}
+		if len(limits) == 0 {
+			t.Fatalf("%s sets no request_body_buffer_limit (Envoy's default buffers far less than the router accepts)", f)
+		}
+		for _, l := range limits {
+			n, err := strconv.Atoi(l)
+			if err != nil || n != DefaultMaxBodyBytes {
+				t.Errorf("%s: request_body_buffer_limit %s, want %d (extproc.DefaultMaxBodyBytes)", f, l, DefaultMaxBodyBytes)
 			}
-			var doc any
-			if err := yaml.Unmarshal(data, &doc); err != nil {
-				t.Fatalf("%s is not YAML: %v", f, err)
+			if got := (Config{MaxBodyBytes: n}).MaxRecvMsgBytes(); got <= n {
+				t.Errorf("%s: gRPC receive limit %d does not admit a %d-byte body", f, got, n)
 			}
-			limits := findKey(doc, "request_body_buffer_limit")
-			modes := findKey(doc, "request_body_mode")
-			if len(modes) == 0 {
-				t.Fatalf("%s has no ext_proc request_body_mode", f)
-			}
-			if len(limits) == 0 {
-				t.Fatalf("%s sets no request_body_buffer_limit (Envoy's default buffers far less than the router accepts)", f)
-			}
-			for _, l := range limits {
-				n, err := strconv.Atoi(l)
-				if err != nil || n != DefaultMaxBodyBytes {
-					t.Errorf("%s: request_body_buffer_limit %s, want %d (extproc.DefaultMaxBodyBytes)", f, l, DefaultMaxBodyBytes)
-				}
-				if got := (Config{MaxBodyBytes: n}).MaxRecvMsgBytes(); got <= n {
-					t.Errorf("%s: gRPC receive limit %d does not admit a %d-byte body", f, got, n)
-				}
-			}
-		})
-	}
+		}
+	})
 	// The chart's Envoy bootstrap is a template; its limit is a literal.
 	data, err := os.ReadFile("../../charts/kvroute/files/envoy.yaml")
 	if err != nil {
@@ -113,58 +99,44 @@ func scalar(v any) string {
 // response; client-sent decision ids are stripped before routing and the
 // id is not sent upstream.
 func TestShippedEnvoyObservesResponsesOffThePath(t *testing.T) {
-	files, err := filepath.Glob("../../envoy/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no Envoy configs found: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
+	eachShippedConfig(t, func(t *testing.T, f string, data []byte, doc any) {
+		var router, observer map[string]any
+		for _, fl := range findMaps(doc, "http_filters") {
+			cfg, _ := fl["typed_config"].(map[string]any)
+			switch fl["name"] {
+			case "envoy.filters.http.ext_proc":
+				router = cfg
+			case "kvroute.ext_proc.observe":
+				observer = cfg
 			}
-			var doc any
-			if err := yaml.Unmarshal(data, &doc); err != nil {
-				t.Fatalf("%s is not YAML: %v", f, err)
+		}
+		if router == nil || observer == nil {
+			t.Fatalf("want the router and the observer ext_proc filters, got router %v observer %v", router != nil, observer != nil)
+		}
+		rm, _ := router["processing_mode"].(map[string]any)
+		if rm["response_header_mode"] != "SKIP" || rm["response_body_mode"] != "NONE" || rm["response_trailer_mode"] != "SKIP" {
+			t.Errorf("router filter processes the response: %v", rm)
+		}
+		if observer["observability_mode"] != true || observer["failure_mode_allow"] != true {
+			t.Errorf("observer: observability_mode %v failure_mode_allow %v, want both true", observer["observability_mode"], observer["failure_mode_allow"])
+		}
+		om, _ := observer["processing_mode"].(map[string]any)
+		if om["request_header_mode"] != "SEND" || om["response_header_mode"] != "SEND" || om["response_body_mode"] != "STREAMED" || om["request_body_mode"] != "NONE" {
+			t.Errorf("observer processing mode %v", om)
+		}
+		allowed := findKey(observer, "exact")
+		for _, h := range []string{DecisionHeader, ":status", "content-type"} {
+			if !slices.Contains(allowed, h) {
+				t.Errorf("observer is not sent %s (allowed %v)", h, allowed)
 			}
-			var router, observer map[string]any
-			for _, fl := range findMaps(doc, "http_filters") {
-				cfg, _ := fl["typed_config"].(map[string]any)
-				switch fl["name"] {
-				case "envoy.filters.http.ext_proc":
-					router = cfg
-				case "kvroute.ext_proc.observe":
-					observer = cfg
-				}
-			}
-			if router == nil || observer == nil {
-				t.Fatalf("want the router and the observer ext_proc filters, got router %v observer %v", router != nil, observer != nil)
-			}
-			rm, _ := router["processing_mode"].(map[string]any)
-			if rm["response_header_mode"] != "SKIP" || rm["response_body_mode"] != "NONE" || rm["response_trailer_mode"] != "SKIP" {
-				t.Errorf("router filter processes the response: %v", rm)
-			}
-			if observer["observability_mode"] != true || observer["failure_mode_allow"] != true {
-				t.Errorf("observer: observability_mode %v failure_mode_allow %v, want both true", observer["observability_mode"], observer["failure_mode_allow"])
-			}
-			om, _ := observer["processing_mode"].(map[string]any)
-			if om["request_header_mode"] != "SEND" || om["response_header_mode"] != "SEND" || om["response_body_mode"] != "STREAMED" || om["request_body_mode"] != "NONE" {
-				t.Errorf("observer processing mode %v", om)
-			}
-			allowed := findKey(observer, "exact")
-			for _, h := range []string{DecisionHeader, ":status", "content-type"} {
-				if !slices.Contains(allowed, h) {
-					t.Errorf("observer is not sent %s (allowed %v)", h, allowed)
-				}
-			}
-			if !slices.Contains(findKey(doc, "remove"), DecisionHeader) {
-				t.Errorf("client-sent %s is not stripped before routing", DecisionHeader)
-			}
-			if !strings.Contains(string(data), "request_headers_to_remove: ["+DecisionHeader+"]") {
-				t.Errorf("%s is sent upstream", DecisionHeader)
-			}
-		})
-	}
+		}
+		if !slices.Contains(findKey(doc, "remove"), DecisionHeader) {
+			t.Errorf("client-sent %s is not stripped before routing", DecisionHeader)
+		}
+		if !strings.Contains(string(data), "request_headers_to_remove: ["+DecisionHeader+"]") {
+			t.Errorf("%s is sent upstream", DecisionHeader)
+		}
+	})
 }
 
 // findMaps returns the elements of every list under key in v.
@@ -193,4 +165,27 @@ func findMaps(v any, key string) []map[string]any {
 func asList(v any) []any {
 	l, _ := v.([]any)
 	return l
+}
+
+// eachShippedConfig runs check, as a subtest, on every Envoy configuration
+// shipped in envoy/: its path, bytes and YAML.
+func eachShippedConfig(t *testing.T, check func(t *testing.T, f string, data []byte, doc any)) {
+	t.Helper()
+	files, err := filepath.Glob("../../envoy/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Envoy configs found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc any
+			if err := yaml.Unmarshal(data, &doc); err != nil {
+				t.Fatalf("%s is not YAML: %v", f, err)
+			}
+			check(t, f, data, doc)
+		})
+	}
 }
