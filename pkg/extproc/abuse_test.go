@@ -17,14 +17,7 @@ const fabricatedUsage = `{"choices":[{"text":"x"}],"usage":{"prompt_tokens":80,"
 
 func newAbuseHarness(t *testing.T, lifetime time.Duration) (*lifecycleHarness, *fakeDecider) {
 	t.Helper()
-	tr, err := load.NewTracker(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid, err := load.NewFidelity(load.FidelityConfig{Alpha: 1, MinSamples: 1, Floor: 0.1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, fid := newTrackerFidelity(t)
 	d := &fakeDecider{dec: decision()}
 	h := newHarness(t, Config{
 		Decider: d, Tracker: tr, Fidelity: fid, MaxRequestLifetime: lifetime,

@@ -25,7 +25,9 @@ type lifecycleHarness struct {
 	fidelity *load.Fidelity
 }
 
-func newLifecycleHarness(t *testing.T) *lifecycleHarness {
+// newTrackerFidelity is the in-flight tracker and a fidelity that trusts
+// one sample fully, as the response-side tests use them.
+func newTrackerFidelity(t *testing.T) (*load.Tracker, *load.Fidelity) {
 	t.Helper()
 	tr, err := load.NewTracker(nil)
 	if err != nil {
@@ -35,6 +37,12 @@ func newLifecycleHarness(t *testing.T) *lifecycleHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tr, fid
+}
+
+func newLifecycleHarness(t *testing.T) *lifecycleHarness {
+	t.Helper()
+	tr, fid := newTrackerFidelity(t)
 	h := newHarness(t, Config{
 		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid,
 		BlockSize: func(index.ReplicaID) int { return 16 },

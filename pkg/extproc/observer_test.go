@@ -30,14 +30,7 @@ type observerHarness struct {
 
 func newObserverHarness(t *testing.T, wait time.Duration) *observerHarness {
 	t.Helper()
-	tr, err := load.NewTracker(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid, err := load.NewFidelity(load.FidelityConfig{Alpha: 1, MinSamples: 1, Floor: 0.1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, fid := newTrackerFidelity(t)
 	rl := &rateLog{}
 	h := newHarness(t, Config{
 		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid, Rates: rl, ObserverWait: wait,
@@ -267,14 +260,7 @@ func TestObserverStreamCutReleasesTheCharge(t *testing.T) {
 // none of the remaining chunks) and the request stays in flight, decoding,
 // until its router stream ends. The sampled one is followed to its end.
 func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
-	tr, err := load.NewTracker(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid, err := load.NewFidelity(load.FidelityConfig{Alpha: 1, MinSamples: 1, Floor: 0.1}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, fid := newTrackerFidelity(t)
 	rl := &rateLog{}
 	hh := newHarness(t, Config{
 		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid, Rates: rl, UsageSampleEvery: 2,
