@@ -120,6 +120,7 @@ type Router struct {
 // scratch holds per-call buffers reused across decisions.
 type scratch struct {
 	keys    []kvblock.Key
+	own     []kvblock.Key // the request's event-root keys at the primary block size (Pending)
 	matches []index.ReplicaMatch
 	cands   []policy.Candidate
 	sizes   []shape // distinct block sizes and lookaheads
@@ -328,6 +329,26 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// The prefix that draws the request: its longest indexed match on any
 	// candidate (see prefixShares).
 	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs)
+	// The keys Options.Pending matches and records, hashed before the
+	// lock below: on a long prompt hashing is most of that work.
+	usePending := hasIDs && toks.Exact && r.opts.Pending != nil
+	sc.own = sc.own[:0]
+	if usePending {
+		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
+	}
+	// The dispatch-learned index is matched before the lock, so recording
+	// this pick in it waits until the lock is released (deferred before
+	// the unlock, it runs after it): a long prompt's record is thousands
+	// of inserts no concurrent decision needs to wait for.
+	var approxRecord []kvblock.Key
+	var approxReplica index.ReplicaID
+	if learn && useApprox {
+		defer func() {
+			if approxRecord != nil {
+				r.opts.Approx.Record(approxRecord, approxReplica, start)
+			}
+		}()
+	}
 
 	// From the loads to the pick's charge, a Decide holds the router's
 	// lock: a concurrent decision sees this one's request in the pick's
@@ -335,7 +356,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// pick was charged (a burst of concurrent requests would otherwise all
 	// see the same loads and go to the same replica). The section does no
 	// I/O: loads, the pending match, the policy, the charge and the
-	// records.
+	// session, share and pending records.
 	if learn {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -359,7 +380,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if !healthy {
 		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
 	}
-	if hasIDs && toks.Exact && r.opts.Pending != nil {
+	if usePending {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
 	placements := 0.0
@@ -415,11 +436,15 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn && useApprox && sc.src[res.Pick] == srcApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
-		r.opts.Approx.Record(sc.keys, d.Replica, start)
+		approxRecord, approxReplica = sc.keys, d.Replica
 	}
-	if learn && hasIDs && toks.Exact && r.opts.Pending != nil && sc.src[res.Pick] == srcEvents {
-		sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
-		r.opts.Pending.Record(sc.keys, d.Replica, start)
+	if learn && usePending && sc.src[res.Pick] == srcEvents {
+		keys := sc.own
+		if sc.bs[res.Pick] != primary {
+			sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
+			keys = sc.keys
+		}
+		r.opts.Pending.Record(keys, d.Replica, start)
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
@@ -573,11 +598,15 @@ func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Option
 		indexed = max(indexed, have*sc.bs[k])
 	}
 	for _, sh := range sc.sizes {
-		sc.keys = kvblock.Keys(sc.keys[:0], root, tokens, sh.bs, opts)
-		if len(sc.keys) <= indexed/sh.bs { // nothing beyond the indexed prefix
+		keys := sc.own // hashed by decide at the primary block size
+		if sh.bs != primary {
+			sc.keys = kvblock.Keys(sc.keys[:0], root, tokens, sh.bs, opts)
+			keys = sc.keys
+		}
+		if len(keys) <= indexed/sh.bs { // nothing beyond the indexed prefix
 			continue
 		}
-		sc.matches = r.opts.Pending.Match(sc.keys, now, sc.matches[:0])
+		sc.matches = r.opts.Pending.Match(keys, now, sc.matches[:0])
 		for _, mt := range sc.matches {
 			for k := range sc.cands {
 				if sc.src[k] != srcEvents || sc.bs[k] != sh.bs || sc.cands[k].Replica != mt.Replica {
@@ -587,7 +616,7 @@ func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Option
 				for _, n := range raw[k].Matched {
 					have += n
 				}
-				if extra := mt.Blocks - max(have, indexed/sh.bs); extra > 0 && extra*PendingMinShare >= len(sc.keys) {
+				if extra := mt.Blocks - max(have, indexed/sh.bs); extra > 0 && extra*PendingMinShare >= len(keys) {
 					raw[k].Pending = extra
 					sc.cands[k].Pending = extra * sh.bs / primary
 				}
