@@ -36,8 +36,12 @@ func SessionKey(req Request) string {
 	if req.SessionKey != "" {
 		return req.SessionKey
 	}
-	if req.Input.Chat && len(req.Input.Messages) > 0 {
-		if h, ok := openingHash(req.Model, req.Input.Messages); ok {
+	if in := req.Input; in.Chat && (len(in.ChatMessages) > 0 || len(in.Messages) > 0) {
+		h, ok := parsedOpeningHash(req.Model, in.ChatMessages)
+		if in.ChatMessages == nil {
+			h, ok = openingHash(req.Model, in.Messages)
+		}
+		if ok {
 			return "conv:" + strconv.FormatUint(h, 16)
 		}
 	}
@@ -48,34 +52,180 @@ func SessionKey(req Request) string {
 }
 
 // openingHash hashes the model and the messages up to and including the
-// first assistant message; ok is false without one (or on malformed JSON).
-// It decodes one message at a time and stops at the first assistant
-// message, so a long history is not parsed past its opening.
+// first assistant message (each one's role and raw content); ok is false
+// without one (or on malformed JSON). It decodes one message at a time and
+// stops at the first assistant message, so a long history is not parsed
+// past its opening. parsedOpeningHash is the same hash from the request
+// parser's messages (ChatMessage.Role, and the content's raw JSON found in
+// ChatMessage.Raw), without encoding/json.
 func openingHash(model string, msgs json.RawMessage) (uint64, bool) {
 	dec := json.NewDecoder(bytes.NewReader(msgs))
 	if t, err := dec.Token(); err != nil || t != json.Delim('[') {
 		return 0, false
 	}
-	h := xxh3.New()
-	_, _ = h.WriteString(model)
-	_, _ = h.Write([]byte{0})
+	o := newOpening(model)
 	for dec.More() {
-		var m struct {
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
-		}
+		var m rawMessage
 		if err := dec.Decode(&m); err != nil {
 			return 0, false
 		}
-		_, _ = h.WriteString(m.Role)
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write(m.Content)
-		_, _ = h.Write([]byte{0})
-		if m.Role == "assistant" {
-			return h.Sum64(), true
+		if o.add(m.Role, m.Content) {
+			return o.h.Sum64(), true
 		}
 	}
 	return 0, false
+}
+
+type rawMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func parsedOpeningHash(model string, msgs []ChatMessage) (uint64, bool) {
+	o := newOpening(model)
+	for _, m := range msgs {
+		content, ok := rawContent(m.Raw)
+		if !ok { // a key written with escapes: let encoding/json match it
+			var rm rawMessage
+			if json.Unmarshal(m.Raw, &rm) != nil {
+				return 0, false
+			}
+			content = rm.Content
+		}
+		if o.add(m.Role, content) {
+			return o.h.Sum64(), true
+		}
+	}
+	return 0, false
+}
+
+// opening accumulates openingHash: the model, then each message's role and
+// raw content, NUL-separated.
+type opening struct{ h *xxh3.Hasher }
+
+func newOpening(model string) opening {
+	o := opening{xxh3.New()}
+	_, _ = o.h.WriteString(model)
+	_, _ = o.h.Write([]byte{0})
+	return o
+}
+
+// add hashes one message and reports whether it ends the opening (it is
+// the first assistant message).
+func (o opening) add(role string, content []byte) bool {
+	_, _ = o.h.WriteString(role)
+	_, _ = o.h.Write([]byte{0})
+	_, _ = o.h.Write(content)
+	_, _ = o.h.Write([]byte{0})
+	return role == "assistant"
+}
+
+// rawContent returns the raw JSON value of obj's "content" key as
+// encoding/json would give it to a json.RawMessage field (the last one
+// when repeated, keys compared case-insensitively; nil when absent). obj
+// is a well-formed JSON object (the request parser validated it); ok is
+// false when a key is written with escapes, which this scan does not
+// decode.
+func rawContent(obj []byte) (content []byte, ok bool) {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return nil, false
+	}
+	i++
+	for {
+		i = skipSpace(obj, i)
+		if i >= len(obj) || obj[i] == '}' {
+			return content, true
+		}
+		if obj[i] == ',' {
+			i++
+			continue
+		}
+		end := skipValue(obj, i) // the key, a string
+		if end < 0 {
+			return nil, false
+		}
+		key := obj[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return nil, false
+		}
+		i = skipSpace(obj, end)
+		if i >= len(obj) || obj[i] != ':' {
+			return nil, false
+		}
+		i = skipSpace(obj, i+1)
+		end = skipValue(obj, i)
+		if end < 0 {
+			return nil, false
+		}
+		if bytes.EqualFold(key, []byte("content")) {
+			content = obj[i:end]
+		}
+		i = end
+	}
+}
+
+// closingQuote returns the index of the quote closing the string whose
+// body starts at b[i] (one not escaped by an odd run of backslashes), or
+// -1.
+func closingQuote(b []byte, i int) int {
+	for {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		n := 0
+		for k := i - 1; k >= 0 && b[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return i
+		}
+		i++
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value starting at b[i], or -1 if
+// it is cut short.
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			if i = closingQuote(b, i+1); i < 0 {
+				return -1
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+			if depth < 0 {
+				return i
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	if depth == 0 {
+		return i
+	}
+	return -1
 }
 
 // homes remembers, per session key, the replica that served the session's

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -147,4 +148,30 @@ func TestDecideMarksHome(t *testing.T) {
 			t.Errorf("keyless request has a home: %+v", c)
 		}
 	}
+}
+
+// rawContent agrees with encoding/json on every object it accepts.
+func FuzzRawContent(f *testing.F) {
+	for _, s := range []string{
+		`{"role":"user","content":"x"}`,
+		`{ "content" : [ {"type":"text","text":"a}\"]"} ] , "role":"tool" }`,
+		`{"content":null}`, `{"content":1.5e3,"Content":true}`, `{"role":"a"}`, `{}`,
+		`{"name":"{[","content":{"a":[1,{"b":"}"}]}}`,
+		`{"con\u0074ent":"escaped key"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		var want rawMessage
+		if json.Unmarshal(obj, &want) != nil {
+			return
+		}
+		got, ok := rawContent(obj)
+		if !ok {
+			return // escaped keys: the caller asks encoding/json
+		}
+		if !bytes.Equal(got, want.Content) {
+			t.Fatalf("%s: rawContent %q, encoding/json %q", obj, got, want.Content)
+		}
+	})
 }
