@@ -24,7 +24,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	events := fs.Bool("events", false, "keep the engines' KV event streams on")
 	asJSON := fs.Bool("json", false, "print JSON")
 	kvYAML := fs.String("kvroute-yaml", "", "YAML appended to kvroute's config (e.g. 'routing: {usage_sample_every: 8}')")
-	prof := fs.String("profile", "", "directory to write CPU, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
+	prof := fs.String("profile", "", "directory to write CPU, allocation, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return err

@@ -2,7 +2,12 @@ package extproc
 
 import (
 	"fmt"
+	"math"
+	"unicode/utf8"
+	"unsafe"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec wrapped below
@@ -22,8 +27,12 @@ import (
 //     body) is decoded by hand: the message is gathered into a buffer of
 //     its own, the HttpBody's bytes point into it (one copy of a large
 //     body instead of two) and the stream's previous body message's
-//     wrappers are reused, without protobuf's generic decoder. Anything
-//     but a plain body message takes protobuf's path.
+//     wrappers are reused, without protobuf's generic decoder.
+//   - A request or response headers message is decoded by hand too: its
+//     header values are allocated together (one array, not a message per
+//     header) and their keys and values alias the message's buffer, which
+//     nothing ever writes to. Anything but a plain body or headers message
+//     takes protobuf's path.
 type codec struct{}
 
 // Name is the content subtype; "proto" replaces the default codec.
@@ -88,19 +97,23 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return protoCodec.Unmarshal(data, v)
 	}
 	buf := data.Materialize() // a fresh slice nothing else holds
-	if unmarshalBody(buf, req) {
+	if unmarshalBody(buf, req) || unmarshalHeaders(buf, req) {
 		return nil
 	}
 	return proto.Unmarshal(buf, req)
 }
 
-// ProcessingRequest field numbers of the two body messages (the oneof's
-// other members take protobuf's path).
+// ProcessingRequest field numbers of the header and body messages (the
+// oneof's trailer members take protobuf's path).
 const (
-	fieldRequestBody  = 4
-	fieldResponseBody = 5
+	fieldRequestHeaders  = 2
+	fieldResponseHeaders = 3
+	fieldRequestBody     = 4
+	fieldResponseBody    = 5
 	// fieldObservabilityMode is ProcessingRequest.observability_mode.
 	fieldObservabilityMode = 10
+	// fieldProtocolConfig is ProcessingRequest.protocol_config.
+	fieldProtocolConfig = 11
 )
 
 // unmarshalBody decodes b into req when b is a request or response body
@@ -227,6 +240,212 @@ func decodeHTTPBody(b []byte, hb *extprocv3.HttpBody) bool {
 			b = b[m:]
 		default:
 			return false
+		}
+	}
+	return true
+}
+
+// unmarshalHeaders decodes b into req when b is a request or response
+// headers message; other top-level fields (metadata, attributes, protocol
+// configuration) are merged in through protobuf. It reports false,
+// leaving req to be decoded from scratch, for anything else: another oneof
+// member, two headers members, an HttpHeaders or HeaderValue field it does
+// not know (the deprecated per-message attributes included), malformed
+// bytes.
+//
+// Keys, values and raw values alias b (Unmarshal's buffer, fresh for each
+// message and never written to), so a header costs no allocation of its
+// own: the HeaderValue messages of one message share one array.
+func unmarshalHeaders(b []byte, req *extprocv3.ProcessingRequest) bool {
+	proto.Reset(req)
+	var hh *headersMessage
+	request := false
+	for rest := b; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		if n < 0 {
+			return false
+		}
+		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
+		if m < 0 {
+			return false
+		}
+		field := rest[:n+m]
+		rest = rest[n+m:]
+		switch {
+		case num == fieldRequestHeaders || num == fieldResponseHeaders:
+			if hh != nil || typ != protowire.BytesType {
+				return false
+			}
+			request = num == fieldRequestHeaders
+			v, _ := protowire.ConsumeBytes(field[n:])
+			if hh = decodeHTTPHeaders(v); hh == nil {
+				return false
+			}
+		case num >= 4 && num <= 7: // the oneof's other members
+			return false
+		case num == fieldObservabilityMode && typ == protowire.VarintType:
+			v, _ := protowire.ConsumeVarint(field[n:])
+			req.ObservabilityMode = v != 0
+		case num == fieldProtocolConfig && typ == protowire.BytesType && req.ProtocolConfig == nil:
+			// The first message of every stream carries it.
+			v, _ := protowire.ConsumeBytes(field[n:])
+			if pc, ok := decodeProtocolConfig(v); ok {
+				req.ProtocolConfig = pc
+				break
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
+				return false
+			}
+		default:
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
+				return false
+			}
+		}
+	}
+	if hh == nil {
+		return false
+	}
+	if request {
+		hh.reqWrap.RequestHeaders = &hh.hh
+		req.Request = &hh.reqWrap
+	} else {
+		hh.respWrap.ResponseHeaders = &hh.hh
+		req.Request = &hh.respWrap
+	}
+	return true
+}
+
+// headersMessage is a decoded headers message's wrappers, allocated
+// together.
+type headersMessage struct {
+	hh       extprocv3.HttpHeaders
+	hm       corev3.HeaderMap
+	reqWrap  extprocv3.ProcessingRequest_RequestHeaders
+	respWrap extprocv3.ProcessingRequest_ResponseHeaders
+}
+
+// decodeProtocolConfig decodes a ProtocolConfiguration (its three varint
+// fields); ok is false for anything else.
+func decodeProtocolConfig(b []byte) (*extprocv3.ProtocolConfiguration, bool) {
+	pc := &extprocv3.ProtocolConfiguration{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.VarintType || num < 1 || num > 3 {
+			return nil, false
+		}
+		v, m := protowire.ConsumeVarint(b[n:])
+		if m < 0 || v > math.MaxInt32 {
+			return nil, false
+		}
+		b = b[n+m:]
+		switch num {
+		case 1:
+			pc.RequestBodyMode = filterv3.ProcessingMode_BodySendMode(v)
+		case 2:
+			pc.ResponseBodyMode = filterv3.ProcessingMode_BodySendMode(v)
+		case 3:
+			pc.SendBodyWithoutWaitingForHeaderResponse = v != 0
+		}
+	}
+	return pc, true
+}
+
+// decodeHTTPHeaders decodes an HttpHeaders whose fields are headers (1, a
+// HeaderMap of HeaderValues: key 1, value 2, raw_value 3) and
+// end_of_stream (3); nil for anything else. Strings alias b.
+func decodeHTTPHeaders(b []byte) *headersMessage {
+	msg := &headersMessage{}
+	hh := &msg.hh
+	var mapBytes []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType && mapBytes == nil:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil
+			}
+			mapBytes = v[:len(v):len(v)]
+			b = b[m:]
+		case num == 3 && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return nil
+			}
+			hh.EndOfStream = v != 0
+			b = b[m:]
+		default:
+			return nil
+		}
+	}
+	if mapBytes == nil {
+		return msg
+	}
+	// Count the HeaderValues first, to allocate them at once.
+	count := 0
+	for rest := mapBytes; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		if n < 0 || num != 1 || typ != protowire.BytesType {
+			return nil
+		}
+		_, m := protowire.ConsumeBytes(rest[n:])
+		if m < 0 {
+			return nil
+		}
+		rest = rest[n+m:]
+		count++
+	}
+	values := make([]corev3.HeaderValue, count)
+	hm := &msg.hm
+	hm.Headers = make([]*corev3.HeaderValue, count)
+	for i, rest := 0, mapBytes; len(rest) > 0; i++ {
+		_, _, n := protowire.ConsumeTag(rest)
+		v, m := protowire.ConsumeBytes(rest[n:])
+		rest = rest[n+m:]
+		hv := &values[i]
+		if !decodeHeaderValue(v, hv) {
+			return nil
+		}
+		hm.Headers[i] = hv
+	}
+	hh.Headers = hm
+	return msg
+}
+
+// decodeHeaderValue decodes a HeaderValue (key 1, value 2, raw_value 3)
+// into hv, its strings and bytes aliasing b.
+func decodeHeaderValue(b []byte, hv *corev3.HeaderValue) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType || num < 1 || num > 3 {
+			return false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return false
+		}
+		b = b[n+m:]
+		switch num {
+		case 1:
+			if !utf8.Valid(v) {
+				return false // protobuf's decoder refuses it too
+			}
+			hv.Key = unsafe.String(unsafe.SliceData(v), len(v))
+		case 2:
+			if !utf8.Valid(v) {
+				return false
+			}
+			hv.Value = unsafe.String(unsafe.SliceData(v), len(v))
+		case 3:
+			if len(v) > 0 {
+				hv.RawValue = v[:len(v):len(v)]
+			} else {
+				hv.RawValue = nil
+			}
 		}
 	}
 	return true

@@ -96,6 +96,14 @@ func TestCodecUnmarshalMatchesProtobuf(t *testing.T) {
 		"observer chunk":        obs(bodyRequest(false, []byte("data: x\n\n"), false)),
 		"empty body":            bodyRequest(true, nil, true),
 		"large request headers": headers,
+		"request headers, metadata and modes": withMode(withSubset(reqHeaders(false, ":path", "/v1/chat/completions",
+			"content-type", "application/json", "x-session-id", "s1", "", ""), "10.0.0.1:8000"),
+			filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE),
+		"observer request headers": obs(reqHeaders(false, DecisionHeader, "abc.1.xyz")),
+		"response headers":         respHeaders(false, ":status", "200", "content-type", "text/event-stream"),
+		"response headers, eos":    respHeaders(true, ":status", "204"),
+		"no headers":               reqHeaders(true),
+		"value field, not raw":     {Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "a", Value: "b"}, {Key: "c", RawValue: []byte("d")}}}}}},
 	}
 	for name, msg := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -258,6 +266,8 @@ func FuzzCodecUnmarshal(f *testing.F) {
 		bodyRequest(false, body, false),
 		bodyRequest(false, nil, true),
 		reqHeaders(false, ":path", "/v1/chat/completions"),
+		withMode(obs(reqHeaders(true, DecisionHeader, "a.1.b", "", "")), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED),
+		respHeaders(false, ":status", "200", "content-type", "text/event-stream"),
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -268,7 +278,7 @@ func FuzzCodecUnmarshal(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want := new(extprocv3.ProcessingRequest)
 		werr := proto.Unmarshal(b, want)
-		for _, into := range []*extprocv3.ProcessingRequest{new(extprocv3.ProcessingRequest), bodyRequest(false, []byte("stale"), false), bodyRequest(true, []byte("stale"), true)} {
+		for _, into := range []*extprocv3.ProcessingRequest{new(extprocv3.ProcessingRequest), bodyRequest(false, []byte("stale"), false), bodyRequest(true, []byte("stale"), true), reqHeaders(true, "stale", "h")} {
 			gerr := codec{}.Unmarshal(split(bytes.Clone(b), 7), into)
 			if (werr == nil) != (gerr == nil) {
 				t.Fatalf("codec error %v, protobuf error %v", gerr, werr)
@@ -278,4 +288,115 @@ func FuzzCodecUnmarshal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A plain headers message takes the shortcut: its header values alias the
+// message's buffer; anything unusual falls back to protobuf's decoding
+// (and decodes exactly as protobuf decodes it, or fails as it does).
+func TestUnmarshalHeadersAliasesAndFallsBack(t *testing.T) {
+	msg := withMode(reqHeaders(false, ":path", "/v1/chat/completions", "content-type", "application/json"),
+		filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE)
+	wire, _ := proto.Marshal(msg)
+	req := new(extprocv3.ProcessingRequest)
+	if !unmarshalHeaders(wire, req) {
+		t.Fatal("plain headers message not decoded")
+	}
+	if !proto.Equal(req, msg) {
+		t.Fatalf("decoded %v, want %v", req, msg)
+	}
+	raw := req.GetRequestHeaders().GetHeaders().GetHeaders()[0].GetRawValue()
+	wire[bytes.Index(wire, []byte("/v1/chat"))] = '!'
+	if raw[0] != '!' {
+		t.Fatal("raw value was copied, not aliased")
+	}
+	if cap(raw) != len(raw) {
+		t.Fatalf("aliased value has spare capacity %d", cap(raw)-len(raw))
+	}
+
+	hv := func(fields ...byte) []byte { // a HeaderMap with one HeaderValue of the given raw fields
+		return protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), fields)
+	}
+	inHeaders := func(hhFields []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, fieldRequestHeaders, protowire.BytesType), hhFields)
+	}
+	headerMapField := func(m []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), m)
+	}
+	keyA := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "a")
+	unknownHV := append(append([]byte{}, keyA...), protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 1)...)
+	badKey := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte{0xff, 0xfe})
+	// HttpHeaders' deprecated attributes map (field 2): one entry "x" -> {}.
+	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "x")
+	entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), nil)
+	attrs := inHeaders(protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), entry))
+	twoHeaders := append(append([]byte{}, wire...), wire...)
+	body, _ := proto.Marshal(bodyRequest(true, []byte("{}"), true))
+	trailers, _ := proto.Marshal(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+		RequestTrailers: &extprocv3.HttpTrailers{}}})
+	for name, b := range map[string][]byte{
+		"unknown HeaderValue field": inHeaders(headerMapField(hv(unknownHV...))),
+		"invalid UTF-8 key":         inHeaders(headerMapField(hv(badKey...))),
+		"per-message attributes":    attrs,
+		"two headers members":       twoHeaders,
+		"headers and body":          append(append([]byte{}, wire...), body...),
+		"trailers":                  trailers,
+		"truncated":                 wire[:len(wire)-3],
+	} {
+		if unmarshalHeaders(b, new(extprocv3.ProcessingRequest)) {
+			t.Errorf("%s: decoded by the shortcut", name)
+		}
+		want, got := new(extprocv3.ProcessingRequest), new(extprocv3.ProcessingRequest)
+		werr := proto.Unmarshal(b, want)
+		gerr := codec{}.Unmarshal(split(b, 1<<20), got)
+		if (werr == nil) != (gerr == nil) || (werr == nil && !proto.Equal(got, want)) {
+			t.Errorf("%s: codec %v / %v, protobuf %v / %v", name, got, gerr, want, werr)
+		}
+	}
+}
+
+// BenchmarkDecodeHeaders decodes the request headers message a router
+// stream gets from Envoy (a dozen headers), with the codec and with
+// protobuf's decoder.
+func BenchmarkDecodeHeaders(b *testing.B) {
+	msg := withMode(reqHeaders(false, ":authority", "127.0.0.1:10000", ":path", "/v1/chat/completions", ":method", "POST",
+		":scheme", "http", "user-agent", "Go-http-client/1.1", "content-length", "1024", "content-type", "application/json",
+		"accept-encoding", "gzip", "x-forwarded-proto", "http", "x-request-id", "6f1c6b52-62a4-4b9e-9a4c-2b1f2d8c0e11",
+		"x-envoy-expected-rq-timeout-ms", "15000", "x-session-id", "session-42"),
+		filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE)
+	wire, _ := proto.Marshal(msg)
+	b.Run("codec", func(b *testing.B) {
+		b.ReportAllocs()
+		req := new(extprocv3.ProcessingRequest)
+		for b.Loop() {
+			if err := (codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("protobuf", func(b *testing.B) {
+		b.ReportAllocs()
+		req := new(extprocv3.ProcessingRequest)
+		for b.Loop() {
+			if err := proto.Unmarshal(bytes.Clone(wire), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkMarshalPick encodes the answer to a buffered request body that
+// carries a pick (header mutation and envoy.lb metadata).
+func BenchmarkMarshalPick(b *testing.B) {
+	p := &pick{metadata: destinationMetadata("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000")}
+	p.set = append(p.set, setHeader(DefaultDestinationHeader, "10.0.0.1:8000"), setHeader(DecisionHeader, "k3x9.1a.8f7d6e5c4b3a2"),
+		setHeader(DefaultFallbackHeader, "10.0.0.2:8000,10.0.0.3:8000"))
+	r := requestBodyResponse(p)
+	b.ReportAllocs()
+	for b.Loop() {
+		out, err := (codec{}).Marshal(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out.Free()
+	}
 }

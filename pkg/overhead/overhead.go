@@ -53,8 +53,8 @@ type Options struct {
 	// tokenizer's blocks).
 	Events bool
 	// ProfileDir, when set, receives profiles of kvroute for each of its
-	// phases, for go tool pprof: CPU, mutex contention and blocking
-	// (<workload>-run<N>.{cpu,mutex,block}.pprof, from its admin
+	// phases, for go tool pprof: CPU, allocations, mutex contention and
+	// blocking (<workload>-run<N>.{cpu,allocs,mutex,block}.pprof, from its admin
 	// /debug/pprof/; kvroute then runs with --profile-contention).
 	ProfileDir string
 	// KVRouteYAML is appended to kvroute's configuration (e.g.
@@ -262,7 +262,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				fb0, _ := fallbacks(ctx, st.KV)
 				var profs []<-chan error
 				if t.name == "kvroute" && o.ProfileDir != "" {
-					for _, kind := range []string{"cpu", "mutex", "block"} {
+					for _, kind := range []string{"cpu", "allocs", "mutex", "block"} {
 						path := filepath.Join(o.ProfileDir, fmt.Sprintf("%s-run%d.%s.pprof", w.slug(), run+1, kind))
 						profs = append(profs, profile(ctx, st.KV, kind, o.Duration, path))
 					}
@@ -394,7 +394,7 @@ func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f'
 func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) + " µs" }
 
 // profile starts a profile of kvroute over the phase (kind "cpu", or a
-// delta profile: "mutex", "block"; whole seconds, at least one, from its
+// delta profile: "allocs", "mutex", "block"; whole seconds, at least one, from its
 // admin /debug/pprof/) and writes it to path; the channel yields the
 // outcome once the profile is written.
 func profile(ctx context.Context, kv *testbed.KVRoute, kind string, d time.Duration, path string) <-chan error {
