@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -27,8 +28,17 @@ type ApproxStats struct {
 // and a prefix loses its tail before its head (an interior hole would cut
 // the match short anyway).
 //
-// It is safe for concurrent use (one RWMutex: Match reads, Record writes).
-// It reads no clock: callers pass now. It starts no goroutine.
+// A long record is written in chunks of recordChunk keys, each under the
+// lock, so a Match waits for at most one chunk. A record that must be seen
+// by every Match from a point on (the router's Pending, recorded under
+// the router's lock) is staged first: Stage keeps the keys in a short list
+// Match also reads (a longest common prefix against each), and Commit,
+// called after the caller's own lock is released, writes them in and
+// drops the staged copy.
+//
+// It is safe for concurrent use (one RWMutex: Match reads, Record, Stage
+// and Commit write). It reads no clock: callers pass now. It starts no
+// goroutine.
 type ApproxIndex struct {
 	ttl int64
 	max int
@@ -41,7 +51,18 @@ type ApproxIndex struct {
 	n       int
 	evicted int64
 	expired int64
+	staged  []*Staged // staged records not yet committed, in Stage order
 }
+
+// Staged is a record Stage keeps visible to Match until Commit writes it in.
+type Staged struct {
+	keys    []kvblock.Key
+	replica index.ReplicaID
+	now     time.Time
+}
+
+// recordChunk is how many keys Record writes per lock hold.
+const recordChunk = 256
 
 // maxFree bounds the dropped entries kept for reuse.
 const maxFree = 1024
@@ -74,6 +95,7 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 	t := now.UnixNano()
 	start := len(dst)
 	x.mu.RLock()
+	defer x.mu.RUnlock()
 	for i, k := range keys {
 		first := x.keys[k]
 		if i == 0 {
@@ -104,7 +126,23 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 			break
 		}
 	}
-	x.mu.RUnlock()
+	for _, st := range x.staged {
+		if st.now.UnixNano()+x.ttl <= t {
+			continue
+		}
+		n := commonPrefix(keys, st.keys)
+		if n == 0 {
+			continue
+		}
+		j := start
+		for j < len(dst) && dst[j].Replica != st.replica {
+			j++
+		}
+		if j == len(dst) {
+			dst = append(dst, index.ReplicaMatch{Replica: st.replica})
+		}
+		dst[j].Blocks = max(dst[j].Blocks, n)
+	}
 	for j := start; j < len(dst); j++ {
 		dst[j].ByTier[index.TierGPU] = dst[j].Blocks
 	}
@@ -114,8 +152,38 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 // Record notes that a request carrying keys was sent to replica at now:
 // each (key, replica) entry expires TTL after now and becomes the most
 // recent. Expired entries are dropped, then the least recent ones while
-// over MaxEntries.
+// over MaxEntries. Keys are written deepest first, recordChunk at a time:
+// until the last chunk (block 0) is in, a Match sees none of them.
 func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now time.Time) {
+	for end := len(keys); end > 0; end -= recordChunk {
+		x.recordChunk(keys[max(0, end-recordChunk):end], replica, now)
+	}
+}
+
+// Stage makes a record of keys visible to every later Match at once (a
+// Match compares keys with each staged record's, a sequential scan) and
+// returns it for Commit, which the caller must call, preferably outside
+// any lock of its own. keys are copied.
+func (x *ApproxIndex) Stage(keys []kvblock.Key, replica index.ReplicaID, now time.Time) *Staged {
+	st := &Staged{keys: slices.Clone(keys), replica: replica, now: now}
+	x.mu.Lock()
+	x.staged = append(x.staged, st)
+	x.mu.Unlock()
+	return st
+}
+
+// Commit writes a staged record in (as Record) and then stops matching
+// its staged copy.
+func (x *ApproxIndex) Commit(st *Staged) {
+	x.Record(st.keys, st.replica, st.now)
+	x.mu.Lock()
+	if i := slices.Index(x.staged, st); i >= 0 {
+		x.staged = slices.Delete(x.staged, i, i+1)
+	}
+	x.mu.Unlock()
+}
+
+func (x *ApproxIndex) recordChunk(keys []kvblock.Key, replica index.ReplicaID, now time.Time) {
 	t := now.UnixNano()
 	exp := t + x.ttl
 	x.mu.Lock()
@@ -152,6 +220,17 @@ func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now ti
 		x.remove(x.lru.prev)
 		x.evicted++
 	}
+}
+
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b []kvblock.Key) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
 }
 
 // remove unlinks e from both lists and keeps it for reuse. Callers hold mu.

@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -458,5 +459,76 @@ func TestDecideWithoutEventFeedsNeverApproximates(t *testing.T) {
 	}
 	if st := ax.Stats(); st.Entries != 0 {
 		t.Fatalf("learned %+v", st)
+	}
+}
+
+// A record longer than one chunk is matched whole, and MaxEntries still
+// holds across chunks.
+func TestApproxIndexRecordInChunks(t *testing.T) {
+	keys := approxKeys(3*recordChunk+7, 9)
+	x := NewApproxIndex(ApproxConfig{TTL: time.Minute})
+	x.Record(keys, "a", t0)
+	if got := matchMap(t, x, keys, t0); got["a"] != len(keys) {
+		t.Fatalf("match %v, want a: %d", got, len(keys))
+	}
+	small := NewApproxIndex(ApproxConfig{TTL: time.Minute, MaxEntries: recordChunk})
+	small.Record(keys, "a", t0)
+	if st := small.Stats(); st.Entries != recordChunk || st.Evicted != int64(len(keys)-recordChunk) {
+		t.Fatalf("stats %+v, want %d entries", st, recordChunk)
+	}
+	// Deepest first: what survives is the head, block 0 the most recent.
+	if got := matchMap(t, small, keys, t0); got["a"] != recordChunk {
+		t.Fatalf("match %v, want a: %d", got, recordChunk)
+	}
+}
+
+// A staged record is matched from Stage on, before Commit writes it, and
+// exactly as the committed record afterwards; expired, it matches nothing.
+func TestApproxIndexStaged(t *testing.T) {
+	keys := approxKeys(600, 3)
+	sibling := append(slices.Clone(keys[:400]), approxKeys(10, 77)...)
+	x := NewApproxIndex(ApproxConfig{TTL: 5 * time.Second})
+	x.Record(keys[:100], "a", t0)
+	st := x.Stage(keys, "b", t0)
+	st2 := x.Stage(keys[:300], "a", t0)
+	want := map[index.ReplicaID]int{"a": 300, "b": 400}
+	if got := matchMap(t, x, sibling, t0.Add(time.Second)); !maps.Equal(got, want) {
+		t.Fatalf("staged: match %v, want %v", got, want)
+	}
+	if got := matchMap(t, x, sibling, t0.Add(6*time.Second)); len(got) != 0 {
+		t.Fatalf("expired staged records match %v", got)
+	}
+	x.Commit(st)
+	x.Commit(st2)
+	if got := matchMap(t, x, sibling, t0.Add(time.Second)); !maps.Equal(got, want) {
+		t.Fatalf("committed: match %v, want %v", got, want)
+	}
+	if n := len(x.staged); n != 0 {
+		t.Fatalf("%d staged records left after commit", n)
+	}
+}
+
+// Stages, commits and matches from many goroutines (run with -race): every
+// decision's own staged record is visible to its next match.
+func TestApproxIndexStagedConcurrent(t *testing.T) {
+	x := NewApproxIndex(ApproxConfig{TTL: time.Minute})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 50 {
+				keys := approxKeys(recordChunk+50, uint32(g*1000+i))
+				rep := index.ReplicaID(fmt.Sprint("r", g))
+				st := x.Stage(keys, rep, t0)
+				if got := x.Match(keys, t0, nil); !slices.ContainsFunc(got, func(m index.ReplicaMatch) bool { return m.Replica == rep && m.Blocks == len(keys) }) {
+					t.Errorf("own staged record not matched: %v", got)
+					return
+				}
+				x.Commit(st)
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(x.staged); n != 0 {
+		t.Fatalf("%d staged records left", n)
 	}
 }

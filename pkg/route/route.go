@@ -336,16 +336,22 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
 	}
-	// The dispatch-learned index is matched before the lock, so recording
-	// this pick in it waits until the lock is released (deferred before
-	// the unlock, it runs after it): a long prompt's record is thousands
-	// of inserts no concurrent decision needs to wait for.
+	// Records are written after the lock is released (deferred before the
+	// unlock, this runs after it): a long prompt's record is thousands of
+	// inserts. The dispatch-learned index is matched before the lock, so
+	// no concurrent decision waits for its record; the pending record is
+	// staged under the lock, where every later decision's pending match
+	// sees it, and committed here.
 	var approxRecord []kvblock.Key
 	var approxReplica index.ReplicaID
-	if learn && useApprox {
+	var pendingRecord *Staged
+	if learn {
 		defer func() {
 			if approxRecord != nil {
 				r.opts.Approx.Record(approxRecord, approxReplica, start)
+			}
+			if pendingRecord != nil {
+				r.opts.Pending.Commit(pendingRecord)
 			}
 		}()
 	}
@@ -356,7 +362,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// pick was charged (a burst of concurrent requests would otherwise all
 	// see the same loads and go to the same replica). The section does no
 	// I/O: loads, the pending match, the policy, the charge and the
-	// session, share and pending records.
+	// session and share records and the pending record staged.
 	if learn {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -444,7 +450,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
 			keys = sc.keys
 		}
-		r.opts.Pending.Record(keys, d.Replica, start)
+		pendingRecord = r.opts.Pending.Stage(keys, d.Replica, start)
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
