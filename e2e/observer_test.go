@@ -94,13 +94,14 @@ func TestResponseObservedOffThePath(t *testing.T) {
 	}
 }
 
-// TestObserverStopsAtTheFirstToken: with routing.usage_sample_every large,
-// the observer of each streamed answer closes its stream at the first
-// token, through the real Envoy: every answer still completes, nothing
-// fails on Envoy's side, and every in-flight charge is released when Envoy
-// closes the router stream at the request's end.
+// TestObserverStopsAtTheFirstToken: with routing.usage_sample_every large
+// (and no per-replica floor within the test), the observer of each streamed
+// answer closes its stream at the first token, through the real Envoy:
+// every answer still completes, nothing fails on Envoy's side, and every
+// in-flight charge is released when Envoy closes the router stream at the
+// request's end.
 func TestObserverStopsAtTheFirstToken(t *testing.T) {
-	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {usage_sample_every: 1000}\n"})
+	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {usage_sample_every: 1000, usage_sample_interval: 1h}\n"})
 	l := &openLoad{c: c}
 	const streamed = 6
 	for i := range streamed {

@@ -134,8 +134,13 @@ type RoutingConfig struct {
 	// UsageSampleEvery: one streamed response in this many is observed to
 	// its end for its usage; the others only to their first token
 	// (extproc.Config.UsageSampleEvery). Default
-	// extproc.DefaultUsageSampleEvery (1: all).
+	// extproc.DefaultUsageSampleEvery (64; 1: all).
 	UsageSampleEvery int `yaml:"usage_sample_every"`
+	// UsageSampleInterval: besides the count, a replica's response is
+	// observed to its end when none of that replica's was in the last
+	// interval (extproc.Config.UsageSampleInterval). Default
+	// extproc.DefaultUsageSampleInterval.
+	UsageSampleInterval time.Duration `yaml:"usage_sample_interval"`
 }
 
 // ExtProc is the part of extproc.Config this section sets: the routing
@@ -150,6 +155,7 @@ func (r RoutingConfig) ExtProc() extproc.Config {
 		DecideConcurrency:       r.DecideConcurrency,
 		ObserverWait:            r.ObserverWait,
 		UsageSampleEvery:        r.UsageSampleEvery,
+		UsageSampleInterval:     r.UsageSampleInterval,
 	}
 }
 
@@ -269,10 +275,12 @@ func (c Config) WithDefaults() Config {
 		DecideConcurrency:       c.Routing.DecideConcurrency,
 		ObserverWait:            c.Routing.ObserverWait,
 		UsageSampleEvery:        c.Routing.UsageSampleEvery,
+		UsageSampleInterval:     c.Routing.UsageSampleInterval,
 	}.WithDefaults()
 	c.Routing.MaxRequestLifetime = lim.MaxRequestLifetime
 	c.Routing.ObserverWait = lim.ObserverWait
 	c.Routing.UsageSampleEvery = lim.UsageSampleEvery
+	c.Routing.UsageSampleInterval = lim.UsageSampleInterval
 	if c.Routing.MaxStreamsPerConnection == 0 {
 		c.Routing.MaxStreamsPerConnection = int(lim.MaxStreamsPerConnection)
 	}
@@ -343,6 +351,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.UsageSampleEvery <= 0 {
 		bad("routing.usage_sample_every", "must be positive (1: every response), got %d", c.Routing.UsageSampleEvery)
+	}
+	if c.Routing.UsageSampleInterval <= 0 {
+		bad("routing.usage_sample_interval", "must be positive, got %v", c.Routing.UsageSampleInterval)
 	}
 	if c.Routing.DecideConcurrency < 0 {
 		bad("routing.decide_concurrency", "must not be negative (0: no bound), got %d", c.Routing.DecideConcurrency)

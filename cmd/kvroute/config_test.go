@@ -48,6 +48,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		{"max connection idle", c.Routing.MaxConnectionIdle, extproc.DefaultMaxConnectionIdle},
 		{"observer wait", c.Routing.ObserverWait, extproc.DefaultObserverWait},
 		{"usage sample every", c.Routing.UsageSampleEvery, extproc.DefaultUsageSampleEvery},
+		{"usage sample interval", c.Routing.UsageSampleInterval, extproc.DefaultUsageSampleInterval},
 		{"warm timeout", c.Readiness.WarmTimeout, DefaultWarmTimeout},
 		{"log level", c.Telemetry.LogLevel, "info"},
 		{"index budget", c.Index.MaxBytes, int64(index.DefaultMaxBytes)},

@@ -63,9 +63,15 @@ const (
 	// waits for an observer stream to claim it once its router stream has
 	// ended.
 	DefaultObserverWait = 2 * time.Second
-	// DefaultUsageSampleEvery: every streamed response is observed to its
-	// end.
-	DefaultUsageSampleEvery = 1
+	// DefaultUsageSampleEvery: one streamed response in 64 is observed to
+	// its end by count, besides the per-replica floor of
+	// DefaultUsageSampleInterval; the others to their first token (see
+	// Config.UsageSampleEvery and docs/benchmarks.md, "Usage sampling").
+	DefaultUsageSampleEvery = 64
+	// DefaultUsageSampleInterval: a replica's streamed responses are
+	// observed to their end at least every 250 ms (all of them below four
+	// requests a second).
+	DefaultUsageSampleInterval = 250 * time.Millisecond
 	// DefaultMaxStreamsPerConnection bounds concurrent ext_proc streams on
 	// one HTTP/2 connection (Envoy opens another connection beyond it).
 	DefaultMaxStreamsPerConnection = 1024
@@ -161,8 +167,20 @@ type Config struct {
 	// stream is closed and Envoy sends it none of the remaining chunks
 	// (each chunk is one gRPC message, most of kvroute's CPU per streamed
 	// request). The load view loses nothing: first token and end are seen
-	// for every request. Default DefaultUsageSampleEvery (1: all).
+	// for every request, and so does the learned prefill speed (Rates is
+	// fed at the first token, with the prompt's uncached tokens as
+	// predicted, when the decision's tokens were exact). What sampling
+	// thins is the engine-reported cached tokens (Fidelity), the learned
+	// decode step and the span's usage attributes. Default
+	// DefaultUsageSampleEvery; 1 observes every response to its end.
 	UsageSampleEvery int `yaml:"usage_sample_every"`
+	// UsageSampleInterval is a per-replica floor under UsageSampleEvery: a
+	// response is also observed to its end when no response of its replica
+	// was in the last interval, so that each replica's cached-token
+	// fidelity and decode step keep getting samples at a low request rate
+	// (below one request per interval every response is). Default
+	// DefaultUsageSampleInterval; a long one (1h) leaves the count alone.
+	UsageSampleInterval time.Duration `yaml:"usage_sample_interval"`
 	// MaxStreamsPerConnection and MaxConnectionIdle bound the gRPC server
 	// (ServerOptions): concurrent streams on one connection and how long a
 	// connection without streams stays open. Defaults
@@ -224,6 +242,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.UsageSampleEvery == 0 {
 		c.UsageSampleEvery = DefaultUsageSampleEvery
+	}
+	if c.UsageSampleInterval == 0 {
+		c.UsageSampleInterval = DefaultUsageSampleInterval
 	}
 	if c.MaxStreamsPerConnection == 0 {
 		c.MaxStreamsPerConnection = DefaultMaxStreamsPerConnection
@@ -290,6 +311,9 @@ func (c Config) Validate() error {
 	}
 	if c.UsageSampleEvery < 0 {
 		bad("usage_sample_every", "must be positive (1: every response), got %d", c.UsageSampleEvery)
+	}
+	if c.UsageSampleInterval < 0 {
+		bad("usage_sample_interval", "must be positive, got %v", c.UsageSampleInterval)
 	}
 	if c.MaxConnectionIdle < 0 {
 		bad("max_connection_idle", "must be positive, got %v", c.MaxConnectionIdle)

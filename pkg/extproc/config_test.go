@@ -51,7 +51,7 @@ func TestConfigYAML(t *testing.T) {
 func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	c := Config{
 		DestinationHeader: "x bad", SessionHeader: ":path", MaxBodyBytes: -1,
-		MaxResponseBodyBytes: -2, DecideTimeout: -time.Second,
+		MaxResponseBodyBytes: -2, DecideTimeout: -time.Second, UsageSampleEvery: -1, UsageSampleInterval: -time.Second,
 	}
 	err := c.Validate()
 	if err == nil {
@@ -60,13 +60,14 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	for _, want := range []string{
 		"decider: required", `destination_header: invalid header name "x bad"`, `session_header: invalid header name ":path"`,
 		"max_body_bytes: must be positive", "max_response_body_bytes: must be positive", "decide_timeout: must be positive",
+		"usage_sample_every: must be positive", "usage_sample_interval: must be positive",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
-	if n := len(strings.Split(err.Error(), "\n")); n != 6 {
-		t.Errorf("%d problems reported, want 6:\n%v", n, err)
+	if n := len(strings.Split(err.Error(), "\n")); n != 8 {
+		t.Errorf("%d problems reported, want 8:\n%v", n, err)
 	}
 	err = Config{Decider: &fakeDecider{}, DestinationHeader: "X-A", FallbackHeader: "x-a"}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "fallback_header: must differ") {

@@ -117,13 +117,19 @@
 // after the decision (kvroute_extproc_unobserved_total), until which a
 // late observer can still report usage.
 //
-// With Config.UsageSampleEvery N > 1, the observer follows one streamed
-// response in N to its end; for the others whose router stream's close
-// marks the request's end (a buffered body) it stops at the first token
-// and closes its stream, so Envoy sends none of the remaining chunks
+// With Config.UsageSampleEvery N > 1 (the default, 64), the observer
+// follows one streamed response in N to its end, and besides one of a
+// replica's whenever none of that replica's was in the last
+// Config.UsageSampleInterval (250 ms: every response of a replica that
+// gets fewer than four a second); for the others whose router stream's
+// close marks the request's end (a buffered body) it stops at the first
+// token and closes its stream, so Envoy sends none of the remaining chunks
 // (kvroute_extproc_observed_to_first_token_total), and the router stream's
-// close ends the flight: the load view still sees first token and end,
-// Fidelity and Rates only the sampled responses.
+// close ends the flight: the load view still sees first token and end, and
+// Rates still gets every first-token time (the prefill speed, with the
+// uncached tokens kvroute predicted, when the prompt's tokens were exact);
+// Fidelity, Rates' decode step and the span's usage attributes only the
+// responses followed to their end.
 //
 // The accounting: a chunk is parsed only as far as the first output and
 // the usage object need. On the pick the replica's in-flight counters rise

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/route"
 )
@@ -60,6 +61,37 @@ type flights struct {
 	prefix string   // this process's id prefix
 	seq    atomic.Uint64
 	n      atomic.Int64
+	// lastFull: per replica (index.ReplicaID), when its last flight
+	// sampled in full started (unix nanoseconds, *atomic.Int64); one entry
+	// per replica ever routed to.
+	lastFull sync.Map
+}
+
+// sampleFull reports whether the flight numbered n, routed to replica at
+// now, is observed to its end (Config.UsageSampleEvery and
+// UsageSampleInterval): every one when every is 1, else one in every by
+// count, and one whenever none of the replica's started in the last
+// interval. A replica's first flight starts its interval (it is not sampled
+// for being first).
+func (f *flights) sampleFull(replica index.ReplicaID, now time.Time, n uint64, every int, interval time.Duration) bool {
+	if every <= 1 {
+		return true
+	}
+	t := now.UnixNano()
+	v, ok := f.lastFull.Load(replica)
+	if !ok {
+		v, ok = f.lastFull.LoadOrStore(replica, new(atomic.Int64))
+		if !ok {
+			v.(*atomic.Int64).Store(t)
+		}
+	}
+	last := v.(*atomic.Int64)
+	if n%uint64(every) == 0 {
+		last.Store(t)
+		return true
+	}
+	prev := last.Load()
+	return t-prev >= int64(interval) && last.CompareAndSwap(prev, t)
 }
 
 func newFlights() *flights {
@@ -82,8 +114,9 @@ func (f *flights) nextID() (string, uint64) {
 // start registers a new flight and arms its lifetime.
 func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span, endsWithRouter bool) *flight {
 	id, n := s.flights.nextID()
-	fl := &flight{s: s, id: id, decision: dec, life: life, span: span, pickedAt: time.Now(),
-		endsWithRouter: endsWithRouter, full: n%uint64(s.cfg.UsageSampleEvery) == 0}
+	now := time.Now()
+	fl := &flight{s: s, id: id, decision: dec, life: life, span: span, pickedAt: now, endsWithRouter: endsWithRouter,
+		full: s.flights.sampleFull(dec.Replica, now, n, s.cfg.UsageSampleEvery, s.cfg.UsageSampleInterval)}
 	s.flights.m.Store(fl.id, fl)
 	s.flights.n.Add(1)
 	s.metrics.flights.Inc()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // The two-filter wiring: the router stream (request headers and a
@@ -34,7 +35,7 @@ func newObserverHarness(t *testing.T, wait time.Duration) *observerHarness {
 	rl := &rateLog{}
 	h := newHarness(t, Config{
 		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid, Rates: rl, ObserverWait: wait,
-		BlockSize: func(index.ReplicaID) int { return 16 },
+		BlockSize: func(index.ReplicaID) int { return 16 }, UsageSampleEvery: 1, // every response to its end
 	})
 	return &observerHarness{lifecycleHarness: &lifecycleHarness{harness: h, tracker: tr, fidelity: fid}, rates: rl}
 }
@@ -258,13 +259,16 @@ func TestObserverStreamCutReleasesTheCharge(t *testing.T) {
 // With UsageSampleEvery 2, the observer of every other streamed response
 // stops at its first token: the server closes that stream (Envoy sends it
 // none of the remaining chunks) and the request stays in flight, decoding,
-// until its router stream ends. The sampled one is followed to its end.
+// until its router stream ends; its first-token time still feeds the
+// learned prefill speed (with the predicted uncached tokens, no output).
+// The sampled one is followed to its end.
 func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
 	tr, fid := newTrackerFidelity(t)
 	rl := &rateLog{}
 	hh := newHarness(t, Config{
 		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Fidelity: fid, Rates: rl, UsageSampleEvery: 2,
-		BlockSize: func(index.ReplicaID) int { return 16 },
+		UsageSampleInterval: time.Hour, // by count only
+		BlockSize:           func(index.ReplicaID) int { return 16 },
 	})
 	h := &observerHarness{lifecycleHarness: &lifecycleHarness{harness: hh, tracker: tr, fidelity: fid}, rates: rl}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -288,6 +292,11 @@ func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
 	if c := h.fidelity.Credit("r1"); c != 1 {
 		t.Errorf("credit moved to %v without a usage", c)
 	}
+	// 80 prompt tokens, 3 matched blocks of 16 predicted cached: 32 uncached.
+	to, got := h.rates.get()
+	if len(got) != 1 || to[0] != "r1" || got[0].Uncached != 32 || got[0].Output != 0 || got[0].TTFT <= 0 || got[0].E2E != got[0].TTFT {
+		t.Fatalf("rate samples after the unsampled response: %v %+v, want one prefill sample (32 uncached, no output)", to, got)
+	}
 
 	// Decision 2: sampled, followed to the end.
 	router, id = h.route(ctx)
@@ -298,8 +307,9 @@ func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
 	if c := h.fidelity.Credit("r1"); c < 0.33 || c > 0.34 {
 		t.Errorf("credit = %v, want 16/48 from the sampled response", c)
 	}
-	if _, got := h.rates.get(); len(got) != 1 {
-		t.Errorf("%d rate samples, want 1 (the sampled response)", len(got))
+	// The sampled one's: the engine's own count (16 cached of 80), its output.
+	if _, got := h.rates.get(); len(got) != 2 || got[1].Uncached != 64 || got[1].Output != 1 {
+		t.Errorf("rate samples %+v, want the first token's and the sampled response's (64 uncached, 1 output token)", got)
 	}
 	_ = router.CloseSend()
 	eventually(t, "all released", func() bool {
@@ -308,4 +318,70 @@ func TestUnsampledObserverStopsAtTheFirstToken(t *testing.T) {
 	if v := h.counter(t, "kvroute_extproc_unobserved_total", nil); v != 0 {
 		t.Errorf("unobserved = %v, want 0", v)
 	}
+}
+
+// sampleFull: one flight in every by count; besides, a replica's flight
+// whenever none of that replica's started within the interval, the
+// replica's first flight starting the interval; every flight with every 1.
+func TestSampleFull(t *testing.T) {
+	f := newFlights()
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	steps := []struct {
+		replica index.ReplicaID
+		ms      int
+		n       uint64
+		want    bool
+	}{
+		{"a", 0, 1, false},   // a's first: starts its interval
+		{"a", 100, 2, false}, // within 250 ms
+		{"b", 120, 3, false}, // b's first
+		{"a", 200, 4, true},  // by count (every 4)
+		{"a", 400, 5, false}, // 200 ms after the count sample
+		{"a", 460, 6, true},  // 260 ms after it
+		{"b", 380, 7, true},  // 260 ms after b's first
+		{"b", 390, 8, true},  // by count
+		{"a", 500, 9, false},
+	}
+	for i, s := range steps {
+		if got := f.sampleFull(s.replica, at(s.ms), s.n, 4, 250*time.Millisecond); got != s.want {
+			t.Errorf("step %d (%s at %d ms, n %d): full %v, want %v", i, s.replica, s.ms, s.n, got, s.want)
+		}
+	}
+	for n := range uint64(5) {
+		if !f.sampleFull("c", at(1), n, 1, time.Hour) {
+			t.Fatalf("every 1: flight %d not full", n)
+		}
+	}
+}
+
+// An unsampled response whose decision estimated its prompt tokens (no
+// tokenizer, approximate tokens) feeds no prefill sample: its uncached
+// count would be a guess.
+func TestUnsampledApproximateFeedsNoPrefill(t *testing.T) {
+	tr, fid := newTrackerFidelity(t)
+	rl := &rateLog{}
+	dec := decision()
+	dec.Degraded = route.DegradedApproximate
+	hh := newHarness(t, Config{
+		Decider: &fakeDecider{dec: dec}, Tracker: tr, Fidelity: fid, Rates: rl, UsageSampleEvery: 1000,
+		UsageSampleInterval: time.Hour, BlockSize: func(index.ReplicaID) int { return 16 },
+	})
+	h := &observerHarness{lifecycleHarness: &lifecycleHarness{harness: hh, tracker: tr, fidelity: fid}, rates: rl}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	second := strings.Index(sseStream, "Hi") + len("Hi\"}}]}\n\n")
+	router, id := h.route(ctx)
+	o := h.open(ctx)
+	send(t, o, obs(reqHeaders(false, DecisionHeader, id)), obs(respHeaders(false, ":status", "200", "content-type", "text/event-stream")),
+		obs(respBody(sseStream[:second], false)))
+	closedByServer(t, o)
+	if v := h.counter(t, "kvroute_extproc_observed_to_first_token_total", nil); v != 1 {
+		t.Fatalf("observed to the first token = %v, want 1", v)
+	}
+	if _, got := h.rates.get(); len(got) != 0 {
+		t.Errorf("rate samples %+v from approximate tokens, want none", got)
+	}
+	_ = router.CloseSend()
+	eventually(t, "released", func() bool { return h.tracker.Get("r1") == (load.InFlight{}) })
 }

@@ -173,6 +173,7 @@ func (st *procStream) observe(req *extprocv3.ProcessingRequest) {
 				// stream's close ends the flight. Closing the stream stops
 				// the rest of the chunks.
 				st.detached, st.stop = true, true
+				st.observePrefill()
 				return
 			}
 		}
@@ -675,26 +676,68 @@ func (st *procStream) finish() {
 	st.observeRates(u, predicted)
 }
 
-// observeRates feeds Config.Rates one finished streamed response: its
-// time from the pick to the first content token and to the end, and the
-// prompt tokens the engine computed (the prompt less the cached tokens it
-// reported, or less kvroute's prediction when it reported none). A JSON
-// response (no first-token time: the whole answer arrives at once) and a
-// stream that never showed content feed nothing.
+// observeRates feeds Config.Rates one finished response: its time from
+// the pick to the first content token and to the end, and the prompt
+// tokens the engine computed (the prompt less the cached tokens it
+// reported, or less kvroute's prediction when it reported none). A stream
+// that never showed content feeds nothing. A JSON answer arrives whole at
+// the end of its generation, so its first bytes time the prefill only
+// when it generated at most one token (prefill and that token's step, as a
+// stream's first token): only such an answer feeds a sample (its
+// prefill, no decode step); a longer one's prefill time is not observable
+// (subtracting its output times a learned step would charge the prefill
+// with every error of that step, tens of times over).
 func (st *procStream) observeRates(u openai.Usage, predicted int) {
-	if st.s.cfg.Rates == nil || !st.sse || st.firstAt.IsZero() {
+	if st.s.cfg.Rates == nil || st.firstAt.IsZero() || (!st.sse && u.CompletionTokens > 1) {
 		return
 	}
 	cached := predicted
 	if u.HasCachedTokens {
 		cached = u.CachedTokens
 	}
+	ttft, e2e := st.firstAt.Sub(st.fl.pickedAt), time.Since(st.fl.pickedAt)
+	if !st.sse {
+		e2e = ttft
+	}
 	st.s.cfg.Rates.Observe(st.fl.decision.Replica, route.RateSample{
 		Uncached: max(u.PromptTokens-cached, 0),
-		TTFT:     st.firstAt.Sub(st.fl.pickedAt),
-		E2E:      time.Since(st.fl.pickedAt),
+		TTFT:     ttft,
+		E2E:      e2e,
 		Output:   u.CompletionTokens,
 	})
+}
+
+// observePrefill feeds Config.Rates the first-token time of a streamed
+// response not observed to its end (sampling, Config.UsageSampleEvery), so
+// that the learned prefill speed follows every request: its uncached
+// prompt tokens are the decision's prompt less the cached tokens kvroute
+// predicted (the engine's own count comes only with the usage, at the
+// end), and it carries no output, so the decode step is left alone. A
+// decision without exact prompt tokens, an error status or an expired
+// flight feeds nothing.
+func (st *procStream) observePrefill() {
+	dec := st.fl.decision
+	if st.s.cfg.Rates == nil || st.firstAt.IsZero() || st.fl.expired.Load() || dec.PromptTokens <= 0 ||
+		!exactTokens(dec.Degraded) || (st.respStatus != 0 && (st.respStatus < 200 || st.respStatus > 299)) {
+		return
+	}
+	ttft := st.firstAt.Sub(st.fl.pickedAt)
+	st.s.cfg.Rates.Observe(dec.Replica, route.RateSample{
+		Uncached: max(dec.PromptTokens-st.predictedCachedTokens(dec.PromptTokens), 0),
+		TTFT:     ttft,
+		E2E:      ttft,
+	})
+}
+
+// exactTokens reports whether a decision with this Degraded value counted
+// its prompt with the model's tokenizer (not an estimate).
+func exactTokens(degraded string) bool {
+	switch degraded {
+	case route.DegradedTokenizeError, route.DegradedTokenizeTimeout, route.DegradedNoTokenizer,
+		route.DegradedApproximate, route.DegradedApproximateIndex:
+		return false
+	}
+	return true
 }
 
 // predictedCachedTokens converts the picked replica's matched blocks into

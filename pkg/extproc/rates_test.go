@@ -92,8 +92,34 @@ func TestRatesFedFromStreamedResponse(t *testing.T) {
 	}
 }
 
-// A JSON (non-streamed) response has no first-token time: nothing is fed.
-// Neither is an error status or a response without usage.
+// A JSON (non-streamed) answer of one generated token times its prefill
+// (it arrives after the prefill and that token's step): it feeds a
+// prefill sample, with no decode step (E2E = TTFT).
+func TestRatesFedFromOneTokenJSONAnswer(t *testing.T) {
+	h, rl := newRatesHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := h.open(ctx)
+	send(t, s, reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x","max_tokens":1}`, true))
+	recv(t, s)
+	recv(t, s)
+	time.Sleep(30 * time.Millisecond) // prefill and the one step
+	send(t, s, respHeaders(false, ":status", "200", "content-type", "application/json"))
+	recv(t, s)
+	send(t, s, respBody(`{"choices":[{"text":"x"}],"usage":{"prompt_tokens":4000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":1024}}}`, true))
+	recv(t, s)
+	_ = s.CloseSend()
+	to, got := rl.get()
+	if len(got) != 1 || to[0] != "r1" {
+		t.Fatalf("samples %v %+v, want one for r1", to, got)
+	}
+	if g := got[0]; g.Uncached != 2976 || g.Output != 1 || g.TTFT < 30*time.Millisecond || g.E2E != g.TTFT {
+		t.Errorf("sample %+v, want 2976 uncached, 1 output, TTFT ≥ 30ms = E2E", g)
+	}
+}
+
+// A longer JSON (non-streamed) answer has no first-token time: nothing is
+// fed. Neither is an error status or a response without usage.
 func TestRatesNotFedWithoutFirstTokenTime(t *testing.T) {
 	h, rl := newRatesHarness(t)
 	body := `{"choices":[{"text":"x"}],"usage":{"prompt_tokens":4000,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":32}}}`
