@@ -65,7 +65,13 @@ func tokenizerDir(name string) string {
 	if d := os.Getenv("KVROUTE_TOKENIZER_CACHE"); d != "" {
 		return filepath.Join(d, name)
 	}
-	return filepath.Join("..", "..", ".cache", "tokenizers", name)
+	// Absolute, so that a symlink to a file (TestAutoKind) resolves from
+	// any directory.
+	d, err := filepath.Abs(filepath.Join("..", "..", ".cache", "tokenizers", name))
+	if err != nil {
+		panic(err)
+	}
+	return d
 }
 
 func tokenizerFiles(t testing.TB, name string) (tokJSON, tokConfig string) {
