@@ -113,108 +113,21 @@ type symbol struct {
 	size       int32 // bytes covered; 0 once merged into its left neighbour
 }
 
-// candidate is a possible merge of the symbol at pos with its right
-// neighbour; the heap orders by rank, then position (leftmost first), as
-// HuggingFace's Word::merge_all does.
-//
-// rsize is the right symbol's size when the candidate was pushed: a symbol
-// only changes by absorbing its right neighbour, which grows its size, so
-// a candidate whose left symbol still links to a live right symbol of the
-// same size is still the pair it was (no merge-table lookup to check it).
-type candidate struct {
-	// order is the rank in the high half and the position in the low
-	// half: one comparison orders by rank, then position.
-	order  uint64
-	right  int32
-	result uint32
-	rsize  int32
-}
-
-func newCandidate(rank uint32, pos, right int32, result uint32, rsize int32) candidate {
-	return candidate{order: uint64(rank)<<32 | uint64(uint32(pos)), right: right, result: result, rsize: rsize}
-}
-
-func (c candidate) pos() int32 { return int32(uint32(c.order)) }
-
-// candHeap is a binary min-heap of candidates (typed, so pushes do not
-// allocate).
-type candHeap []candidate
-
-func (c candidate) less(o candidate) bool { return c.order < o.order }
-
-func (h *candHeap) push(c candidate) {
-	*h = append(*h, c)
-	a := *h
-	for i := len(a) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !a[i].less(a[p]) {
-			break
-		}
-		a[i], a[p] = a[p], a[i]
-		i = p
-	}
-}
-
-func (h *candHeap) pop() candidate {
-	a := *h
-	top := a[0]
-	n := len(a) - 1
-	a[0] = a[n]
-	a = a[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && a[r].less(a[l]) {
-			m = r
-		}
-		if !a[m].less(a[i]) {
-			break
-		}
-		a[i], a[m] = a[m], a[i]
-		i = m
-	}
-	*h = a
-	return top
-}
-
-func (h *candHeap) init() {
-	a := *h
-	for i := len(a)/2 - 1; i >= 0; i-- {
-		for j := i; ; {
-			l := 2*j + 1
-			if l >= len(a) {
-				break
-			}
-			m := l
-			if r := l + 1; r < len(a) && a[r].less(a[l]) {
-				m = r
-			}
-			if !a[m].less(a[j]) {
-				break
-			}
-			a[j], a[m] = a[m], a[j]
-			j = m
-		}
-	}
-}
-
 type mergeScratch struct {
 	syms []symbol
-	heap candHeap
+	res  []uint32
+	tree []uint64
 }
 
 var scratchPool = sync.Pool{New: func() any { return &mergeScratch{} }}
 
 // mergeWord runs the BPE merges over word's bytes: short byte-level words
-// by mergeShort, the rest by mergeHeap.
+// by mergeShort, the rest by mergeLong.
 func (m *bpe) mergeWord(dst []uint32, word string) ([]uint32, error) {
 	if m.char == nil && len(word) <= maxShortWord {
 		return m.mergeShort(dst, word)
 	}
-	return m.mergeHeap(dst, word)
+	return m.mergeLong(dst, word)
 }
 
 // maxShortWord bounds the words mergeShort takes.
@@ -223,10 +136,10 @@ const maxShortWord = 24
 // noRank marks a pair without a merge rule.
 const noRank = ^uint32(0)
 
-// mergeShort is mergeHeap for a short byte-level word, without a heap:
+// mergeShort is mergeLong for a short byte-level word, without a tree:
 // the symbols, each adjacent pair's merge rank and result sit in small
 // arrays; each step picks the lowest rank (the leftmost among equals, the
-// heap's order) by a scan, merges the pair, closes the gap, and looks up
+// tree's order) by a scan, merges the pair, closes the gap, and looks up
 // only the two pairs the merge changed. For the few symbols of a typical
 // word this costs less than the heap's pushes and pops, whose
 // unpredictable branches were a quarter of cold encoding (profile of
@@ -282,9 +195,24 @@ func (m *bpe) mergeShort(dst []uint32, word string) ([]uint32, error) {
 	return append(dst, ids[:n]...), nil
 }
 
-// mergeHeap runs the BPE merges over word's bytes (or, for a
-// character-level model, its characters) with a heap of candidates.
-func (m *bpe) mergeHeap(dst []uint32, word string) ([]uint32, error) {
+// mergeLong runs the BPE merges over word's bytes (or, for a
+// character-level model, its characters) on a tournament tree.
+//
+// The symbols are a doubly linked list over the word's initial symbols;
+// each live symbol with a right neighbour has one pair, whose order key is
+// its merge's rank in the high half and its position in the low half
+// (noPair without a merge rule). The tree's leaves are those keys by
+// position, and every inner node holds the least key below it, so the
+// root is the pair to merge: the lowest rank, leftmost among equals, as
+// HuggingFace's Word::merge_all picks with its heap. A merge changes three
+// leaves (the merged pair, the absorbed symbol's, the left neighbour's)
+// and each change is one walk up the tree taking the least of two
+// children, without branches on the keys. A binary heap instead popped a
+// stale entry for about every valid one and its sift-down branches were
+// unpredictable: it was the largest single cost of a cold prompt's long
+// pieces (CJK and symbol runs of hundreds of bytes, which the word cache
+// does not keep).
+func (m *bpe) mergeLong(dst []uint32, word string) ([]uint32, error) {
 	sc := scratchPool.Get().(*mergeScratch)
 	defer scratchPool.Put(sc)
 	syms := sc.syms[:0]
@@ -302,62 +230,110 @@ func (m *bpe) mergeHeap(dst []uint32, word string) ([]uint32, error) {
 			syms = append(syms, symbol{id: m.byteID[b], prev: int32(i) - 1, next: int32(i) + 1, size: 1})
 		}
 	}
-	if len(syms) == 0 {
+	sc.syms = syms
+	n := len(syms)
+	if n == 0 {
 		return dst, nil
 	}
-	syms[len(syms)-1].next = -1
-	h := sc.heap[:0]
+	syms[n-1].next = -1
+	leaves := 1
+	for leaves < n {
+		leaves <<= 1
+	}
+	if cap(sc.tree) < 2*leaves {
+		sc.tree = make([]uint64, 2*leaves)
+	}
+	if cap(sc.res) < n {
+		sc.res = make([]uint32, n)
+	}
+	tree, res := sc.tree[:2*leaves], sc.res[:n]
+	leaf := tree[leaves:]
 	if m.char == nil { // byte-level: every symbol is a byte
-		for i := 0; i+1 < len(syms); i++ {
-			if mg := m.bytePairs[uint16(word[i])<<8|uint16(word[i+1])]; mg.rank != noRank {
-				h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, 1))
-			}
+		for i := 0; i+1 < n; i++ {
+			mg := m.bytePairs[uint16(word[i])<<8|uint16(word[i+1])]
+			leaf[i] = pairOrder(mg.rank, int32(i))
+			res[i] = mg.id
 		}
 	} else {
-		for i := 0; i+1 < len(syms); i++ {
-			if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok {
-				h = append(h, newCandidate(mg.rank, int32(i), int32(i+1), mg.id, syms[i+1].size))
+		for i := 0; i+1 < n; i++ {
+			mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id))
+			if !ok {
+				mg.rank = noRank
 			}
+			leaf[i] = pairOrder(mg.rank, int32(i))
+			res[i] = mg.id
 		}
 	}
-	h.init()
-	for len(h) > 0 {
-		c := h.pop()
-		pos := c.pos()
+	for i := n - 1; i < leaves; i++ {
+		leaf[i] = noPair
+	}
+	for j := leaves - 1; j > 0; j-- {
+		tree[j] = min(tree[2*j], tree[2*j+1])
+	}
+	// set changes leaf i's key and the least keys above it. The new least
+	// is carried up in a register (each node: the least of the carried
+	// key and its sibling's), so no level waits on the store of the one
+	// below it.
+	set := func(i int32, k uint64) {
+		j := leaves + int(i)
+		tree[j] = k
+		for j > 1 {
+			k = min(k, tree[j^1])
+			j >>= 1
+			tree[j] = k
+		}
+	}
+	// pair looks up the merge of l with its right neighbour r.
+	pair := func(l int32, r int32) uint64 {
+		mg, ok := m.merges.get(pairKey(syms[l].id, syms[r].id))
+		if !ok {
+			return noPair
+		}
+		res[l] = mg.id
+		return pairOrder(mg.rank, l)
+	}
+	for tree[1] != noPair {
+		pos := int32(uint32(tree[1]))
 		l := &syms[pos]
-		// Stale: either side already merged away, or the pair changed.
-		if l.size == 0 || l.next != c.right {
-			continue
-		}
-		r := &syms[c.right]
-		if r.size != c.rsize {
-			continue // merged away (0) or grown: another pair now
-		}
-		l.id = c.result
+		ri := l.next
+		r := &syms[ri]
+		l.id = res[pos]
 		l.size += r.size
 		r.size = 0
 		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = pos
+		// Both lookups before the tree changes: their cache misses in
+		// the merge table overlap.
+		right, left := noPair, noPair
+		if l.next >= 0 {
+			syms[l.next].prev = pos
+			right = pair(pos, l.next)
 		}
 		if l.prev >= 0 {
-			p := &syms[l.prev]
-			if mg, ok := m.merges.get(pairKey(p.id, l.id)); ok {
-				h.push(newCandidate(mg.rank, l.prev, pos, mg.id, l.size))
-			}
+			left = pair(l.prev, pos)
 		}
-		if l.next >= 0 {
-			n := &syms[l.next]
-			if mg, ok := m.merges.get(pairKey(l.id, n.id)); ok {
-				h.push(newCandidate(mg.rank, pos, l.next, mg.id, n.size))
-			}
+		set(ri, noPair)
+		set(pos, right)
+		if l.prev >= 0 {
+			set(l.prev, left)
 		}
 	}
 	for i := int32(0); i >= 0; i = syms[i].next {
 		dst = append(dst, syms[i].id)
 	}
-	sc.syms, sc.heap = syms, h
 	return dst, nil
+}
+
+// noPair is the order key of a symbol without a pair to merge: above every
+// pairOrder.
+const noPair = ^uint64(0)
+
+// pairOrder is a pair's order key: rank, then position (noPair when the
+// rank is noRank).
+func pairOrder(rank uint32, pos int32) uint64 {
+	if rank == noRank {
+		return noPair
+	}
+	return uint64(rank)<<32 | uint64(uint32(pos))
 }
 
 // wordCacheEntries bounds the word cache of each model.

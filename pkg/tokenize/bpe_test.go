@@ -65,10 +65,10 @@ func naiveMerge(m *bpe, ids []uint32) []uint32 {
 	}
 }
 
-// TestMergeWordEqualsDefinition: the heap merge (with its size-based
-// staleness check) gives the ids of naive BPE on random words made of
-// vocabulary tokens, repetitive ones included, for every byte-level
-// family.
+// TestMergeWordEqualsDefinition: the tree merge and the short-word merge
+// give the ids of naive BPE on random words made of vocabulary tokens,
+// repetitive ones included, long ones (up to a few hundred tokens)
+// included, for every byte-level family.
 func TestMergeWordEqualsDefinition(t *testing.T) {
 	for _, name := range fixtureNames {
 		enc := loadEncoder(t, name)
@@ -83,12 +83,20 @@ func TestMergeWordEqualsDefinition(t *testing.T) {
 			}
 		}
 		rng := rand.New(rand.NewPCG(3, uint64(len(toks))))
-		for range 3000 {
+		for i := range 3000 {
 			var sb strings.Builder
 			for n := 1 + rng.IntN(10); n > 0; n-- {
 				sb.WriteString(toks[rng.IntN(len(toks))])
 			}
-			for _, w := range []string{sb.String(), strings.Repeat(toks[rng.IntN(len(toks))], 2+rng.IntN(30))} {
+			words := []string{sb.String(), strings.Repeat(toks[rng.IntN(len(toks))], 2+rng.IntN(30))}
+			if i%10 == 0 { // long words: naive BPE is quadratic
+				var long strings.Builder
+				for n := 1 + rng.IntN(150); n > 0; n-- {
+					long.WriteString(toks[rng.IntN(len(toks))])
+				}
+				words = append(words, long.String())
+			}
+			for _, w := range words {
 				var syms []uint32
 				for i := 0; i < len(w); i++ {
 					syms = append(syms, m.byteID[w[i]])
@@ -97,7 +105,7 @@ func TestMergeWordEqualsDefinition(t *testing.T) {
 				for _, merge := range []struct {
 					name string
 					f    func([]uint32, string) ([]uint32, error)
-				}{{"mergeWord", m.mergeWord}, {"mergeHeap", m.mergeHeap}, {"mergeShort", m.mergeShort}} {
+				}{{"mergeWord", m.mergeWord}, {"mergeLong", m.mergeLong}, {"mergeShort", m.mergeShort}} {
 					if merge.name == "mergeShort" && len(w) > maxShortWord {
 						continue
 					}
@@ -199,6 +207,52 @@ func TestBytePairsMatchMergeTable(t *testing.T) {
 		}
 		if merges < 100 {
 			t.Fatalf("%s: only %d byte pairs merge", name, merges)
+		}
+	}
+}
+
+// TestMergeLongPiecesEqualDefinition: every distinct pre-token longer
+// than maxShortWord in the fixture texts (CJK runs, symbol and white
+// space runs, long words) merges to the ids of naive BPE, for every
+// byte-level family.
+func TestMergeLongPiecesEqualDefinition(t *testing.T) {
+	for _, name := range fixtureNames {
+		enc := loadEncoder(t, name)
+		m := enc.model
+		if m.char != nil {
+			continue // character-level symbols: covered by the fixtures
+		}
+		seen := map[string]bool{}
+		for _, f := range loadFixtures(t, name).Plain {
+			text := f.Text
+			if enc.nfc {
+				text = nfc(text)
+			}
+			for i := 0; i < len(text); {
+				end := nextPiece(enc.flavor, text, i)
+				w := text[i:end]
+				i = end
+				// Naive BPE is quadratic: pieces up to 1 KB (the fixture
+				// tests check longer ones against HuggingFace).
+				if len(w) <= maxShortWord || len(w) > 1024 || seen[w] {
+					continue
+				}
+				seen[w] = true
+				syms := make([]uint32, len(w))
+				for k := range len(w) {
+					syms[k] = m.byteID[w[k]]
+				}
+				got, err := m.mergeLong(nil, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := naiveMerge(m, syms); !slices.Equal(got, want) {
+					t.Fatalf("%s: piece %q: %v, definition %v", name, w, got, want)
+				}
+			}
+		}
+		if len(seen) < 10 {
+			t.Fatalf("%s: only %d long pieces", name, len(seen))
 		}
 	}
 }
