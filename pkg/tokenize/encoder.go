@@ -137,6 +137,9 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		return nil, err
 	}
 	e.nfc, e.metaspace = norms.nfc, norms.metaspace
+	if e.nfc {
+		nfcStableTable() // built now (≈ 30 ms once), not on a first request
+	}
 	if e.flavor, err = parsePreTokenizer(f.PreTokenizer); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 	"golang.org/x/text/unicode/norm"
@@ -214,6 +215,91 @@ func TestNFCASCIIPrefix(t *testing.T) {
 	}{{"", 0}, {"abc", 3}, {"abcdefgh", 8}, {"abcdefghé", 8}, {"abcdefgé", 7}, {"é", 0}, {"abcdefghijklmnop\x80", 16}} {
 		if got := asciiPrefix(c.s); got != c.want {
 			t.Errorf("asciiPrefix(%q) = %d, want %d", c.s, got, c.want)
+		}
+	}
+}
+
+// TestNFCStableScan: nfc (its scan over ASCII and stable characters,
+// norm for the runs between) gives norm's NFC on random strings of any
+// code points, weighted towards the ones that are not stable (combining
+// marks, Hangul jamo, compatibility and excluded characters), stable ones
+// from every plane the table covers, characters above it and invalid
+// bytes; and every stable character is in NFC by itself, a starter, and
+// left alone by NFC after any of the characters that are not stable.
+func TestNFCStableScan(t *testing.T) {
+	var unstable []rune
+	for r := rune(0x80); r < nfcStableLimit; r++ {
+		if utf8.ValidRune(r) && !nfcStable(r) {
+			unstable = append(unstable, r)
+		}
+	}
+	if len(unstable) < 1000 || len(unstable) > 20000 {
+		t.Fatalf("%d characters not stable", len(unstable))
+	}
+	table := nfcStableTable()
+	for r := rune(0); r < nfcStableLimit; r++ {
+		if table[r>>6]&(1<<(r&63)) != 0 != nfcStable(r) {
+			t.Fatalf("table and nfcStable differ at %U", r)
+		}
+	}
+	// No stable character is ever the second of a composition: every
+	// character after the first in the canonical decomposition of a
+	// character that NFC keeps (a primary composite: Hangul vowels and
+	// trailing consonants included).
+	seconds := 0
+	for r := rune(0x80); r < nfcStableLimit; r++ { // no decomposition above U+2FA1D
+		if !utf8.ValidRune(r) || !norm.NFC.IsNormalString(string(r)) {
+			continue
+		}
+		d := []rune(norm.NFD.String(string(r)))
+		for _, x := range d[1:] {
+			seconds++
+			if x < nfcStableLimit && nfcStable(x) {
+				t.Fatalf("%U is stable but follows %U in the decomposition of %U", x, d[0], r)
+			}
+		}
+	}
+	if seconds < 2000 {
+		t.Fatalf("only %d characters in decompositions", seconds)
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	randStable := func() rune {
+		for {
+			r := rng.Int32N(nfcStableLimit)
+			if nfcStable(r) {
+				return r
+			}
+		}
+	}
+	for range 3000 {
+		r := randStable()
+		if s := string(r); norm.NFC.String(s) != s || cccOf(r) != 0 {
+			t.Fatalf("stable %U: not NFC by itself or not a starter", r)
+		}
+		x := unstable[rng.IntN(len(unstable))]
+		if got, want := norm.NFC.String(string(x)+string(r)), norm.NFC.String(string(x))+string(r); got != want {
+			t.Fatalf("%U then stable %U: NFC %+q, want %+q", x, r, got, want)
+		}
+	}
+	for range 100000 {
+		var b strings.Builder
+		for n := 1 + rng.IntN(10); n > 0; n-- {
+			switch k := rng.IntN(10); {
+			case k < 4:
+				b.WriteRune(unstable[rng.IntN(len(unstable))])
+			case k < 7:
+				b.WriteRune(randStable())
+			case k < 9:
+				b.WriteByte(byte(' ' + rng.IntN(95)))
+			case rng.IntN(2) == 0:
+				b.WriteRune(nfcStableLimit + rng.Int32N(utf8.MaxRune-nfcStableLimit))
+			default:
+				b.WriteByte(byte(0x80 + rng.IntN(0x80))) // invalid
+			}
+		}
+		s := b.String()
+		if got, want := nfc(s), norm.NFC.String(s); got != want {
+			t.Fatalf("nfc(%+q) = %+q, want %+q", s, got, want)
 		}
 	}
 }
