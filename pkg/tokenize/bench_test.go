@@ -342,12 +342,16 @@ func BenchmarkChat100k(b *testing.B) {
 // emptyWordCache forgets every word of c, as a running process meets a
 // prompt whose words it has never seen: the cache's memory stays
 // allocated (its maps keep their size), as it does in a process that has
-// been serving requests, and only the words are gone.
+// been serving requests, and only the words (the maps' entries and the
+// filters' bits) are gone.
 func emptyWordCache(c *wordCache) {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
 		clear(s.m)
+		for k := range s.filter {
+			s.filter[k].Store(0)
+		}
 		s.mu.Unlock()
 	}
 }

@@ -256,3 +256,81 @@ func TestMergeLongPiecesEqualDefinition(t *testing.T) {
 		}
 	}
 }
+
+// TestWordCacheFilter: every word put is found with its ids until its
+// shard is emptied (the filter never hides a word), words never put are
+// not found, and a full shard's filter lets through few novel words (its
+// false "maybe" rate stays near the 1.4% it is sized for).
+func TestWordCacheFilter(t *testing.T) {
+	c := newWordCache(1 << 12) // 256 words a shard
+	ids := func(i int) []uint32 { return []uint32{uint32(i), uint32(i * 3)} }
+	word := func(i int) string { return fmt.Sprintf("w%d", i) }
+	const n = 3000 // enough for every shard to be emptied at least once
+	for i := range n {
+		c.put(word(i), ids(i))
+		// The word just put and the one before it (unless its shard was
+		// emptied since) are there.
+		for _, k := range []int{i, i - 1} {
+			if k < 0 {
+				continue
+			}
+			got, ok := c.get(word(k))
+			if k == i && !ok {
+				t.Fatalf("word %d not found right after its put", k)
+			}
+			if ok && !slices.Equal(got, ids(k)) {
+				t.Fatalf("word %d: %v, want %v", k, got, ids(k))
+			}
+		}
+	}
+	// Each shard holds what was put since it was last emptied: all found.
+	held := 0
+	for i := range n {
+		w := word(i)
+		s := &c.shards[wordHash(w)&15]
+		if _, inMap := s.m[w]; !inMap {
+			continue
+		}
+		held++
+		if got, ok := c.get(w); !ok || !slices.Equal(got, ids(i)) {
+			t.Fatalf("word %d in its shard's map but get says %v %v", i, got, ok)
+		}
+	}
+	if held < 1000 {
+		t.Fatalf("only %d words held", held)
+	}
+	// Fill every shard to just below full, then look up novel words.
+	c = newWordCache(1 << 12)
+	for i := 0; ; i++ {
+		w := word(i)
+		s := &c.shards[wordHash(w)&15]
+		if len(s.m) < c.perShard-1 {
+			c.put(w, ids(i))
+		}
+		full := true
+		for k := range c.shards {
+			full = full && len(c.shards[k].m) >= c.perShard-1
+		}
+		if full {
+			break
+		}
+	}
+	maybe := 0
+	const novel = 20000
+	for i := range novel {
+		w := fmt.Sprintf("novel-%d", i)
+		s := &c.shards[wordHash(w)&15]
+		a, b := filterBits(wordHash(w), len(s.filter))
+		if s.filter[a>>6].Load()&(1<<(a&63)) != 0 && s.filter[b>>6].Load()&(1<<(b&63)) != 0 {
+			maybe++
+		}
+		if _, ok := c.get(w); ok {
+			t.Fatalf("novel word %q found", w)
+		}
+	}
+	if rate := float64(maybe) / novel; rate > 0.03 {
+		t.Fatalf("full filters let %.1f%% of novel words through", 100*rate)
+	} else {
+		t.Logf("full filters let %.2f%% of novel words through", 100*rate)
+	}
+}
