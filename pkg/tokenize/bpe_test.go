@@ -89,9 +89,9 @@ func TestMergeWordEqualsDefinition(t *testing.T) {
 				sb.WriteString(toks[rng.IntN(len(toks))])
 			}
 			words := []string{sb.String(), strings.Repeat(toks[rng.IntN(len(toks))], 2+rng.IntN(30))}
-			if i%10 == 0 { // long words: naive BPE is quadratic
+			if i%50 == 0 { // long words: naive BPE is quadratic
 				var long strings.Builder
-				for n := 1 + rng.IntN(150); n > 0; n-- {
+				for n := 10 + rng.IntN(60); n > 0; n-- {
 					long.WriteString(toks[rng.IntN(len(toks))])
 				}
 				words = append(words, long.String())
