@@ -28,8 +28,10 @@ type ApproxStats struct {
 // and a prefix loses its tail before its head (an interior hole would cut
 // the match short anyway).
 //
-// A long record is written in chunks of recordChunk keys, each under the
-// lock, so a Match waits for at most one chunk. A record that must be seen
+// A long record is written, and a long match read, in chunks of
+// recordChunk keys, each under the lock, so neither waits for more than
+// one chunk of the other (a Match may see a record that lands between its
+// chunks in part: the index is approximate anyway). A record that must be seen
 // by every Match from a point on (the router's Pending, recorded under
 // the router's lock) is staged first: Stage keeps the keys in a short list
 // Match also reads (a longest common prefix against each), and Commit,
@@ -61,8 +63,10 @@ type Staged struct {
 	now     time.Time
 }
 
-// recordChunk is how many keys Record writes per lock hold.
-const recordChunk = 256
+// recordChunk is how many keys Record writes, and Match reads, per lock
+// hold: a long prompt's walk is thousands of cache misses, and readers and
+// writers of other prompts interleave between chunks.
+const recordChunk = 64
 
 // maxFree bounds the dropped entries kept for reuse.
 const maxFree = 1024
@@ -95,8 +99,12 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 	t := now.UnixNano()
 	start := len(dst)
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer func() { x.mu.RUnlock() }()
 	for i, k := range keys {
+		if i%recordChunk == 0 && i > 0 { // let a waiting Record in
+			x.mu.RUnlock()
+			x.mu.RLock()
+		}
 		first := x.keys[k]
 		if i == 0 {
 			for h := first; h != nil; h = h.sib {
