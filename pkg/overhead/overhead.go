@@ -212,6 +212,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		kvArgs = append(kvArgs, "--profile-contention")
 	}
 	if !o.Events {
+		// A fleet without events: no endpoints in kvroute's config either,
+		// so kvroute routes on its dispatch-learned index, as such a
+		// deployment does (listing endpoints that never publish made every
+		// replica event-fed with an empty index, and every request a
+		// pending-prefix record).
 		engineArgs = append(engineArgs, "--kv-events-disable")
 		kvArgs = append(kvArgs, "--warm-timeout", "1s")
 	}
@@ -219,7 +224,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		Bin: bin, Envoy: tmpl, Engines: o.Engines, Model: model,
 		EngineArgs:   func(int) []string { return engineArgs },
 		KVRouteExtra: o.kvrouteExtra(), KVRouteArgs: kvArgs,
-		EnvoyConcurrency: o.EnvoyConcurrency,
+		EnvoyConcurrency: o.EnvoyConcurrency, NoEvents: !o.Events,
 	}
 	fmt.Fprintf(o.Log, "starting %d engines, kvroute (%s tokenizer), Envoy via kvroute and a plain round-robin Envoy\n", o.Engines, o.Tokenizer)
 	st, err := testbed.StartStack(ctx, g, so)

@@ -234,3 +234,21 @@ func parseAny(t *testing.T, b []byte) map[string]any {
 	}
 	return m
 }
+
+// kvroute's config lists an engine's event endpoints only when it has
+// them: a fleet without events is configured without any.
+func TestKVRouteYAMLEventEndpoints(t *testing.T) {
+	k := &KVRoute{Model: "m", ExtProc: 1, Admin: 2, Metrics: 3, Engines: []*Engine{
+		{Port: 8001, Events: "ipc:///tmp/ev0", Replay: "ipc:///tmp/rp0"},
+		{Port: 8002},
+	}}
+	y := k.YAML()
+	for _, want := range []string{
+		`- {address: "127.0.0.1:8001", model: m, events_endpoint: "ipc:///tmp/ev0", replay_endpoint: "ipc:///tmp/rp0"}`,
+		`- {address: "127.0.0.1:8002", model: m}` + "\n",
+	} {
+		if !strings.Contains(y, want) {
+			t.Errorf("config lacks %q:\n%s", want, y)
+		}
+	}
+}

@@ -149,13 +149,18 @@ func (k *KVRoute) MetricsURL(path string) string {
 }
 
 // YAML is kvroute's config: loopback listeners, the engines as static
-// replicas with their event endpoints, then Extra.
+// replicas with their event endpoints (none for an engine without), then
+// Extra.
 func (k *KVRoute) YAML() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listeners:\n  extproc: \"127.0.0.1:%d\"\n  admin: \"127.0.0.1:%d\"\n  metrics: \"127.0.0.1:%d\"\n  drain_timeout: 3s\n",
 		k.ExtProc, k.Admin, k.Metrics)
 	b.WriteString("replicas:\n  static:\n")
 	for _, e := range k.Engines {
+		if e.Events == "" {
+			fmt.Fprintf(&b, "  - {address: %q, model: %s}\n", e.Addr(), k.Model)
+			continue
+		}
 		fmt.Fprintf(&b, "  - {address: %q, model: %s, events_endpoint: %q, replay_endpoint: %q}\n", e.Addr(), k.Model, e.Events, e.Replay)
 	}
 	b.WriteString(k.Extra)
@@ -244,6 +249,10 @@ type StackOptions struct {
 	// UpstreamHeader and EnvoyConcurrency are passed to the Envoy.
 	UpstreamHeader   string
 	EnvoyConcurrency int
+	// NoEvents starts the engines without KV event endpoints and lists
+	// them in kvroute's config without any: a fleet without events, which
+	// kvroute routes on its dispatch-learned (approximate) index.
+	NoEvents bool
 }
 
 // Stack is engines, one kvroute subscribed to all of them, and one Envoy
@@ -270,10 +279,10 @@ func StartStack(ctx context.Context, g *Group, o StackOptions) (*Stack, error) {
 	}
 	s := &Stack{}
 	for i := range o.Engines {
-		e := &Engine{
-			Name:   fmt.Sprintf("enginesim-%d", i),
-			Events: fmt.Sprintf("ipc://%s/ev%d", sock, i),
-			Replay: fmt.Sprintf("ipc://%s/rp%d", sock, i),
+		e := &Engine{Name: fmt.Sprintf("enginesim-%d", i)}
+		if !o.NoEvents {
+			e.Events = fmt.Sprintf("ipc://%s/ev%d", sock, i)
+			e.Replay = fmt.Sprintf("ipc://%s/rp%d", sock, i)
 		}
 		if o.EngineArgs != nil {
 			e.Args = o.EngineArgs(i)
