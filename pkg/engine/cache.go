@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/kvroute/kvroute/pkg/engine/hugemem"
+import (
+	"unsafe"
+
+	"github.com/kvroute/kvroute/pkg/engine/hugemem"
+)
 
 // blockMeta is what a cached block's events need: its place in its chain,
 // its tokens and its extra keys. It is immutable once built.
@@ -156,6 +160,61 @@ func (p *pool) alloc() int32 {
 	b.ref = 1
 	return id
 }
+
+// prefetchAlloc starts loading what the next n allocs (at most
+// maxPrefetch) will probe at random: the location-table slots of the
+// hashes they evict and those hashes' metadata (an offload's event reads
+// it) and, with a full CPU tier, the slots of the hashes the offloads push
+// out of it (the tier's least recently used blocks). Allocating n blocks
+// then overlaps their cache misses instead of taking them one after
+// another. It returns where it stopped, for prefetchNext; it changes
+// nothing.
+func (p *pool) prefetchAlloc(n int) ahead {
+	a := ahead{gpu: p.head, cpu: -1}
+	if !prefetching {
+		a.gpu = -1
+		return a
+	}
+	if p.cpuCap > 0 && p.loc.ncpu >= p.cpuCap {
+		a.cpu = p.cpuTail
+	}
+	for range min(n, maxPrefetch) {
+		p.prefetchNext(&a)
+	}
+	return a
+}
+
+// ahead is how far prefetchAlloc has prefetched: the next free GPU block
+// and the next CPU slot (from the tier's tail) to prefetch, -1 for none.
+type ahead struct{ gpu, cpu int32 }
+
+// prefetchNext prefetches one more allocation's probes and moves a on. The
+// allocations in between move blocks around, so a may point at a block
+// that is no longer next: then it prefetches lines that go unused, which
+// is harmless.
+func (p *pool) prefetchNext(a *ahead) {
+	if a.gpu >= 0 {
+		b := &p.blocks[a.gpu]
+		if b.cached {
+			p.loc.prefetch(groupKey(b.hash, b.group))
+			if b.meta != nil {
+				hugemem.Prefetch(unsafe.Pointer(b.meta))
+			}
+		}
+		a.gpu = b.next
+	}
+	if a.cpu >= 0 {
+		p.loc.prefetch(p.cpu[a.cpu].hash)
+		a.cpu = p.cpu[a.cpu].prev
+	}
+}
+
+// maxPrefetch bounds how far ahead prefetchAlloc and the prefix-cache walk
+// prefetch: further ahead, lines would be evicted before their use.
+const maxPrefetch = 32
+
+// prefetching turns the prefetches on (a test compares runs without them).
+var prefetching = true
 
 // evict drops a GPU block's hash from the prefix cache (BlockRemoved GPU)
 // and offloads it to the CPU tier when there is one.

@@ -448,10 +448,42 @@ func (e *Engine) grow(r *request, upto int) bool {
 	if e.pool.nfree < need {
 		return false
 	}
-	for range need {
+	if need == 1 {
 		r.blocks = append(r.blocks, e.pool.alloc())
+		return true
+	}
+	// Prefetch maxPrefetch allocations ahead of the one being made.
+	a := e.pool.prefetchAlloc(need)
+	for k := range need {
+		r.blocks = append(r.blocks, e.pool.alloc())
+		if k+maxPrefetch < need {
+			e.pool.prefetchNext(&a)
+		}
 	}
 	return true
+}
+
+// prefetchGrowth starts loading what growing the running requests within
+// budget will probe (see pool.prefetchAlloc): a decode step allocates a
+// block here and there across the batch, one at a time, each evicting and
+// offloading a cached block; prefetched together, their misses overlap.
+// It changes nothing.
+func (e *Engine) prefetchGrowth(budget int) {
+	if !prefetching || e.hybrid() || len(e.running) < 2 {
+		return
+	}
+	need := 0
+	for _, r := range e.running {
+		if budget <= 0 || need >= maxPrefetch {
+			break
+		}
+		n := min(len(r.tokens)-r.numComputed, budget)
+		need += max(0, ceilDiv(r.numComputed+n, e.cfg.BlockSize)-len(r.blocks))
+		budget -= n
+	}
+	if need > 1 {
+		e.pool.prefetchAlloc(need)
+	}
 }
 
 func (e *Engine) preempt(r *request) {
@@ -480,7 +512,15 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	var gpuHits, cpuHits, freeHits int
 	hits := 0
 	gpuIDs := e.gpuIDs[:0]
+	if prefetching {
+		for i := range min(maxHit, maxPrefetch) {
+			e.pool.loc.prefetch(r.hashes[i])
+		}
+	}
 	for ; hits < maxHit; hits++ {
+		if ahead := hits + maxPrefetch; prefetching && ahead < maxHit {
+			e.pool.loc.prefetch(r.hashes[ahead])
+		}
 		w, _ := e.pool.loc.get(r.hashes[hits])
 		if w.gpu >= 0 {
 			gpuHits++
@@ -666,6 +706,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	batch := e.batch[:0]
 	defer func() { e.batch = batch[:0] }()
 	preempted := false
+	e.prefetchGrowth(budget)
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		r := e.running[i]
 		n := min(len(r.tokens)-r.numComputed, budget)

@@ -563,3 +563,44 @@ func TestExtendHashesAndGenerated(t *testing.T) {
 		t.Fatalf("generated %v, engine %v", want, out)
 	}
 }
+
+// TestPrefetchChangesNothing runs a workload that evicts from both tiers
+// with the prefetches (prefix walk, growth, allocation) on and off: every
+// event, token and finished request must be the same.
+func TestPrefetchChangesNothing(t *testing.T) {
+	run := func(on bool) ([]Event, []Token, map[ReqID]Finished) {
+		defer func(was bool) { prefetching = was }(prefetching)
+		prefetching = on
+		e := mustNew(t, Config{NumGPUBlocks: 64, NumCPUBlocks: 48, MaxModelLen: 1024, BlockSize: 16, MaxNumSeqs: 8}, 1)
+		for i := range 60 {
+			p := append(prompt(200, uint64(i%5)), prompt(50+i*3, uint64(100+i))...)
+			_, _ = e.Submit(time.Duration(i)*5*time.Millisecond, Request{Prompt: p, MaxTokens: 40})
+		}
+		res := drain(t, e)
+		var toks []Token
+		for _, r := range res {
+			toks = append(toks, r.Tokens...)
+		}
+		return eventsOf(res), toks, finishedOf(res)
+	}
+	e1, t1, f1 := run(true)
+	e0, t0, f0 := run(false)
+	cpuRemoved := 0
+	for _, ev := range e1 {
+		if ev.Kind == BlockRemoved && ev.Medium == MediumCPU {
+			cpuRemoved++
+		}
+	}
+	if cpuRemoved == 0 {
+		t.Fatal("the workload never evicted from the CPU tier: the prefetches were not exercised")
+	}
+	if !slices.EqualFunc(e1, e0, eventEqual) || !slices.Equal(t1, t0) || len(f1) != len(f0) {
+		t.Fatal("prefetching changed the run")
+	}
+	for id, f := range f1 {
+		g := f0[id]
+		if f.CachedTokens != g.CachedTokens || f.FirstToken != g.FirstToken || f.Finish != g.Finish || !slices.Equal(f.Hashes, g.Hashes) {
+			t.Fatalf("request %v: %+v with prefetching, %+v without", id, f, g)
+		}
+	}
+}

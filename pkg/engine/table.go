@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/kvroute/kvroute/pkg/engine/hugemem"
+import (
+	"unsafe"
+
+	"github.com/kvroute/kvroute/pkg/engine/hugemem"
+)
 
 // where is a block hash's place on each tier: its GPU block id and its CPU
 // slot, -1 when the tier does not hold it.
@@ -72,6 +76,12 @@ func (t *locTable) get(h uint64) (where, bool) {
 			return where{-1, -1}, false
 		}
 	}
+}
+
+// prefetch starts loading h's home slot (see hugemem.Prefetch), so that a
+// later get or ref of h finds it in the cache.
+func (t *locTable) prefetch(h uint64) {
+	hugemem.Prefetch(unsafe.Pointer(&t.slots[t.home(h)]))
 }
 
 // ref returns h's entry, inserting an empty one (both tiers -1) when absent.

@@ -103,3 +103,24 @@ func TestMakeRejectsPointers(t *testing.T) {
 	Make[[0]*int](1) // no pointer in a zero-length array
 	Make[struct{ a, b float64 }](1)
 }
+
+// TestPrefetchIsOnlyAHint: Prefetch changes no memory and never faults,
+// even on addresses that are not mapped (a freed region, nil).
+func TestPrefetchIsOnlyAHint(t *testing.T) {
+	s, r := Make[uint64](MinBytes / 8)
+	for i := range s {
+		s[i] = uint64(i) * 3
+	}
+	for i := range s {
+		Prefetch(unsafe.Pointer(&s[i]))
+	}
+	for i := range s {
+		if s[i] != uint64(i)*3 {
+			t.Fatalf("element %d changed to %d", i, s[i])
+		}
+	}
+	p := unsafe.Pointer(unsafe.SliceData(s))
+	r.Free()
+	Prefetch(p) // unmapped now (linux): a load here would fault
+	Prefetch(nil)
+}
