@@ -32,6 +32,13 @@ type applier struct {
 	// needed (the rest of its chain is not needed either), the removed
 	// blocks that are needed.
 	needed func(h uint64) bool
+	// prefetch, when set with needed, starts loading what needed(h) will
+	// read: apply issues it for a batch's removed hashes before testing
+	// any, so that their cache misses overlap. An evicted block's entry is
+	// rarely in the cache; a stored block's is: a GPU store's was just
+	// touched by the simulator's ceiling bookkeeping, and an offload to
+	// the CPU tier follows its block's GPU removal in the batch.
+	prefetch func(h uint64)
 }
 
 func newApplier(idx *index.Index, model string) *applier {
@@ -49,6 +56,15 @@ func (a *applier) root(lora string) kvblock.Key {
 
 // apply applies evs for replica rid.
 func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
+	if a.needed != nil && a.prefetch != nil {
+		for i := range evs {
+			if evs[i].Kind == engine.BlockRemoved {
+				for _, h := range evs[i].Hashes {
+					a.prefetch(h)
+				}
+			}
+		}
+	}
 	for i := range evs {
 		ev := &evs[i]
 		tier, ok := index.ParseMedium(ev.Medium)

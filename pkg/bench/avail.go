@@ -1,6 +1,10 @@
 package bench
 
-import "github.com/kvroute/kvroute/pkg/engine/hugemem"
+import (
+	"unsafe"
+
+	"github.com/kvroute/kvroute/pkg/engine/hugemem"
+)
 
 // hashTable maps 64-bit block hashes (uniform already) to values: open
 // addressing with linear probing and Fibonacci hashing, growing at 3/4
@@ -43,6 +47,15 @@ func (t *hashTable[V]) get(h uint64) (V, bool) {
 		if e.h == 0 {
 			return none, false
 		}
+	}
+}
+
+// prefetch starts loading h's home slot (see hugemem.Prefetch): a caller
+// about to look up several hashes prefetches them all first, so that their
+// cache misses overlap.
+func (t *hashTable[V]) prefetch(h uint64) {
+	if t.n > 0 {
+		hugemem.Prefetch(unsafe.Pointer(&t.slots[t.home(h)]))
 	}
 }
 

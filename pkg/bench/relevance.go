@@ -131,6 +131,9 @@ func (rl *relevance) needed(h uint64) bool {
 	return b.pending > 0
 }
 
+// prefetch starts loading h's count (see hashTable.prefetch).
+func (rl *relevance) prefetch(h uint64) { rl.blocks.prefetch(h) }
+
 // check reports a prediction that did not match the prompts sent.
 func (rl *relevance) check() error {
 	if rl.broken || rl.left != 0 {

@@ -326,7 +326,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 			return nil, fmt.Errorf("%w: internal: relevance prepared for other engines", ErrSim)
 		}
 		s.rel = newRelevance(pre, &s.blocks)
-		s.feed.needed = s.rel.needed
+		s.feed.needed, s.feed.prefetch = s.rel.needed, s.rel.prefetch
 		if own {
 			pre.blocks.free() // copied; nothing else reads it
 		}
