@@ -148,13 +148,15 @@ func asciiPrefix(s string) int {
 //
 // ASCII characters and stable ones (nfcStableTable) are in NFC and begin a
 // segment: nothing before such a character composes or reorders with it
-// or with what follows it. So s is in NFC when each run of other
-// characters is, taken from the last ASCII or stable character before it
-// (which may compose with the run) to the next one: those runs, checked
-// by norm, are all that is not a bit test per character. An invalid byte
-// sends the whole rest to norm.
+// or with what follows it. So s is in NFC when the span from the last
+// ASCII or stable character before its first other character (which may
+// compose with it) to the next ASCII or stable character after its last
+// other character is: norm checks that span only, once (it allocates when
+// its own quick check is not enough), and nothing at all when every
+// character is ASCII or stable. An invalid byte sends the rest to norm.
 func nfcQuick(s string, i int) bool {
 	last := max(i-1, 0)
+	lo, hi := -1, -1 // the span norm checks
 	stable := nfcStableTable()
 	isStable := func(j int) (n int, ok bool) {
 		if c := s[j]; c < utf8.RuneSelf {
@@ -170,23 +172,23 @@ func nfcQuick(s string, i int) bool {
 			i += n
 			continue
 		}
-		if n == 1 { // invalid UTF-8
-			return norm.NFC.IsNormalString(s[last:])
+		if lo < 0 {
+			lo = last
 		}
-		j := i + n
-		for j < len(s) {
-			n, ok := isStable(j)
+		if n == 1 { // invalid UTF-8
+			return norm.NFC.IsNormalString(s[lo:])
+		}
+		i += n
+		for i < len(s) {
+			n, ok := isStable(i)
 			if ok || n == 1 {
 				break
 			}
-			j += n
+			i += n
 		}
-		if !norm.NFC.IsNormalString(s[last:j]) {
-			return false
-		}
-		i = j
+		hi = i
 	}
-	return true
+	return lo < 0 || norm.NFC.IsNormalString(s[lo:hi])
 }
 
 // nfcStableLimit bounds the code points nfcStableTable covers: the Basic
