@@ -334,3 +334,52 @@ func TestWordCacheFilter(t *testing.T) {
 		t.Logf("full filters let %.2f%% of novel words through", 100*rate)
 	}
 }
+
+// TestVocabFilter: for every family whose model ignores merges for whole
+// tokens, every vocabulary token is found with its id through the filter,
+// words that are no token are not, and the filter lets few of them
+// through to the map.
+func TestVocabFilter(t *testing.T) {
+	checked := 0
+	for _, name := range fixtureNames {
+		m := loadEncoder(t, name).model
+		if !m.ignoreMerges {
+			if m.vocabFilter != nil {
+				t.Fatalf("%s: vocabulary filter without ignore_merges", name)
+			}
+			continue
+		}
+		checked++
+		for w, id := range m.vocab {
+			if got, ok := m.inVocab(wordHash(w), w); !ok || got != id {
+				t.Fatalf("%s: token %q: %d %v, want %d", name, w, got, ok, id)
+			}
+		}
+		rng := rand.New(rand.NewPCG(7, 8))
+		maybe := 0
+		const n = 20000
+		for i := range n {
+			w := fmt.Sprintf(" q%dz%c", rng.Uint64(), 'a'+i%26)
+			if _, inMap := m.vocab[w]; inMap {
+				continue
+			}
+			if _, ok := m.inVocab(wordHash(w), w); ok {
+				t.Fatalf("%s: %q found", name, w)
+			}
+			a, b := filterBits(wordHash(w), len(m.vocabFilter))
+			if m.vocabFilter[a>>6]&(1<<(a&63)) != 0 && m.vocabFilter[b>>6]&(1<<(b&63)) != 0 {
+				maybe++
+			}
+		}
+		if rate := float64(maybe) / n; rate > 0.03 {
+			t.Fatalf("%s: the filter lets %.1f%% of non-tokens through", name, 100*rate)
+		}
+		long := strings.Repeat("a", m.maxVocabLen+1)
+		if _, ok := m.inVocab(wordHash(long), long); ok {
+			t.Fatalf("%s: a word longer than every token found", name)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no family ignores merges")
+	}
+}

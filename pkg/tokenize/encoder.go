@@ -463,6 +463,9 @@ func buildBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges b
 		m.merges.set(pairKey(a, b), merge{rank: uint32(rank), id: r})
 	}
 	m.fillBytePairs()
+	if ignoreMerges {
+		m.buildVocabFilter()
+	}
 	return m, nil
 }
 
