@@ -24,8 +24,10 @@ import (
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one)
 //	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
 //	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt
+//	future  = FutureWait(candidate) - least FutureWait of the eligible candidates
+//	          (a new session's later turns; seconds; 0 without Request.Future)
 //	cost    = b*(wait + own + move + memory + decode_weight*active_decode_blocks)
-//	          + s*(1 + request_weight*(running + waiting requests))
+//	          + s*(1 + request_weight*(running + waiting requests)) + future
 //
 // b*(wait + own) + s is the request's own time to first token on the
 // candidate: its prefill behind what is queued, and the step that samples
@@ -74,6 +76,29 @@ import (
 // requests reuse, not a loss, so new sessions and groups go where the
 // prediction is lowest: to the holder of their shared prefix while its
 // queue is short, elsewhere once it is not.
+//
+// The future charge is what a new session's later turns will pay, and
+// make others pay, where it is placed. The queue a turn meets is not only
+// what is in flight now: agent sessions spend most of their life thinking
+// or waiting on tools, and the sessions living on a replica
+// (Candidate.Sessions, kept by route's session book: their latest request
+// went there within a few of their inter-turn gaps) will send their next
+// turns there. A request with a session key and no home carries its
+// session's prediction (Request.Future: later turns and their uncached
+// blocks, learned by route from the sessions that started on the same
+// prefix and of the same key kind); FutureWait prices it on each candidate
+// by the Pollaczek-Khinchine mean wait of a queue fed by the living
+// sessions' turns, its own turns waiting behind theirs, theirs behind its,
+// and its share lengthening everyone's queue, times its expected later
+// turns; the cost adds it against the least committed candidate
+// (future_weight scales it, 0 turns it off). So the one-off prefill a
+// shared prompt saves on its holder is weighed against the waiting the
+// session would meet and bring there over its life: a new session joins
+// the holder while few sessions live there and goes to a less committed
+// replica once the wait outweighs the prompt. A request without a session
+// key, or whose start class never came back (a one-shot request: herding,
+// fan-out, a document), has no predicted turns and pays nothing; a
+// request with a home never does (homes are placed by the move charge).
 //
 // The memory term reads KV headroom: with the candidate's KV blocks known
 // (Load.KVBlocks), the blocks in use are the larger of the engine's
@@ -132,6 +157,7 @@ type KVRoute struct {
 	memoryWeight, memoryReserve                float64
 	loadBound, loadBoundMin                    float64
 	prefixShareBound                           float64
+	futureWeight                               float64
 	prefillRate, decodeStep                    float64
 	tierWeight                                 [index.NumTiers]float64
 }
@@ -148,6 +174,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		loadBound:        orDefault(c.LoadBound, DefaultKVRouteLoadBound),
 		loadBoundMin:     orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 		prefixShareBound: orDefault(c.PrefixShareBound, DefaultKVRoutePrefixShareBound),
+		futureWeight:     orDefault(c.FutureWeight, DefaultKVRouteFutureWeight),
 		prefillRate:      orDefault(c.PrefillRate, DefaultKVRoutePrefillRate),
 		decodeStep:       orDefault(c.DecodeStep, DefaultKVRouteDecodeStep),
 	}
@@ -158,6 +185,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		knob{"kvroute.move_weight", k.moveWeight},
 		knob{"kvroute.move_pressure_max", k.movePressureMax},
 		knob{"kvroute.memory_weight", k.memoryWeight},
+		knob{"kvroute.future_weight", k.futureWeight},
 	); err != nil {
 		return nil, err
 	}
@@ -241,6 +269,13 @@ type Fleet struct {
 	// BlockTokens is the request's block size in tokens (Request.BlockSize,
 	// else the prompt's tokens per block, else 16).
 	BlockTokens float64
+	// Future is set when the request's later turns are charged (a new
+	// session with Request.Future.Turns > 0 and future_weight > 0);
+	// FutureMin is then the least of the eligible candidates' raw future
+	// charges (FutureWait), which every candidate's charge is taken
+	// against.
+	Future    bool
+	FutureMin float64
 }
 
 // Pace is how a candidate turns work into time: seconds per prompt block
@@ -272,12 +307,45 @@ func (k *KVRoute) Pace(c Candidate, f Fleet) Pace {
 
 // Prediction is one candidate's predicted cost, term by term, in seconds.
 type Prediction struct {
-	Wait, Own, Move, Memory, Decode, Step, Requests float64
+	Wait, Own, Move, Memory, Decode, Step, Requests, Future float64
 }
 
 // Total is the cost the pick compares.
 func (p Prediction) Total() float64 {
-	return p.Wait + p.Own + p.Move + p.Memory + p.Decode + p.Step + p.Requests
+	return p.Wait + p.Own + p.Move + p.Memory + p.Decode + p.Step + p.Requests + p.Future
+}
+
+// futureIdleMin keeps the queueing formula of FutureWait finite on a
+// replica whose committed sessions alone would keep it busy all the time:
+// its idle share counts as at least this.
+const futureIdleMin = 0.05
+
+// FutureWait is the waiting, in seconds, the request's session would add
+// over its later turns (Request.Future) if it lived on c, to its own turns
+// and to those of the sessions living there (Candidate.Sessions), by the
+// Pollaczek-Khinchine mean wait of a queue fed by those sessions' turns
+// (b the candidate's seconds per block, B their turn rate, U = b·Blocks
+// their utilization, A = b²·BlocksSq their rate times mean square service,
+// s1 and s2 the mean and mean square of the new session's turn's service):
+//
+//	per turn = (A + B*s2) / (2*(1-U)) + B*A*s1 / (2*(1-U)^2)
+//	FutureWait = future_weight * Future.Turns * per turn
+//
+// the first part its own turn's wait behind theirs plus theirs behind it,
+// the second how its share of the replica lengthens everyone's queue. 1-U
+// counts as at least futureIdleMin.
+func (k *KVRoute) FutureWait(req Request, c Candidate, f Fleet) float64 {
+	fu := req.Future
+	if !(fu.Turns > 0) || k.futureWeight == 0 {
+		return 0
+	}
+	b := k.Pace(c, f).BlockSecs
+	sl := c.Sessions
+	rate, u, a := sl.Rate, b*sl.Blocks, b*b*sl.BlocksSq
+	s1, s2 := b*fu.Blocks, b*b*fu.BlocksSq
+	idle := math.Max(1-u, futureIdleMin)
+	per := (a+rate*s2)/(2*idle) + rate*a*s1/(2*idle*idle)
+	return k.futureWeight * fu.Turns * per
 }
 
 // own is the request's uncached prefill on c given its hit.
@@ -325,6 +393,14 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	if n == 0 {
 		return f
 	}
+	if req.Future.Turns > 0 && k.futureWeight > 0 {
+		f.Future, f.FutureMin = true, math.Inf(1)
+		for _, c := range cands {
+			if eligible(c) {
+				f.FutureMin = math.Min(f.FutureMin, k.FutureWait(req, c, f))
+			}
+		}
+	}
 	b := float64(busy) / float64(n)
 	if b >= 1 {
 		f.Pressure = k.movePressureMax
@@ -364,6 +440,9 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 		Decode:   pc.BlockSecs * k.decodeWeight * c.Load.ActiveDecodeBlocks,
 		Step:     pc.StepSecs,
 		Requests: pc.StepSecs * k.requestWeight * float64(c.Load.Requests()),
+	}
+	if f.Future {
+		p.Future = math.Max(0, k.FutureWait(req, c, f)-f.FutureMin)
 	}
 	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
 		used := math.Max(c.Load.KVUsage*total, c.Load.ActiveDecodeBlocks)
@@ -527,6 +606,10 @@ type KVRouteConfig struct {
 	// candidates) is passed over while another candidate is not (default
 	// 1.25; 0 turns it off; otherwise it must be >= 1).
 	PrefixShareBound *float64 `yaml:"prefix_share_bound"`
+	// FutureWeight scales the future charge of a new session (the waiting
+	// its predicted later turns add where it is placed, see FutureWait;
+	// default 1; 0 turns it off).
+	FutureWeight *float64 `yaml:"future_weight"`
 	// PrefillRate is the prefill speed, uncached tokens per second,
 	// assumed for a replica while no candidate has a learned one
 	// (Load.PrefillRate; default 16000).
@@ -548,6 +631,7 @@ const (
 	DefaultKVRouteLoadBound        = 3.0
 	DefaultKVRouteLoadBoundMin     = 6.0
 	DefaultKVRoutePrefixShareBound = 1.25
+	DefaultKVRouteFutureWeight     = 1.0
 	DefaultKVRoutePrefillRate      = 16000.0
 	DefaultKVRouteDecodeStep       = 0.008
 )

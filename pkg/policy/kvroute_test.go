@@ -635,3 +635,73 @@ func TestKVRoutePrefixShareBound(t *testing.T) {
 		t.Errorf("bound off: picked %d (%s), want the holder", res.Pick, res.Reason)
 	}
 }
+
+// The future charge: a new session whose later turns are predicted
+// (Request.Future) pays, on each candidate, the waiting those turns add
+// there (FutureWait: the Pollaczek-Khinchine wait of the sessions living
+// there, Candidate.Sessions), against the least committed candidate. It
+// leaves the holder of its shared prompt when enough sessions live there
+// to outweigh the prompt's one-off prefill, never for a request with a
+// home or without predicted turns, and not with future_weight 0.
+func TestKVRouteFutureCharge(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{}).(*KVRoute)
+	// 64-token blocks at 16,000 tokens/s: 4 ms a block. A 96-block prompt
+	// held by r0; the session's turns bring 64 blocks (0.256 s) each.
+	req := Request{PromptBlocks: 104, BlockSize: 64, Future: Future{Turns: 14, Blocks: 64, BlocksSq: 64 * 64}}
+	living := func(n int) SessionLoad { // n sessions, a turn every 4 s each
+		r := float64(n) / 4
+		return SessionLoad{Rate: r, Blocks: 64 * r, BlocksSq: 64 * 64 * r, Sessions: n}
+	}
+	fleet := func(onHolder int) []Candidate {
+		cs := []Candidate{cand("holder", 96, 0, 0)}
+		cs[0].Sessions = living(onHolder)
+		for i := range 3 {
+			c := cand(fmt.Sprint("r", i), 0, 0, 0)
+			c.Sessions = living(1)
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	// By hand: b = 0.004 s, s1 = 0.256, s2 = 0.065536; with n sessions,
+	// B = n/4, U = n*0.064, A = B*s2.
+	want := func(n int) float64 {
+		s1, s2 := 64*0.004, math.Pow(64*0.004, 2)
+		B := float64(n) / 4
+		U, A := B*s1, B*s2
+		return 14 * ((A+B*s2)/(2*(1-U)) + B*A*s1/(2*(1-U)*(1-U)))
+	}
+	cs := fleet(5)
+	f := p.FleetOf(req, cs, nil)
+	if got := p.FutureWait(req, cs[0], f); math.Abs(got-want(5)) > 1e-9 {
+		t.Errorf("FutureWait with 5 sessions = %v, want %v", got, want(5))
+	}
+	if got := p.Predict(req, cs[1], 0, f).Future; got != 0 {
+		t.Errorf("the least committed candidate pays %v, want 0", got)
+	}
+	if got := p.Predict(req, cs[0], 96, f).Future; math.Abs(got-(want(5)-want(1))) > 1e-9 {
+		t.Errorf("the holder pays %v, want %v", got, want(5)-want(1))
+	}
+	if res := p.Pick(req, fleet(1), seeded(1)); res.Pick != 0 {
+		t.Errorf("as committed as the others: picked %d, want the holder; costs %v", res.Pick, res.Costs)
+	}
+	if res := p.Pick(req, fleet(5), seeded(1)); res.Pick == 0 {
+		t.Errorf("5 sessions living on the holder against 1 elsewhere: the new session still joins them; costs %v", res.Costs)
+	}
+	oneShot := req
+	oneShot.Future = Future{}
+	if res := p.Pick(oneShot, fleet(5), seeded(1)); res.Pick != 0 {
+		t.Errorf("a request without predicted turns left the holder; costs %v", res.Costs)
+	}
+	homed := fleet(5)
+	homed[0].Home = true
+	if res := p.Pick(Request{PromptBlocks: 104, BlockSize: 64}, homed, seeded(1)); res.Pick != 0 {
+		t.Errorf("a session left its home; costs %v", res.Costs)
+	}
+	off := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{FutureWeight: Float(0)}})
+	if res := off.Pick(req, fleet(5), seeded(1)); res.Pick != 0 {
+		t.Errorf("future_weight 0 still charged the future; costs %v", res.Costs)
+	}
+	if _, err := NewKVRoute(KVRouteConfig{FutureWeight: Float(-1)}); err == nil || !strings.Contains(err.Error(), "kvroute.future_weight") {
+		t.Errorf("future_weight -1: error %v, want one naming kvroute.future_weight", err)
+	}
+}

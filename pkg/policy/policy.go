@@ -43,6 +43,43 @@ type Candidate struct {
 	// memory), in [0, 1]; 0 without one. Only kvroute reads it, with
 	// Request.PrefixPlacements (see KVRoute's prefix share bound).
 	PrefixShare float64
+	// Sessions is the replica's committed session load: the sessions
+	// living there (route's session book: their latest request went there
+	// within a few of their inter-turn gaps) and the turns they are
+	// predicted to bring. Zero without such memory. Only kvroute reads it,
+	// with Request.Future.
+	Sessions SessionLoad
+}
+
+// SessionLoad is a replica's committed future work: the predicted turns of
+// the sessions living there, which its instantaneous load misses while
+// they think or wait on tools.
+type SessionLoad struct {
+	// Rate is their turns per second (each session's turn rate, 1 over its
+	// mean inter-turn gap, times the chance it comes back).
+	Rate float64
+	// Blocks is their uncached prefill blocks per second (each session's
+	// rate times its mean uncached blocks per turn).
+	Blocks float64
+	// BlocksSq is each session's rate times the mean square of its
+	// uncached blocks per turn, summed: with a pace b seconds per block,
+	// b²·BlocksSq is the sum of rate × E[service²] queueing formulas read.
+	BlocksSq float64
+	// Sessions is how many sessions live there.
+	Sessions int
+}
+
+// Future is what the request's session is predicted to bring over its
+// later turns, when the request has a session key but no home (a new
+// session): route's session book learns it from the sessions that
+// started on the same prefix (and of the same key kind) before.
+type Future struct {
+	// Turns is the expected number of later turns (0: none expected, a
+	// one-shot request).
+	Turns float64
+	// Blocks and BlocksSq are the mean and mean square of a later turn's
+	// uncached prefill blocks.
+	Blocks, BlocksSq float64
 }
 
 // MatchedBlocks is the replica's matched prefix length over all tiers.
@@ -73,6 +110,9 @@ type Request struct {
 	// PrefixShareHalfLife); 0 when none or unknown. See
 	// Candidate.PrefixShare.
 	PrefixPlacements float64
+	// Future is what the request's session is predicted to bring over its
+	// later turns when it has no home yet (see Future); zero otherwise.
+	Future Future
 }
 
 // Env is what a policy may use besides its inputs: injected randomness, so

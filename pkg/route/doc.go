@@ -50,6 +50,19 @@
 // (kvroute's prefix share bound). Decide records its pick there; Explain
 // does not.
 //
+// Living sessions: the Router's session book (sessionbook.go) keeps, per
+// replica, the sessions living there (their latest request went there
+// within Options.SessionHorizon of their inter-turn gaps) with each one's
+// turn rate and uncached blocks per turn, reported as
+// policy.Candidate.Sessions: the committed future work the instantaneous
+// load misses while sessions think. It also learns, per start class (the
+// prefix that drew a session's first request, shrunk toward its key
+// kind), what new sessions go on to do (later turns, blocks per turn,
+// gaps, with SessionStatsHalfLife decay), and gives a request with a
+// session key and no home that prediction as policy.Request.Future.
+// Requests of one key closer than MinSessionGap are parallel requests,
+// not turns. Bounded like the homes; Decide records, Explain only reads.
+//
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
 // goroutine. Decide holds the Router's lock from reading the candidates'
 // loads to charging its pick (Options.Tracker, Decision.Hold) and

@@ -91,6 +91,12 @@ type Options struct {
 	// caller to finish. Without it the caller charges the pick itself,
 	// after Decide returns, and concurrent decisions may miss each other.
 	Tracker *load.Tracker
+	// SessionHorizon is how many of a session's inter-turn gaps after its
+	// latest request it still counts as living on its home replica, its
+	// predicted turns committing that replica (policy.Candidate.Sessions;
+	// the session book, bounded like the homes by SessionMemory); 0 means
+	// DefaultSessionHorizon.
+	SessionHorizon float64
 }
 
 // DefaultPendingTTL is a good TTL for Options.Pending: long enough for a
@@ -113,6 +119,7 @@ type Router struct {
 	opts    Options
 	homes   *homes
 	shares  *prefixShares
+	book    *sessionBook
 	rand    *rand.Rand
 	scratch sync.Pool // *scratch
 }
@@ -178,6 +185,7 @@ func New(opts Options) *Router {
 		opts:   opts,
 		homes:  newHomes(opts.SessionMemory),
 		shares: newPrefixShares(DefaultPrefixMemory),
+		book:   newSessionBook(opts.SessionMemory, opts.SessionHorizon),
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 	}
 	r.scratch.New = func() any { return new(scratch) }
@@ -405,6 +413,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 	}
 
+	future := r.book.view(start, d.Session, hasHome, drawKey, drawn, sc.cands)
+
 	res := r.opts.Policy.Pick(policy.Request{
 		PromptBlocks:         d.PromptBlocks,
 		PromptTokens:         d.PromptTokens,
@@ -412,6 +422,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
 		BlockSize:            primary,
 		PrefixPlacements:     placements,
+		Future:               future,
 	}, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
@@ -457,6 +468,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if drawn {
 			r.shares.record(drawKey, d.Replica, start)
 		}
+		r.book.record(start, d.Session, hasHome, drawKey, drawn, d.Replica, float64(d.PromptBlocks-d.MatchedBlocks()))
 		if r.opts.Tracker != nil {
 			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
 		}
