@@ -140,24 +140,28 @@ func (c *classStats) decay(now time.Time) {
 // (ended); so p/(1-p), the expected later turns, is estimated by later
 // turns over ended sessions, which counts a session still running neither
 // as ended nor by the turns it has yet to send. One pseudo-ended session
-// keeps it finite (a class whose sessions all still run), and a class is
-// shrunk toward prior (its kind's estimate) with that same weight. The
-// share coming back is sessions with a later turn over those and the
-// sessions that ended after one request, likewise.
+// keeps it finite while all of a class's sessions still run. The share
+// coming back is sessions with a later turn over sessions started: it
+// counts what the class showed so far (a young class's share is low by
+// the sessions started within the last gap), so a class of one-shot
+// requests commits nothing for sessions it cannot yet know have ended (a
+// trace whose conversations return once in twenty, ~90 s later, would
+// otherwise commit every one-shot for minutes). A class is shrunk toward
+// prior (its kind's estimate) with the weight of one session.
 type estimate struct {
 	turns, gap, w, w2, back float64
 }
 
 func (c *classStats) estimate(prior *estimate) estimate {
 	var e estimate
-	if prior != nil {
-		e = *prior
-	}
-	e.turns = (c.turns + e.turns) / (c.ended + 1)
-	e.back = math.Min(1, (c.back+e.back)/(c.back+c.ended1+1))
 	k := 0.0
 	if prior != nil {
 		k = 1
+		e = *prior
+	}
+	e.turns = (c.turns + k*e.turns) / (c.ended + 1)
+	if n := c.starts + k; n > 0 {
+		e.back = math.Min(1, (c.back+k*e.back)/n)
 	}
 	if n := c.turns + k; n > 0 && (c.turns > 0 || e.w > 0) {
 		e.w = (c.sumW + k*e.w) / n
