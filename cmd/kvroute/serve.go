@@ -200,8 +200,8 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	if cfg.Routing.PendingTTL > 0 {
 		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.Routing.PendingTTL})
 	}
-	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx, Rates: rates, Pending: pending, Tracker: tracker}
-	decider := route.New(routeOpts)
+	routeOpts := route.Options{Matcher: r.events.Matcher(), State: r.set, Policy: pol, Tokenizer: r.tok, Seed: seed, Approx: approx, Rates: rates, Pending: pending, Tracker: tracker, DeferRecords: true}
+	decider := route.New(routeOpts) // extproc commits each decision's records once its pick is sent
 	routeOpts.Policy = explainPol
 	explainer := route.New(routeOpts)
 

@@ -66,6 +66,7 @@ type procStream struct {
 	// Decision and lifecycle: the router stream's flight (set by decide),
 	// or the flight an observer stream claimed.
 	fl       *flight
+	commit   func()    // the decision's deferred index records (route.Decision.Commit)
 	claimed  bool      // this stream observes fl's response
 	observer bool      // an observability-mode stream: it never answers
 	bodyless bool      // the request had no body to read (headers ended it)
@@ -404,6 +405,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		span.End()
 		return nil, st.decideError(err, req)
 	}
+	st.commit = dec.Commit
 	if dec.TokenSource != "" {
 		st.s.metrics.tokenize.WithLabelValues(dec.TokenSource).Observe(dec.TokenizeTime.Seconds())
 	}
@@ -424,6 +426,15 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
 	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless)
 	return st.pickFor(dec), nil
+}
+
+// commitRecords writes the decision's index records, once its answer is
+// sent (or the stream ends).
+func (st *procStream) commitRecords() {
+	if st.commit != nil {
+		st.commit()
+		st.commit = nil
+	}
 }
 
 func (st *procStream) decideError(err error, req route.Request) *rejection {
@@ -769,6 +780,7 @@ func (st *procStream) predictedCachedTokens(promptTokens int) int {
 // hands its flight over (flight.routerClosed) and ends the request span
 // itself only when there was no decision.
 func (st *procStream) close() {
+	st.commitRecords()
 	if st.claimed && !st.finished && !st.detached {
 		if st.fl.span != nil {
 			st.fl.span.SetAttributes(attribute.Bool("kvroute.stream_aborted", true))

@@ -139,6 +139,7 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 				return serr
 			}
 		}
+		st.commitRecords() // after the pick is sent: Envoy need not wait for them
 		if st.stop {
 			// An observer stream with nothing (more) to observe: closing
 			// it tells the proxy to send nothing more on it.

@@ -174,7 +174,11 @@ func (x *ApproxIndex) Record(keys []kvblock.Key, replica index.ReplicaID, now ti
 // any lock of its own. keys are copied.
 func (x *ApproxIndex) Stage(keys []kvblock.Key, replica index.ReplicaID, now time.Time) *Staged {
 	st := &Staged{keys: slices.Clone(keys), replica: replica, now: now}
+	t := now.UnixNano()
 	x.mu.Lock()
+	// A staged record past its TTL matches nothing: drop it even if its
+	// Commit never comes.
+	x.staged = slices.DeleteFunc(x.staged, func(o *Staged) bool { return o.now.UnixNano()+x.ttl <= t })
 	x.staged = append(x.staged, st)
 	x.mu.Unlock()
 	return st

@@ -506,6 +506,12 @@ func TestApproxIndexStaged(t *testing.T) {
 	if n := len(x.staged); n != 0 {
 		t.Fatalf("%d staged records left after commit", n)
 	}
+	// A record whose Commit never comes is dropped by a Stage past its TTL.
+	x.Stage(keys, "c", t0)
+	x.Stage(keys[:1], "d", t0.Add(5*time.Second))
+	if n := len(x.staged); n != 1 || x.staged[0].replica != "d" {
+		t.Fatalf("staged after the TTL: %d records, want d's alone", n)
+	}
 }
 
 // Stages, commits and matches from many goroutines (run with -race): every

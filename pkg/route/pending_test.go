@@ -130,3 +130,63 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 		t.Errorf("idle fleet: picks %v, want 4 siblings on 4 replicas", got)
 	}
 }
+
+// With Options.DeferRecords a decision's pending record is staged (seen by
+// the next decision at once) and written by Decision.Commit; the
+// dispatch-learned index's record waits for Commit.
+func TestDeferRecords(t *testing.T) {
+	t.Run("pending", func(t *testing.T) {
+		p, err := policy.New(policy.NameBlended, policy.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending := NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})
+		rt := New(Options{Matcher: index.New(index.Config{}), State: fleet(3), Policy: p, Seed: 1, Pending: pending, DeferRecords: true,
+			Now: func() time.Time { return t0 }})
+		task := seq(20*16, 500)
+		d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: task})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := pending.Stats(); s.Keys != 0 {
+			t.Fatalf("pending holds %d keys before Commit, want 0 (staged only)", s.Keys)
+		}
+		sibling := append(slices.Clone(task), seq(16, 7000)...)
+		e, err := rt.Explain(t.Context(), Request{Model: model, Tokens: sibling})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range e.Candidates {
+			if want := map[bool]int{true: 20, false: 0}[c.Replica == d.Replica]; c.Pending != want {
+				t.Fatalf("before Commit: %s pending %d, want %d", c.Replica, c.Pending, want)
+			}
+		}
+		d.Commit()
+		d.Commit() // a second call does nothing
+		if s := pending.Stats(); s.Keys != 20 || len(pending.staged) != 0 {
+			t.Fatalf("after Commit: %d keys, %d staged; want 20 and 0", s.Keys, len(pending.staged))
+		}
+		if e, err = rt.Explain(t.Context(), Request{Model: model, Tokens: sibling}); err != nil {
+			t.Fatal(err)
+		}
+		if c := candidate(t, e, d.Replica); c.Pending != 20 {
+			t.Fatalf("after Commit: %s pending %d, want 20", d.Replica, c.Pending)
+		}
+	})
+	t.Run("approximate", func(t *testing.T) {
+		prompt := seq(40*16, 3)
+		g := newApproxRig(t, approxTokenizer(prompt))
+		g.rt.opts.DeferRecords = true
+		d, err := g.rt.Decide(t.Context(), Request{Model: model, Input: TokenizeInput{Prompt: "x"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := g.ax.Stats(); st.Entries != 0 {
+			t.Fatalf("learned %+v before Commit, want nothing", st)
+		}
+		d.Commit()
+		if st := g.ax.Stats(); st.Entries != 40 {
+			t.Fatalf("learned %+v after Commit, want 40 entries", st)
+		}
+	})
+}

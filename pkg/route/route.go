@@ -97,6 +97,13 @@ type Options struct {
 	// the session book, bounded like the homes by SessionMemory); 0 means
 	// DefaultSessionHorizon.
 	SessionHorizon float64
+	// DeferRecords leaves a decision's index records (the dispatch-learned
+	// index's, the pending index's) to the caller, who calls
+	// Decision.Commit once it has answered: a long prompt's records are
+	// thousands of inserts its answer need not wait for. The pending
+	// record is staged before Decide returns, so later decisions see it
+	// either way. Without it Decide writes them before returning.
+	DeferRecords bool
 }
 
 // DefaultPendingTTL is a good TTL for Options.Pending: long enough for a
@@ -350,18 +357,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// no concurrent decision waits for its record; the pending record is
 	// staged under the lock, where every later decision's pending match
 	// sees it, and committed here.
-	var approxRecord []kvblock.Key
-	var approxReplica index.ReplicaID
-	var pendingRecord *Staged
-	if learn {
-		defer func() {
-			if approxRecord != nil {
-				r.opts.Approx.Record(approxRecord, approxReplica, start)
-			}
-			if pendingRecord != nil {
-				r.opts.Pending.Commit(pendingRecord)
-			}
-		}()
+	recs := &records{approx: r.opts.Approx, pending: r.opts.Pending, at: start}
+	if learn && !r.opts.DeferRecords {
+		defer recs.commit()
 	}
 
 	// From the loads to the pick's charge, a Decide holds the router's
@@ -453,7 +451,10 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn && useApprox && sc.src[res.Pick] == srcApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
-		approxRecord, approxReplica = sc.keys, d.Replica
+		recs.approxKeys, recs.approxReplica = sc.keys, d.Replica
+		if r.opts.DeferRecords {
+			recs.approxKeys = slices.Clone(sc.keys) // sc goes back to the pool
+		}
 	}
 	if learn && usePending && sc.src[res.Pick] == srcEvents {
 		keys := sc.own
@@ -461,7 +462,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
 			keys = sc.keys
 		}
-		pendingRecord = r.opts.Pending.Stage(keys, d.Replica, start)
+		recs.staged = r.opts.Pending.Stage(keys, d.Replica, start)
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
@@ -472,6 +473,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if r.opts.Tracker != nil {
 			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
 		}
+	}
+	if r.opts.DeferRecords && (recs.approxKeys != nil || recs.staged != nil) {
+		d.records = recs
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil

@@ -180,6 +180,42 @@ type Decision struct {
 	// (Options.Tracker): the caller must finish it (FirstToken at the
 	// first token, Done on every path). Nil otherwise, and for Explain.
 	Hold *load.Handle
+
+	// records are the pick's index records Options.DeferRecords leaves to
+	// the caller (Decision.Commit); nil otherwise.
+	records *records
+}
+
+// records are a decision's index records not yet written.
+type records struct {
+	approx        *ApproxIndex
+	approxKeys    []kvblock.Key
+	approxReplica index.ReplicaID
+	at            time.Time
+	pending       *ApproxIndex
+	staged        *Staged
+}
+
+// Commit writes the decision's index records when the Router left them to
+// the caller (Options.DeferRecords): the dispatch-learned index's record
+// of the pick and the pending record, which every decision has matched
+// since Decide staged it. Call it once the pick is answered, and on every
+// path (a later call, or one on a decision without deferred records, does
+// nothing). Not safe for concurrent use on one decision.
+func (d *Decision) Commit() {
+	if r := d.records; r != nil {
+		d.records = nil
+		r.commit()
+	}
+}
+
+func (r *records) commit() {
+	if r.approxKeys != nil {
+		r.approx.Record(r.approxKeys, r.approxReplica, r.at)
+	}
+	if r.staged != nil {
+		r.pending.Commit(r.staged)
+	}
 }
 
 // MatchedBlocks returns the picked replica's matched blocks over all tiers.
