@@ -135,19 +135,20 @@ func (c *classStats) decay(now time.Time) {
 // gap (seconds, 0 unknown), uncached blocks per turn and their mean
 // square, and the share of sessions that come back.
 //
-// Later turns: each request of a session is followed by another with some
-// chance p, and a session ends when its horizon passes after a request
-// (ended); so p/(1-p), the expected later turns, is estimated by later
-// turns over ended sessions, which counts a session still running neither
-// as ended nor by the turns it has yet to send. One pseudo-ended session
-// keeps it finite while all of a class's sessions still run. The share
-// coming back is sessions with a later turn over sessions started: it
-// counts what the class showed so far (a young class's share is low by
+// The share coming back is sessions with a later turn over sessions
+// started: what the class showed so far (a young class's share is low by
 // the sessions started within the last gap), so a class of one-shot
-// requests commits nothing for sessions it cannot yet know have ended (a
-// trace whose conversations return once in twenty, ~90 s later, would
-// otherwise commit every one-shot for minutes). A class is shrunk toward
-// prior (its kind's estimate) with the weight of one session.
+// requests predicts nothing it cannot yet know has ended. Later turns are
+// that share times the later turns of a session that came back: each of
+// its requests is followed by another with some chance p, and it ends
+// when its horizon passes after a request, so p/(1-p) is estimated by the
+// later turns over the ended sessions that had come back, which counts a
+// session still running neither as ended nor by the turns it has yet to
+// send (one pseudo-end keeps it finite while every such session still
+// runs). A trace whose conversations return once in twenty, ~90 s later,
+// so predicts about a twentieth of what its few returning conversations
+// showed, not what they showed. A class is shrunk toward prior (its
+// kind's estimate) with the weight of one session.
 type estimate struct {
 	turns, gap, w, w2, back float64
 }
@@ -159,10 +160,14 @@ func (c *classStats) estimate(prior *estimate) estimate {
 		k = 1
 		e = *prior
 	}
-	e.turns = (c.turns + k*e.turns) / (c.ended + 1)
 	if n := c.starts + k; n > 0 {
 		e.back = math.Min(1, (c.back+k*e.back)/n)
 	}
+	r := 0.0
+	if prior != nil && prior.back > 0 {
+		r = prior.turns / prior.back
+	}
+	e.turns = e.back * (c.turns + k*r) / (c.ended - c.ended1 + 1)
 	if n := c.turns + k; n > 0 && (c.turns > 0 || e.w > 0) {
 		e.w = (c.sumW + k*e.w) / n
 		e.w2 = (c.sumW2 + k*e.w2) / n
