@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/policy"
 )
 
 // approxPrompts returns n prompts of blocks keys each, sharing their first
@@ -65,5 +66,25 @@ func BenchmarkApproxIndexBytes(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(x.Stats().Entries), "bytes/entry")
 		runtime.KeepAlive(x)
+	}
+}
+func BenchmarkDecideApproximateLong(b *testing.B) {
+	prompts := make([][]uint32, 64)
+	for i := range prompts {
+		prompts[i] = seq(3500*16, uint32(i)<<22)
+	}
+	st := fedState{fleet(8), map[index.ReplicaID]bool{}}
+	p, err := policy.New(policy.NameKVRoute, policy.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ax := NewApproxIndex(ApproxConfig{})
+	rt := New(Options{Matcher: index.New(index.Config{}), State: st, Policy: p, Seed: 1, Approx: ax})
+	i := 0
+	for b.Loop() {
+		if _, err := rt.Decide(b.Context(), Request{Model: model, Tokens: prompts[i%len(prompts)]}); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }

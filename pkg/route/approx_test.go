@@ -538,3 +538,38 @@ func TestApproxIndexStagedConcurrent(t *testing.T) {
 		t.Fatalf("%d staged records left", n)
 	}
 }
+
+// The approximate mode records a long prompt at grid positions only and
+// matches it whole; a prompt sharing part of it is credited up to the last
+// grid position inside the shared part.
+func TestApproxGrid(t *testing.T) {
+	for _, n := range []int{1, 63, 64, 65, 80, 1023, 1024, 1025, 3500} {
+		keys := approxKeys(n, 5)
+		grid := approxGrid(nil, keys)
+		if approxGridBlocks(len(grid), n) != n {
+			t.Fatalf("n=%d: the whole grid covers %d blocks", n, approxGridBlocks(len(grid), n))
+		}
+		if n >= 3500 && len(grid) > n/15 {
+			t.Fatalf("n=%d: %d grid keys", n, len(grid))
+		}
+	}
+	x := NewApproxIndex(ApproxConfig{})
+	long := approxKeys(3500, 5)
+	x.Record(approxGrid(nil, long), "a", t0)
+	m := approxMatcher{x, t0}
+	whole := m.Match(long, nil)
+	if len(whole) != 1 || whole[0].Blocks != 3500 || whole[0].ByTier[index.TierGPU] != 3500 {
+		t.Fatalf("the recorded prompt matched %+v, want a: 3500", whole)
+	}
+	for _, tc := range []struct{ shared, want int }{
+		{40, 40},     // dense head: exact
+		{100, 96},    // grid step 16 below 1024 blocks: 95 is the last grid block inside
+		{2000, 1984}, // grid step 64 beyond: 1983
+		{3500, 3456}, // a longer prompt sharing all of it: the recorded last block is not on its grid, 3455 is
+	} {
+		other := append(slices.Clone(long[:tc.shared]), approxKeys(50, 9000)...)
+		if got := m.Match(other, nil); len(got) != 1 || got[0].Blocks != tc.want {
+			t.Errorf("sharing %d blocks: matched %+v, want a: %d", tc.shared, got, tc.want)
+		}
+	}
+}

@@ -451,10 +451,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn && useApprox && sc.src[res.Pick] == srcApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
-		recs.approxKeys, recs.approxReplica = sc.keys, d.Replica
-		if r.opts.DeferRecords {
-			recs.approxKeys = slices.Clone(sc.keys) // sc goes back to the pool
-		}
+		recs.approxKeys, recs.approxReplica = approxGrid(nil, sc.keys), d.Replica
 	}
 	if learn && usePending && sc.src[res.Pick] == srcEvents {
 		keys := sc.own
@@ -653,8 +650,69 @@ type approxMatcher struct {
 	now time.Time
 }
 
+// Match matches the keys at the approximate mode's grid positions
+// (approxGrid) and converts each replica's count of grid keys back to
+// blocks: a replica holding grid keys 0..j-1 is credited the blocks up to
+// and including the (j-1)th grid position.
 func (a approxMatcher) Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch {
-	return a.x.Match(keys, a.now, dst)
+	start := len(dst)
+	grid := approxGrid(nil, keys)
+	dst = a.x.Match(grid, a.now, dst)
+	for i := start; i < len(dst); i++ {
+		b := approxGridBlocks(dst[i].Blocks, len(keys))
+		dst[i].Blocks, dst[i].ByTier = b, [index.NumTiers]int{index.TierGPU: b}
+	}
+	return dst
+}
+
+// The approximate mode records and matches a prompt's keys at grid
+// positions only: every block of the first approxGridDense, then every
+// approxGridStep1-th up to approxGridFar, then every approxGridStep2-th,
+// and the last block. A long prompt's record is then a few hundred map
+// inserts rather than one per block (a 229 KB chat has about 3.5k blocks
+// of 16 tokens), and a match deeper than approxGridDense blocks is
+// credited to the last grid position it reaches: at most 15 blocks short
+// below approxGridFar blocks and 63 beyond, when the prefix ends between
+// grid positions of the longer prompt.
+const (
+	approxGridDense = 64
+	approxGridStep1 = 16
+	approxGridFar   = 1024
+	approxGridStep2 = 64
+)
+
+// onApproxGrid reports whether block p of an n-block prompt is on the grid.
+func onApproxGrid(p, n int) bool {
+	switch {
+	case p < approxGridDense || p == n-1:
+		return true
+	case p < approxGridFar:
+		return p%approxGridStep1 == approxGridStep1-1
+	}
+	return p%approxGridStep2 == approxGridStep2-1
+}
+
+// approxGrid appends to dst the keys at grid positions.
+func approxGrid(dst, keys []kvblock.Key) []kvblock.Key {
+	for p, k := range keys {
+		if onApproxGrid(p, len(keys)) {
+			dst = append(dst, k)
+		}
+	}
+	return dst
+}
+
+// approxGridBlocks is the blocks covered by the first j grid keys of an
+// n-block prompt: the (j-1)th grid position plus one.
+func approxGridBlocks(j, n int) int {
+	for p := range n {
+		if onApproxGrid(p, n) {
+			if j--; j == 0 {
+				return p + 1
+			}
+		}
+	}
+	return 0
 }
 
 // expectedOutputBlocks converts max_tokens to blocks (0 when unknown).
