@@ -556,7 +556,7 @@ func TestApproxGrid(t *testing.T) {
 	x := NewApproxIndex(ApproxConfig{})
 	long := approxKeys(3500, 5)
 	x.Record(approxGrid(nil, long), "a", t0)
-	m := approxMatcher{x, t0}
+	m := approxMatcher{x, t0, new([]kvblock.Key)}
 	whole := m.Match(long, nil)
 	if len(whole) != 1 || whole[0].Blocks != 3500 || whole[0].ByTier[index.TierGPU] != 3500 {
 		t.Fatalf("the recorded prompt matched %+v, want a: 3500", whole)

@@ -42,12 +42,10 @@ type shareEntry struct {
 
 // decay brings the entry's counts to now.
 func (e *shareEntry) decay(now time.Time) {
-	dt := now.Sub(e.at)
-	if dt <= 0 {
+	d, ok := decayFactor(&e.at, now, PrefixShareHalfLife)
+	if !ok {
 		return
 	}
-	e.at = now
-	d := math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
 	e.total *= d
 	for r, v := range e.by {
 		if v *= d; v < 1e-3 {
@@ -109,4 +107,16 @@ func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, now time.T
 	e.decay(now)
 	e.total++
 	e.by[replica]++
+}
+
+// decayFactor moves *at to now and returns the factor counts kept since
+// *at shrink by with the given half-life; ok is false (and *at unchanged)
+// when now is not after *at.
+func decayFactor(at *time.Time, now time.Time, halfLife time.Duration) (float64, bool) {
+	dt := now.Sub(*at)
+	if dt <= 0 {
+		return 1, false
+	}
+	*at = now
+	return math.Exp2(-dt.Seconds() / halfLife.Seconds()), true
 }

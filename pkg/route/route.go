@@ -135,6 +135,7 @@ type Router struct {
 type scratch struct {
 	keys    []kvblock.Key
 	own     []kvblock.Key // the request's event-root keys at the primary block size (Pending)
+	grid    []kvblock.Key // keys at the approximate mode's grid positions (approxMatcher)
 	matches []index.ReplicaMatch
 	cands   []policy.Candidate
 	sizes   []shape // distinct block sizes and lookaheads
@@ -339,7 +340,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if useApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
-		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start}, raw, primary)
+		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary)
 	}
 	// The prefix that draws the request: its longest indexed match on any
 	// candidate (see prefixShares).
@@ -357,7 +358,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// no concurrent decision waits for its record; the pending record is
 	// staged under the lock, where every later decision's pending match
 	// sees it, and committed here.
-	recs := &records{approx: r.opts.Approx, pending: r.opts.Pending, at: start}
+	var recs records // the pick's index records (see Options.DeferRecords)
 	if learn && !r.opts.DeferRecords {
 		defer recs.commit()
 	}
@@ -451,6 +452,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn && useApprox && sc.src[res.Pick] == srcApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		sc.keys = kvblock.Keys(sc.keys[:0], root, toks.IDs, sc.bs[res.Pick], kopts)
+		recs.approx, recs.at = r.opts.Approx, start
 		recs.approxKeys, recs.approxReplica = approxGrid(nil, sc.keys), d.Replica
 	}
 	if learn && usePending && sc.src[res.Pick] == srcEvents {
@@ -459,7 +461,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
 			keys = sc.keys
 		}
-		recs.staged = r.opts.Pending.Stage(keys, d.Replica, start)
+		recs.pending, recs.staged = r.opts.Pending, r.opts.Pending.Stage(keys, d.Replica, start)
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
@@ -472,7 +474,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 	}
 	if r.opts.DeferRecords && (recs.approxKeys != nil || recs.staged != nil) {
-		d.records = recs
+		rc := recs // only a deferring caller's decision carries its records to the heap
+		d.records = &rc
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil
@@ -646,8 +649,9 @@ func (r *Router) matchPending(sc *scratch, root kvblock.Key, opts kvblock.Option
 
 // approxMatcher matches against an ApproxIndex at a fixed time.
 type approxMatcher struct {
-	x   *ApproxIndex
-	now time.Time
+	x    *ApproxIndex
+	now  time.Time
+	grid *[]kvblock.Key // reused buffer for the grid keys
 }
 
 // Match matches the keys at the approximate mode's grid positions
@@ -656,8 +660,8 @@ type approxMatcher struct {
 // and including the (j-1)th grid position.
 func (a approxMatcher) Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch {
 	start := len(dst)
-	grid := approxGrid(nil, keys)
-	dst = a.x.Match(grid, a.now, dst)
+	*a.grid = approxGrid((*a.grid)[:0], keys)
+	dst = a.x.Match(*a.grid, a.now, dst)
 	for i := start; i < len(dst); i++ {
 		b := approxGridBlocks(dst[i].Blocks, len(keys))
 		dst[i].Blocks, dst[i].ByTier = b, [index.NumTiers]int{index.TierGPU: b}

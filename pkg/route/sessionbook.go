@@ -114,12 +114,10 @@ func (c *classStats) decay(now time.Time) {
 		c.at = now
 		return
 	}
-	dt := now.Sub(c.at)
-	if dt <= 0 {
+	d, ok := decayFactor(&c.at, now, SessionStatsHalfLife)
+	if !ok {
 		return
 	}
-	c.at = now
-	d := math.Exp2(-dt.Seconds() / SessionStatsHalfLife.Seconds())
 	c.starts *= d
 	c.back *= d
 	c.ended *= d
