@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -54,8 +53,9 @@ type Encoder struct {
 	// style, Gemma 3), and the model is character-level.
 	metaspace bool
 
-	added      []addedToken
-	addedFirst [256][]int // first byte -> indexes into added, longest first
+	added []addedToken
+	// addedTrie finds the longest added token at a position.
+	addedTrie *addedTrie
 	// addedOnly is set when every added token starts with the byte
 	// addedByte (usually '<'): the scan for added tokens jumps between
 	// occurrences of that byte.
@@ -182,23 +182,16 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		e.addedByID[a.ID] = a.Content
 		e.addedIDs[a.Content] = a.ID
 	}
-	for i, a := range e.added {
-		b := a.content[0]
-		e.addedFirst[b] = append(e.addedFirst[b], i)
-	}
+	e.addedTrie = newAddedTrie(e.added)
 	firsts := 0
-	for b := range e.addedFirst {
-		if len(e.addedFirst[b]) > 0 {
+	for b, n := range e.addedTrie.root {
+		if n != 0 {
 			firsts++
 			e.addedByte = byte(b)
 		}
 	}
 	e.addedOnly = firsts == 1
 	e.safeCut = safeCuts(e.added)
-	for b := range e.addedFirst {
-		l := e.addedFirst[b]
-		sort.SliceStable(l, func(i, j int) bool { return len(e.added[l[i]].content) > len(e.added[l[j]].content) })
-	}
 	if e.post, err = parsePostProcessor(f.PostProcessor); err != nil {
 		return nil, err
 	}
@@ -552,29 +545,23 @@ func (e *Encoder) splitAdded(text string, f func(seg string, k, end int) bool) {
 			}
 			i += j
 		}
-		cands := e.addedFirst[text[i]]
-		if len(cands) == 0 {
+		k := e.addedTrie.longest(text, i)
+		if k < 0 {
 			continue
 		}
-		for _, k := range cands {
-			a := &e.added[k]
-			if !strings.HasPrefix(text[i:], a.content) {
-				continue
-			}
-			start, end := i, i+len(a.content)
-			if a.lstrip {
-				start = trimLeftSpaceFrom(text, last, start)
-			}
-			if a.rstrip {
-				end = skipSpace(text, end)
-			}
-			if !f(text[last:start], k, end) {
-				return
-			}
-			last = end
-			i = end - 1
-			break
+		a := &e.added[k]
+		start, end := i, i+len(a.content)
+		if a.lstrip {
+			start = trimLeftSpaceFrom(text, last, start)
 		}
+		if a.rstrip {
+			end = skipSpace(text, end)
+		}
+		if !f(text[last:start], k, end) {
+			return
+		}
+		last = end
+		i = end - 1
 	}
 	f(text[last:], -1, len(text))
 }
