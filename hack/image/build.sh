@@ -36,7 +36,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/usr/local/bin" "$stage/etc/ssl/certs" "$stage/etc/kvroute" "$stage/tmp"
 
-CGO_ENABLED=1 go build -trimpath -buildvcs=false \
+CGO_ENABLED=1 go build -tags vtprotobuf -trimpath -buildvcs=false \
   -ldflags "-s -w -X main.version=${VERSION}+${COMMIT}" \
   -o "$stage/usr/local/bin/kvroute" ./cmd/kvroute
 

@@ -16,23 +16,26 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// codec is the ext_proc server's gRPC codec: protobuf, as gRPC's own, with
-// two shortcuts on the per-message path.
+// codec is the ext_proc server's gRPC codec: protobuf's wire format, as
+// gRPC's own codec, with shortcuts on the per-message path.
 //
 //   - The constant answers (fixedResponses: "continue" to response
 //     headers, each streamed response chunk, trailers) are marshaled once;
 //     sending one writes those bytes. A streamed answer sends one of them
 //     per chunk.
-//   - A request or response body message (a streamed chunk, a buffered
-//     body) is decoded by hand: the message is gathered into a buffer of
-//     its own, the HttpBody's bytes point into it (one copy of a large
-//     body instead of two) and the stream's previous body message's
-//     wrappers are reused, without protobuf's generic decoder.
-//   - A request or response headers message is decoded by hand too: its
-//     header values are allocated together (one array, not a message per
-//     header) and their keys and values alias the message's buffer, which
-//     nothing ever writes to. Anything but a plain body or headers message
-//     takes protobuf's path.
+//   - Other answers (the pick, an immediate response, a re-sent body
+//     chunk) are encoded by go-control-plane's generated vtprotobuf code
+//     when the build has it (the vtprotobuf build tag), without
+//     protobuf's reflection.
+//   - A request or response headers or body message is decoded by hand,
+//     in one walk over its fields (go-control-plane generates no
+//     vtprotobuf decoder). The message is gathered into a buffer of its
+//     own, which nothing ever writes to; an HttpBody's bytes and the
+//     header keys and values point into it (one copy of a large body
+//     instead of two; a headers message's values are allocated together,
+//     one array, not a message per header), and the stream's previous
+//     body message's wrappers are reused. Anything else takes protobuf's
+//     path.
 type codec struct{}
 
 // Name is the content subtype; "proto" replaces the default codec.
@@ -77,8 +80,13 @@ var (
 	}()
 )
 
-// Marshal writes a constant answer's stored bytes, anything else through
-// protobuf.
+// Marshal writes a constant answer's stored bytes; anything else through
+// the message's generated vtprotobuf marshaler when the build has it (the
+// vtprotobuf build tag compiles go-control-plane's
+// *_vtproto.pb.go files in; the Makefile, the image and the test bed build
+// with it), else through protobuf. Both write the same wire format; the
+// generated one needs no reflection and one allocation, not five, for a
+// pick (BenchmarkMarshalAnswer).
 func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	if r, ok := v.(*extprocv3.ProcessingResponse); ok {
 		if b, ok := fixedWire[r]; ok {
@@ -86,18 +94,52 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 		}
 	}
+	if m, ok := v.(vtMarshaler); ok {
+		return marshalVT(m)
+	}
 	return protoCodec.Marshal(v)
 }
 
-// Unmarshal decodes a body message by hand (see codec), anything else
-// through protobuf.
+// vtMarshaler is what go-control-plane's generated vtprotobuf code adds to
+// a message (it generates marshaling and sizing, no unmarshaling).
+type vtMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
+}
+
+// marshalVT encodes m into a buffer of its exact size: a plain slice below
+// gRPC's pooling threshold, a pooled one (returned when gRPC has written
+// it) above, as gRPC's own protobuf codec does.
+func marshalVT(m vtMarshaler) (mem.BufferSlice, error) {
+	size := m.SizeVT()
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		buf := make([]byte, size)
+		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	if _, err := m.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
+		pool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// Unmarshal decodes a body or headers message by hand (see codec),
+// anything else through protobuf.
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*extprocv3.ProcessingRequest)
 	if !ok {
 		return protoCodec.Unmarshal(data, v)
 	}
-	buf := data.Materialize() // a fresh slice nothing else holds
-	if unmarshalBody(buf, req) || unmarshalHeaders(buf, req) {
+	// A fresh slice nothing else holds: the decoded body and header
+	// strings alias it, and gRPC's pooled buffers go back to their pool
+	// when Unmarshal returns (TestDecodedMessageOutlivesPooledBuffers).
+	buf := data.Materialize()
+	if unmarshalFast(buf, req) {
 		return nil
 	}
 	return proto.Unmarshal(buf, req)
@@ -110,28 +152,38 @@ const (
 	fieldResponseHeaders = 3
 	fieldRequestBody     = 4
 	fieldResponseBody    = 5
+	// The trailers members take protobuf's path.
+	fieldRequestTrailers  = 6
+	fieldResponseTrailers = 7
 	// fieldObservabilityMode is ProcessingRequest.observability_mode.
 	fieldObservabilityMode = 10
 	// fieldProtocolConfig is ProcessingRequest.protocol_config.
 	fieldProtocolConfig = 11
 )
 
-// unmarshalBody decodes b into req when b is a request or response body
-// message, whose HttpBody.body then aliases b; other top-level fields
-// (metadata, attributes, protocol configuration) are merged in through
+// unmarshalFast decodes b into req, in one walk over its fields, when b
+// is a request or response headers or body message; other top-level
+// fields (metadata, attributes, flow control) are merged in through
 // protobuf. It reports false, leaving req to be decoded from scratch, for
-// anything else: another oneof member, two bodies, an unknown HttpBody
-// field, malformed bytes.
+// anything else: another oneof member, two members, an HttpHeaders,
+// HeaderValue or HttpBody field it does not know (the deprecated
+// per-message attributes included), malformed bytes.
 //
+// Strings and bytes alias b (Unmarshal's buffer, fresh for each message
+// and never written to): a body costs no copy, a header no allocation of
+// its own (the HeaderValue messages of one message share one array).
 // The wrappers of req's previous body message, when it held one, are
 // reused: a stream decodes each message into the same request and its
 // handler keeps nothing of a message but the body bytes, which are new
 // each time.
-func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
+func unmarshalFast(b []byte, req *extprocv3.ProcessingRequest) bool {
 	prev := req.Request
 	proto.Reset(req)
-	var body *extprocv3.HttpBody
-	request := false
+	var (
+		hh     *headersMessage
+		body   *extprocv3.HttpBody
+		member protowire.Number // the oneof member seen
+	)
 	for rest := b; len(rest) > 0; {
 		num, typ, n := protowire.ConsumeTag(rest)
 		if n < 0 {
@@ -144,47 +196,68 @@ func unmarshalBody(b []byte, req *extprocv3.ProcessingRequest) bool {
 		field := rest[:n+m]
 		rest = rest[n+m:]
 		switch {
-		case num == fieldRequestBody || num == fieldResponseBody:
-			if body != nil || typ != protowire.BytesType {
+		case num >= fieldRequestHeaders && num <= fieldResponseBody:
+			if member != 0 || typ != protowire.BytesType {
 				return false
 			}
-			request = num == fieldRequestBody
-			body = reusedBody(prev, request)
+			member = num
 			v, _ := protowire.ConsumeBytes(field[n:])
-			if !decodeHTTPBody(v, body) {
-				return false
+			if num <= fieldResponseHeaders {
+				if hh = decodeHTTPHeaders(v); hh == nil {
+					return false
+				}
+			} else {
+				body = reusedBody(prev, num == fieldRequestBody)
+				if !decodeHTTPBody(v, body) {
+					return false
+				}
 			}
-		case num >= 2 && num <= 7: // the oneof's other members
+		case num == fieldRequestTrailers || num == fieldResponseTrailers:
 			return false
 		case num == fieldObservabilityMode && typ == protowire.VarintType:
 			// Every message of an observer stream carries it.
 			v, _ := protowire.ConsumeVarint(field[n:])
 			req.ObservabilityMode = v != 0
+		case num == fieldProtocolConfig && typ == protowire.BytesType && req.ProtocolConfig == nil:
+			// The first message of every stream carries it.
+			v, _ := protowire.ConsumeBytes(field[n:])
+			if pc, ok := decodeProtocolConfig(v); ok {
+				req.ProtocolConfig = pc
+				break
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
+				return false
+			}
 		default:
 			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
 				return false
 			}
 		}
 	}
-	if body == nil {
+	if req.Request != nil {
+		return false // a oneof member this decoder does not know, merged above
+	}
+	switch member {
+	case fieldRequestHeaders:
+		hh.reqWrap.RequestHeaders = &hh.hh
+		req.Request = &hh.reqWrap
+	case fieldResponseHeaders:
+		hh.respWrap.ResponseHeaders = &hh.hh
+		req.Request = &hh.respWrap
+	case fieldRequestBody:
+		if p, ok := prev.(*extprocv3.ProcessingRequest_RequestBody); ok && p.RequestBody == body {
+			req.Request = p
+		} else {
+			req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
+		}
+	case fieldResponseBody:
+		if p, ok := prev.(*extprocv3.ProcessingRequest_ResponseBody); ok && p.ResponseBody == body {
+			req.Request = p
+		} else {
+			req.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
+		}
+	default:
 		return false
-	}
-	switch p := prev.(type) {
-	case *extprocv3.ProcessingRequest_RequestBody:
-		if p.RequestBody == body {
-			req.Request = p
-			return true
-		}
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		if p.ResponseBody == body {
-			req.Request = p
-			return true
-		}
-	}
-	if request {
-		req.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
-	} else {
-		req.Request = &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}
 	}
 	return true
 }
@@ -241,76 +314,6 @@ func decodeHTTPBody(b []byte, hb *extprocv3.HttpBody) bool {
 		default:
 			return false
 		}
-	}
-	return true
-}
-
-// unmarshalHeaders decodes b into req when b is a request or response
-// headers message; other top-level fields (metadata, attributes, protocol
-// configuration) are merged in through protobuf. It reports false,
-// leaving req to be decoded from scratch, for anything else: another oneof
-// member, two headers members, an HttpHeaders or HeaderValue field it does
-// not know (the deprecated per-message attributes included), malformed
-// bytes.
-//
-// Keys, values and raw values alias b (Unmarshal's buffer, fresh for each
-// message and never written to), so a header costs no allocation of its
-// own: the HeaderValue messages of one message share one array.
-func unmarshalHeaders(b []byte, req *extprocv3.ProcessingRequest) bool {
-	proto.Reset(req)
-	var hh *headersMessage
-	request := false
-	for rest := b; len(rest) > 0; {
-		num, typ, n := protowire.ConsumeTag(rest)
-		if n < 0 {
-			return false
-		}
-		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
-		if m < 0 {
-			return false
-		}
-		field := rest[:n+m]
-		rest = rest[n+m:]
-		switch {
-		case num == fieldRequestHeaders || num == fieldResponseHeaders:
-			if hh != nil || typ != protowire.BytesType {
-				return false
-			}
-			request = num == fieldRequestHeaders
-			v, _ := protowire.ConsumeBytes(field[n:])
-			if hh = decodeHTTPHeaders(v); hh == nil {
-				return false
-			}
-		case num >= 4 && num <= 7: // the oneof's other members
-			return false
-		case num == fieldObservabilityMode && typ == protowire.VarintType:
-			v, _ := protowire.ConsumeVarint(field[n:])
-			req.ObservabilityMode = v != 0
-		case num == fieldProtocolConfig && typ == protowire.BytesType && req.ProtocolConfig == nil:
-			// The first message of every stream carries it.
-			v, _ := protowire.ConsumeBytes(field[n:])
-			if pc, ok := decodeProtocolConfig(v); ok {
-				req.ProtocolConfig = pc
-				break
-			}
-			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
-				return false
-			}
-		default:
-			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(field, req); err != nil {
-				return false
-			}
-		}
-	}
-	if hh == nil {
-		return false
-	}
-	if request {
-		hh.reqWrap.RequestHeaders = &hh.hh
-		req.Request = &hh.reqWrap
-	} else {
-		hh.respWrap.ResponseHeaders = &hh.hh
-		req.Request = &hh.respWrap
 	}
 	return true
 }

@@ -134,7 +134,7 @@ func TestUnmarshalBodyAliasesAndFallsBack(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 20_000)
 	wire, _ := proto.Marshal(bodyRequest(false, body, true))
 	req := new(extprocv3.ProcessingRequest)
-	if !unmarshalBody(wire, req) {
+	if !unmarshalFast(wire, req) {
 		t.Fatal("plain body message not decoded")
 	}
 	got := req.GetResponseBody().GetBody()
@@ -153,7 +153,7 @@ func TestUnmarshalBodyAliasesAndFallsBack(t *testing.T) {
 	// An observer's chunk (observability_mode set) takes the shortcut too.
 	owire, _ := proto.Marshal(obs(bodyRequest(false, body, false)))
 	oreq := new(extprocv3.ProcessingRequest)
-	if !unmarshalBody(owire, oreq) || !oreq.GetObservabilityMode() || len(oreq.GetResponseBody().GetBody()) != len(body) {
+	if !unmarshalFast(owire, oreq) || !oreq.GetObservabilityMode() || len(oreq.GetResponseBody().GetBody()) != len(body) {
 		t.Fatalf("observer chunk not decoded by the shortcut: %v", oreq.GetObservabilityMode())
 	}
 
@@ -169,9 +169,8 @@ func TestUnmarshalBodyAliasesAndFallsBack(t *testing.T) {
 		"two bodies":             twoBodies,
 		"headers and body":       headersAndBody,
 		"truncated":              wire[:len(wire)-10],
-		"no body":                headersAndBody[:len(headersAndBody)-len(wire)],
 	} {
-		if unmarshalBody(b, new(extprocv3.ProcessingRequest)) {
+		if unmarshalFast(b, new(extprocv3.ProcessingRequest)) {
 			t.Errorf("%s: decoded by the shortcut", name)
 		}
 		// The codec still decodes it exactly as protobuf does (or fails as it does).
@@ -268,12 +267,16 @@ func FuzzCodecUnmarshal(f *testing.F) {
 		reqHeaders(false, ":path", "/v1/chat/completions"),
 		withMode(obs(reqHeaders(true, DecisionHeader, "a.1.b", "", "")), filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_STREAMED),
 		respHeaders(false, ":status", "200", "content-type", "text/event-stream"),
+		withSubset(reqHeaders(false, ":path", "/", "x-session-id", "s"), "10.0.0.1:8000"),
+		{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
+		// The same message with a field this decoder does not know.
+		f.Add(protowire.AppendVarint(protowire.AppendTag(bytes.Clone(b), 99, protowire.VarintType), 7))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want := new(extprocv3.ProcessingRequest)
@@ -298,7 +301,7 @@ func TestUnmarshalHeadersAliasesAndFallsBack(t *testing.T) {
 		filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE)
 	wire, _ := proto.Marshal(msg)
 	req := new(extprocv3.ProcessingRequest)
-	if !unmarshalHeaders(wire, req) {
+	if !unmarshalFast(wire, req) {
 		t.Fatal("plain headers message not decoded")
 	}
 	if !proto.Equal(req, msg) {
@@ -311,6 +314,17 @@ func TestUnmarshalHeadersAliasesAndFallsBack(t *testing.T) {
 	}
 	if cap(raw) != len(raw) {
 		t.Fatalf("aliased value has spare capacity %d", cap(raw)-len(raw))
+	}
+
+	// A top-level field it does not know (a newer Envoy's) is merged in
+	// through protobuf, kept as unknown, and the shortcut still applies.
+	newer := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(wire), 99, protowire.VarintType), 7)
+	nreq := new(extprocv3.ProcessingRequest)
+	if !unmarshalFast(newer, nreq) {
+		t.Fatal("headers message with an unknown top-level field not decoded by the shortcut")
+	}
+	if nwant := new(extprocv3.ProcessingRequest); proto.Unmarshal(newer, nwant) != nil || !proto.Equal(nreq, nwant) {
+		t.Fatalf("decoded %v, protobuf decodes %v", nreq, nwant)
 	}
 
 	hv := func(fields ...byte) []byte { // a HeaderMap with one HeaderValue of the given raw fields
@@ -342,7 +356,7 @@ func TestUnmarshalHeadersAliasesAndFallsBack(t *testing.T) {
 		"trailers":                  trailers,
 		"truncated":                 wire[:len(wire)-3],
 	} {
-		if unmarshalHeaders(b, new(extprocv3.ProcessingRequest)) {
+		if unmarshalFast(b, new(extprocv3.ProcessingRequest)) {
 			t.Errorf("%s: decoded by the shortcut", name)
 		}
 		want, got := new(extprocv3.ProcessingRequest), new(extprocv3.ProcessingRequest)
@@ -384,19 +398,48 @@ func BenchmarkDecodeHeaders(b *testing.B) {
 	})
 }
 
-// BenchmarkMarshalPick encodes the answer to a buffered request body that
-// carries a pick (header mutation and envoy.lb metadata).
-func BenchmarkMarshalPick(b *testing.B) {
-	p := &pick{metadata: destinationMetadata("10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000")}
-	p.set = append(p.set, setHeader(DefaultDestinationHeader, "10.0.0.1:8000"), setHeader(DecisionHeader, "k3x9.1a.8f7d6e5c4b3a2"),
-		setHeader(DefaultFallbackHeader, "10.0.0.2:8000,10.0.0.3:8000"))
-	r := requestBodyResponse(p)
-	b.ReportAllocs()
-	for b.Loop() {
-		out, err := (codec{}).Marshal(r)
-		if err != nil {
-			b.Fatal(err)
-		}
-		out.Free()
+// poisonPool is a mem.BufferPool that overwrites every buffer returned to
+// it, as reuse by another message would.
+type poisonPool struct{}
+
+func (poisonPool) Get(n int) *[]byte { b := make([]byte, n); return &b }
+func (poisonPool) Put(b *[]byte) {
+	for i := range *b {
+		(*b)[i] = 0xAA
+	}
+}
+
+// The decoded body and header strings alias the codec's own copy of the
+// message, never gRPC's pooled receive buffers: after gRPC frees them
+// (Unmarshal has returned) and they are overwritten, while another
+// goroutine reads the decoded message (the race detector watches), the
+// request still reads what was sent.
+func TestDecodedMessageOutlivesPooledBuffers(t *testing.T) {
+	body := []byte(strings.Repeat(`{"role":"user","content":"hello"},`, 500))
+	for name, msg := range map[string]*extprocv3.ProcessingRequest{
+		"body":    bodyRequest(true, body, true),
+		"headers": reqHeaders(false, ":path", "/v1/chat/completions", "x-session-id", "session-42"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			wire, _ := proto.Marshal(msg)
+			var data mem.BufferSlice
+			for rest := wire; len(rest) > 0; {
+				k := min(4096, len(rest))
+				buf := poisonPool{}.Get(k)
+				copy(*buf, rest[:k])
+				data = append(data, mem.NewBuffer(buf, poisonPool{}))
+				rest = rest[k:]
+			}
+			got := new(extprocv3.ProcessingRequest)
+			if err := (codec{}).Unmarshal(data, got); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan bool)
+			go func() { done <- proto.Equal(got, msg) }()
+			data.Free() // gRPC's recv does this once Unmarshal returns
+			if !<-done || !proto.Equal(got, msg) {
+				t.Fatalf("decoded message changed when gRPC's buffers were reused: %v", got)
+			}
+		})
 	}
 }

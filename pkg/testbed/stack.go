@@ -40,11 +40,16 @@ func RepoRoot() (string, error) {
 	}
 }
 
+// BuildTags are the build tags Build compiles with, the Makefile's: the
+// vtprotobuf tag compiles in go-control-plane's generated encoders, which
+// kvroute's ext_proc codec uses.
+const BuildTags = "vtprotobuf"
+
 // Build builds the named commands (./cmd/<name>) of the module at root
 // into dir.
 func Build(ctx context.Context, root, dir string, names ...string) error {
 	for _, n := range names {
-		b := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, n), "./cmd/"+n)
+		b := exec.CommandContext(ctx, "go", "build", "-tags", BuildTags, "-o", filepath.Join(dir, n), "./cmd/"+n)
 		b.Dir = root
 		if out, err := b.CombinedOutput(); err != nil {
 			return fmt.Errorf("building %s: %w\n%s", n, err, out)
