@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/overhead"
@@ -24,6 +25,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	events := fs.Bool("events", false, "keep the engines' KV event streams on")
 	asJSON := fs.Bool("json", false, "print JSON")
 	kvYAML := fs.String("kvroute-yaml", "", "YAML appended to kvroute's config (e.g. 'routing: {usage_sample_every: 8}')")
+	kvEnv := fs.String("kvroute-env", "", "NAME=VALUE variables, comma-separated, for kvroute's environment alone (e.g. GOMAXPROCS=1)")
 	prof := fs.String("profile", "", "directory to write CPU, allocation, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -38,8 +40,18 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	var env []string
+	if *kvEnv != "" {
+		env = strings.Split(*kvEnv, ",")
+		for _, kv := range env {
+			if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+				return fmt.Errorf("%w: -kvroute-env %q: want NAME=VALUE", errUsage, kv)
+			}
+		}
+	}
 	rep, err := overhead.Run(ctx, overhead.Options{
-		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, ProfileDir: *prof, KVRouteYAML: *kvYAML, Log: stderr,
+		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, ProfileDir: *prof,
+		KVRouteYAML: *kvYAML, KVRouteEnv: env, Log: stderr,
 	})
 	if err != nil {
 		return err

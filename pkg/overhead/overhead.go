@@ -60,6 +60,9 @@ type Options struct {
 	// KVRouteYAML is appended to kvroute's configuration (e.g.
 	// "routing: {usage_sample_every: 8}\n").
 	KVRouteYAML string
+	// KVRouteEnv are NAME=VALUE variables added to kvroute's environment
+	// alone (e.g. GOMAXPROCS=1), not the engines' or this process's.
+	KVRouteEnv []string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -155,6 +158,11 @@ func (o *Options) defaults() error {
 	default:
 		return fmt.Errorf("tokenizer %q: want local or remote", o.Tokenizer)
 	}
+	for _, kv := range o.KVRouteEnv {
+		if name, _, ok := strings.Cut(kv, "="); !ok || name == "" {
+			return fmt.Errorf("kvroute environment %q: want NAME=VALUE", kv)
+		}
+	}
 	for _, w := range o.Workloads {
 		if w.BodyBytes <= 0 || (w.Rate <= 0 && w.Concurrency <= 0) {
 			return fmt.Errorf("workload %s: needs a body size and a rate or a concurrency", w.Name)
@@ -223,10 +231,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	so := testbed.StackOptions{
 		Bin: bin, Envoy: tmpl, Engines: o.Engines, Model: model,
 		EngineArgs:   func(int) []string { return engineArgs },
-		KVRouteExtra: o.kvrouteExtra(), KVRouteArgs: kvArgs,
+		KVRouteExtra: o.kvrouteExtra(), KVRouteArgs: kvArgs, KVRouteEnv: o.KVRouteEnv,
 		EnvoyConcurrency: o.EnvoyConcurrency, NoEvents: !o.Events,
 	}
-	fmt.Fprintf(o.Log, "starting %d engines, kvroute (%s tokenizer), Envoy via kvroute and a plain round-robin Envoy\n", o.Engines, o.Tokenizer)
+	fmt.Fprintf(o.Log, "starting %d engines, kvroute (%s tokenizer%s), Envoy via kvroute and a plain round-robin Envoy\n",
+		o.Engines, o.Tokenizer, strings.Join(append([]string{""}, o.KVRouteEnv...), ", "))
 	st, err := testbed.StartStack(ctx, g, so)
 	if err != nil {
 		return nil, err

@@ -111,3 +111,13 @@ func TestMedianStatsCarriesCPUCores(t *testing.T) {
 		t.Fatalf("medians %+v", m)
 	}
 }
+
+// kvroute's extra environment must be NAME=VALUE pairs.
+func TestKVRouteEnvValidated(t *testing.T) {
+	for env, ok := range map[string]bool{"GOMAXPROCS=1": true, "GOGC=": true, "GOMAXPROCS": false, "=1": false} {
+		o := Options{Root: t.TempDir(), Tokenizer: TokenizerRemote, KVRouteEnv: []string{env}}
+		if err := o.defaults(); (err == nil) != ok {
+			t.Errorf("%q: error %v, want ok %v", env, err, ok)
+		}
+	}
+}
