@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/ardanlabs/jinja"
 
@@ -185,7 +186,16 @@ func (c *ChatTemplate) Render(in ChatInput) (string, error) {
 
 // render renders already prepared messages.
 func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) {
-	data := make(map[string]jinja.Value, len(c.globals)+8)
+	// The engine copies data into its own scope before it runs: the map
+	// is reused across renders.
+	data, _ := renderData.Get().(map[string]jinja.Value)
+	if data == nil {
+		data = make(map[string]jinja.Value, len(c.globals)+8)
+	}
+	defer func() {
+		clear(data)
+		renderData.Put(data)
+	}()
 	for k, v := range c.globals {
 		data[k] = v
 	}
@@ -238,6 +248,9 @@ func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) 
 	}
 	return out, nil
 }
+
+// renderData holds the maps render passes to the engine.
+var renderData sync.Pool
 
 // pyStripDiffers reports whether s holds a character Python's str.strip()
 // removes but the engine's bare strip methods may keep.

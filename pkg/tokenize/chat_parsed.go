@@ -31,7 +31,12 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 		}
 		v := jinja.NewDict()
 		d := v.AsDict()
-		d.Set("role", jinja.NewString(m.Role))
+		d.Keys = make([]string, 0, 3)
+		role, ok := roleValues[m.Role]
+		if !ok {
+			role = jinja.NewString(m.Role)
+		}
+		d.Set("role", role)
 		d.Set("content", jinja.NewString(m.Content))
 		if m.Name != "" {
 			d.Set("name", jinja.NewString(m.Name))
@@ -40,6 +45,16 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 	}
 	return out, nil
 }
+
+// roleValues are the template values of the usual roles, made once: a
+// string value is immutable, so every message can share one.
+var roleValues = func() map[string]jinja.Value {
+	m := map[string]jinja.Value{}
+	for _, r := range []string{"system", "developer", "user", "assistant", "tool"} {
+		m[r] = jinja.NewString(r)
+	}
+	return m
+}()
 
 // plainMessage reports whether m's decoded fields are all its template
 // value needs: a role, text-only content, no U+FDD0 (the number marker
@@ -83,14 +98,16 @@ func plainKeys(raw []byte) (hasName, ok bool) {
 				continue
 			}
 			expectKey = false
-			escaped := bytes.IndexByte(raw[start+1:i], '\\') >= 0
-			key := string(raw[start+1 : i])
-			if escaped {
-				if json.Unmarshal(raw[start:i+1], &key) != nil {
+			key := raw[start+1 : i]
+			if bytes.IndexByte(key, '\\') >= 0 {
+				var s string
+				if json.Unmarshal(raw[start:i+1], &s) != nil {
 					return false, false
 				}
+				key = []byte(s)
 			}
-			switch key {
+			// string(key) in a comparison does not allocate.
+			switch string(key) {
 			case "role", "content":
 			case "name":
 				hasName = true

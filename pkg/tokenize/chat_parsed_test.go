@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"errors"
+	"sync"
 	"testing"
 )
 
@@ -55,4 +56,40 @@ func TestParsedMessagesRenderAsDecoded(t *testing.T) {
 			t.Errorf("%s:\n parsed %q, %v\n   json %q, %v", c.msgs, got, gotErr, want, wantErr)
 		}
 	}
+}
+
+// TestRenderDataNotShared: the map of template variables is reused across
+// renders; a variable one request's chat_template_kwargs set is not seen
+// by the next request, concurrent renders included, and a render that
+// failed leaves nothing behind.
+func TestRenderDataNotShared(t *testing.T) {
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{{ foo is defined }}|{{ messages|length }}|{% if bar is defined %}{{ raise_exception('bar') }}{% endif %}", "bos_token": "<s>"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []byte(`[{"role":"user","content":"hi"}]`)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				switch (g + i) % 3 {
+				case 0:
+					out, err := ct.Render(ChatInput{Messages: msgs, ChatTemplateKwargs: []byte(`{"foo":1}`)})
+					if err != nil || out != "True|1|" {
+						t.Errorf("with foo: %q, %v", out, err)
+					}
+				case 1:
+					out, err := ct.Render(ChatInput{Messages: msgs})
+					if err != nil || out != "False|1|" {
+						t.Errorf("without foo: %q, %v", out, err)
+					}
+				case 2:
+					if _, err := ct.Render(ChatInput{Messages: msgs, ChatTemplateKwargs: []byte(`{"bar":1}`)}); !errors.Is(err, ErrTemplate) {
+						t.Errorf("with bar: %v, want a template error", err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
