@@ -3,19 +3,20 @@ package tokenize
 import "strings"
 
 // addedTrie finds, at a position of a text, the longest added token
-// content starting there: a byte trie of the added tokens' contents. A
-// lookup walks at most as many bytes as the longest content, however many
-// added tokens share a first byte (Llama 3 has 256 beginning with "<|").
+// content starting there: a path-compressed byte trie of the added tokens'
+// contents. A lookup compares a few edges (Llama 3's "<|", "reserved_",
+// "special_token_", ...) however many added tokens share a first byte
+// (Llama 3 has 256 beginning with "<|").
 type addedTrie struct {
-	// root[b] is the node reached by the byte b from the root, 0 when no
-	// content starts with b (node 0 is the root itself).
-	root  [256]int32
+	// nodes[0] is the root.
 	nodes []trieNode
 }
 
 type trieNode struct {
-	// labels[i] is the byte of the edge to next[i].
+	// labels[j] is the first byte of edges[j], the bytes that lead to
+	// next[j]; no two edges of a node share a first byte.
 	labels string
+	edges  []string
 	next   []int32
 	// tok is the index into Encoder.added of the content ending here,
 	// -1 for none; for equal contents, the first one added.
@@ -24,38 +25,45 @@ type trieNode struct {
 
 // newAddedTrie builds the trie of added's contents (none empty).
 func newAddedTrie(added []addedToken) *addedTrie {
-	t := &addedTrie{nodes: []trieNode{{tok: -1}}}
+	// A plain byte trie first (one byte per edge), then compressed: each
+	// chain of nodes with one child and no token becomes one edge.
+	plain := []trieNode{{tok: -1}}
 	for k, a := range added {
 		n := int32(0)
 		for i := 0; i < len(a.content); i++ {
-			n = t.child(n, a.content[i], true)
+			c := a.content[i]
+			j := strings.IndexByte(plain[n].labels, c)
+			if j < 0 {
+				plain[n].labels += string([]byte{c})
+				plain[n].next = append(plain[n].next, int32(len(plain)))
+				plain = append(plain, trieNode{tok: -1})
+				j = len(plain[n].next) - 1
+			}
+			n = plain[n].next[j]
 		}
-		if t.nodes[n].tok < 0 {
-			t.nodes[n].tok = int32(k)
+		if plain[n].tok < 0 {
+			plain[n].tok = int32(k)
 		}
 	}
+	t := &addedTrie{}
+	t.compress(plain, 0)
 	return t
 }
 
-// child returns the node reached from n by byte c, 0 when there is none
-// and add is false.
-func (t *addedTrie) child(n int32, c byte, add bool) int32 {
-	if n == 0 {
-		if t.root[c] != 0 || !add {
-			return t.root[c]
-		}
-	} else if i := strings.IndexByte(t.nodes[n].labels, c); i >= 0 {
-		return t.nodes[n].next[i]
-	} else if !add {
-		return 0
-	}
+// compress appends plain node p, compressed, and returns its index.
+func (t *addedTrie) compress(plain []trieNode, p int32) int32 {
 	id := int32(len(t.nodes))
-	t.nodes = append(t.nodes, trieNode{tok: -1})
-	if n == 0 {
-		t.root[c] = id
-	} else {
-		t.nodes[n].labels += string([]byte{c})
-		t.nodes[n].next = append(t.nodes[n].next, id)
+	t.nodes = append(t.nodes, trieNode{tok: plain[p].tok, labels: plain[p].labels})
+	for j := range len(plain[p].labels) {
+		seg := []byte{plain[p].labels[j]}
+		v := plain[p].next[j]
+		for plain[v].tok < 0 && len(plain[v].labels) == 1 {
+			seg = append(seg, plain[v].labels[0])
+			v = plain[v].next[0]
+		}
+		child := t.compress(plain, v)
+		t.nodes[id].edges = append(t.nodes[id].edges, string(seg))
+		t.nodes[id].next = append(t.nodes[id].next, child)
 	}
 	return id
 }
@@ -63,21 +71,28 @@ func (t *addedTrie) child(n int32, c byte, add bool) int32 {
 // longest returns the index into Encoder.added of the longest added
 // content text[i:] starts with, -1 when none does.
 func (t *addedTrie) longest(text string, i int) int {
-	n := t.root[text[i]]
 	best := int32(-1)
-	for n != 0 {
-		nd := &t.nodes[n]
+	nd := &t.nodes[0]
+	for i < len(text) {
+		c := text[i]
+		j := 0
+		for j < len(nd.labels) && nd.labels[j] != c {
+			j++
+		}
+		if j == len(nd.labels) {
+			break
+		}
+		// An edge passes no token and no branch: a text that leaves it
+		// midway matches nothing longer.
+		e := nd.edges[j]
+		if !strings.HasPrefix(text[i:], e) {
+			break
+		}
+		i += len(e)
+		nd = &t.nodes[nd.next[j]]
 		if nd.tok >= 0 {
 			best = nd.tok
 		}
-		if i++; i == len(text) {
-			break
-		}
-		j := strings.IndexByte(nd.labels, text[i])
-		if j < 0 {
-			break
-		}
-		n = nd.next[j]
 	}
 	return int(best)
 }

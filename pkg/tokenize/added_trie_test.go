@@ -34,7 +34,7 @@ func TestAddedTrieLongest(t *testing.T) {
 			trie := newAddedTrie(added)
 			rng := rand.New(rand.NewPCG(uint64(len(added)), 11))
 			checked, found := 0, 0
-			for range 300 {
+			for range 120 {
 				var b strings.Builder
 				for range 1 + rng.IntN(6) {
 					c := added[rng.IntN(len(added))].content

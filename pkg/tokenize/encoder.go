@@ -183,14 +183,9 @@ func ParseEncoder(data []byte) (*Encoder, error) {
 		e.addedIDs[a.Content] = a.ID
 	}
 	e.addedTrie = newAddedTrie(e.added)
-	firsts := 0
-	for b, n := range e.addedTrie.root {
-		if n != 0 {
-			firsts++
-			e.addedByte = byte(b)
-		}
+	if firsts := e.addedTrie.nodes[0].labels; len(firsts) == 1 {
+		e.addedOnly, e.addedByte = true, firsts[0]
 	}
-	e.addedOnly = firsts == 1
 	e.safeCut = safeCuts(e.added)
 	if e.post, err = parsePostProcessor(f.PostProcessor); err != nil {
 		return nil, err
@@ -536,6 +531,10 @@ func (e *Encoder) encodeTextCuts(ctx context.Context, dst []uint32, text string,
 // the token (and what it takes in) ends; then once more with the text
 // after the last token and k = -1. It stops when f returns false.
 func (e *Encoder) splitAdded(text string, f func(seg string, k, end int) bool) {
+	if len(e.added) == 0 {
+		f(text, -1, len(text))
+		return
+	}
 	last := 0
 	for i := 0; i < len(text); i++ {
 		if e.addedOnly {
