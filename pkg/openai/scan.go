@@ -177,15 +177,23 @@ func unquote(raw []byte, complex bool) string {
 		return string(raw)
 	}
 	out := make([]byte, 0, len(raw)+8)
+	// Escapes are ASCII, so the text between them is valid UTF-8 exactly
+	// when all of raw is: one check of the whole string (validUTF8 runs
+	// two chains on long ones) instead of one per piece.
+	valid := validUTF8(raw)
 	for r := 0; r < len(raw); {
-		// The text up to the next escape, in one go when it is valid UTF-8.
+		// The text up to the next escape.
 		j := bytes.IndexByte(raw[r:], '\\')
 		if j < 0 {
 			j = len(raw)
 		} else {
 			j += r
 		}
-		out = appendUTF8(out, raw[r:j])
+		if valid {
+			out = append(out, raw[r:j]...)
+		} else {
+			out = appendUTF8(out, raw[r:j])
+		}
 		if r = j; r == len(raw) {
 			break
 		}
@@ -276,53 +284,56 @@ func validUTF8Pair(a, b []byte) bool {
 	i := 0
 	for ; i+8 <= len(a) && i+8 <= len(b); i += 8 {
 		ca, cb := a[i:i+8:i+8], b[i:i+8:i+8]
-		if sa|sb == 0 && (binary.LittleEndian.Uint64(ca)|binary.LittleEndian.Uint64(cb))&msb == 0 {
+		if (sa|sb)&63 == 0 && (binary.LittleEndian.Uint64(ca)|binary.LittleEndian.Uint64(cb))&msb == 0 {
 			continue
 		}
-		sa = utf8DFA[ca[0]] >> sa & 63
-		sb = utf8DFA[cb[0]] >> sb & 63
-		sa = utf8DFA[ca[1]] >> sa & 63
-		sb = utf8DFA[cb[1]] >> sb & 63
-		sa = utf8DFA[ca[2]] >> sa & 63
-		sb = utf8DFA[cb[2]] >> sb & 63
-		sa = utf8DFA[ca[3]] >> sa & 63
-		sb = utf8DFA[cb[3]] >> sb & 63
-		sa = utf8DFA[ca[4]] >> sa & 63
-		sb = utf8DFA[cb[4]] >> sb & 63
-		sa = utf8DFA[ca[5]] >> sa & 63
-		sb = utf8DFA[cb[5]] >> sb & 63
-		sa = utf8DFA[ca[6]] >> sa & 63
-		sb = utf8DFA[cb[6]] >> sb & 63
-		sa = utf8DFA[ca[7]] >> sa & 63
-		sb = utf8DFA[cb[7]] >> sb & 63
+		sa = utf8DFA[ca[0]] >> (sa & 63)
+		sb = utf8DFA[cb[0]] >> (sb & 63)
+		sa = utf8DFA[ca[1]] >> (sa & 63)
+		sb = utf8DFA[cb[1]] >> (sb & 63)
+		sa = utf8DFA[ca[2]] >> (sa & 63)
+		sb = utf8DFA[cb[2]] >> (sb & 63)
+		sa = utf8DFA[ca[3]] >> (sa & 63)
+		sb = utf8DFA[cb[3]] >> (sb & 63)
+		sa = utf8DFA[ca[4]] >> (sa & 63)
+		sb = utf8DFA[cb[4]] >> (sb & 63)
+		sa = utf8DFA[ca[5]] >> (sa & 63)
+		sb = utf8DFA[cb[5]] >> (sb & 63)
+		sa = utf8DFA[ca[6]] >> (sa & 63)
+		sb = utf8DFA[cb[6]] >> (sb & 63)
+		sa = utf8DFA[ca[7]] >> (sa & 63)
+		sb = utf8DFA[cb[7]] >> (sb & 63)
 	}
 	return utf8DFARun(a[i:], sa) == dfaAccept && utf8DFARun(b[i:], sb) == dfaAccept
 }
 
-// utf8DFARun runs the DFA over b from state st and returns the state
-// after it.
+// utf8DFARun runs the DFA over b from state st (its low 6 bits) and
+// returns the state after it.
 func utf8DFARun(b []byte, st uint64) uint64 {
 	i := 0
 	for ; i+8 <= len(b); i += 8 {
 		c := b[i : i+8 : i+8]
-		if st == 0 && binary.LittleEndian.Uint64(c)&msb == 0 {
+		if st&63 == 0 && binary.LittleEndian.Uint64(c)&msb == 0 {
 			continue
 		}
 		// Eight steps, no branch: the next state depends only on the
-		// table row of the byte and the state before.
-		st = utf8DFA[c[0]] >> st & 63
-		st = utf8DFA[c[1]] >> st & 63
-		st = utf8DFA[c[2]] >> st & 63
-		st = utf8DFA[c[3]] >> st & 63
-		st = utf8DFA[c[4]] >> st & 63
-		st = utf8DFA[c[5]] >> st & 63
-		st = utf8DFA[c[6]] >> st & 63
-		st = utf8DFA[c[7]] >> st & 63
+		// table row of the byte and the state before. The state is the
+		// low 6 bits; the bits above are left over from the row and
+		// ignored (x86 shifts use only the count's low 6 bits, so the
+		// mask costs nothing and each step is one shift on the chain).
+		st = utf8DFA[c[0]] >> (st & 63)
+		st = utf8DFA[c[1]] >> (st & 63)
+		st = utf8DFA[c[2]] >> (st & 63)
+		st = utf8DFA[c[3]] >> (st & 63)
+		st = utf8DFA[c[4]] >> (st & 63)
+		st = utf8DFA[c[5]] >> (st & 63)
+		st = utf8DFA[c[6]] >> (st & 63)
+		st = utf8DFA[c[7]] >> (st & 63)
 	}
 	for ; i < len(b); i++ {
-		st = utf8DFA[b[i]] >> st & 63
+		st = utf8DFA[b[i]] >> (st & 63)
 	}
-	return st
+	return st & 63
 }
 
 // The DFA's states are bit offsets into a row (multiples of 6): accept,
