@@ -104,6 +104,80 @@ func special(w uint64) bool {
 // escape, or bytes that are not valid UTF-8).
 func (s *scanner) str() (raw []byte, complex bool, err error) {
 	b := s.b
+	start := s.i + 1
+	i := start
+	escaped := false
+	// q is the next quote at or after i, found once and again only when an
+	// escape takes it in: the text is crossed by the memchr-speed
+	// IndexByte, and each run between escapes once more for control
+	// characters and non-ASCII bytes (four operations per eight bytes).
+	q := -1
+	for {
+		if q < i {
+			if q = bytes.IndexByte(b[i:], '"'); q < 0 {
+				return s.strSlow()
+			}
+			q += i
+		}
+		j := bytes.IndexByte(b[i:q], '\\')
+		if j < 0 {
+			j = q
+		} else {
+			j += i
+		}
+		ctl, high := ctlHigh(b[i:j])
+		if ctl {
+			return s.strSlow()
+		}
+		if j == q {
+			s.i = q + 1
+			raw = b[start:q]
+			complex = escaped || (high && !validUTF8(raw))
+			return raw, complex, nil
+		}
+		// An escape at j.
+		escaped = true
+		if j+1 >= len(b) {
+			return s.strSlow()
+		}
+		switch b[j+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i = j + 2
+		case 'u':
+			if j+6 > len(b) || !isHex(b[j+2]) || !isHex(b[j+3]) || !isHex(b[j+4]) || !isHex(b[j+5]) {
+				return s.strSlow()
+			}
+			i = j + 6
+		default:
+			return s.strSlow()
+		}
+	}
+}
+
+// ctlHigh reports whether b holds a control character (below 0x20) and
+// whether it holds a byte of 0x80 or more.
+func ctlHigh(b []byte) (ctl, high bool) {
+	var c, h uint64
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		c |= (w - lsb*0x20) & ^w
+		h |= w
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			c = msb
+		}
+		h |= uint64(b[i])
+	}
+	return c&msb != 0, h&msb != 0
+}
+
+// strSlow is str byte by byte (eight at a time between special bytes): it
+// finds the same end and reports malformed strings at the offset
+// encoding/json names.
+func (s *scanner) strSlow() (raw []byte, complex bool, err error) {
+	b := s.b
 	i := s.i + 1
 	start := i
 	escaped, high := false, uint64(0)

@@ -3,6 +3,7 @@ package openai
 import (
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -376,6 +377,42 @@ func TestUnquoteRandomMatchesEncodingJSON(t *testing.T) {
 		}
 		if got := unquote(raw, complex); got != want {
 			t.Fatalf("%q: unquote %q, encoding/json %q", s, got, want)
+		}
+	}
+}
+
+// TestStrEqualsSlow: str (quote and backslash found with IndexByte) ends
+// every string where the byte-by-byte strSlow ends it, with the same raw
+// bytes, the same need to decode and the same error and offset, on random
+// strings of plain runs of every length, multi-byte and invalid bytes,
+// every escape (a quote escaped just before the real one included),
+// malformed escapes, control characters and missing closing quotes.
+func TestStrEqualsSlow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	pieces := []string{`\"`, `\\`, `\/`, `\n`, `\t`, `\u00e9`, `\ud83d\ude80`, "é", "中", "🚀", "\xff", "\xe4\xb8",
+		`\x`, `\u12`, `\u12g4`, "\x01", "\x1f", "\x7f", `\`, `"`, `\\"`}
+	for range 30000 {
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for range rng.IntN(8) {
+			sb.WriteString(strings.Repeat("ab", rng.IntN(12)))
+			if rng.IntN(3) > 0 {
+				sb.WriteString(pieces[rng.IntN(len(pieces))])
+			}
+		}
+		switch rng.IntN(4) {
+		case 0: // no closing quote
+		case 1:
+			sb.WriteString(`\`)
+		default:
+			sb.WriteString(`"x`)
+		}
+		b := []byte(sb.String())
+		fast, slow := &scanner{b: b}, &scanner{b: b}
+		raw, complex, err := fast.str()
+		rawS, complexS, errS := slow.strSlow()
+		if string(raw) != string(rawS) || complex != complexS || fast.i != slow.i || fmt.Sprint(err) != fmt.Sprint(errS) {
+			t.Fatalf("%q:\n str     %q %v %d %v\n strSlow %q %v %d %v", b, raw, complex, fast.i, err, rawS, complexS, slow.i, errS)
 		}
 	}
 }
