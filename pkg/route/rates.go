@@ -31,13 +31,25 @@ import (
 //     request;
 //   - prefill speed: each request with at least RateMinPrefillTokens
 //     uncached tokens gives a sample (uncached + queued ahead) /
-//     (TTFT − decode step) tokens per second: its own prefill plus what
+//     (TTFT − fastest step) tokens per second: its own prefill plus what
 //     the router knew was queued ahead, over its time to first token less
-//     the step that samples the token. Queueing the router did not see
-//     (other routers, steps spent on decodes) only lowers a sample, never
-//     raises it, so the estimate follows the samples' upper envelope:
-//     it rises toward a higher sample with weight RateFastWeight and sinks
-//     toward a lower one with weight RateSlowWeight.
+//     the step that samples the token, counted as the shortest
+//     inter-token time any replica has shown. Queueing the router did not
+//     see (other routers, steps spent on decodes) only lowers a sample,
+//     never raises it, so the estimate follows the samples' upper
+//     envelope: it rises toward a higher sample with weight
+//     RateFastWeight and sinks toward a lower one with weight
+//     RateSlowWeight. The replica's own learned decode step is not what
+//     is subtracted: it is an inter-token time, which prefill chunks
+//     sharing the steps lengthen (on a replica serving long prompts,
+//     several times over), and subtracting a lengthened step from a short
+//     time to first token raises the sample above the replica's speed,
+//     which the upper envelope then keeps for hundreds of samples (such a
+//     replica was seen up to 40% faster than its peers and drew the
+//     fleet's long prompts, filling its cache first). The fleet's
+//     shortest inter-token time is the step of some replica decoding
+//     without prefill beside it: on a fleet of like replicas it is every
+//     replica's step; a slower replica's samples it only lowers.
 //
 // Either way a replica that truly gets faster is followed within a few
 // requests and one that gets slower within a few hundred (the slow weight
@@ -50,6 +62,7 @@ type Rates struct {
 	mu       sync.Mutex
 	replicas map[index.ReplicaID]*rateState
 	observed int
+	minStep  float64 // the shortest inter-token time any replica has shown, seconds; 0 before one
 }
 
 // Rate weights and thresholds (see Rates).
@@ -110,6 +123,9 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	}
 	if s.Output >= 2 && s.E2E > s.TTFT {
 		itl := (s.E2E - s.TTFT).Seconds() / float64(s.Output-1)
+		if r.minStep == 0 || itl < r.minStep {
+			r.minStep = itl
+		}
 		switch {
 		case st.step == 0:
 			st.step = itl
@@ -122,7 +138,7 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	if s.Uncached < RateMinPrefillTokens {
 		return
 	}
-	d := s.TTFT.Seconds() - st.step
+	d := s.TTFT.Seconds() - r.minStep
 	if d <= 0 {
 		return
 	}

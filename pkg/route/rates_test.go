@@ -23,8 +23,10 @@ func TestRatesLearnEachReplica(t *testing.T) {
 	if _, ok := r.Get("a"); ok {
 		t.Fatal("a replica never observed has learned rates")
 	}
+	maxN := 0
 	for i := range 200 {
 		n := 500 + 37*i%3000
+		maxN = max(maxN, n)
 		r.Observe("fast", replicaSample(16000, 10*time.Millisecond, n, 100, 0))
 		r.Observe("slow", replicaSample(4000, 25*time.Millisecond, n, 100, 0))
 	}
@@ -37,8 +39,12 @@ func TestRatesLearnEachReplica(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: nothing learned", tt.id)
 		}
-		if math.Abs(got.PrefillTokensPerSec-tt.rate)/tt.rate > 0.02 {
-			t.Errorf("%s: prefill rate %.0f, want %.0f", tt.id, got.PrefillTokensPerSec, tt.rate)
+		// The envelope: the longest prompt's prefill over its time to
+		// first token less the fleet's shortest step (fast's 10 ms): the
+		// slow replica's longer step is left in its samples.
+		prefill := float64(maxN) / tt.rate
+		if want := tt.rate * prefill / (prefill + tt.step.Seconds() - 0.010); math.Abs(got.PrefillTokensPerSec-want)/want > 0.005 || got.PrefillTokensPerSec > tt.rate*1.001 {
+			t.Errorf("%s: prefill rate %.0f, want %.0f (at most %.0f)", tt.id, got.PrefillTokensPerSec, want, tt.rate)
 		}
 		if d := got.DecodeStep - tt.step; d > tt.step/50 || d < -tt.step/50 {
 			t.Errorf("%s: decode step %v, want %v", tt.id, got.DecodeStep, tt.step)
@@ -91,6 +97,33 @@ func TestRatesCountKnownQueue(t *testing.T) {
 	}
 }
 
+// A replica whose answers decode beside long prefills learns a long
+// decode step (prefill chunks share its steps); its prefill samples must
+// still not exceed its speed, or it looks faster than its peers and draws
+// their long prompts. The step subtracted from its times to first token
+// is the fleet's shortest: a peer that decodes without prefill beside it.
+func TestRatesPrefillNotRaisedByALongStep(t *testing.T) {
+	r := NewRates()
+	const rate = 16000.0
+	for i := range 50 {
+		n := 1024 + 97*i%4000
+		// The peer decodes alone: 8 ms steps.
+		r.Observe("clean", replicaSample(rate, 8*time.Millisecond, n, 100, 0))
+		s := replicaSample(rate, 8*time.Millisecond, n, 4, 0)
+		// Three output tokens, each step shared with a 512-token prefill
+		// chunk of another request (32 ms).
+		s.E2E = s.TTFT + 3*40*time.Millisecond
+		r.Observe("busy", s)
+		got, _ := r.Get("busy")
+		if got.PrefillTokensPerSec > rate*1.001 {
+			t.Fatalf("after %d samples the prefill rate is %.0f, above the replica's %.0f (its step %v)", i+1, got.PrefillTokensPerSec, rate, got.DecodeStep)
+		}
+		if i == 49 && (got.PrefillTokensPerSec < rate*0.99 || got.DecodeStep < 39*time.Millisecond) {
+			t.Fatalf("learned %.0f tokens/s and a %v step, want %.0f and the lengthened 40 ms", got.PrefillTokensPerSec, got.DecodeStep, rate)
+		}
+	}
+}
+
 func TestRatesIgnoreUnusableSamples(t *testing.T) {
 	r := NewRates()
 	for _, s := range []RateSample{
@@ -138,7 +171,7 @@ func TestDecideUsesLearnedRates(t *testing.T) {
 	if d.Replica != "r1" {
 		t.Fatalf("picked %s, want the fastest learner r1; candidates %+v", d.Replica, d.Candidates)
 	}
-	if l := d.Candidates[0].Load; math.Abs(l.PrefillRate-4000) > 40 || l.DecodeStep < 19*time.Millisecond || l.DecodeStep > 21*time.Millisecond {
+	if l := d.Candidates[0].Load; math.Abs(l.PrefillRate-4000/1.01) > 40 || l.DecodeStep < 19*time.Millisecond || l.DecodeStep > 21*time.Millisecond {
 		t.Fatalf("r0's load %+v, want its learned 4000 tokens/s and 20 ms", l)
 	}
 	// A State that reports a speed of its own wins over the learner.
