@@ -143,6 +143,52 @@ func TestExpandTrace(t *testing.T) {
 	}
 }
 
+// TestExpandTraceTokens pins ExpandTrace to its definition: token i is
+// traceToken(ids[i/traceBlock], i%traceBlock), for block sizes that do and
+// do not divide the length.
+func TestExpandTraceTokens(t *testing.T) {
+	ids := []int64{7, -3, 1 << 40, 0, 12345}
+	for _, tb := range []int{1, 3, 16, 512} {
+		for _, n := range []int{0, 1, tb - 1, tb, tb + 1, 3*tb + 2, 5 * tb, 9 * tb} {
+			got := ExpandTrace(ids, n, tb)
+			want := min(max(n, 0), len(ids)*tb)
+			if len(got) != want {
+				t.Fatalf("block %d, len %d: got %d tokens, want %d", tb, n, len(got), want)
+			}
+			for i, tok := range got {
+				if w := traceToken(uint64(ids[i/tb]), uint64(i%tb)); tok != w {
+					t.Fatalf("block %d, len %d: token %d = %d, want %d", tb, n, i, tok, w)
+				}
+			}
+		}
+	}
+	// A fixed value, so that the token function itself cannot drift (every
+	// simulated trace result depends on it).
+	if got := ExpandTrace([]int64{42}, 3, 512); got[0] != traceTokenRef(42, 0) || got[2] != traceTokenRef(42, 2) {
+		t.Fatalf("tokens %v differ from SplitMix64", got)
+	}
+}
+
+// traceTokenRef is SplitMix64 written out once more, independently of
+// traceToken.
+func traceTokenRef(id, off uint64) uint32 {
+	z := id*0x9e3779b97f4a7c15 + off + 0x632be59bd9b4e019
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return uint32((z ^ z>>31) & (1<<17 - 1))
+}
+
+func BenchmarkExpandTrace(b *testing.B) {
+	ids := make([]int64, 40)
+	for i := range ids {
+		ids[i] = int64(i * 7919)
+	}
+	b.SetBytes(40 * 512 * 4)
+	for b.Loop() {
+		_ = ExpandTrace(ids, 40*512, 512)
+	}
+}
+
 func BenchmarkKeys8192(b *testing.B) {
 	toks := seq(8192*16, 5)
 	dst := make([]Key, 0, 8192)

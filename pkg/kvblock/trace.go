@@ -19,9 +19,14 @@ func ExpandTrace(ids []int64, inputLen, traceBlock int) []uint32 {
 		return nil
 	}
 	out := make([]uint32, n)
-	for i := range n {
-		id := ids[i/traceBlock]
-		out[i] = traceToken(uint64(id), uint64(i%traceBlock))
+	// Block by block: token i of the result is traceToken(ids[i/traceBlock],
+	// i%traceBlock), without a division per token.
+	for b := 0; b*traceBlock < n; b++ {
+		run := out[b*traceBlock : min(n, (b+1)*traceBlock)]
+		base := uint64(ids[b])*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019
+		for off := range run {
+			run[off] = splitMixToken(base + uint64(off))
+		}
 	}
 	return out
 }
@@ -29,7 +34,11 @@ func ExpandTrace(ids []int64, inputLen, traceBlock int) []uint32 {
 // traceToken derives a token id in [0, 2^17) from a trace block id and an
 // offset with SplitMix64, so runs of different ids look unrelated.
 func traceToken(id, off uint64) uint32 {
-	z := id*0x9e3779b97f4a7c15 + off + 0x632be59bd9b4e019
+	return splitMixToken(id*0x9e3779b97f4a7c15 + off + 0x632be59bd9b4e019)
+}
+
+// splitMixToken is SplitMix64's output function on z, cut to 17 bits.
+func splitMixToken(z uint64) uint32 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	z ^= z >> 31
