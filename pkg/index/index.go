@@ -182,6 +182,22 @@ func (ix *Index) Stored(ev Stored) StoreResult {
 	return StoreResult{Blocks: len(ev.Hashes)}
 }
 
+// Prefetch starts loading the engine entries of replica r for hashes: a
+// writer about to apply a batch of events calls it with the engine hashes
+// the batch will look up first (stored events' parents and blocks), so that
+// their cache misses overlap instead of following one another. It is only a
+// hint: the index is left as it was, and an unknown replica or hash costs
+// a probe.
+func (ix *Index) Prefetch(r ReplicaID, hashes []uint64) {
+	ix.mu.RLock()
+	if rs := ix.byID[r]; rs != nil {
+		for _, h := range hashes {
+			rs.eng.prefetch(h)
+		}
+	}
+	ix.mu.RUnlock()
+}
+
 // storeBlock applies one stored block: engine hash h (mixed: eh) whose
 // router key is k (mixed: kh).
 func (ix *Index) storeBlock(rs *replica, h uint64, k kvblock.Key, t Tier, eh, kh uint64) {

@@ -420,6 +420,33 @@ func TestRemovedUnknown(t *testing.T) {
 	}
 }
 
+// TestPrefetchChangesNothing: Prefetch of known and unknown hashes, of a
+// known and an unknown replica, leaves the index as it was.
+func TestPrefetchChangesNothing(t *testing.T) {
+	root := kvblock.Root("m", "")
+	toks := tokens(rand.New(rand.NewPCG(5, 5)), 16)
+	ix := New(Config{})
+	keys := storeChain(t, ix, "a", root, toks, 4, TierGPU)
+	before := ix.Stats()
+	known := []uint64{engineHash("a", keys[0], 0), engineHash("a", keys[3], 0)}
+	for _, tc := range []struct {
+		r      ReplicaID
+		hashes []uint64
+	}{{"a", known}, {"a", []uint64{0, 42, 1 << 63}}, {"zz", known}, {"a", nil}} {
+		ix.Prefetch(tc.r, tc.hashes)
+	}
+	if after := ix.Stats(); after != before {
+		t.Fatalf("stats changed: %+v -> %+v", before, after)
+	}
+	if d := depthOf(ix.Match(keys, nil), "a"); d != 4 {
+		t.Fatalf("match %d after prefetches, want 4", d)
+	}
+	if n := ix.Removed(Removed{Replica: "a", Hashes: known}); n != 2 {
+		t.Fatalf("removed %d of the 2 prefetched entries", n)
+	}
+	checkInvariants(t, ix)
+}
+
 // TestTiersAndRefcounts: one engine hash on two tiers; two engine hashes
 // for one key (hybrid groups) counted per tier.
 func TestTiersAndRefcounts(t *testing.T) {
