@@ -39,6 +39,11 @@ type applier struct {
 	// touched by the simulator's ceiling bookkeeping, and an offload to
 	// the CPU tier follows its block's GPU removal in the batch.
 	prefetch func(h uint64)
+	// keep and ahead are apply's scratch: per event, how many of its
+	// stored blocks the index must hear about; the engine hashes to
+	// prefetch in the index.
+	keep  []int
+	ahead []uint64
 }
 
 func newApplier(idx *index.Index, model string) *applier {
@@ -56,14 +61,42 @@ func (a *applier) root(lora string) kvblock.Key {
 
 // apply applies evs for replica rid.
 func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
-	if a.needed != nil && a.prefetch != nil {
-		for i := range evs {
-			if evs[i].Kind == engine.BlockRemoved {
-				for _, h := range evs[i].Hashes {
+	// First pass: which stored blocks the index must hear about (needed
+	// reads counts that apply does not change, so testing them before
+	// applying anything gives the same answers), and what the index's
+	// first look-ups will be: each needed store's parent and blocks. Their
+	// loads are then started together (the relevance counts of removed
+	// hashes too) instead of missing the caches one after another.
+	a.keep = a.keep[:0]
+	a.ahead = a.ahead[:0]
+	for i := range evs {
+		ev := &evs[i]
+		n := len(ev.Hashes)
+		switch ev.Kind {
+		case engine.BlockRemoved:
+			if a.needed != nil && a.prefetch != nil {
+				for _, h := range ev.Hashes {
 					a.prefetch(h)
 				}
 			}
+		case engine.BlockStored:
+			if a.needed != nil {
+				n = 0
+				for n < len(ev.Hashes) && a.needed(ev.Hashes[n]) {
+					n++
+				}
+			}
+			if n > 0 {
+				if ev.HasParent {
+					a.ahead = append(a.ahead, ev.Parent)
+				}
+				a.ahead = append(a.ahead, ev.Hashes[:min(n, chunkAhead)]...)
+			}
 		}
+		a.keep = append(a.keep, n)
+	}
+	if len(a.ahead) > 0 {
+		a.idx.Prefetch(rid, a.ahead)
 	}
 	for i := range evs {
 		ev := &evs[i]
@@ -75,10 +108,7 @@ func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
 		case engine.BlockStored:
 			hashes, tokens := ev.Hashes, ev.Tokens
 			if a.needed != nil {
-				n := 0
-				for n < len(hashes) && a.needed(hashes[n]) {
-					n++
-				}
+				n := a.keep[i]
 				if n == 0 {
 					continue
 				}
@@ -110,6 +140,10 @@ func (a *applier) apply(rid index.ReplicaID, evs []engine.Event) {
 	}
 	a.flush(rid)
 }
+
+// chunkAhead is how many of a stored event's first blocks apply prefetches
+// (the index prefetches the rest of a long event itself, chunk by chunk).
+const chunkAhead = 4
 
 // conflicts reports whether a stored event (its parent, its hashes, its
 // tier) depends on a held removal.

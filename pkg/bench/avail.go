@@ -59,6 +59,11 @@ func (t *hashTable[V]) prefetch(h uint64) {
 	}
 }
 
+// probeAhead is how far ahead of its look-ups a walk over many hashes
+// prefetches (hashTable.prefetch): enough misses in flight to cover a
+// memory access, few enough to stay in the first-level cache.
+const probeAhead = 16
+
 // ref returns a pointer to h's value, inserting the zero value first when
 // h is absent (added reports that). The pointer is valid until the next
 // ref.

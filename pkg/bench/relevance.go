@@ -105,7 +105,13 @@ func (rl *relevance) arrived(sess, turn int, prompt []uint32) []uint64 {
 	if len(hashes) != len(prompt)/rl.eng.Config().BlockSize {
 		rl.broken = true
 	}
-	for _, h := range hashes {
+	for i := range min(probeAhead, len(hashes)) {
+		rl.blocks.prefetch(hashes[i])
+	}
+	for i, h := range hashes {
+		if i+probeAhead < len(hashes) {
+			rl.blocks.prefetch(hashes[i+probeAhead])
+		}
 		b, _ := rl.blocks.ref(h)
 		if b.pending <= 0 {
 			rl.broken = true

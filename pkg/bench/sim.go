@@ -526,7 +526,13 @@ func (s *sim) ceiling(f *engine.Finished) int {
 	bs := s.cfg.Engine.BlockSize
 	limit := min((f.PromptTokens-1)/bs, len(f.Hashes))
 	hit := 0
+	for i := range min(probeAhead, limit) {
+		s.blocks.prefetch(f.Hashes[i])
+	}
 	for hit < limit {
+		if hit+probeAhead < limit {
+			s.blocks.prefetch(f.Hashes[hit+probeAhead])
+		}
 		b, ok := s.blocks.get(f.Hashes[hit])
 		if !ok || !b.computed || b.avail > f.Scheduled {
 			break
@@ -540,6 +546,16 @@ func (s *sim) ceiling(f *engine.Finished) int {
 // block stored on the GPU was computed by the step (or reloaded, and then
 // computed earlier); the first time any replica stores a hash counts.
 func (s *sim) computed(res *engine.StepResult) {
+	// Start every event's first look-ups before the first: an offload
+	// step's events store one block each.
+	for i := range res.Events {
+		ev := &res.Events[i]
+		if ev.Kind == engine.BlockStored && ev.Medium != engine.MediumCPU {
+			for _, h := range ev.Hashes[:min(probeAhead, len(ev.Hashes))] {
+				s.blocks.prefetch(h)
+			}
+		}
+	}
 	for i := range res.Events {
 		ev := &res.Events[i]
 		if ev.Kind != engine.BlockStored || ev.Medium == engine.MediumCPU {
@@ -547,7 +563,10 @@ func (s *sim) computed(res *engine.StepResult) {
 			// (in this step's events or an earlier step's): computed then.
 			continue
 		}
-		for _, h := range ev.Hashes {
+		for i, h := range ev.Hashes {
+			if i+probeAhead < len(ev.Hashes) {
+				s.blocks.prefetch(ev.Hashes[i+probeAhead])
+			}
 			if b, _ := s.blocks.ref(h); !b.computed || res.End < b.avail {
 				b.avail, b.computed = res.End, true
 			}

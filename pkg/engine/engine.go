@@ -602,7 +602,16 @@ func (e *Engine) commit(r *request) {
 	bs := e.cfg.BlockSize
 	full := r.numComputed / bs
 	e.ensureHashes(r, full)
+	// Every block's location is looked up once, in order: prefetch ahead.
+	next := r.committed
+	for ; prefetching && next < min(full, r.committed+maxPrefetch); next++ {
+		e.pool.loc.prefetch(r.hashes[next])
+	}
 	for i := r.committed; i < full; {
+		if prefetching && next < full {
+			e.pool.loc.prefetch(r.hashes[next])
+			next++
+		}
 		if e.pool.hasGPU(r.hashes[i]) {
 			// Another request cached the same block first; this copy stays
 			// private and is never published.
@@ -611,6 +620,10 @@ func (e *Engine) commit(r *request) {
 		}
 		j := i + 1
 		for j < full && !e.pool.hasGPU(r.hashes[j]) {
+			if prefetching && next < full {
+				e.pool.loc.prefetch(r.hashes[next])
+				next++
+			}
 			j++
 		}
 		e.storeRun(r, i, j, GroupFullAttention, func(k int, m *blockMeta) { e.pool.cache(r.blocks[k], r.hashes[k], m) })
