@@ -101,17 +101,21 @@ func RunCases(ctx context.Context, cases []Case, workers int, progress func(i in
 // with the long ones started early, the last to finish is a short one, so
 // workers do not sit idle while one long case runs alone at the end. The
 // cost estimate is the workload's prompt and output tokens (a simulation's
-// work grows with its blocks); equal estimates keep their order, so the
-// cases of one workload, which share its preparation, stay together.
+// work grows with its blocks) and, among one workload's cases, the
+// policy's relative cost (policyCost). A workload's cases stay together
+// (they share its preparation, which is freed when the last of them
+// ends); equal estimates keep their order.
 func longestFirst(cases []Case) []int {
 	cost := map[*Workload]int64{}
+	first := map[*Workload]int{}
 	order := make([]int, len(cases))
 	for i := range cases {
 		order[i] = i
 		w := cases[i].Workload
-		if _, ok := cost[w]; ok || w == nil {
+		if _, ok := first[w]; ok || w == nil {
 			continue
 		}
+		first[w] = i
 		var n int64
 		for j := range w.Sessions {
 			ss := &w.Sessions[j]
@@ -122,9 +126,39 @@ func longestFirst(cases []Case) []int {
 		cost[w] = n
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		return cmp.Compare(cost[cases[b].Workload], cost[cases[a].Workload])
+		wa, wb := cases[a].Workload, cases[b].Workload
+		if c := cmp.Compare(cost[wb], cost[wa]); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(first[wa], first[wb]); c != 0 {
+			return c
+		}
+		return cmp.Compare(policyCost(cases[b].Policy), policyCost(cases[a].Policy))
 	})
 	return order
+}
+
+// policyCost is a policy's simulation cost relative to round robin's on
+// one workload: CPU seconds per policy in a labelled profile of the
+// 12,000-request trace (kvbench sim -repeat 3 -cpuprofile, pprof -tags;
+// docs/benchmarks.md). A policy that follows the cache makes the engines
+// compute, evict and report fewer blocks, which is most of a simulation's
+// work. Only the order of cases depends on it (longestFirst), never a
+// result; an unlisted policy counts as round robin.
+func policyCost(name string) float64 {
+	switch name {
+	case policy.NameLeastLoad:
+		return 0.9
+	case policy.NameKVRoute, policy.NameSession:
+		return 0.7
+	case policy.NameBlended:
+		return 0.63
+	case policy.NameHardSwitch, policy.NamePureAffinity:
+		return 0.54
+	case policy.NamePrefixAffinity, policy.NameWeighted:
+		return 0.48
+	}
+	return 1
 }
 
 // prepCache shares each workload's prepared relevance between the cases

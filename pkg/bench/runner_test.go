@@ -170,8 +170,8 @@ func TestParseSeeds(t *testing.T) {
 }
 
 // RunCases starts the costliest cases first (on one worker, progress sees
-// them in that order), keeping the order of cases of equal cost, and still
-// returns results in case order.
+// them in that order): by workload, then by policy, keeping the order of
+// cases of equal cost, and still returns results in case order.
 func TestRunCasesLongestFirst(t *testing.T) {
 	small, err := Generate(GenChat, GenOptions{Seed: 1, SizeScale: 0.01})
 	if err != nil {
@@ -183,11 +183,14 @@ func TestRunCasesLongestFirst(t *testing.T) {
 	}
 	var cases []Case
 	for _, w := range []*Workload{small, big, small} {
-		for _, p := range []string{policy.NameRoundRobin, policy.NameSession} {
+		for _, p := range []string{policy.NameSession, policy.NameRoundRobin} {
 			cases = append(cases, Case{Workload: w, Policy: p, Fleet: smallFleet()})
 		}
 	}
-	want := []int{2, 3, 0, 1, 4, 5}
+	// The big workload first, then the small one's four cases together;
+	// within a workload round robin (costlier to simulate) before session,
+	// equal cases in their order.
+	want := []int{3, 2, 1, 5, 0, 4}
 	if got := longestFirst(cases); !slices.Equal(got, want) {
 		t.Fatalf("order %v, want %v", got, want)
 	}
