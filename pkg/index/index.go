@@ -192,7 +192,7 @@ func (ix *Index) Prefetch(r ReplicaID, hashes []uint64) {
 	ix.mu.RLock()
 	if rs := ix.byID[r]; rs != nil {
 		for _, h := range hashes {
-			rs.eng.prefetch(h)
+			rs.eng.prefetchDir(mix(h & engKind.cmp))
 		}
 	}
 	ix.mu.RUnlock()

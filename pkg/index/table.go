@@ -339,6 +339,15 @@ func (t *xtab) prefetchHashed(h uint64) {
 	prefetch(unsafe.Pointer(&sb.s[home(h, sb.ld, len(sb.s))]))
 }
 
+// prefetchDir is prefetch for the hash h = mix(q&kind.cmp), reading the
+// slot's address from the directory entry alone: a batch of prefetches
+// then waits on no sub struct (those are scattered on the heap and rarely
+// cached), only on the small directory.
+func (t *xtab) prefetchDir(h uint64) {
+	d := &t.dir[int(h>>(64-uint(t.gd)))] // 0 when gd is 0
+	prefetch(unsafe.Add(d.s, uintptr(home(h, d.ld, int(d.c)))*slotBytes))
+}
+
 // disp is the probe distance of the entry at position i.
 func (t *xtab) disp(sb *sub, i int) int {
 	c := len(sb.s)

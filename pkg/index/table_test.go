@@ -3,6 +3,7 @@ package index
 import (
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 // checkSub verifies the Robin Hood invariant of every sub-table of t: each
@@ -11,6 +12,14 @@ import (
 // the first entry nearer its home than the key would be).
 func checkSub(t *testing.T, x *xtab) {
 	t.Helper()
+	// Every directory entry is its sub-table's copy (matchers and
+	// prefetchDir read the entry alone).
+	for di, sb := range x.subs {
+		d := x.dir[di]
+		if d.s != unsafe.Pointer(unsafe.SliceData(sb.s)) || int(d.c) != len(sb.s) || d.ld != sb.ld {
+			t.Fatalf("directory entry %d is stale: %d slots, depth %d; sub-table has %d, %d", di, d.c, d.ld, len(sb.s), sb.ld)
+		}
+	}
 	n := 0
 	for di, sb := range x.subs {
 		if di&(1<<(x.gd-sb.ld)-1) != 0 {
