@@ -100,6 +100,47 @@ import (
 // fan-out, a document), has no predicted turns and pays nothing; a
 // request with a home never does (homes are placed by the move charge).
 //
+// The spread regime is for bursts: a fan-out's siblings (n samples of
+// one prompt, sent at once) reach the router one after another, and the
+// first one's prompt is in flight on its replica when the others look
+// (Candidate.Pending covers the whole prompt there: that replica is a
+// holder). Holding the burst on a holder saves the fleet a prefill of the
+// prompt per sibling, but costs each sibling about one prompt's prefill of
+// waiting: the engine admits the next sibling into the step still
+// computing the prompt, where it computes it again, and the rest wait for
+// both. Spreading the burst costs each sibling the queueing its extra
+// prefill adds to the fleet. In a queue served at utilization U the mean
+// wait is U/(2(1-U)) service times (Pollaczek-Khinchine, deterministic
+// service), below one prompt's prefill while U < 2/3. So a burst spreads
+// while Request.SpreadUtil (set by the router: the fleet's recent prefill
+// utilization with every sibling counting its whole prompt, as if bursts
+// spread) is below spread_util (default 2/3; 0 turns the regime off), and
+// is held above it. It spreads only if the fleet has a replica holding
+// none of its prompt for this request and for each later sibling expected
+// (Request.Siblings, learned by the router from earlier bursts): on a
+// fleet smaller than the burst the extra siblings would double up and
+// compute the prompt again beside another. A request of a spread burst
+// (one with a holder that is a parallel request of its session, or has no
+// session key; n samples under one session key each are other sessions'
+// first turns and keep the normal prediction) pays no move charge, gets
+// no in-flight credit (it would join its holder's step and compute the
+// prompt itself), and is charged its wait on the router's fluid estimate
+// of each replica's prefill queue (Candidate.Queued: what this router sent
+// there, drained at its learned speed since, plus backlog_weight times any
+// charged prefill that estimate does not account for, Candidate.
+// QueuedCharge) rather than backlog_weight times the charged prefill,
+// which says little of how far a burst just sent has got: a sibling goes
+// where it starts first. It may go only to a holder or to a replica that
+// starts it before the first holder has computed the prompt, since a
+// sibling starting later would have found the prompt computed there. The
+// router marks the burst spread when its second request is
+// (Result.Spread), and its later requests follow. Below spread_util the
+// first request of an expected burst (one whose prompt no candidate
+// holds, indexed or in flight, with at least one sibling expected) is
+// charged its wait on the fluid estimate too, so that it starts as early
+// as its siblings will. Above spread_util none of this applies: holding
+// bursts saves the fleet the prefills that would otherwise saturate it.
+//
 // The memory term reads KV headroom: with the candidate's KV blocks known
 // (Load.KVBlocks), the blocks in use are the larger of the engine's
 // reported usage and the router's own in-flight footprint; the request
@@ -158,6 +199,7 @@ type KVRoute struct {
 	loadBound, loadBoundMin                    float64
 	prefixShareBound                           float64
 	futureWeight                               float64
+	spreadUtil                                 float64
 	prefillRate, decodeStep                    float64
 	tierWeight                                 [index.NumTiers]float64
 }
@@ -175,6 +217,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		loadBoundMin:     orDefault(c.LoadBoundMin, DefaultKVRouteLoadBoundMin),
 		prefixShareBound: orDefault(c.PrefixShareBound, DefaultKVRoutePrefixShareBound),
 		futureWeight:     orDefault(c.FutureWeight, DefaultKVRouteFutureWeight),
+		spreadUtil:       orDefault(c.SpreadUtil, DefaultKVRouteSpreadUtil),
 		prefillRate:      orDefault(c.PrefillRate, DefaultKVRoutePrefillRate),
 		decodeStep:       orDefault(c.DecodeStep, DefaultKVRouteDecodeStep),
 	}
@@ -194,6 +237,9 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	}
 	if d := k.decodeStep; !(d > 0) || math.IsInf(d, 0) {
 		return nil, fieldErr("kvroute.decode_step", d, "a positive finite number")
+	}
+	if u := k.spreadUtil; !(u >= 0 && u < 1) {
+		return nil, fieldErr("kvroute.spread_util", u, "in [0, 1)")
 	}
 	if r := k.memoryReserve; !(r >= 0 && r < 1) {
 		return nil, fieldErr("kvroute.memory_reserve", r, "in [0, 1)")
@@ -224,8 +270,14 @@ func (k *KVRoute) Name() string { return NameKVRoute }
 // HitBlocks is the candidate's trusted cache hit for the request, in
 // blocks: its matched blocks weighted by tier plus its in-flight credit
 // (PendingBlocks), times its trust.
-func (k *KVRoute) HitBlocks(c Candidate) float64 {
-	matched := k.PendingBlocks(c)
+func (k *KVRoute) HitBlocks(c Candidate) float64 { return k.hitBlocks(c, true) }
+
+// hitBlocks is HitBlocks, without the in-flight credit unless pending.
+func (k *KVRoute) hitBlocks(c Candidate, pending bool) float64 {
+	matched := 0.0
+	if pending {
+		matched = k.PendingBlocks(c)
+	}
 	for tier, m := range c.Matched {
 		matched += float64(m) * k.tierWeight[tier]
 	}
@@ -276,6 +328,14 @@ type Fleet struct {
 	// against.
 	Future    bool
 	FutureMin float64
+	// Spread is set for a request of a burst in the spread regime (see
+	// KVRoute): no move charge, no in-flight credit, and only holders of
+	// its prompt or candidates starting it within CarrierDone seconds (the
+	// first holder's fluid queue) are allowed. Fluid charges every
+	// candidate's wait on its fluid queue (Candidate.Queued): a spread
+	// request, or one whose prompt no candidate holds, in the regime.
+	Spread, Fluid bool
+	CarrierDone   float64
 }
 
 // Pace is how a candidate turns work into time: seconds per prompt block
@@ -407,7 +467,56 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	} else {
 		f.Pressure = math.Min(k.movePressureMax, b/(1-b))
 	}
+	k.spreadRegime(req, cands, &f)
 	return f
+}
+
+// spreadRegime sets f's spread regime figures for the request (see
+// KVRoute): Fluid below spread_util for a request whose prompt no
+// candidate holds, and the spread of a burst's request.
+func (k *KVRoute) spreadRegime(req Request, cands []Candidate, f *Fleet) {
+	if k.spreadUtil == 0 {
+		return
+	}
+	below := req.SpreadUtil > 0 && req.SpreadUtil < k.spreadUtil
+	p := float64(req.PromptBlocks)
+	cold, holder, free := true, false, 0
+	for _, c := range cands {
+		if c.Pending > 0 || c.MatchedBlocks() > 0 {
+			cold = false
+		}
+		if !eligible(c) {
+			continue
+		}
+		if p >= 2 && float64(c.Pending) >= p-1 {
+			holder = true
+		}
+		if c.Pending == 0 {
+			free++
+		}
+	}
+	if below && cold && req.Siblings >= 1 {
+		f.Fluid = true
+	}
+	keyed := req.Parallel && !math.IsInf(f.HomeOwn, 1)
+	if !holder || (!keyed && req.SessionKey != "") || float64(free) < 1+req.Siblings-1e-9 {
+		return
+	}
+	switch {
+	case keyed && req.BurstSpread:
+	case keyed && req.BurstPlaced != 1:
+		return
+	case !below:
+		return
+	}
+	f.Spread, f.Fluid = true, true
+	f.HomeOwn = math.Inf(1)
+	f.CarrierDone = math.Inf(1)
+	for _, c := range cands {
+		if eligible(c) && c.Pending > 0 {
+			f.CarrierDone = math.Min(f.CarrierDone, k.Pace(c, *f).BlockSecs*(c.Queued+k.backlogWeight*math.Max(0, c.Load.ActivePrefillBlocks-c.QueuedCharge)))
+		}
+	}
 }
 
 // blockTokens is the request's block size in tokens.
@@ -427,7 +536,10 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 	pc := k.Pace(c, f)
 	o := own(req, hit)
 	wait := k.backlogWeight * c.Load.ActivePrefillBlocks
-	if hit > 0 && k.PendingBlocks(c) > 0 {
+	switch {
+	case f.Fluid:
+		wait = c.Queued + k.backlogWeight*math.Max(0, c.Load.ActivePrefillBlocks-c.QueuedCharge)
+	case hit > 0 && k.PendingBlocks(c) > 0:
 		// Part of the hit is a prefix in flight: it is computed only once
 		// its own prefill is, which was just sent and is charged in full.
 		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
@@ -496,10 +608,22 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 			break
 		}
 	}
+	if f.Spread {
+		// Only a holder, or a candidate that starts the request before
+		// the first holder has computed its prompt.
+		early := func(c Candidate) bool {
+			return c.Pending > 0 || k.Predict(req, c, 0, f).Wait <= f.CarrierDone
+		}
+		if h := allowed; h != nil {
+			allowed = func(c Candidate) bool { return h(c) && early(c) }
+		} else {
+			allowed = early
+		}
+	}
 	pick, costs := lowestCostAmong(cands, env, func(c Candidate) float64 {
 		hit := 0.0
 		if credited(c) {
-			hit = k.HitBlocks(c)
+			hit = k.hitBlocks(c, !f.Spread)
 		}
 		return k.Predict(req, c, hit, f).Total()
 	}, allowed)
@@ -512,7 +636,7 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	case k.boundChanged(req, cands, pick, costs[pick], credited):
 		reason = ReasonLoadBound
 	}
-	return Result{Pick: pick, Reason: reason, Costs: costs}
+	return Result{Pick: pick, Reason: reason, Costs: costs, Spread: f.Spread}
 }
 
 // Herding returns whether a candidate is herding the request's prefix:
@@ -610,6 +734,10 @@ type KVRouteConfig struct {
 	// its predicted later turns add where it is placed, see FutureWait;
 	// default 1; 0 turns it off).
 	FutureWeight *float64 `yaml:"future_weight"`
+	// SpreadUtil is the fleet prefill utilization (Request.SpreadUtil)
+	// below which kvroute spreads a burst's requests (its spread regime,
+	// see KVRoute), in [0, 1) (default 2/3; 0 turns the regime off).
+	SpreadUtil *float64 `yaml:"spread_util"`
 	// PrefillRate is the prefill speed, uncached tokens per second,
 	// assumed for a replica while no candidate has a learned one
 	// (Load.PrefillRate; default 16000).
@@ -632,6 +760,7 @@ const (
 	DefaultKVRouteLoadBoundMin     = 6.0
 	DefaultKVRoutePrefixShareBound = 1.25
 	DefaultKVRouteFutureWeight     = 1.0
+	DefaultKVRouteSpreadUtil       = 2.0 / 3
 	DefaultKVRoutePrefillRate      = 16000.0
 	DefaultKVRouteDecodeStep       = 0.008
 )

@@ -705,3 +705,106 @@ func TestKVRouteFutureCharge(t *testing.T) {
 		t.Errorf("future_weight -1: error %v, want one naming kvroute.future_weight", err)
 	}
 }
+
+// A fan-out's second sibling (a parallel request whose whole 87-block
+// prompt is in flight at its home, behind 58 blocks of an earlier burst's
+// prefill that the other seven replicas also still have charged) has six
+// more siblings expected. Every replica has prefill queued, so the fleet
+// pressure is at its cap and the move charge holds the sibling home, where
+// the engine would admit it into the step computing the prompt and it
+// would compute the prompt again. Below spread_util (2/3) the fleet
+// absorbs the burst's spread: the sibling goes where it starts first, on
+// the router's fluid queues (20 blocks left of the 58 charged, against the
+// home's 107), and the burst is marked spread. Above it, with the regime
+// off, or on a fleet too small for the burst, it stays home.
+func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
+	fleet := func(n int, others float64) []Candidate {
+		h := pend(home(withReqs(cand("h", 0, 58+87, 0), 2, 0)), 87)
+		h.Queued, h.QueuedCharge = 20+87, 58+87
+		cs := []Candidate{h}
+		for i := range n - 1 {
+			c := withReqs(cand(fmt.Sprint("r", i), 0, 58, 0), 1, 0)
+			c.Queued, c.QueuedCharge = others, 58
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	sib := Request{PromptBlocks: 87, SessionKey: "fan-1", Parallel: true, Siblings: 6, BurstPlaced: 1, SpreadUtil: 0.5}
+	p := mustNew(t, NameKVRoute, Config{})
+	if res := p.Pick(sib, fleet(8, 20), seeded(1)); res.Pick == 0 || !res.Spread {
+		t.Errorf("utilization 0.5: picked %d (spread %v), want another replica and the burst spread; costs %v", res.Pick, res.Spread, res.Costs)
+	}
+	hold := func(name string, p Policy, req Request, cs []Candidate) {
+		t.Helper()
+		if res := p.Pick(req, cs, seeded(1)); res.Pick != 0 || res.Spread {
+			t.Errorf("%s: picked %d (spread %v), want the home; costs %v", name, res.Pick, res.Spread, res.Costs)
+		}
+	}
+	at := func(u float64) Request { r := sib; r.SpreadUtil = u; return r }
+	hold("utilization 0.8", p, at(0.8), fleet(8, 20))
+	hold("no utilization known", p, at(0), fleet(8, 20))
+	off := 0.0
+	hold("spread_util 0", mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: &off}}), sib, fleet(8, 20))
+	hold("4 replicas for 7 siblings", p, sib, fleet(4, 20))
+	// Every other replica would start it only after the home has computed
+	// the prompt: a sibling there would have found it computed at home.
+	if res := p.Pick(sib, fleet(8, 120), seeded(1)); res.Pick != 0 {
+		t.Errorf("others' queues past the home's: picked %d, want the home; costs %v", res.Pick, res.Costs)
+	}
+	// A later request of the burst holds unless the burst was spread.
+	later := sib
+	later.BurstPlaced, later.Siblings = 3, 4
+	hold("third request of a held burst", p, later, fleet(8, 20))
+	later.BurstSpread = true
+	if res := p.Pick(later, fleet(8, 20), seeded(1)); res.Pick == 0 {
+		t.Errorf("third request of a spread burst joined the home; costs %v", res.Costs)
+	}
+	// Without a session key the holder of the prompt stands for the home;
+	// n samples of one prompt with a session key each are other sessions'
+	// first turns and keep the prediction.
+	anon := func() []Candidate {
+		cs := fleet(8, 20)
+		cs[0].Home = false
+		return cs
+	}
+	if res := p.Pick(Request{PromptBlocks: 87, Siblings: 6, SpreadUtil: 0.5}, anon(), seeded(1)); res.Pick == 0 || !res.Spread {
+		t.Errorf("keyless sibling: picked %d (spread %v), want another replica; costs %v", res.Pick, res.Spread, res.Costs)
+	}
+	if res := p.Pick(Request{PromptBlocks: 87, SessionKey: "rl-2", SpreadUtil: 0.5}, anon(), seeded(1)); res.Spread {
+		t.Errorf("another session's first turn spread as a sibling; costs %v", res.Costs)
+	}
+}
+
+// Below spread_util the first request of an expected burst (its prompt
+// held nowhere, seven siblings expected) is charged its wait on the
+// router's fluid queues, so that it starts as early as its siblings will: a replica whose 60 charged blocks
+// are all but 5 computed since they were sent wins over one with 30
+// charged and 25 still queued. Above spread_util, or with no sibling
+// expected, the charge decides. A charge the fluid queue does not account
+// for (another router's requests) counts as before, at backlog_weight.
+func TestKVRouteColdRequestWaitsOnFluidQueue(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	a, b := cand("a", 0, 30, 0), cand("b", 0, 60, 0)
+	a.Queued, a.QueuedCharge = 25, 30
+	b.Queued, b.QueuedCharge = 5, 60
+	cs := []Candidate{a, b}
+	first := func(u, sibs float64) Request { return Request{PromptBlocks: 30, SpreadUtil: u, Siblings: sibs} }
+	if res := p.Pick(first(0.5, 7), cs, seeded(1)); res.Pick != 1 {
+		t.Errorf("utilization 0.5: picked %d, want the replica with the shorter fluid queue; costs %v", res.Pick, res.Costs)
+	}
+	if res := p.Pick(first(0.8, 7), cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("utilization 0.8: picked %d, want the replica with less charged prefill; costs %v", res.Pick, res.Costs)
+	}
+	if res := p.Pick(first(0.5, 0), cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("no sibling expected: picked %d, want the replica with less charged prefill; costs %v", res.Pick, res.Costs)
+	}
+	cs[1].Queued, cs[1].QueuedCharge = 0, 0 // b's 60 blocks are not the router's own
+	if res := p.Pick(first(0.5, 7), cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("unaccounted charge: picked %d, want the replica with less charged prefill; costs %v", res.Pick, res.Costs)
+	}
+	for _, v := range []float64{-0.1, 1, math.NaN()} {
+		if _, err := New(NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: &v}}); err == nil || !strings.Contains(err.Error(), "kvroute.spread_util") {
+			t.Errorf("spread_util %v: error %v, want one naming kvroute.spread_util", v, err)
+		}
+	}
+}

@@ -49,6 +49,19 @@ type Candidate struct {
 	// predicted to bring. Zero without such memory. Only kvroute reads it,
 	// with Request.Future.
 	Sessions SessionLoad
+	// Queued is route's fluid estimate of the replica's prefill queue, in
+	// blocks: the uncached blocks the router sent there, drained at the
+	// replica's prefill speed since. Unlike Load.ActivePrefillBlocks (a
+	// request's charge, held until its first token) it does not count
+	// prefill already done. Only kvroute reads it, in its spread regime
+	// (see KVRoute), which Request.SpreadUtil from the same router arms.
+	Queued float64
+	// QueuedCharge is the part of Load.ActivePrefillBlocks that Queued
+	// accounts for: the uncached blocks of the requests the router sent
+	// there that its fluid estimate has not finished. The rest of the
+	// charged prefill (another router's requests, or requests the estimate
+	// drained too soon) is prefill Queued does not know of.
+	QueuedCharge float64
 }
 
 // SessionLoad is a replica's committed future work: the predicted turns of
@@ -113,6 +126,34 @@ type Request struct {
 	// Future is what the request's session is predicted to bring over its
 	// later turns when it has no home yet (see Future); zero otherwise.
 	Future Future
+	// Parallel marks a request sent within route's MinSessionGap of its
+	// session's latest turn (a fan-out sibling, one of n samples): its
+	// session's home is the replica the previous request of its burst
+	// went to.
+	Parallel bool
+	// Siblings is how many more requests of the request's burst (requests
+	// of one session, or without a session key of one prompt, sent within
+	// route's MinSessionGap) are expected after it: for a parallel
+	// request, from the bursts of its session's start class (its key
+	// kind's until the class has one), less those already placed; for a
+	// session's first request, its class's mean burst size less one;
+	// without a session key, from the router's earlier bursts of such
+	// requests, less the holders of its prompt in flight and itself. 0
+	// otherwise.
+	Siblings float64
+	// BurstPlaced is, for a parallel request, how many requests of its
+	// burst were placed before it; BurstSpread reports that kvroute spread
+	// the burst's second request (Result.Spread), which its later requests
+	// follow.
+	BurstPlaced int
+	BurstSpread bool
+	// SpreadUtil is the fleet's recent prefill utilization as if every
+	// request were computed where its prompt is best indexed (in-flight
+	// prefixes not counted, so each sibling of a burst counts its whole
+	// prompt): route's work meter, the uncached blocks its decisions sent
+	// over the last ten seconds or so, over the eligible candidates'
+	// prefill capacity. 0 without one.
+	SpreadUtil float64
 }
 
 // Env is what a policy may use besides its inputs: injected randomness, so
@@ -135,6 +176,10 @@ type Result struct {
 	// cost-based policies; NaN for ineligible candidates). May be nil for
 	// policies without a per-candidate score.
 	Costs []float64
+	// Spread reports that kvroute spread a burst's request (see KVRoute's
+	// spread regime); for the burst's second request, the router has its
+	// later requests follow.
+	Spread bool
 }
 
 // Policy picks a replica for a request. Implementations are pure apart from

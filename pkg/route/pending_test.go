@@ -87,21 +87,34 @@ func TestDecidePendingPrefix(t *testing.T) {
 	}
 }
 
-// With the default policy, a fan-out's second request (the same new
-// prompt, sent right after the first) joins the first where its prompt is
-// in flight behind a queue, when waiting there for the prefix beats
-// prefilling it again behind the other replica's longer queue; without
-// the in-flight memory it goes to the shorter queue. On an idle fleet the
-// siblings spread (one placed with the first would be admitted alongside
-// it and compute the prefix again anyway).
+// With kvroute holding bursts (its spread regime off, as above
+// spread_util), a fan-out's second request (the same new prompt, sent
+// right after the first) joins the first where its prompt is in flight
+// behind a queue, when waiting there for the prefix beats prefilling it
+// again behind the other replica's longer queue; without the in-flight
+// memory it goes to the shorter queue. On an idle fleet the siblings
+// spread (one placed with the first would be admitted alongside it and
+// compute the prefix again anyway). With the default policy the router's
+// work meter puts these two requests far below spread_util, and the
+// second spreads: behind r0's queue it would be admitted into the step
+// computing the prompt and compute it again, behind r1's it starts
+// sooner.
 func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 	prompt := seq(64*16, 100)
-	run := func(queues []float64, pending bool) []index.ReplicaID {
+	holding := 0.0
+	hold, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{SpreadUtil: &holding}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(queues []float64, pending bool, pol ...policy.Policy) []index.ReplicaID {
 		st := fleet(len(queues))
 		for i, q := range queues {
 			st.loads[st.reps[i].ID] = load.Load{Healthy: true, ActivePrefillBlocks: q, ActiveRequests: 1}
 		}
 		opts := Options{State: st, Seed: 1, Now: func() time.Time { return time.Unix(1000, 0) }}
+		if len(pol) > 0 {
+			opts.Policy = pol[0]
+		}
 		if pending {
 			opts.Pending = NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})
 		}
@@ -120,14 +133,20 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 		}
 		return picks
 	}
-	if got := run([]float64{150, 200}, true); got[0] != "r0" || got[1] != "r0" {
-		t.Errorf("with in-flight memory: picks %v, want both on r0", got)
+	if got := run([]float64{150, 200}, true, hold); got[0] != "r0" || got[1] != "r0" {
+		t.Errorf("holding, with in-flight memory: picks %v, want both on r0", got)
 	}
-	if got := run([]float64{150, 200}, false); got[0] != "r0" || got[1] != "r1" {
-		t.Errorf("without in-flight memory: picks %v, want r0 then r1", got)
+	if got := run([]float64{150, 200}, false, hold); got[0] != "r0" || got[1] != "r1" {
+		t.Errorf("holding, without in-flight memory: picks %v, want r0 then r1", got)
+	}
+	if got := run([]float64{0, 0, 0, 0}, true, hold); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
+		t.Errorf("holding, idle fleet: picks %v, want 4 siblings on 4 replicas", got)
+	}
+	if got := run([]float64{150, 200}, true); got[0] != "r0" || got[1] != "r1" {
+		t.Errorf("default policy: picks %v, want r0 then r1", got)
 	}
 	if got := run([]float64{0, 0, 0, 0}, true); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
-		t.Errorf("idle fleet: picks %v, want 4 siblings on 4 replicas", got)
+		t.Errorf("default policy, idle fleet: picks %v, want 4 siblings on 4 replicas", got)
 	}
 }
 

@@ -127,6 +127,9 @@ type Router struct {
 	homes   *homes
 	shares  *prefixShares
 	book    *sessionBook
+	work    workMeter   // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
+	fluid   fluidQueues // per replica, the prefill sent there less what it has had time to compute (Candidate.Queued)
+	bursts  burstSizes  // the sizes of bursts without a session key (Request.Siblings)
 	rand    *rand.Rand
 	scratch sync.Pool // *scratch
 }
@@ -413,6 +416,41 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 
 	future := r.book.view(start, d.Session, hasHome, drawKey, drawn, sc.cands)
+	parallel, siblings, placed, spread := false, 0.0, 0, false
+	if hasHome {
+		parallel, siblings, placed, spread = r.book.siblings(start, d.Session)
+	} else {
+		siblings = r.book.firstBurst(start, d.Session, drawKey, drawn)
+	}
+	// The fleet's prefill capacity, in blocks per second, each replica's
+	// fluid queue, and the requests' recent work against that capacity.
+	capacity := 0.0
+	for k := range sc.cands {
+		c := &sc.cands[k]
+		rate := blocksPerSec(c.Load.PrefillRate, primary)
+		c.Queued, c.QueuedCharge = r.fluid.get(c.Replica, start, rate)
+		if c.Load.Healthy {
+			capacity += rate
+		}
+	}
+	util := 0.0
+	if capacity > 0 {
+		util = r.work.rate(start) / capacity
+	}
+	// A request without a session key whose whole prompt is in flight is a
+	// sibling of the burst that sent it there first.
+	holders := 0
+	for k := range sc.cands {
+		if d.PromptBlocks >= 2 && sc.cands[k].Pending >= d.PromptBlocks-1 {
+			holders++
+		}
+	}
+	if d.Session == "" {
+		siblings = math.Max(0, r.bursts.size(start)-float64(holders+1))
+		if learn {
+			r.bursts.note(start, holders > 0)
+		}
+	}
 
 	res := r.opts.Policy.Pick(policy.Request{
 		PromptBlocks:         d.PromptBlocks,
@@ -422,6 +460,11 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		BlockSize:            primary,
 		PrefixPlacements:     placements,
 		Future:               future,
+		Parallel:             parallel,
+		Siblings:             siblings,
+		BurstPlaced:          placed,
+		BurstSpread:          spread,
+		SpreadUtil:           util,
 	}, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
@@ -440,6 +483,15 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if res.Costs != nil {
 			raw[k].Cost = res.Costs[k]
 		}
+	}
+	if learn {
+		best := 0
+		for k := range sc.cands {
+			best = max(best, sc.cands[k].MatchedBlocks())
+		}
+		r.work.add(start, float64(max(0, d.PromptBlocks-best)))
+		pc := sc.cands[res.Pick]
+		r.fluid.add(pc.Replica, start, blocksPerSec(pc.Load.PrefillRate, primary), float64(d.PromptBlocks-d.MatchedBlocks()))
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica
@@ -469,6 +521,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.shares.record(drawKey, d.Replica, start)
 		}
 		r.book.record(start, d.Session, hasHome, drawKey, drawn, d.Replica, float64(d.PromptBlocks-d.MatchedBlocks()))
+		if res.Spread && placed == 1 {
+			r.book.spreadBurst(d.Session)
+		}
 		if r.opts.Tracker != nil {
 			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
 		}
@@ -774,4 +829,13 @@ func fallbacks(cands []Candidate, pick, n int) []string {
 		out[k] = cands[i].Address
 	}
 	return out
+}
+
+// blocksPerSec is a replica's prefill speed in blocks of blockSize tokens
+// per second: its learned tokens per second, else kvroute's default.
+func blocksPerSec(tokensPerSec float64, blockSize int) float64 {
+	if !(tokensPerSec > 0) || math.IsInf(tokensPerSec, 0) {
+		tokensPerSec = policy.DefaultKVRoutePrefillRate
+	}
+	return tokensPerSec / float64(blockSize)
 }

@@ -93,6 +93,8 @@ type bookSession struct {
 	home        index.ReplicaID
 	first, last time.Time
 	turns       int     // requests counted as turns, the first included
+	burst       int     // requests in its current parallel burst (its latest turn and the siblings within MinSessionGap of it)
+	spread      bool    // its policy spread the burst's second request (policy.Result.Spread)
 	sumW, sumW2 float64 // uncached blocks of the later turns
 	load        policy.SessionLoad
 	live        bool // load is counted in reps[home]
@@ -107,6 +109,7 @@ type classStats struct {
 	ended, ended1      float64 // sessions whose horizon passed; of them, after one request
 	turns, sumW, sumW2 float64 // later turns and their uncached blocks
 	gaps, gapN         float64 // inter-turn gaps (seconds) and their count
+	bursts, par        float64 // requests that began a burst; parallel requests (within MinSessionGap of their burst's first)
 }
 
 func (c *classStats) decay(now time.Time) {
@@ -127,6 +130,8 @@ func (c *classStats) decay(now time.Time) {
 	c.sumW2 *= d
 	c.gaps *= d
 	c.gapN *= d
+	c.bursts *= d
+	c.par *= d
 }
 
 // estimate is a class's prediction for a new session: later turns, mean
@@ -318,6 +323,71 @@ func (b *sessionBook) view(now time.Time, key string, hasHome bool, k kvblock.Ke
 	return policy.Future{Turns: e.turns, Blocks: e.w, BlocksSq: e.w2}
 }
 
+// siblings reports whether a request of the session key sent at now is
+// parallel (within MinSessionGap of its session's latest turn, whose
+// replica is its home) and, if so, how many more requests of its burst
+// are expected after it: the mean size of the earlier bursts of the
+// session's start class (its kind's while the class has seen no other)
+// less the requests of the burst already placed and this one, at least 0.
+func (b *sessionBook) siblings(now time.Time, key string) (par bool, more float64, placed int, spread bool) {
+	if b == nil || key == "" {
+		return false, 0, 0, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.lookup(key)
+	if s == nil || now.Sub(s.last) >= MinSessionGap {
+		return false, 0, 0, false
+	}
+	// The bursts seen before this one (its own, still growing, is left
+	// out): the class's once it has one, else the kind's.
+	size := 0.0
+	for _, c := range b.statsOf(s, now) {
+		if n := c.bursts - 1; n > 1e-9 {
+			size = 1 + math.Max(0, c.par-float64(s.burst-1))/n
+		}
+	}
+	return true, math.Max(0, size-float64(s.burst+1)), s.burst, s.spread
+}
+
+// firstBurst is how many more requests a new session of the key drawn by
+// prefix k (drawn false: none) is expected to send with its first, within
+// MinSessionGap: the mean burst size of its start class less one, the
+// kind's while the class has seen no burst.
+func (b *sessionBook) firstBurst(now time.Time, key string, k kvblock.Key, drawn bool) float64 {
+	if b == nil || key == "" {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	size := 0.0
+	kc := &b.kinds[keyKind(key)]
+	kc.decay(now)
+	if kc.bursts > 1e-9 {
+		size = kc.par / kc.bursts
+	}
+	if c := b.class(k, drawn, false); c != nil {
+		c.decay(now)
+		if c.bursts > 1e-9 {
+			size = c.par / c.bursts
+		}
+	}
+	return size
+}
+
+// spreadBurst marks the session's current burst as spread (its policy
+// spread the burst's second request): its later requests spread too.
+func (b *sessionBook) spreadBurst(key string) {
+	if b == nil || key == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.lookup(key); s != nil {
+		s.spread = true
+	}
+}
+
 // record notes a decision: the session's request went to replica with
 // uncached blocks to prefill; hadHome says whether the router knew the
 // session's home (a session without one starts here, in the class of the
@@ -335,20 +405,30 @@ func (b *sessionBook) record(now time.Time, key string, hadHome bool, k kvblock.
 		if s != nil {
 			b.unload(s)
 		}
-		s = &bookSession{key: key, kind: kind, first: now, last: now, turns: 1}
+		s = &bookSession{key: key, kind: kind, first: now, last: now, turns: 1, burst: 1}
 		if !hadHome {
 			s.class, s.classed = k, drawn
 			for _, c := range b.statsOf(s, now) {
 				c.starts++
 			}
 		}
+		for _, c := range b.statsOf(s, now) {
+			c.bursts++
+		}
 		b.put(s)
 	} else {
 		gap := now.Sub(s.last)
 		if gap < MinSessionGap {
-			return // a parallel request, not a turn
+			// A parallel request, not a turn: it counts toward its
+			// burst's size only.
+			s.burst++
+			for _, c := range b.statsOf(s, now) {
+				c.par++
+			}
+			return
 		}
 		s.turns++
+		s.burst, s.spread = 1, false
 		s.last = now
 		s.sumW += uncached
 		s.sumW2 += uncached * uncached
@@ -361,6 +441,7 @@ func (b *sessionBook) record(now time.Time, key string, hadHome bool, k kvblock.
 			c.sumW2 += uncached * uncached
 			c.gaps += gap.Seconds()
 			c.gapN++
+			c.bursts++
 		}
 		b.unload(s)
 		b.put(s)

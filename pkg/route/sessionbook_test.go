@@ -160,3 +160,48 @@ func TestSessionBookLearnsAndExpires(t *testing.T) {
 		t.Errorf("fan-out siblings counted as later turns of their class: %v", c.turns)
 	}
 }
+
+// A burst's size is learned per start class: after one burst of 8
+// parallel requests, the second request of a new burst of that class
+// expects 6 more; a request past MinSessionGap is no sibling. A burst
+// whose second request was spread is reported spread until the session's
+// next turn.
+func TestSessionBookLearnsBurstSize(t *testing.T) {
+	b := newSessionBook(1024, 3)
+	t0 := time.Unix(0, 0)
+	for i := range 8 {
+		b.record(t0, "fan-0", i > 0, 5, true, "r0", 10)
+	}
+	if par, n, placed, _ := b.siblings(t0, "fan-0"); !par || n != 0 || placed != 8 {
+		t.Errorf("a ninth request of the burst: parallel %v, %v more expected, %d placed; want true, 0, 8", par, n, placed)
+	}
+	t1 := t0.Add(time.Second)
+	if par, _, _, _ := b.siblings(t1, "fan-0"); par {
+		t.Error("a request a second later counted as a sibling")
+	}
+	if n := b.firstBurst(t1, "fan-1", 5, true); math.Abs(n-7) > 1e-3 {
+		t.Errorf("a new session of the class expects %v more with its first, want 7", n)
+	}
+	if n := b.firstBurst(t1, "user:u-1", 9, true); n != 0 {
+		t.Errorf("a new session of another kind and class expects %v more with its first, want 0", n)
+	}
+	b.record(t1, "fan-1", false, 5, true, "r1", 10)
+	t2 := t1.Add(time.Millisecond)
+	par, n, placed, spread := b.siblings(t2, "fan-1")
+	if !par || math.Abs(n-6) > 1e-3 || placed != 1 || spread {
+		t.Errorf("second request of a new burst: parallel %v, %v more expected, %d placed, spread %v; want true, 6, 1, false", par, n, placed, spread)
+	}
+	b.record(t2, "fan-1", true, 5, true, "r2", 10)
+	b.spreadBurst("fan-1")
+	if _, n, placed, spread := b.siblings(t2, "fan-1"); math.Abs(n-5) > 1e-3 || placed != 2 || !spread {
+		t.Errorf("third request of a spread burst: %v more expected, %d placed, spread %v; want 5, 2, true", n, placed, spread)
+	}
+	t3 := t2.Add(10 * time.Second)
+	b.record(t3, "fan-1", true, 5, true, "r2", 10)
+	if _, _, _, spread := b.siblings(t3, "fan-1"); spread {
+		t.Error("the session's next turn still counted its previous burst as spread")
+	}
+	if par, _, _, _ := b.siblings(t1, "unknown"); par {
+		t.Error("an unknown key counted as a sibling")
+	}
+}
