@@ -133,6 +133,11 @@ type RequestResult struct {
 	CeilingTokens int
 	OutputTokens  int
 	Preemptions   int
+	// QueuedTokens are the uncached prompt tokens the router estimated
+	// were queued for prefill ahead of the request when it sent it
+	// (route.Decision.QueuedTokens), as a live router feeds its rate
+	// learner.
+	QueuedTokens int
 	// IdealTTFT is the request's TTFT alone on an idle replica with the
 	// same cached tokens: its uncached tokens prefilled in budget-sized
 	// chunks, one step each (no queueing, no batch).
@@ -240,6 +245,9 @@ type live struct {
 	// prompt's hash); its answer opens the conversation.
 	opener     bool
 	promptHash uint64
+	// queued are the uncached tokens the router estimated were queued
+	// ahead of it (route.Decision.QueuedTokens).
+	queued int
 }
 
 type replica struct {
@@ -489,6 +497,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		hashes:    blockHashes,
 		truncated: truncated,
 		reason:    dec.Reason,
+		queued:    dec.QueuedTokens,
 		key:       dec.Session,
 	}
 	if lv.keepOut {
@@ -628,6 +637,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
 			IdealTTFT: s.idealTTFT(f.PromptTokens - f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
+			QueuedTokens: lv.queued,
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.opener {
@@ -768,8 +778,8 @@ func (st *simState) Replicas() []route.Replica {
 	rates := s.router.Rates()
 	for _, r := range s.run.Requests[min(rates.Observed(), len(s.run.Requests)):] {
 		rates.Observe(index.ReplicaID(s.reps[r.Replica].id), route.RateSample{
-			Uncached: r.PromptTokens - r.CachedTokens,
-			TTFT:     r.TTFT, E2E: r.E2E, Output: r.OutputTokens,
+			Uncached: r.PromptTokens - r.CachedTokens, Queued: r.QueuedTokens,
+			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens,
 		})
 	}
 	return st.routes

@@ -712,6 +712,7 @@ func (st *procStream) observeRates(u openai.Usage, predicted int) {
 	}
 	st.s.cfg.Rates.Observe(st.fl.decision.Replica, route.RateSample{
 		Uncached: max(u.PromptTokens-cached, 0),
+		Queued:   st.fl.decision.QueuedTokens,
 		TTFT:     ttft,
 		E2E:      e2e,
 		Output:   u.CompletionTokens,
@@ -735,6 +736,7 @@ func (st *procStream) observePrefill() {
 	ttft := st.firstAt.Sub(st.fl.pickedAt)
 	st.s.cfg.Rates.Observe(dec.Replica, route.RateSample{
 		Uncached: max(dec.PromptTokens-st.predictedCachedTokens(dec.PromptTokens), 0),
+		Queued:   dec.QueuedTokens,
 		TTFT:     ttft,
 		E2E:      ttft,
 	})

@@ -79,7 +79,7 @@ func TestKVRoutePredict(t *testing.T) {
 		{"idle, 6 matched", cand("a", 6, 0, 0), idle, Prediction{Own: 4}},
 		{"half the backlog is still queued", cand("a", 10, 30, 0), idle, Prediction{Wait: 15}},
 		{"a hit beyond the prompt is clamped", cand("a", 12, 0, 0), idle, Prediction{}},
-		{"a step per request", withReqs(cand("a", 0, 0, 0), 3, 1), idle, Prediction{Own: 10, Requests: 4}},
+		{"a step per waiting request, a sequence's share per running one", withReqs(cand("a", 0, 0, 0), 3, 1), idle, Prediction{Own: 10, Requests: 1 + 0.02*3}},
 		{"a move costs the extra prefill times the pressure", cand("a", 0, 0, 0), Fleet{HomeOwn: 2, Pressure: 3}, Prediction{Own: 10, Move: 3 * 8}},
 		{"no home: no move charge", cand("a", 0, 0, 0), Fleet{HomeOwn: math.Inf(1), Pressure: 3}, Prediction{Own: 10}},
 		{"better cached than home: no move charge", cand("a", 9, 0, 0), Fleet{HomeOwn: 4, Pressure: 3}, Prediction{Own: 1}},
@@ -106,7 +106,7 @@ func TestKVRoutePredict(t *testing.T) {
 	}
 	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(1), DecodeWeight: Float(0.1), RequestWeight: Float(3), MoveWeight: Float(0.5)})
 	c := withReqs(cand("a", 8, 20, 100), 3, 1)
-	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), blk*(20+2+0.5*2*2+0.1*100)+stp*(1+3*4); math.Abs(got-want) > 1e-12 {
+	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), blk*(20+2+0.5*2*2+0.1*100)+stp*(1+3*1+0.02*3); math.Abs(got-want) > 1e-12 {
 		t.Errorf("knobbed cost %v, want %v", got, want)
 	}
 }
@@ -128,7 +128,7 @@ func TestKVRoutePredictLearnedRates(t *testing.T) {
 	if f.PrefillRate != 15000 || math.Abs(f.DecodeStep-0.020) > 1e-12 || f.BlockTokens != 64 {
 		t.Fatalf("fleet %+v, want the learned means 15000 tokens/s and 20 ms, 64-token blocks", f)
 	}
-	want := func(rate, step float64) float64 { return 64/rate*(0.5*40+10) + step*(1+2) }
+	want := func(rate, step float64) float64 { return 64/rate*(0.5*40+10) + step*(1+0.02*2) }
 	for i, w := range []float64{want(20000, 0.010), want(10000, 0.030), want(15000, 0.020)} {
 		if got := k.Predict(req, cands[i], 0, f).Total(); math.Abs(got-w) > 1e-12 {
 			t.Errorf("%s: cost %v, want %v", cands[i].Replica, got, w)
@@ -292,8 +292,9 @@ func TestKVRoutePendingPrefix(t *testing.T) {
 		t.Errorf("in flight behind a queue: picked %d, want the holder; costs %v", res.Pick, res.Costs)
 	}
 	// 150/2 still queued ahead, the 64 in-flight blocks in full, no own
-	// prefill, a step for each of the 2 requests there and for itself.
-	if want := blk*(75+64) + stp*3; math.Abs(res.Costs[0]-want) > 1e-12 {
+	// prefill, a sequence's share of a step for each of the 2 requests
+	// running there and a step for itself.
+	if want := blk*(75+64) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
 		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
 	}
 	// Other policies do not read Pending.
@@ -317,7 +318,8 @@ func TestKVRoutePicks(t *testing.T) {
 		{"a backlog larger than the saving loses", []Candidate{cand("a", 0, 0, 0), cand("b", 8, 22, 0)}, 0, ReasonCost},
 		{"at home, a backlog larger than the saving and the move loses", []Candidate{cand("a", 0, 0, 0), home(cand("b", 8, 40, 0))}, 0, ReasonCost},
 		{"at home, a backlog smaller than the saving and the move wins", []Candidate{cand("a", 0, 0, 0), home(cand("b", 8, 30, 0))}, 1, ReasonCost},
-		{"requests already there count", []Candidate{withReqs(cand("a", 0, 0, 0), 5, 0), withReqs(cand("b", 0, 4, 0), 0, 0)}, 1, ReasonColdIndex},
+		{"requests waiting there count", []Candidate{withReqs(cand("a", 0, 0, 0), 0, 5), withReqs(cand("b", 0, 4, 0), 0, 0)}, 1, ReasonColdIndex},
+		{"requests running there cost a sequence's share", []Candidate{withReqs(cand("a", 0, 0, 0), 5, 0), withReqs(cand("b", 0, 4, 0), 0, 0)}, 0, ReasonColdIndex},
 		{"cold index: least prefill backlog", []Candidate{cand("a", 0, 7, 0), cand("b", 0, 3, 50), cand("c", 0, 9, 0)}, 1, ReasonColdIndex},
 		{"equal cost: fewer load blocks", []Candidate{cand("a", 0, 0, 40), cand("b", 0, 0, 10)}, 1, ReasonColdIndex},
 		{"unhealthy best is skipped", []Candidate{unhealthy(cand("a", 10, 0, 0)), cand("b", 0, 4, 0)}, 1, ReasonColdIndex},
@@ -478,9 +480,11 @@ func TestKVRouteLoadBoundPicks(t *testing.T) {
 // 4 replicas, replica 2 holding shared blocks of each prompt (the other
 // replicas never learn them: the harshest case). Prefill is taken as
 // instant (no backlog builds up): only the per-request charge and the
-// load bound can spread the burst. It returns the placements and the most
-// requests the holder had in flight.
-func burst(t *testing.T, cfg KVRouteConfig, prompt, shared int) (placed [4]int, peak int) {
+// bounds can spread the burst. With shares, the requests carry the
+// router's prefix memory as route feeds it (Request.PrefixPlacements and
+// Candidate.PrefixShare; the whole burst within its half-life). It returns
+// the placements and the most requests the holder had in flight.
+func burst(t *testing.T, cfg KVRouteConfig, prompt, shared int, shares bool) (placed [4]int, peak int) {
 	t.Helper()
 	p := mustNew(t, NameKVRoute, Config{KVRoute: cfg})
 	cs := make([]Candidate, 4)
@@ -490,12 +494,19 @@ func burst(t *testing.T, cfg KVRouteConfig, prompt, shared int) (placed [4]int, 
 	cs[2].Matched[index.TierGPU] = shared
 	env := seeded(11)
 	var inflight []int // FIFO of picks; the oldest finishes first
-	for range 64 {
+	for n := range 64 {
 		if len(inflight) == 16 {
 			cs[inflight[0]].Load.ActiveRequests--
 			inflight = inflight[1:]
 		}
-		res := p.Pick(Request{PromptBlocks: prompt}, cs, env)
+		req := Request{PromptBlocks: prompt}
+		if shares && n > 0 {
+			req.PrefixPlacements = float64(n)
+			for i := range cs {
+				cs[i].PrefixShare = float64(placed[i]) / float64(n)
+			}
+		}
+		res := p.Pick(req, cs, env)
 		if res.Pick < 0 {
 			t.Fatalf("no pick: %+v", res)
 		}
@@ -508,11 +519,17 @@ func burst(t *testing.T, cfg KVRouteConfig, prompt, shared int) (placed [4]int, 
 }
 
 // The e2e herding burst at the policy level (a 16-block system prompt, a
-// 2-block question each): the prediction alone spreads it, with the load
-// bound off; no replica takes more than 40%, the holder at least its share.
-func TestKVRoutePredictionSpreadsLightBurst(t *testing.T) {
+// 2-block question each). The holder is faster for every request (a
+// running sequence costs a new request a small share of a step, and
+// prefill is instant here), so the prediction alone sends it the whole
+// burst; the prefix share bound spreads it, with or without the load
+// bound: no replica takes more than 40%, the holder at least its share.
+func TestKVRouteLightBurstSpreads(t *testing.T) {
+	if placed, _ := burst(t, KVRouteConfig{LoadBound: Float(0), PrefixShareBound: Float(0)}, 18, 16, false); placed[2] < 60 {
+		t.Fatalf("no bounds: holder took %d of 64 (%v); the burst no longer needs them", placed[2], placed)
+	}
 	for _, cfg := range []KVRouteConfig{{LoadBound: Float(0)}, {}} {
-		placed, _ := burst(t, cfg, 18, 16)
+		placed, _ := burst(t, cfg, 18, 16, true)
 		for i, n := range placed {
 			if n*10 > 64*4 {
 				t.Errorf("bound %v: replica %d took %d of 64 (> 40%%): %v", cfg.LoadBound, i, n, placed)
@@ -530,11 +547,11 @@ func TestKVRoutePredictionSpreadsLightBurst(t *testing.T) {
 // max(6, ceil(3*(16+1)/4)) = 13 of the 16 in flight, while without it the
 // holder takes nearly all.
 func TestKVRouteLoadBoundCapsLongSharedPrefix(t *testing.T) {
-	off, offPeak := burst(t, KVRouteConfig{LoadBound: Float(0)}, 305, 300)
+	off, offPeak := burst(t, KVRouteConfig{LoadBound: Float(0)}, 305, 300, false)
 	if offPeak < 15 {
 		t.Fatalf("bound off: holder peaked at %d in flight (%v); the case no longer needs the net", offPeak, off)
 	}
-	on, peak := burst(t, KVRouteConfig{}, 305, 300)
+	on, peak := burst(t, KVRouteConfig{}, 305, 300, false)
 	if peak > 13 {
 		t.Errorf("holder peaked at %d in flight, want at most the bound 13: %v", peak, on)
 	}

@@ -55,6 +55,9 @@ type Candidate struct {
 	// request's charge, held until its first token) it does not count
 	// prefill already done. Only kvroute reads it, in its spread regime
 	// (see KVRoute), which Request.SpreadUtil from the same router arms.
+	// At the pick, capped by Load.ActivePrefillBlocks, it is also what the
+	// router tells its rate learner was queued ahead of the request
+	// (route.Decision.QueuedTokens).
 	Queued float64
 	// QueuedCharge is the part of Load.ActivePrefillBlocks that Queued
 	// accounts for: the uncached blocks of the requests the router sent

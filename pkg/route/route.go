@@ -491,7 +491,21 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 		r.work.add(start, float64(max(0, d.PromptBlocks-best)))
 		pc := sc.cands[res.Pick]
-		r.fluid.add(pc.Replica, start, blocksPerSec(pc.Load.PrefillRate, primary), float64(d.PromptBlocks-d.MatchedBlocks()))
+		// What the fluid queue holds ahead of the request, never more than
+		// the backlog still charged there (a request leaves it at its first
+		// token, so a replica answering faster than its learned speed caps
+		// it): the rate learner's RateSample.Queued. Without it every
+		// request sent behind a queue gives a prefill-speed sample of its
+		// own tokens over its whole time to first token, and a burst (a
+		// GRPO step's 32-64 samples at once) teaches the router a replica
+		// prefills at 3,000-7,000 tokens/s where it does 16,000. The
+		// charged backlog alone over-states it (it counts a request in
+		// full until its first token; fed to the learner it doubled the
+		// learned speeds).
+		d.QueuedTokens = int(math.Min(pc.Queued, pc.Load.ActivePrefillBlocks) * float64(primary))
+		// The pick's uncached blocks (d.MatchedBlocks reads d.Replica, not
+		// set yet: it gave 0 here and queued every prompt in full).
+		r.fluid.add(pc.Replica, start, blocksPerSec(pc.Load.PrefillRate, primary), float64(max(0, d.PromptBlocks-pc.MatchedBlocks())))
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica

@@ -4,6 +4,10 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/policy"
 )
 
 // The work meter reads blocks per second over its window: a steady 100
@@ -67,5 +71,56 @@ func TestBurstSizes(t *testing.T) {
 	}
 	if s := b.size(t0.Add(3 * time.Second)); math.Abs(s-8) > 0.05 {
 		t.Errorf("three bursts of 8: size %v", s)
+	}
+}
+
+// Decision.QueuedTokens, the rate learner's RateSample.Queued, is what the
+// picked replica's fluid queue holds ahead of the request (the router's
+// earlier dispatches there drained at its prefill speed), never more than
+// the backlog still charged there; Explain leaves it 0.
+func TestDecideQueuedTokens(t *testing.T) {
+	st := fleet(1)
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 1000, PrefillRate: 1600} // 100 blocks/s
+	p, err := policy.New(policy.NameRoundRobin, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	rt := New(Options{Matcher: index.New(index.Config{}), State: st, Policy: p, Seed: 1, Now: func() time.Time { return now }})
+	decide := func(base uint32) Decision {
+		t.Helper()
+		d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(50*16, base)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := decide(100); d.QueuedTokens != 0 {
+		t.Fatalf("first request: %d tokens queued ahead, want 0", d.QueuedTokens)
+	}
+	now = now.Add(200 * time.Millisecond) // 20 of its 50 blocks computed
+	if d := decide(5000); d.QueuedTokens != 30*16 {
+		t.Fatalf("0.2 s later: %d tokens queued ahead, want 30 blocks' %d", d.QueuedTokens, 30*16)
+	}
+	// The replica answered sooner than its speed says: 10 blocks charged.
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 10, PrefillRate: 1600}
+	if d := decide(9000); d.QueuedTokens != 10*16 {
+		t.Fatalf("capped: %d tokens queued ahead, want the 10 charged blocks' %d", d.QueuedTokens, 10*16)
+	}
+	if e, err := rt.Explain(t.Context(), Request{Model: model, Tokens: seq(50*16, 13000)}); err != nil || e.QueuedTokens != 0 {
+		t.Fatalf("Explain: %d tokens queued (%v), want 0", e.QueuedTokens, err)
+	}
+
+	// A request finding 40 of its 50 blocks cached queues only its 10.
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 1000, PrefillRate: 1600}
+	ix := index.New(index.Config{})
+	cached := seq(50*16, 20000)
+	store(t, ix, "r0", model, cached[:40*16], 16)
+	rt = New(Options{Matcher: ix, State: st, Policy: p, Seed: 1, Now: func() time.Time { return now }})
+	if d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: cached}); err != nil || d.MatchedBlocks() != 40 {
+		t.Fatalf("cached request: matched %d (%v), want 40", d.MatchedBlocks(), err)
+	}
+	if d := decide(30000); d.QueuedTokens != 10*16 {
+		t.Fatalf("behind a cached request: %d tokens queued ahead, want its 10 uncached blocks' %d", d.QueuedTokens, 10*16)
 	}
 }

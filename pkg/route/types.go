@@ -176,6 +176,12 @@ type Decision struct {
 	// Session is the session key the decision used (SessionKey: the
 	// header, else one derived from the request), "" for none.
 	Session string
+	// QueuedTokens are the uncached prompt tokens the router estimates were
+	// still queued for prefill ahead of the request on its replica when it
+	// was sent: the replica's fluid queue (policy.Candidate.Queued) capped
+	// by its charged backlog (Load.ActivePrefillBlocks), in tokens; 0 for
+	// Explain. It is the rate learner's RateSample.Queued.
+	QueuedTokens int
 	// Hold is the pick's in-flight charge when the Router has a Tracker
 	// (Options.Tracker): the caller must finish it (FirstToken at the
 	// first token, Done on every path). Nil otherwise, and for Explain.
