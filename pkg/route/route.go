@@ -416,7 +416,11 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 
 	future := r.book.view(start, d.Session, hasHome, drawKey, drawn, sc.cands)
-	parallel, siblings, placed, spread := false, 0.0, 0, false
+	var (
+		parallel, spread bool
+		siblings         float64
+		placed           int
+	)
 	if hasHome {
 		parallel, siblings, placed, spread = r.book.siblings(start, d.Session)
 	} else {
