@@ -198,8 +198,18 @@ func TestIndexBeliefMatchesEngine(t *testing.T) {
 			for _, p := range problems {
 				t.Error(p)
 			}
-			if hit == 0 {
+			d.mu.Lock()
+			held := eng.CachedBlocks()
+			d.mu.Unlock()
+			switch {
+			case hit == 0 && (c.sw == 0 || held == 0):
 				t.Error("no probe matched anything; the comparison is vacuous")
+			case hit == 0:
+				// A hybrid model's sliding-window group evicts in real
+				// time, and some runs end with none of the probes' first
+				// blocks held; the index's holdings were still compared
+				// with the engine's blocks above.
+				t.Logf("no probe's prefix is held at the end of this run (%d blocks held, matched by the index)", held)
 			}
 			if c.sw > 0 && cut == 0 {
 				// The waves run in real time, so how much of the early
@@ -209,9 +219,6 @@ func TestIndexBeliefMatchesEngine(t *testing.T) {
 				// hybrid tests). Usually 17 of 62 probes are cut.
 				t.Log("no probe's hit was cut by the sliding window this run")
 			}
-			d.mu.Lock()
-			held := eng.CachedBlocks()
-			d.mu.Unlock()
 			t.Logf("%s: %d probes (%d cut by the window), %d batches (%d dropped), %d blocks held", c.name, len(probes), cut, pub.seqs.Load(), pub.injected.Load(), held)
 		})
 	}
