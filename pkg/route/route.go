@@ -509,7 +509,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		d.QueuedTokens = int(math.Min(pc.Queued, pc.Load.ActivePrefillBlocks) * float64(primary))
 		// The pick's uncached blocks (d.MatchedBlocks reads d.Replica, not
 		// set yet: it gave 0 here and queued every prompt in full).
-		r.fluid.add(pc.Replica, start, blocksPerSec(pc.Load.PrefillRate, primary), float64(max(0, d.PromptBlocks-pc.MatchedBlocks())))
+		rate := blocksPerSec(pc.Load.PrefillRate, primary)
+		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks())), rate*fluidHorizon.Seconds())
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica

@@ -36,8 +36,8 @@ func TestWorkMeterRate(t *testing.T) {
 func TestFluidQueues(t *testing.T) {
 	var f fluidQueues
 	t0 := time.Unix(100, 0)
-	f.add("r0", t0, 100, 50)                           // done at t0+0.5s
-	f.add("r0", t0.Add(100*time.Millisecond), 100, 30) // 40 left + 30: done at t0+0.8s
+	f.add("r0", t0, 100, 50, 1000)                           // done at t0+0.5s
+	f.add("r0", t0.Add(100*time.Millisecond), 100, 30, 1000) // 40 left + 30: done at t0+0.8s
 	q, c := f.get("r0", t0.Add(300*time.Millisecond), 100)
 	if math.Abs(q-50) > 1e-9 || c != 80 {
 		t.Errorf("at 0.3 s: queued %v charge %v, want 50, 80", q, c)
@@ -51,6 +51,24 @@ func TestFluidQueues(t *testing.T) {
 	}
 	if q, c = f.get("r1", t0, 100); q != 0 || c != 0 {
 		t.Errorf("unknown replica: queued %v charge %v", q, c)
+	}
+	// With a limit of 40 blocks a replica never holds more in the
+	// estimate, however long the router sends 10 blocks a millisecond
+	// against a learned 100 a second; its dispatches' list keeps only
+	// those within the limit's horizon (0.4 s, about 400 of them; without
+	// the limit all 10,000).
+	for i := range 10000 {
+		f.add("r2", t0.Add(time.Duration(i)*time.Millisecond), 100, 10, 40)
+	}
+	now := t0.Add(10 * time.Second)
+	if q, _ := f.get("r2", now, 100); q > 40 {
+		t.Errorf("queue past its limit: %v blocks, limit 40", q)
+	}
+	f.mu.Lock()
+	n := len(f.m["r2"].sent)
+	f.mu.Unlock()
+	if n > 500 {
+		t.Errorf("%d dispatches kept, want at most the ~400 of the last 0.4 s", n)
 	}
 }
 
