@@ -737,8 +737,10 @@ func testBudgetPeak(t *testing.T, offHeap bool) {
 		ix.env.slab = newSlab(ix)
 	}
 	m := newModel()
+	var most int64
 	for op := range 20000 {
 		w.step(t, ix, m)
+		most = max(most, ix.totalBytes())
 		if p := ix.env.maxPeak + ix.totalBytes() - ix.env.bytes; p > budget {
 			t.Fatalf("op %d: peaked at %d bytes, over a budget of %d (largest step %d)", op, p, budget, ix.step)
 		}
@@ -750,8 +752,11 @@ func testBudgetPeak(t *testing.T, offHeap bool) {
 	if offHeap != mapped {
 		t.Fatalf("off-heap %v, but slot arrays mapped: %v", offHeap, mapped)
 	}
-	if s := ix.Stats(); s.Evicted == 0 || s.Bytes < budget*3/4 {
-		t.Fatalf("budget never bit: %+v", s)
+	// The index filled to near its budget before evicting: the bytes it
+	// held at its fullest, not at the last op, which may follow a
+	// compaction (390,028 of 524,288 bytes were seen there once).
+	if s := ix.Stats(); s.Evicted == 0 || most < budget*3/4 {
+		t.Fatalf("budget never bit: %+v, at most %d bytes held", s, most)
 	}
 	checkInvariants(t, ix)
 }
