@@ -63,6 +63,12 @@
 // Requests of one key closer than MinSessionGap are parallel requests,
 // not turns. Bounded like the homes; Decide records, Explain only reads.
 //
+// Departed replicas: what the Router keeps per replica (the fluid queue
+// of the prefill it sent there, the learned speeds of Options.Rates, the
+// session load committed there) is dropped at the first decision that no
+// longer finds the replica in State.Replicas (an unhealthy replica keeps
+// its own).
+//
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
 // goroutine. Decide holds the Router's lock from reading the candidates'
 // loads to charging its pick (Options.Tracker, Decision.Hold) and

@@ -165,6 +165,15 @@ func (r *Rates) Get(replica index.ReplicaID) (Rate, bool) {
 	return Rate{PrefillTokensPerSec: st.prefill, DecodeStep: time.Duration(st.step * float64(time.Second))}, true
 }
 
+// Forget drops what was learned for a replica (it left the fleet; the
+// router calls it when the replica is gone from its State). A replica that
+// comes back is learned afresh.
+func (r *Rates) Forget(replica index.ReplicaID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.replicas, replica)
+}
+
 // Observed counts the samples Observe was given, usable or not: a feeder
 // that replays a list of finished requests resumes where it stopped.
 func (r *Rates) Observed() int {

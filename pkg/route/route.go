@@ -127,9 +127,10 @@ type Router struct {
 	homes   *homes
 	shares  *prefixShares
 	book    *sessionBook
-	work    workMeter   // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
-	fluid   fluidQueues // per replica, the prefill sent there less what it has had time to compute (Candidate.Queued)
-	bursts  burstSizes  // the sizes of bursts without a session key (Request.Siblings)
+	work    workMeter         // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
+	fluid   fluidQueues       // per replica, the prefill sent there less what it has had time to compute (Candidate.Queued)
+	bursts  burstSizes        // the sizes of bursts without a session key (Request.Siblings)
+	fleet   []index.ReplicaID // the replica set of the latest decision, in State's order (forgetDeparted)
 	rand    *rand.Rand
 	scratch sync.Pool // *scratch
 }
@@ -376,6 +377,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn {
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		r.forgetDeparted(reps)
 	}
 	healthy := false
 	for k, i := range cands {
@@ -848,6 +850,38 @@ func fallbacks(cands []Candidate, pick, n int) []string {
 		out[k] = cands[i].Address
 	}
 	return out
+}
+
+// forgetDeparted drops the per-replica state of replicas that left the
+// fleet since the previous decision (gone from State.Replicas, not merely
+// unhealthy): their fluid queues, learned speeds (Options.Rates) and the
+// session load committed to them. Without it a fleet that replaces its
+// replicas (a rollout, autoscaling) keeps every departed one's entries
+// for the router's life. The home of a session and the prefix shares
+// kept there are bounded and age out on their own. Callers hold r.mu.
+func (r *Router) forgetDeparted(reps []Replica) {
+	same := len(reps) == len(r.fleet)
+	for i := 0; same && i < len(reps); i++ {
+		same = reps[i].ID == r.fleet[i]
+	}
+	if same {
+		return
+	}
+	now := make(map[index.ReplicaID]struct{}, len(reps))
+	for _, rep := range reps {
+		now[rep.ID] = struct{}{}
+	}
+	for _, id := range r.fleet {
+		if _, ok := now[id]; !ok {
+			r.fluid.forget(id)
+			r.opts.Rates.Forget(id)
+			r.book.forget(id)
+		}
+	}
+	r.fleet = r.fleet[:0]
+	for _, rep := range reps {
+		r.fleet = append(r.fleet, rep.ID)
+	}
 }
 
 // blocksPerSec is a replica's prefill speed in blocks of blockSize tokens

@@ -240,6 +240,25 @@ func (b *sessionBook) expire(now time.Time) {
 	}
 }
 
+// forget drops what the book holds for a replica that left the fleet: the
+// load its living sessions committed there (they no longer count
+// anywhere; their next request finds no home and starts afresh).
+func (b *sessionBook) forget(replica index.ReplicaID) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range []map[string]*bookSession{b.cur, b.old} {
+		for _, s := range m {
+			if s.home == replica {
+				s.live = false
+			}
+		}
+	}
+	delete(b.reps, replica)
+}
+
 // unload removes the session's committed load from its home.
 func (b *sessionBook) unload(s *bookSession) {
 	if !s.live {

@@ -111,6 +111,13 @@ func (e *fluidQueue) prune(now time.Time) {
 	e.sent = e.sent[n:]
 }
 
+// forget drops the replica's queue (it left the fleet).
+func (f *fluidQueues) forget(id index.ReplicaID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.m, id)
+}
+
 // add sends blocks to the replica at now, its queue drained at rate blocks
 // per second since the previous add, and holding at most limit blocks
 // after it (the router's limit: fluidHorizon of prefill at its speed).

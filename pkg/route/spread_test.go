@@ -142,3 +142,61 @@ func TestDecideQueuedTokens(t *testing.T) {
 		t.Fatalf("behind a cached request: %d tokens queued ahead, want its 10 uncached blocks' %d", d.QueuedTokens, 10*16)
 	}
 }
+
+// TestDecideForgetsDepartedReplicas: once a replica is gone from the
+// State's set, the router drops its fluid queue, its learned speeds and
+// the session load committed to it; a replica merely unhealthy keeps its
+// own.
+func TestDecideForgetsDepartedReplicas(t *testing.T) {
+	st := fleet(3)
+	p, err := policy.New(policy.NameRoundRobin, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	rt := New(Options{Matcher: index.New(index.Config{}), State: st, Policy: p, Seed: 1, Now: func() time.Time { return now }})
+	for i := range 3 {
+		d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(50*16, uint32(1000*i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt.Rates().Observe(d.Replica, RateSample{Uncached: 2000, TTFT: 200 * time.Millisecond, E2E: time.Second, Output: 10})
+	}
+	rt.book.mu.Lock()
+	s := &bookSession{key: "s", home: "r2", live: true}
+	rt.book.put(s)
+	rt.book.reps["r2"] = &policy.SessionLoad{Sessions: 1, Rate: 0.1}
+	rt.book.mu.Unlock()
+	kept := func(id index.ReplicaID) (fluid, rate, book bool) {
+		rt.fluid.mu.Lock()
+		_, fluid = rt.fluid.m[id]
+		rt.fluid.mu.Unlock()
+		_, rate = rt.Rates().Get(id)
+		rt.book.mu.Lock()
+		_, book = rt.book.reps[id]
+		rt.book.mu.Unlock()
+		return
+	}
+	if f, r, b := kept("r2"); !f || !r || !b {
+		t.Fatalf("before: r2 fluid %v rates %v sessions %v, want all held", f, r, b)
+	}
+
+	// r1 turns unhealthy, r2 leaves.
+	st.loads["r1"] = load.Load{Healthy: false}
+	st.reps = st.reps[:2]
+	now = now.Add(time.Second)
+	if _, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(50*16, 9000)}); err != nil {
+		t.Fatal(err)
+	}
+	if f, r, b := kept("r2"); f || r || b {
+		t.Errorf("r2 gone: fluid %v rates %v sessions %v still held", f, r, b)
+	}
+	if s.live {
+		t.Error("a session living on r2 still counts its load")
+	}
+	for _, id := range []index.ReplicaID{"r0", "r1"} {
+		if f, r, _ := kept(id); !f || !r {
+			t.Errorf("%s still in the fleet: fluid %v rates %v, want both held", id, f, r)
+		}
+	}
+}
