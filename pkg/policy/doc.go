@@ -24,11 +24,16 @@
 //     free on an idle fleet, several times the work on a saturated one),
 //     a KV-memory overflow charge (blocks past the replica's free KV,
 //     which the engine would preempt), the step that samples the first
-//     token and one decode step per request in flight; a bounded-load
+//     token, a decode step per waiting request and a sequence's share of
+//     one per running request; a bounded-load
 //     safety net at three times the mean load takes a replica's cache
 //     credit, never at the session's home (Reason "load_bound" when that
 //     changed the pick). See KVRoute and the kvroute benchmarks in
-//     docs/benchmarks.md.
+//     docs/benchmarks.md. It is a Pacer: route drains its estimate of
+//     each replica's prefill queue at the speeds kvroute prices (a
+//     replica with none learned takes the fleet's mean, else
+//     prefill_rate), and so does it for any other policy with kvroute's
+//     defaults (PrefillRates).
 //
 // Rules every policy follows:
 //   - Only eligible candidates (Load.Healthy) are picked; with none,

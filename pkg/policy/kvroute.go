@@ -378,6 +378,13 @@ func (k *KVRoute) Pace(c Candidate, f Fleet) Pace {
 	return Pace{BlockSecs: bt / rate, StepSecs: step}
 }
 
+// PrefillRates implements Pacer: each candidate's prefill speed as Pace
+// prices it (its learned speed, else the mean of the eligible candidates'
+// learned ones, else prefill_rate).
+func (k *KVRoute) PrefillRates(dst []float64, cands []Candidate) []float64 {
+	return PrefillRates(dst, cands, k.prefillRate)
+}
+
 // Prediction is one candidate's predicted cost, term by term, in seconds.
 type Prediction struct {
 	Wait, Own, Move, Memory, Decode, Step, Requests, Future float64
@@ -432,16 +439,15 @@ func own(req Request, hit float64) float64 {
 func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidate) bool) Fleet {
 	f := Fleet{HomeOwn: math.Inf(1), PrefillRate: k.prefillRate, DecodeStep: k.decodeStep, BlockTokens: blockTokens(req)}
 	busy, n := 0, 0
-	rateSum, rateN, stepSum, stepN := 0.0, 0, 0.0, 0
+	stepSum, stepN := 0.0, 0
+	if r, ok := learnedPrefillRate(cands); ok {
+		f.PrefillRate = r
+	}
 	for _, c := range cands {
 		if !eligible(c) {
 			continue
 		}
 		n++
-		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
-			rateSum += r
-			rateN++
-		}
 		if d := c.Load.DecodeStep.Seconds(); d > 0 {
 			stepSum += d
 			stepN++
@@ -456,9 +462,6 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 		if c.Load.ActivePrefillBlocks > 0 || c.Load.WaitingRequests > 0 {
 			busy++
 		}
-	}
-	if rateN > 0 {
-		f.PrefillRate = rateSum / float64(rateN)
 	}
 	if stepN > 0 {
 		f.DecodeStep = stepSum / float64(stepN)

@@ -825,3 +825,28 @@ func TestKVRouteColdRequestWaitsOnFluidQueue(t *testing.T) {
 		}
 	}
 }
+
+// PrefillRates is the speed Pace prices each candidate at: its learned
+// one, else the mean of the eligible candidates' learned ones (an
+// ineligible candidate's does not count), else prefill_rate.
+func TestKVRoutePrefillRatesArePace(t *testing.T) {
+	rate := 4000.0
+	k, _ := NewKVRoute(KVRouteConfig{PrefillRate: &rate})
+	a, b, c, down := cand("a", 0, 0, 0), cand("b", 0, 0, 0), cand("c", 0, 0, 0), cand("down", 0, 0, 0)
+	a.Load.PrefillRate, b.Load.PrefillRate = 10000, 20000
+	down.Load.Healthy, down.Load.PrefillRate = false, 90000
+	cands := []Candidate{a, b, c, down}
+	got := k.PrefillRates(nil, cands)
+	f := k.FleetOf(Request{PromptBlocks: 1, BlockSize: 16}, cands, nil)
+	for i, want := range []float64{10000, 20000, 15000, 90000} {
+		if got[i] != want {
+			t.Errorf("%s: %v tokens/s, want %v", cands[i].Replica, got[i], want)
+		}
+		if pace := 16 / k.Pace(cands[i], f).BlockSecs; math.Abs(pace-got[i]) > 1e-6 {
+			t.Errorf("%s: Pace prices %v tokens/s, PrefillRates %v", cands[i].Replica, pace, got[i])
+		}
+	}
+	if got := k.PrefillRates(got, []Candidate{c}); len(got) != 1 || got[0] != 4000 {
+		t.Errorf("nothing learned: %v, want [4000] (prefill_rate)", got)
+	}
+}

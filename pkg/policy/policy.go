@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"math/rand/v2"
 
 	"github.com/kvroute/kvroute/pkg/index"
@@ -183,6 +184,55 @@ type Result struct {
 	// spread regime); for the burst's second request, the router has its
 	// later requests follow.
 	Spread bool
+}
+
+// Pacer is implemented by a policy that prices prefill in time (kvroute):
+// route drains its fluid queues (Candidate.Queued) and sums the fleet's
+// prefill capacity (Request.SpreadUtil) at the speeds the policy assumes,
+// so a replica with nothing learned yet has one fallback, the policy's.
+type Pacer interface {
+	// PrefillRates returns dst (reused when long enough) with
+	// dst[i] cands[i]'s prefill speed, uncached tokens per second.
+	PrefillRates(dst []float64, cands []Candidate) []float64
+}
+
+// PrefillRates returns dst (reused when long enough) with dst[i] cands[i]'s
+// prefill speed, uncached tokens per second: its learned
+// Load.PrefillRate, else the mean of the eligible candidates' learned
+// ones, else fallback. It is KVRoute's pace (see KVRoute.Pace), and route's
+// for a policy that is not a Pacer, with kvroute's default prefill_rate.
+func PrefillRates(dst []float64, cands []Candidate, fallback float64) []float64 {
+	if cap(dst) < len(cands) {
+		dst = make([]float64, len(cands))
+	}
+	dst = dst[:len(cands)]
+	mean, ok := learnedPrefillRate(cands)
+	if !ok {
+		mean = fallback
+	}
+	for i, c := range cands {
+		dst[i] = mean
+		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
+			dst[i] = r
+		}
+	}
+	return dst
+}
+
+// learnedPrefillRate is the mean of the eligible candidates' learned
+// prefill speeds; ok is false when none has one.
+func learnedPrefillRate(cands []Candidate) (float64, bool) {
+	sum, n := 0.0, 0
+	for _, c := range cands {
+		if r := c.Load.PrefillRate; eligible(c) && r > 0 && !math.IsInf(r, 0) {
+			sum += r
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
 }
 
 // Policy picks a replica for a request. Implementations are pure apart from

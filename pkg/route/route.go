@@ -147,6 +147,7 @@ type scratch struct {
 	bs      []int   // candidate -> block size
 	la      []int   // candidate -> lookahead tokens its engine hashes with
 	src     []source
+	rates   []float64 // candidate -> prefill speed, tokens per second (prefillRates)
 }
 
 // shape is how an engine hashes blocks: its block size and lookahead.
@@ -431,9 +432,10 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// The fleet's prefill capacity, in blocks per second, each replica's
 	// fluid queue, and the requests' recent work against that capacity.
 	capacity := 0.0
+	sc.rates = r.prefillRates(sc.rates, sc.cands)
 	for k := range sc.cands {
 		c := &sc.cands[k]
-		rate := blocksPerSec(c.Load.PrefillRate, primary)
+		rate := sc.rates[k] / float64(primary)
 		c.Queued, c.QueuedCharge = r.fluid.get(c.Replica, start, rate)
 		if c.Load.Healthy {
 			capacity += rate
@@ -511,7 +513,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		d.QueuedTokens = int(math.Min(pc.Queued, pc.Load.ActivePrefillBlocks) * float64(primary))
 		// The pick's uncached blocks (d.MatchedBlocks reads d.Replica, not
 		// set yet: it gave 0 here and queued every prompt in full).
-		rate := blocksPerSec(pc.Load.PrefillRate, primary)
+		rate := sc.rates[res.Pick] / float64(primary)
 		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks())), rate*fluidHorizon.Seconds())
 	}
 	d.Candidates = raw
@@ -884,11 +886,12 @@ func (r *Router) forgetDeparted(reps []Replica) {
 	}
 }
 
-// blocksPerSec is a replica's prefill speed in blocks of blockSize tokens
-// per second: its learned tokens per second, else kvroute's default.
-func blocksPerSec(tokensPerSec float64, blockSize int) float64 {
-	if !(tokensPerSec > 0) || math.IsInf(tokensPerSec, 0) {
-		tokensPerSec = policy.DefaultKVRoutePrefillRate
+// prefillRates returns dst with each candidate's prefill speed, tokens per
+// second, as the policy prices it (policy.Pacer), else as kvroute's
+// defaults would.
+func (r *Router) prefillRates(dst []float64, cands []policy.Candidate) []float64 {
+	if p, ok := r.opts.Policy.(policy.Pacer); ok {
+		return p.PrefillRates(dst, cands)
 	}
-	return tokensPerSec / float64(blockSize)
+	return policy.PrefillRates(dst, cands, policy.DefaultKVRoutePrefillRate)
 }

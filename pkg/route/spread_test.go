@@ -143,6 +143,50 @@ func TestDecideQueuedTokens(t *testing.T) {
 	}
 }
 
+// firstPick is kvroute's pace with a fixed pick: the first candidate.
+type firstPick struct{ *policy.KVRoute }
+
+func (firstPick) Pick(_ policy.Request, cands []policy.Candidate, _ policy.Env) policy.Result {
+	return policy.Result{Pick: 0, Reason: policy.ReasonCost, Costs: make([]float64, len(cands))}
+}
+
+// TestFluidQueueDrainsAtThePolicysPace: a replica with no learned speed
+// drains its fluid queue at the speed the policy prices it at (a Pacer:
+// the mean of the replicas' learned speeds, else its prefill_rate), not
+// at a constant of route's own.
+func TestFluidQueueDrainsAtThePolicysPace(t *testing.T) {
+	rate := 1600.0 // 100 blocks of 16 tokens per second
+	k, err := policy.NewKVRoute(policy.KVRouteConfig{PrefillRate: &rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		learned float64 // r1's learned speed (0: none)
+		want    int     // blocks left of the first 50 after 0.2 s
+	}{
+		{"prefill_rate", 0, 30},    // 100 blocks/s: 20 computed
+		{"fleet's mean", 3200, 10}, // 200 blocks/s: 40 computed
+	} {
+		st := fleet(2)
+		st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 1000}
+		st.loads["r1"] = load.Load{Healthy: true, ActivePrefillBlocks: 1000, PrefillRate: tc.learned}
+		now := time.Unix(1000, 0)
+		rt := New(Options{Matcher: index.New(index.Config{}), State: st, Policy: firstPick{k}, Seed: 1, Now: func() time.Time { return now }})
+		if _, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(50*16, 100)}); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(200 * time.Millisecond)
+		d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: seq(50*16, 5000)})
+		if err != nil || d.Replica != "r0" {
+			t.Fatalf("%s: picked %s (%v), want r0", tc.name, d.Replica, err)
+		}
+		if d.QueuedTokens != tc.want*16 {
+			t.Errorf("%s: %d tokens queued ahead after 0.2 s, want %d blocks' %d", tc.name, d.QueuedTokens, tc.want, tc.want*16)
+		}
+	}
+}
+
 // TestDecideForgetsDepartedReplicas: once a replica is gone from the
 // State's set, the router drops its fluid queue, its learned speeds and
 // the session load committed to it; a replica merely unhealthy keeps its
