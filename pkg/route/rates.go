@@ -34,7 +34,11 @@ import (
 //     (TTFT − fastest step) tokens per second: its own prefill plus what
 //     the router knew was queued ahead, over its time to first token less
 //     the step that samples the token, counted as the shortest
-//     inter-token time any replica has shown. Queueing the router did not
+//     inter-token time any replica has shown, outliers aside: a sample
+//     below RateStepOutlier (half) of its replica's learned step (a
+//     response whose tokens came bunched) is not a step, and one such
+//     sample would otherwise lower every later prefill sample for the
+//     router's life. Queueing the router did not
 //     see (other routers, steps spent on decodes) only lowers a sample,
 //     never raises it, so the estimate follows the samples' upper
 //     envelope: it rises toward a higher sample with weight
@@ -62,7 +66,7 @@ type Rates struct {
 	mu       sync.Mutex
 	replicas map[index.ReplicaID]*rateState
 	observed int
-	minStep  float64 // the shortest inter-token time any replica has shown, seconds; 0 before one
+	minStep  float64 // the shortest inter-token time any replica has shown, outliers aside (RateStepOutlier), seconds; 0 before one
 }
 
 // Rate weights and thresholds (see Rates).
@@ -70,6 +74,7 @@ const (
 	RateFastWeight       = 1.0 / 4
 	RateSlowWeight       = 1.0 / 128
 	RateMinPrefillTokens = 1024
+	RateStepOutlier      = 0.5
 )
 
 type rateState struct {
@@ -123,7 +128,10 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	}
 	if s.Output >= 2 && s.E2E > s.TTFT {
 		itl := (s.E2E - s.TTFT).Seconds() / float64(s.Output-1)
-		if r.minStep == 0 || itl < r.minStep {
+		// A sample below RateStepOutlier of the replica's own learned
+		// step (the lower envelope of its samples) is not a step, and
+		// does not set the fleet's shortest.
+		if (r.minStep == 0 || itl < r.minStep) && itl >= RateStepOutlier*st.step {
 			r.minStep = itl
 		}
 		switch {

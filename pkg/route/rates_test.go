@@ -180,3 +180,25 @@ func TestDecideUsesLearnedRates(t *testing.T) {
 		t.Fatalf("picked %s (%v), want r0 at the State's 64000 tokens/s", d.Replica, err)
 	}
 }
+
+// One response whose tokens came bunched (a 1 ms inter-token time on a
+// replica stepping at 8 ms) must not lower, for good, the step every
+// prefill sample subtracts: below half the replica's learned step it is
+// not a step.
+func TestRatesIgnoreAStepOutlier(t *testing.T) {
+	r := NewRates()
+	const rate = 16000.0
+	for i := range 400 {
+		n := 1024 + 97*i%2000
+		s := replicaSample(rate, 8*time.Millisecond, n, 50, 0)
+		if i == 20 {
+			s.E2E = s.TTFT + time.Millisecond
+			s.Output = 2
+		}
+		r.Observe("a", s)
+	}
+	got, _ := r.Get("a")
+	if got.PrefillTokensPerSec < rate*0.99 || got.PrefillTokensPerSec > rate*1.001 {
+		t.Fatalf("learned %.0f tokens/s after a step outlier, want %.0f", got.PrefillTokensPerSec, rate)
+	}
+}
