@@ -308,7 +308,12 @@ func (k *KVRoute) hitBlocks(c Candidate, pending bool) float64 {
 // flight); only other queued prefill (ActivePrefillBlocks beyond the
 // pending blocks themselves) holds the request back long enough for the
 // prefix to be done.
-func (k *KVRoute) PendingBlocks(c Candidate) float64 {
+func (k *KVRoute) PendingBlocks(c Candidate) float64 { return InFlightCredit(c) }
+
+// InFlightCredit is the part of the candidate's in-flight prefix
+// (Candidate.Pending) a request placed there finds computed (see
+// KVRoute.PendingBlocks): at most the other prefill queued there.
+func InFlightCredit(c Candidate) float64 {
 	p := float64(c.Pending)
 	if !(p > 0) {
 		return 0

@@ -512,9 +512,14 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		// learned speeds).
 		d.QueuedTokens = int(math.Min(pc.Queued, pc.Load.ActivePrefillBlocks) * float64(primary))
 		// The pick's uncached blocks (d.MatchedBlocks reads d.Replica, not
-		// set yet: it gave 0 here and queued every prompt in full).
+		// set yet: it gave 0 here and queued every prompt in full), less
+		// the part of the prefix in flight there that it will find
+		// computed (policy.InFlightCredit: the engine computes the prefix
+		// once, for the request that carried it, unless this one joins
+		// its step; counted again it over-stated the queue ahead of the
+		// next request, and the speed the rate learner took from it).
 		rate := sc.rates[res.Pick] / float64(primary)
-		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks())), rate*fluidHorizon.Seconds())
+		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks()-int(policy.InFlightCredit(pc)))), rate*fluidHorizon.Seconds())
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica
