@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -308,6 +309,14 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// is one.
 	d.Session = SessionKey(req)
 	home, hasHome := r.homes.get(d.Session)
+	// A conversation's first turn has no assistant message yet: a client
+	// that sends the OpenAI user field has it keyed by its user, and its
+	// later turns by their opening. The session book carries the session
+	// its first turn started over to the opening's key (sessionBook.rekey).
+	upgraded := ""
+	if !hasHome && req.User != "" && strings.HasPrefix(d.Session, "conv:") {
+		upgraded = "user:" + req.User
+	}
 	feeds, _ := r.opts.State.(EventFeeds)
 	useApprox := false
 	sc.cands, sc.src, sc.bs, sc.la = sc.cands[:0], sc.src[:0], sc.bs[:0], sc.la[:0]
@@ -418,6 +427,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 	}
 
+	continued := upgraded != "" && learn && r.book.rekey(upgraded, d.Session)
 	future := r.book.view(start, d.Session, hasHome, drawKey, drawn, sc.cands)
 	var (
 		parallel, spread bool
@@ -548,7 +558,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if drawn {
 			r.shares.record(drawKey, d.Replica, start)
 		}
-		r.book.record(start, d.Session, hasHome, drawKey, drawn, d.Replica, float64(d.PromptBlocks-d.MatchedBlocks()))
+		r.book.record(start, d.Session, hasHome || continued, drawKey, drawn, d.Replica, float64(d.PromptBlocks-d.MatchedBlocks()))
 		if res.Spread && placed == 1 {
 			r.book.spreadBurst(d.Session)
 		}

@@ -3,8 +3,10 @@ package route
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/policy"
@@ -174,4 +176,84 @@ func FuzzRawContent(f *testing.F) {
 			t.Fatalf("%s: rawContent %q, encoding/json %q", obj, got, want.Content)
 		}
 	})
+}
+
+// A conversation sent with the OpenAI user field is keyed by its user on
+// its first turn (no assistant message yet) and by its opening from its
+// second. The session book follows it to the new key: its second turn is
+// a later turn of the session its first started (one start, one session
+// that came back, one session committed), not a new session beside a
+// one-shot ghost of the first. Another user's conversation is a new
+// session.
+func TestDecideConversationContinuesItsUsersSession(t *testing.T) {
+	st := fleet(3)
+	rp := &recordingPolicy{pick: 2}
+	now := time.Unix(1000, 0)
+	rt := New(Options{State: st, Policy: rp, Seed: 1, Now: func() time.Time { return now }})
+	turn := func(user string, msgs string) Request {
+		r := chat(msgs)
+		r.Tokens, r.User = seq(64, 1), user
+		return r
+	}
+	d, err := rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Session != "user:alice" {
+		t.Fatalf("first turn keyed %q, want user:alice", d.Session)
+	}
+	rp.pick = 0
+	now = now.Add(5 * time.Second)
+	d, err = rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(d.Session, "conv:") {
+		t.Fatalf("second turn keyed %q, want a conv: key", d.Session)
+	}
+	b := rt.book
+	if b.lookup("user:alice") != nil {
+		t.Error("the session is still booked under its user key")
+	}
+	s := b.lookup(d.Session)
+	if s == nil || s.turns != 2 || s.home != "r0" || s.first != time.Unix(1000, 0) {
+		t.Fatalf("booked session %+v, want the first turn's session: 2 turns, home r0", s)
+	}
+	starts, back := 0.0, 0.0
+	for _, k := range b.kinds {
+		starts += k.starts
+		back += k.back
+	}
+	if math.Abs(starts-1) > 0.05 || math.Abs(back-1) > 0.05 {
+		t.Errorf("%v sessions started, %v came back; want 1 and 1 (decayed over seconds)", starts, back)
+	}
+	now = now.Add(5 * time.Second)
+	d, err = rt.Decide(t.Context(), turn("bob", `[{"role":"user","content":"yo"},{"role":"assistant","content":"hey"},{"role":"user","content":"more"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := b.lookup(d.Session); s == nil || s.turns != 1 {
+		t.Errorf("another user's conversation booked as %+v, want a new session", s)
+	}
+}
+
+// A session's own committed turns are not counted as load its request
+// would wait behind: the request sees its home's other sessions only.
+func TestSessionBookViewLeavesOutTheSessionItself(t *testing.T) {
+	b := newSessionBook(1024, 3)
+	t0 := time.Unix(0, 0)
+	for k := range 3 {
+		b.record(t0.Add(time.Duration(k)*2*time.Second), "conv:a", k > 0, 1, true, "r1", 40)
+	}
+	now := t0.Add(5 * time.Second)
+	cs := []policy.Candidate{{Replica: "r0"}, {Replica: "r1"}}
+	b.view(now, "other", false, 1, true, cs)
+	if cs[1].Sessions.Sessions != 1 || !(cs[1].Sessions.Rate > 0) {
+		t.Fatalf("r1 commits %+v to another session, want conv:a", cs[1].Sessions)
+	}
+	cs = []policy.Candidate{{Replica: "r0"}, {Replica: "r1"}}
+	b.view(now, "conv:a", false, 1, true, cs)
+	if got := cs[1].Sessions; got.Sessions != 0 || got.Rate != 0 || got.Blocks != 0 || got.BlocksSq != 0 {
+		t.Errorf("conv:a sees its own turns on r1: %+v", got)
+	}
 }

@@ -330,9 +330,18 @@ func (b *sessionBook) view(now time.Time, key string, hasHome bool, k kvblock.Ke
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.expire(now)
+	self := b.lookup(key)
 	for i := range cands {
 		if r := b.reps[cands[i].Replica]; r != nil {
 			cands[i].Sessions = *r
+			if self != nil && self.live && self.home == cands[i].Replica {
+				// The session's own turns are not load it waits behind.
+				sl := &cands[i].Sessions
+				sl.Sessions--
+				sl.Rate = math.Max(0, sl.Rate-self.load.Rate)
+				sl.Blocks = math.Max(0, sl.Blocks-self.load.Blocks)
+				sl.BlocksSq = math.Max(0, sl.BlocksSq-self.load.BlocksSq)
+			}
 		}
 	}
 	if key == "" || hasHome {
@@ -526,4 +535,27 @@ func (b *sessionBook) put(s *bookSession) {
 		}
 		b.old, b.cur = b.cur, map[string]*bookSession{}
 	}
+}
+
+// rekey moves the session recorded under from to the key to, and reports
+// whether it did (it does not when from has no record or to has one): a
+// conversation whose first turn was keyed by its user (route.SessionKey)
+// continues under its opening's key, its turns, gaps and committed load
+// with it, rather than leaving a one-shot session behind and starting a
+// new one beside it.
+func (b *sessionBook) rekey(from, to string) bool {
+	if b == nil || from == "" || to == "" {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.lookup(from)
+	if s == nil || b.lookup(to) != nil {
+		return false
+	}
+	delete(b.cur, from)
+	delete(b.old, from)
+	s.key = to
+	b.put(s)
+	return true
 }
