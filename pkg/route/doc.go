@@ -66,8 +66,10 @@
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the
 // session load committed there) is dropped at the first decision that no
-// longer finds the replica in State.Replicas (an unhealthy replica keeps
-// its own).
+// longer finds the replica in State.Replicas. An unhealthy replica stays
+// in that set and keeps its own; one that is not Ready (fleet.Set lists
+// Ready replicas only) is dropped like a departed one, so a readiness flap
+// costs it what was learned about it.
 //
 // Concurrency: a Router is safe for concurrent use. It starts and owns no
 // goroutine. Decide holds the Router's lock from reading the candidates'

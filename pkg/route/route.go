@@ -871,7 +871,7 @@ func fallbacks(cands []Candidate, pick, n int) []string {
 
 // forgetDeparted drops the per-replica state of replicas that left the
 // fleet since the previous decision (gone from State.Replicas, not merely
-// unhealthy): their fluid queues, learned speeds (Options.Rates) and the
+// unhealthy; a replica that is not Ready is gone from it too): their fluid queues, learned speeds (Options.Rates) and the
 // session load committed to them. Without it a fleet that replaces its
 // replicas (a rollout, autoscaling) keeps every departed one's entries
 // for the router's life. The home of a session and the prefix shares
