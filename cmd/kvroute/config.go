@@ -141,6 +141,11 @@ type RoutingConfig struct {
 	// interval (extproc.Config.UsageSampleInterval). Default
 	// extproc.DefaultUsageSampleInterval.
 	UsageSampleInterval time.Duration `yaml:"usage_sample_interval"`
+	// DecisionHistory keeps the newest this many routing decisions, with
+	// every candidate's match, load and cost, for the admin API's
+	// GET /debug/decisions (extproc.Config.DecisionHistory). Default 0:
+	// none kept.
+	DecisionHistory int `yaml:"decision_history"`
 }
 
 // ExtProc is the part of extproc.Config this section sets: the routing
@@ -156,6 +161,7 @@ func (r RoutingConfig) ExtProc() extproc.Config {
 		ObserverWait:            r.ObserverWait,
 		UsageSampleEvery:        r.UsageSampleEvery,
 		UsageSampleInterval:     r.UsageSampleInterval,
+		DecisionHistory:         r.DecisionHistory,
 	}
 }
 
@@ -357,6 +363,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Routing.DecideConcurrency < 0 {
 		bad("routing.decide_concurrency", "must not be negative (0: no bound), got %d", c.Routing.DecideConcurrency)
+	}
+	if n := c.Routing.DecisionHistory; n < 0 || n > extproc.MaxDecisionHistory {
+		bad("routing.decision_history", "must be in [0, %d] (0: none kept), got %d", extproc.MaxDecisionHistory, n)
 	}
 	errs = append(errs, inSection("telemetry", c.Telemetry.Validate())...)
 	if c.Readiness.WarmTimeout < 0 {

@@ -174,6 +174,8 @@ replicas:
 		{"connection idle", minimal + "routing: {max_connection_idle: -1m}\n", []string{"routing.max_connection_idle"}},
 		{"negative stream limit", minimal + "routing: {max_streams_per_connection: -1}\n", []string{"routing.max_streams_per_connection", "-1"}},
 		{"negative decide concurrency", minimal + "routing: {decide_concurrency: -1}\n", []string{"routing.decide_concurrency", "-1"}},
+		{"negative decision history", minimal + "routing: {decision_history: -1}\n", []string{"routing.decision_history", "-1"}},
+		{"decision history too long", minimal + "routing: {decision_history: 2000000}\n", []string{"routing.decision_history", "2000000"}},
 		{"log level", minimal + "telemetry: {log_level: loud}\n", []string{"telemetry.log_level"}},
 		{"several errors are all reported", minimal + "telemetry: {log_level: loud, log_format: xml}\n",
 			[]string{"telemetry.log_level", "telemetry.log_format"}},

@@ -231,6 +231,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 		Parse:     parseRequest,
 		Replicas:  adminReplicas{fleet: r.fleet},
 		Index:     r.idx,
+		Decisions: decisionHistory{r.ext},
 		Logger:    log.With("component", "admin"),
 	}); err != nil {
 		return nil, err
@@ -239,6 +240,21 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 		return nil, err
 	}
 	return r, nil
+}
+
+// decisionHistory adapts extproc's decision history to admin.DecisionLister.
+type decisionHistory struct{ ext *extproc.Server }
+
+func (h decisionHistory) Decisions(limit int) ([]admin.RecordedDecision, uint64, error) {
+	recs, total, err := h.ext.Decisions(limit)
+	if errors.Is(err, extproc.ErrNoHistory) {
+		return nil, 0, admin.ErrNoHistory
+	}
+	out := make([]admin.RecordedDecision, len(recs))
+	for i, r := range recs {
+		out[i] = admin.RecordedDecision{At: r.At, Decision: r.Decision}
+	}
+	return out, total, err
 }
 
 // notingDecider tells the event manager where requests go (its silent

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -63,13 +65,33 @@ type IndexStater interface {
 	Stats() index.Stats
 }
 
-// Config is what a Server reads. Every field is required except Logger
-// (nil: slog.Default()).
+// RecordedDecision is a routing decision as it was made: when, and the
+// decision (its candidates' match, load and cost).
+type RecordedDecision struct {
+	At       time.Time
+	Decision route.Decision
+}
+
+// ErrNoHistory is a DecisionLister's answer when no decisions are kept;
+// Decisions answers it with FAILED_PRECONDITION (HTTP 409).
+var ErrNoHistory = errors.New("no decision history is kept (routing.decision_history is 0)")
+
+// DecisionLister lists the newest routing decisions made, oldest first (at
+// most limit of them; limit <= 0: every one kept), and how many were made
+// since start; ErrNoHistory when none are kept.
+type DecisionLister interface {
+	Decisions(limit int) ([]RecordedDecision, uint64, error)
+}
+
+// Config is what a Server reads. Every field is required except Decisions
+// (nil: Decisions answers FAILED_PRECONDITION) and Logger (nil:
+// slog.Default()).
 type Config struct {
 	Explainer Explainer
 	Parse     RequestParser
 	Replicas  ReplicaLister
 	Index     IndexStater
+	Decisions DecisionLister
 	Logger    *slog.Logger
 }
 
@@ -115,6 +137,28 @@ func (s *Server) Explain(ctx context.Context, in *kvroutev1.ExplainRequest) (*kv
 		return nil, decideStatus(err)
 	}
 	return decisionProto(d), nil
+}
+
+// Decisions implements kvroutev1.AdminServer.
+func (s *Server) Decisions(_ context.Context, in *kvroutev1.DecisionsRequest) (*kvroutev1.DecisionsResponse, error) {
+	if in.GetLimit() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "limit must not be negative, got %d", in.GetLimit())
+	}
+	if s.cfg.Decisions == nil {
+		return nil, status.Error(codes.FailedPrecondition, ErrNoHistory.Error())
+	}
+	recs, total, err := s.cfg.Decisions.Decisions(int(min(in.GetLimit(), math.MaxInt32)))
+	if errors.Is(err, ErrNoHistory) {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	out := &kvroutev1.DecisionsResponse{Total: int64(min(total, math.MaxInt64)), Decisions: make([]*kvroutev1.RecordedDecision, 0, len(recs))}
+	for _, r := range recs {
+		out.Decisions = append(out.Decisions, &kvroutev1.RecordedDecision{UnixNanos: r.At.UnixNano(), Decision: decisionProto(r.Decision)})
+	}
+	return out, nil
 }
 
 func (s *Server) request(in *kvroutev1.ExplainRequest) (route.Request, error) {
@@ -205,12 +249,15 @@ func (s *Server) IndexStats(context.Context, *kvroutev1.IndexStatsRequest) (*kvr
 
 func loadProto(l load.Load) *kvroutev1.Load {
 	return &kvroutev1.Load{
-		ActivePrefillBlocks: l.ActivePrefillBlocks,
-		ActiveDecodeBlocks:  l.ActiveDecodeBlocks,
-		ActiveRequests:      int64(l.ActiveRequests),
-		WaitingRequests:     int64(l.WaitingRequests),
-		KvUsage:             l.KVUsage,
-		Healthy:             l.Healthy,
+		ActivePrefillBlocks:    l.ActivePrefillBlocks,
+		ActiveDecodeBlocks:     l.ActiveDecodeBlocks,
+		ActiveRequests:         int64(l.ActiveRequests),
+		WaitingRequests:        int64(l.WaitingRequests),
+		KvUsage:                l.KVUsage,
+		Healthy:                l.Healthy,
+		KvBlocks:               l.KVBlocks,
+		PrefillTokensPerSecond: l.PrefillRate,
+		DecodeStepMicros:       l.DecodeStep.Microseconds(),
 	}
 }
 
@@ -228,6 +275,8 @@ func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 		TokenizeMicros: d.TokenizeTime.Microseconds(),
 		DecideMicros:   d.DecideTime.Microseconds(),
 		Candidates:     make([]*kvroutev1.Candidate, 0, len(d.Candidates)),
+		Session:        d.Session,
+		QueuedTokens:   int64(d.QueuedTokens),
 	}
 	for _, c := range d.Candidates {
 		out.Candidates = append(out.Candidates, &kvroutev1.Candidate{
@@ -238,12 +287,14 @@ func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 				Cpu:  int64(c.Matched[index.TierCPU]),
 				Disk: int64(c.Matched[index.TierDisk]),
 			},
-			Credit:      c.Trust,
-			Load:        loadProto(c.Load),
-			Cost:        c.Cost,
-			Eligible:    c.Eligible,
-			Picked:      d.Replica != "" && c.Replica == d.Replica,
-			Approximate: c.Approximate,
+			Credit:        c.Trust,
+			Load:          loadProto(c.Load),
+			Cost:          c.Cost,
+			Eligible:      c.Eligible,
+			Picked:        d.Replica != "" && c.Replica == d.Replica,
+			Approximate:   c.Approximate,
+			Home:          c.Home,
+			PendingBlocks: int64(c.Pending),
 		})
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -23,7 +24,8 @@ const MaxExplainBody = 16 << 20
 var jsonOut = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}
 
 // Handler returns the HTTP JSON mirror of the Admin service:
-// POST /debug/explain, GET /debug/replicas, GET /debug/index; and the Go
+// POST /debug/explain, GET /debug/decisions, GET /debug/replicas,
+// GET /debug/index; and the Go
 // profiler under /debug/pprof/ (net/http/pprof), which is why the admin
 // listener stays on loopback unless TLS (tls.admin) protects it.
 func (s *Server) Handler() http.Handler {
@@ -34,6 +36,19 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("POST /debug/explain", s.httpExplain)
+	mux.HandleFunc("GET /debug/decisions", func(w http.ResponseWriter, r *http.Request) {
+		var limit int64
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "limit: "+err.Error())
+				return
+			}
+			limit = n
+		}
+		out, err := s.Decisions(r.Context(), &kvroutev1.DecisionsRequest{Limit: limit})
+		s.reply(w, out, err)
+	})
 	mux.HandleFunc("GET /debug/replicas", func(w http.ResponseWriter, r *http.Request) {
 		out, err := s.Replicas(r.Context(), &kvroutev1.ReplicasRequest{})
 		s.reply(w, out, err)
@@ -91,6 +106,8 @@ func httpStatus(c codes.Code) int {
 		return http.StatusBadRequest
 	case codes.NotFound:
 		return http.StatusNotFound
+	case codes.FailedPrecondition:
+		return http.StatusConflict
 	case codes.Unavailable:
 		return http.StatusServiceUnavailable
 	case codes.DeadlineExceeded:

@@ -68,6 +68,8 @@ const (
 	// DefaultUsageSampleInterval; the others to their first token (see
 	// Config.UsageSampleEvery and docs/benchmarks.md, "Usage sampling").
 	DefaultUsageSampleEvery = 64
+	// MaxDecisionHistory bounds Config.DecisionHistory.
+	MaxDecisionHistory = 1 << 20
 	// DefaultUsageSampleInterval: a replica's streamed responses are
 	// observed to their end at least every 250 ms (all of them below four
 	// requests a second).
@@ -187,6 +189,13 @@ type Config struct {
 	// DefaultMaxStreamsPerConnection, DefaultMaxConnectionIdle.
 	MaxStreamsPerConnection uint32        `yaml:"max_streams_per_connection"`
 	MaxConnectionIdle       time.Duration `yaml:"max_connection_idle"`
+	// DecisionHistory keeps the newest this many routing decisions, each
+	// with every candidate's match, load and cost, for Server.Decisions
+	// (the admin API's GET /debug/decisions): what was decided, not only
+	// what Explain would decide now. Each kept decision costs a few
+	// hundred bytes per candidate; at most MaxDecisionHistory. Default 0:
+	// none kept, nothing recorded.
+	DecisionHistory int `yaml:"decision_history"`
 
 	// RequestBodyMode and ResponseBodyMode are the body modes assumed when
 	// the proxy does not announce its protocol configuration on the
@@ -314,6 +323,9 @@ func (c Config) Validate() error {
 	}
 	if c.UsageSampleInterval < 0 {
 		bad("usage_sample_interval", "must be positive, got %v", c.UsageSampleInterval)
+	}
+	if c.DecisionHistory < 0 || c.DecisionHistory > MaxDecisionHistory {
+		bad("decision_history", "must be in [0, %d] (0: none kept), got %d", MaxDecisionHistory, c.DecisionHistory)
 	}
 	if c.MaxConnectionIdle < 0 {
 		bad("max_connection_idle", "must be positive, got %v", c.MaxConnectionIdle)

@@ -411,6 +411,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	}
 	annotate(span, dec, elapsed)
 	span.End()
+	st.s.history.add(start, dec)
 
 	replica := string(dec.Replica)
 	st.s.metrics.decisions.WithLabelValues(replica, dec.Policy, dec.Reason, dec.Degraded).Inc()

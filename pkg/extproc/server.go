@@ -37,6 +37,9 @@ type Server struct {
 	slots chan struct{}
 	// flights are the routed requests whose response has not ended.
 	flights *flights
+	// history keeps the newest decisions (Config.DecisionHistory); nil
+	// when off.
+	history *history
 }
 
 // ErrEndStreams is the status of a stream ended by EndStreams: UNAVAILABLE,
@@ -70,7 +73,7 @@ func New(cfg Config) (*Server, error) {
 	for _, f := range cfg.Propagator.Fields() {
 		fields[strings.ToLower(f)] = true
 	}
-	srv := &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields, flights: newFlights()}
+	srv := &Server{cfg: cfg, tracer: cfg.TracerProvider.Tracer(instrumentationName), metrics: m, propFields: fields, flights: newFlights(), history: newHistory(cfg.DecisionHistory)}
 	if cfg.DecideConcurrency > 0 {
 		srv.slots = make(chan struct{}, cfg.DecideConcurrency)
 	}

@@ -202,6 +202,14 @@ type records struct {
 	staged        *Staged
 }
 
+// Detached returns the decision as an explanation only: without its
+// in-flight charge (Hold) and deferred index records, so that keeping it
+// (a history of recent decisions) holds nothing the request still owns.
+func (d Decision) Detached() Decision {
+	d.Hold, d.records = nil, nil
+	return d
+}
+
 // Commit writes the decision's index records when the Router left them to
 // the caller (Options.DeferRecords): the dispatch-learned index's record
 // of the pick and the pending record, which every decision has matched

@@ -3,6 +3,7 @@ package live
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -93,7 +94,15 @@ type Arm struct {
 	Start time.Duration `json:"start_ns"`
 	// Requests are every request of the run (BenchOptions.Requests).
 	Requests []Request `json:"requests,omitempty"`
+	// Decisions are kvroute's routing decisions of the run, as its admin
+	// API's GET /debug/decisions lists them (BenchOptions.Requests; not
+	// when -kvroute-yaml sets its own routing section).
+	Decisions []json.RawMessage `json:"decisions,omitempty"`
 }
+
+// decisionHistory is the routing.decision_history a stack keeps for
+// BenchOptions.Requests: several runs' decisions.
+const decisionHistory = 20000
 
 // RouterStats are growths of kvroute's metrics over a run.
 type RouterStats struct {
@@ -112,6 +121,15 @@ type RouterStats struct {
 	SlowDecisions float64 `json:"slow_decisions"`
 	// Reasons counts decisions by the policy's reason.
 	Reasons map[string]float64 `json:"reasons"`
+	// Unhealthy counts replicas marked unhealthy by the load scraper
+	// (their blocks leave the index); ScrapeErrors its failed probes.
+	Unhealthy    float64 `json:"unhealthy,omitempty"`
+	ScrapeErrors float64 `json:"scrape_errors,omitempty"`
+	// Gaps, Resyncs and Overflows are the event streams' sequence gaps,
+	// views cleared and relearned, and worker-queue overflows.
+	Gaps      float64 `json:"event_gaps,omitempty"`
+	Resyncs   float64 `json:"event_resyncs,omitempty"`
+	Overflows float64 `json:"event_overflows,omitempty"`
 }
 
 // Rep is one repetition: both arms on one workload.
@@ -224,6 +242,11 @@ func (o *BenchOptions) kvrouteExtra(dir string) (string, error) {
 		fmt.Fprintf(&b, "tokenizer: {search_dirs: [%q]}\n", search)
 	case TokenizerRemote:
 		b.WriteString("tokenizer: {default: {kind: remote}}\n")
+	}
+	if o.Requests && !strings.Contains(o.KVRouteExtra, "routing:") {
+		// Keep the decisions, so a report with every request has the
+		// decisions behind them (Arm.Decisions).
+		fmt.Fprintf(&b, "routing: {decision_history: %d}\n", decisionHistory)
 	}
 	b.WriteString(o.KVRouteExtra)
 	return b.String(), nil
@@ -539,9 +562,13 @@ func (b *benchRun) arm(ctx context.Context, t target, w *bench.Workload, salt ui
 		return nil, err
 	}
 	isKV := t.url == b.arms[0].url
-	var kv0 map[string]float64
+	var (
+		kv0  map[string]float64
+		dec0 int64 = -1
+	)
 	if isKV {
 		kv0 = b.routerMetrics(ctx)
+		dec0 = b.decisionsTotal(ctx)
 	}
 	a := &Arm{Start: time.Since(b.begin)}
 	rep, err := Run(ctx, o)
@@ -564,6 +591,11 @@ func (b *benchRun) arm(ctx context.Context, t target, w *bench.Workload, salt ui
 			}
 		}
 		a.Router.SlowDecisions = d("decision_count") - d("decision_fast")
+		if b.o.Requests && dec0 >= 0 {
+			a.Decisions = b.decisions(ctx, dec0)
+		}
+		a.Router.Unhealthy, a.Router.ScrapeErrors = d("unhealthy"), d("scrape_errors")
+		a.Router.Gaps, a.Router.Resyncs, a.Router.Overflows = d("gaps"), d("resyncs"), d("overflows")
 		if n := d("decision_count"); n > 0 {
 			a.Router.DecisionMean = d("decision_sum") / n
 		}
@@ -598,6 +630,46 @@ func (b *benchRun) preemptions(ctx context.Context, t target) (float64, error) {
 	return sum, nil
 }
 
+// decisionsTotal is how many decisions kvroute has made, from its
+// decision history; -1 when it keeps none.
+func (b *benchRun) decisionsTotal(ctx context.Context) int64 {
+	text, err := fetch(ctx, b.kv.AdminURL("/debug/decisions?limit=1"))
+	if err != nil {
+		return -1
+	}
+	var out struct {
+		Total string `json:"total"` // int64 in protobuf JSON
+	}
+	if json.Unmarshal([]byte(text), &out) != nil {
+		return -1
+	}
+	n, err := strconv.ParseInt(out.Total, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// decisions returns the decisions kvroute made after its total was since
+// (nil when it keeps no history).
+func (b *benchRun) decisions(ctx context.Context, since int64) []json.RawMessage {
+	now := b.decisionsTotal(ctx)
+	if now <= since {
+		return nil
+	}
+	text, err := fetch(ctx, b.kv.AdminURL(fmt.Sprintf("/debug/decisions?limit=%d", now-since)))
+	if err != nil {
+		return nil
+	}
+	var out struct {
+		Decisions []json.RawMessage `json:"decisions"`
+	}
+	if json.Unmarshal([]byte(text), &out) != nil {
+		return nil
+	}
+	return out.Decisions
+}
+
 // routerMetrics reads the kvroute counters a run reports (missing ones
 // read as zero; decisions by reason under "reason:<reason>").
 func (b *benchRun) routerMetrics(ctx context.Context) map[string]float64 {
@@ -618,6 +690,11 @@ func (b *benchRun) routerMetrics(ctx context.Context) map[string]float64 {
 	read("decision_fast", "kvroute_decision_duration_seconds_bucket{", `le="0.1"`)
 	read("tokenize_sum", "kvroute_tokenize_duration_seconds_sum")
 	read("tokenize_count", "kvroute_tokenize_duration_seconds_count")
+	read("unhealthy", "kvroute_replica_health_transitions_total{", `healthy="false"`)
+	read("scrape_errors", "kvroute_scrape_errors_total{")
+	read("gaps", "kvroute_events_gaps_total{")
+	read("resyncs", "kvroute_events_resyncs_total{")
+	read("overflows", "kvroute_events_queue_overflows_total{")
 	for _, l := range strings.Split(text, "\n") {
 		if !strings.HasPrefix(l, "kvroute_decisions_total{") {
 			continue
