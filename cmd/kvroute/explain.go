@@ -97,6 +97,9 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 		case !c.GetEligible():
 			mark = "x"
 		}
+		if c.GetHome() {
+			mark += "h"
+		}
 		src := "events"
 		if c.GetApproximate() {
 			src = "approx"
@@ -111,7 +114,7 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, "\n* picked   x ineligible (unhealthy, outside the subset, or another model)\nINDEX: events = matched against the engine-event index; approx = the dispatch-learned index (replica without events)")
+	_, err := fmt.Fprintln(w, "\n* picked   x ineligible (unhealthy, outside the subset, or another model)   h the session's home (served its previous request)\nINDEX: events = matched against the engine-event index; approx = the dispatch-learned index (replica without events)")
 	return err
 }
 

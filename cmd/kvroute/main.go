@@ -1,5 +1,6 @@
 // Command kvroute is the KV-cache-aware request router: an Envoy ext_proc
-// service (serve), a client of its admin API (explain) and its version.
+// service (serve), a client of its admin API (explain, decisions) and its
+// version.
 //
 // serve is the composition root: it loads the config, wires every package,
 // runs them under one errgroup and owns shutdown (see wiring.serve).
@@ -37,6 +38,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runServe(ctx, args[1:], stderr)
 	case "explain":
 		err = runExplain(ctx, args[1:], stdout, stderr)
+	case "decisions":
+		err = runDecisions(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "kvroute", version)
 		return 0
@@ -64,6 +67,7 @@ func usage(w io.Writer) {
 commands:
   serve    --config kvroute.yaml   run the router (flags override the file)
   explain  -f request.json         explain a routing decision (admin API of a running kvroute)
+  decisions [-limit N]             the routing decisions a running kvroute made last (routing.decision_history)
   version                          print the version
 
 Run "kvroute <command> -h" for a command's flags.

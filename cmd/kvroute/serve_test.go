@@ -155,6 +155,12 @@ readiness: {warm_timeout: 5s}
 	if !marked {
 		t.Errorf("the picked row is not marked:\n%s", table)
 	}
+	// decisions: this config keeps no history, and says so.
+	out.Reset()
+	errOut.Reset()
+	if code := run(t.Context(), []string{"decisions", "--addr", lis.admin.Addr().String()}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "routing.decision_history is 0") {
+		t.Errorf("decisions without a history: exit %d, stderr %q", code, errOut.String())
+	}
 	out.Reset()
 	if code := run(t.Context(), []string{"explain", "-f", req, "--json", "--addr", lis.admin.Addr().String()}, &out, &errOut); code != 0 {
 		t.Fatalf("explain --json exit %d: %s", code, errOut.String())
@@ -277,6 +283,38 @@ func TestServeFlagsOverrideFile(t *testing.T) {
 	f.policy = "fastest"
 	if _, err := loadServeConfig(f); err == nil || !strings.Contains(err.Error(), "fastest") {
 		t.Fatalf("bad override accepted: %v", err)
+	}
+}
+
+func TestPrintDecisions(t *testing.T) {
+	var b bytes.Buffer
+	at := time.Date(2026, 12, 2, 8, 30, 1, 250e6, time.UTC)
+	err := printDecisions(&b, &kvroutev1.DecisionsResponse{Total: 7, Decisions: []*kvroutev1.RecordedDecision{
+		{UnixNanos: at.UnixNano(), Decision: &kvroutev1.ExplainResponse{
+			Replica: "r1", Address: "a1", Policy: "kvroute", Reason: "cost", Session: "conv:9", QueuedTokens: 4096,
+			Candidates: []*kvroutev1.Candidate{
+				{Replica: "r0", Address: "a0", Matched: &kvroutev1.TierBlocks{Gpu: 90}, Cost: 2.5, Eligible: true, Home: true, Load: &kvroutev1.Load{}},
+				{Replica: "r1", Address: "a1", Cost: 1.25, Eligible: true, Picked: true, Load: &kvroutev1.Load{}},
+			},
+		}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"1 of 7 decisions since start", "=== 08:30:01.250  session conv:9  queued ahead 4096 tokens", "pick:     r1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	home := false
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "h" && f[1] == "r0" {
+			home = true
+		}
+	}
+	if !home {
+		t.Errorf("the home row r0 is not marked h:\n%s", out)
 	}
 }
 

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
+)
+
+// runDecisions is `kvroute decisions`: it lists the routing decisions a
+// running kvroute made most recently (its routing.decision_history).
+func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvroute decisions", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", DefaultAdminAddr, "admin listener of the running kvroute")
+	limit := fs.Int("limit", 10, "the newest this many decisions (0: every one kept)")
+	asJSON := fs.Bool("json", false, "print the raw response as JSON")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 || *limit < 0 {
+		fs.Usage()
+		return errors.New("decisions: takes no arguments, and -limit must not be negative")
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("decisions: %w", err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := kvroutev1.NewAdminClient(cc).Decisions(ctx, &kvroutev1.DecisionsRequest{Limit: int64(*limit)})
+	if err != nil {
+		return fmt.Errorf("decisions: %w", err)
+	}
+	if *asJSON {
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(resp)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	}
+	return printDecisions(stdout, resp)
+}
+
+// printDecisions writes each decision as explain prints one, under a line
+// with its time, session key and the queue the router saw ahead of it.
+func printDecisions(w io.Writer, r *kvroutev1.DecisionsResponse) error {
+	fmt.Fprintf(w, "%d of %d decisions since start\n", len(r.GetDecisions()), r.GetTotal())
+	for _, d := range r.GetDecisions() {
+		dec := d.GetDecision()
+		session := dec.GetSession()
+		if session == "" {
+			session = "(none)"
+		}
+		fmt.Fprintf(w, "\n=== %s  session %s  queued ahead %d tokens\n",
+			time.Unix(0, d.GetUnixNanos()).UTC().Format("15:04:05.000"), session, dec.GetQueuedTokens())
+		if err := printExplain(w, dec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
