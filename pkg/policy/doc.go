@@ -25,7 +25,10 @@
 //     a KV-memory overflow charge (blocks past the replica's free KV,
 //     which the engine would preempt), the step that samples the first
 //     token, a decode step per waiting request and a sequence's share of
-//     one per running request; a bounded-load
+//     one per running request. A prompt the router just sent to a replica
+//     (Candidate.Pending) is credited as far as the engine will have
+//     computed it when it admits the request, given its per-step token
+//     budget (step_tokens, vLLM's --max-num-batched-tokens); a bounded-load
 //     safety net at three times the mean load takes a replica's cache
 //     credit, never at the session's home (Reason "load_bound" when that
 //     changed the pick). See KVRoute and the kvroute benchmarks in

@@ -90,15 +90,19 @@ func TestKVRoutePredict(t *testing.T) {
 		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
 		{"headroom left: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.5; return c }(), idle, Prediction{Own: 10}},
 		{"overflow is charged twice", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.95; return c }(), idle, Prediction{Own: 10, Memory: 2 * 14}},
-		{"in flight, nothing else queued: no credit", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 5, Own: 10}},
-		{"in flight behind other prefill: credit up to it, the prefix's own prefill waited in full", pend(cand("a", 0, 16, 0), 10), idle, Prediction{Wait: 0.5*6 + 10, Own: 4}},
-		{"in flight behind a long queue: full credit", pend(cand("a", 0, 40, 0), 10), idle, Prediction{Wait: 0.5*30 + 10}},
-		{"in flight beyond an indexed match", pend(cand("a", 4, 30, 0), 6), idle, Prediction{Wait: 0.5*24 + 6}},
+		// A step is 8192/16 = 512 blocks. With nothing queued behind the
+		// prefix the request joins its step: it finds only what precedes a
+		// step boundary falling inside the prefix, 10²/(2·512) blocks; the
+		// prefix's own prefill, just sent, is waited for in full.
+		{"in flight, nothing else queued: the request joins the prefix's step", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 10, Own: 10 - 100.0/1024}},
+		{"in flight behind half a step: found where a boundary falls between", pend(cand("a", 0, 10+256, 0), 10), idle, Prediction{Wait: 0.5*256 + 10, Own: 10 - (10*256+100-50)/512.0}},
+		{"in flight behind a step: full credit", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
+		{"in flight beyond an indexed match, behind a step", pend(cand("a", 4, 6+600, 0), 6), idle, Prediction{Wait: 0.5*600 + 6}},
 		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, want := k.Predict(req, tt.c, k.HitBlocks(tt.c), tt.f), secs(tt.want)
+			got, want := k.Predict(req, tt.c, k.HitBlocks(req, tt.c), tt.f), secs(tt.want)
 			if math.Abs(got.Total()-want.Total()) > 1e-12 || math.Abs(got.Move-want.Move) > 1e-12 || math.Abs(got.Memory-want.Memory) > 1e-12 {
 				t.Errorf("prediction %+v, want %+v", got, want)
 			}
@@ -106,7 +110,7 @@ func TestKVRoutePredict(t *testing.T) {
 	}
 	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(1), DecodeWeight: Float(0.1), RequestWeight: Float(3), MoveWeight: Float(0.5)})
 	c := withReqs(cand("a", 8, 20, 100), 3, 1)
-	if got, want := k2.Predict(req, c, k2.HitBlocks(c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), blk*(20+2+0.5*2*2+0.1*100)+stp*(1+3*1+0.02*3); math.Abs(got-want) > 1e-12 {
+	if got, want := k2.Predict(req, c, k2.HitBlocks(req, c), Fleet{HomeOwn: 0, Pressure: 2}).Total(), blk*(20+2+0.5*2*2+0.1*100)+stp*(1+3*1+0.02*3); math.Abs(got-want) > 1e-12 {
 		t.Errorf("knobbed cost %v, want %v", got, want)
 	}
 }
@@ -281,7 +285,11 @@ func TestKVRoutePendingPrefix(t *testing.T) {
 		t.Errorf("idle fleet: placed %v, want one sibling a replica", placed)
 	}
 
-	// The first sibling went to a (150 blocks queued ahead of it).
+	// The first sibling went to a, 150 other blocks charged there besides
+	// its 64 (taken to be queued behind them), in 64-token blocks: more
+	// than a step (8192 tokens, 128 blocks), so the engine computes the
+	// prefix in an earlier step than the one admitting the request.
+	req = Request{PromptBlocks: 64, BlockSize: 64}
 	cs = []Candidate{withReqs(cand("a", 0, 150+64, 0), 2, 0), withReqs(cand("b", 0, 200, 0), 1, 0)}
 	if res := p.Pick(req, cs, seeded(1)); res.Pick != 1 {
 		t.Errorf("no in-flight prefix: picked %d, want the shorter queue; costs %v", res.Pick, res.Costs)
@@ -289,13 +297,29 @@ func TestKVRoutePendingPrefix(t *testing.T) {
 	cs[0].Pending = 64
 	res := p.Pick(req, cs, seeded(1))
 	if res.Pick != 0 {
-		t.Errorf("in flight behind a queue: picked %d, want the holder; costs %v", res.Pick, res.Costs)
+		t.Errorf("in flight behind a step: picked %d, want the holder; costs %v", res.Pick, res.Costs)
 	}
 	// 150/2 still queued ahead, the 64 in-flight blocks in full, no own
 	// prefill, a sequence's share of a step for each of the 2 requests
 	// running there and a step for itself.
-	if want := blk*(75+64) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
+	if want := 4*blk*(75+64) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
 		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
+	}
+	// In 16-token blocks the same 150 are 2,400 tokens, under a step
+	// (512 blocks): the request most likely joins the prefix's step and
+	// computes it again; credited (64·150 + 64² - 64²/2)/512 = 22.75
+	// blocks, the holder is dearer than the shorter queue.
+	req.BlockSize = 16
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 1 {
+		t.Errorf("in flight behind less than a step: picked %d, want the shorter queue; costs %v", res.Pick, res.Costs)
+	} else if want := blk*(75+64+64-22.75) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
+		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
+	}
+	// With engines taking 2048 tokens a step (step_tokens) it is a step
+	// again.
+	small := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: Float(2048)}})
+	if res := small.Pick(req, cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("step_tokens 2048: picked %d, want the holder; costs %v", res.Pick, res.Costs)
 	}
 	// Other policies do not read Pending.
 	bl := mustNew(t, NameBlended, Config{})
@@ -758,11 +782,16 @@ func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
 		}
 	}
 	at := func(u float64) Request { r := sib; r.SpreadUtil = u; return r }
-	hold("utilization 0.8", p, at(0.8), fleet(8, 20))
-	hold("no utilization known", p, at(0), fleet(8, 20))
+	// Held, the sibling is predicted: with a step of 58 blocks (928
+	// tokens), the 58 blocks charged at home beside the prompt hold it
+	// past the prompt's step there, and it finds the prompt computed.
+	step := Float(58 * 16)
+	ps := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: step}})
+	hold("utilization 0.8", ps, at(0.8), fleet(8, 20))
+	hold("no utilization known", ps, at(0), fleet(8, 20))
 	off := 0.0
-	hold("spread_util 0", mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: &off}}), sib, fleet(8, 20))
-	hold("4 replicas for 7 siblings", p, sib, fleet(4, 20))
+	hold("spread_util 0", mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: &off, StepTokens: step}}), sib, fleet(8, 20))
+	hold("4 replicas for 7 siblings", ps, sib, fleet(4, 20))
 	// Every other replica would start it only after the home has computed
 	// the prompt: a sibling there would have found it computed at home.
 	if res := p.Pick(sib, fleet(8, 120), seeded(1)); res.Pick != 0 {
@@ -771,7 +800,7 @@ func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
 	// A later request of the burst holds unless the burst was spread.
 	later := sib
 	later.BurstPlaced, later.Siblings = 3, 4
-	hold("third request of a held burst", p, later, fleet(8, 20))
+	hold("third request of a held burst", ps, later, fleet(8, 20))
 	later.BurstSpread = true
 	if res := p.Pick(later, fleet(8, 20), seeded(1)); res.Pick == 0 {
 		t.Errorf("third request of a spread burst joined the home; costs %v", res.Costs)
@@ -848,5 +877,97 @@ func TestKVRoutePrefillRatesArePace(t *testing.T) {
 	}
 	if got := k.PrefillRates(got, []Candidate{c}); len(got) != 1 || got[0] != 4000 {
 		t.Errorf("nothing learned: %v, want [4000] (prefill_rate)", got)
+	}
+}
+
+// StepFound averages, over where the engine's step boundaries fall, the
+// blocks of an in-flight prefix a request finds computed: a boundary
+// between the prefix and the request (l blocks of prefill between them)
+// gives all p, one inside the prefix the part before it.
+func TestStepFound(t *testing.T) {
+	// Numerically: the mean over x in [0, step) of the blocks found when
+	// the last boundary before the request's admission is x blocks before
+	// it.
+	mean := func(p, l, step float64) float64 {
+		const n = 200000
+		sum := 0.0
+		for i := range n {
+			x := (float64(i) + 0.5) / n * step
+			switch {
+			case x <= l:
+				sum += p
+			case x < l+p:
+				sum += p - (x - l)
+			}
+		}
+		return sum / n
+	}
+	for _, tt := range []struct{ p, l, step, want float64 }{
+		{37, 0, 128, 37.0 * 37 / 256}, // joins the prefix's step: p²/(2 step)
+		{37, 128, 128, 37},            // a step between: all of it
+		{37, 500, 128, 37},
+		{37, 37, 128, (37*37 + 37*37 - 37*37/2.0) / 128},
+		{200, 0, 128, 200 - 64}, // a prefix longer than a step: its first chunks are done
+		{64, 100, 128, 64 - (128-100)*(128-100)/256.0},
+		{10, 0, 512, 100.0 / 1024},
+	} {
+		got := StepFound(tt.p, tt.l, tt.step)
+		if math.Abs(got-tt.want) > 1e-9 {
+			t.Errorf("StepFound(%v, %v, %v) = %v, want %v", tt.p, tt.l, tt.step, got, tt.want)
+		}
+		if m := mean(tt.p, tt.l, tt.step); math.Abs(got-m) > 1e-3*tt.p {
+			t.Errorf("StepFound(%v, %v, %v) = %v, the mean over boundaries is %v", tt.p, tt.l, tt.step, got, m)
+		}
+		// Never more than the step-blind bound plus a boundary inside the
+		// prefix.
+		if got > math.Min(tt.p, tt.l+tt.p*tt.p/(2*tt.step))+1e-9 {
+			t.Errorf("StepFound(%v, %v, %v) = %v over min(p, l + p²/(2 step))", tt.p, tt.l, tt.step, got)
+		}
+	}
+	prev := -1.0
+	for l := 0.0; l <= 160; l += 4 {
+		got := StepFound(37, l, 128)
+		if got < prev {
+			t.Fatalf("StepFound(37, %v, 128) = %v < %v at less queued behind", l, got, prev)
+		}
+		prev = got
+	}
+	for _, tt := range [][3]float64{{0, 10, 128}, {-3, 10, 128}, {37, 10, 0}, {37, 10, math.Inf(1)}, {37, 10, math.NaN()}} {
+		if got := StepFound(tt[0], tt[1], tt[2]); got != 0 {
+			t.Errorf("StepFound%v = %v, want 0", tt, got)
+		}
+	}
+}
+
+// step_tokens is the engines' per-step token budget: 8192 by default,
+// turned into the request's blocks.
+func TestKVRouteStepTokens(t *testing.T) {
+	k, err := NewKVRoute(KVRouteConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.StepBlocks(Request{PromptBlocks: 10, BlockSize: 64}); got != 128 {
+		t.Errorf("default step in 64-token blocks: %v, want 128", got)
+	}
+	if got := k.StepBlocks(Request{PromptBlocks: 10, PromptTokens: 330}); got != 8192/33.0 {
+		t.Errorf("default step, block size from the prompt: %v, want %v", got, 8192/33.0)
+	}
+	k, _ = NewKVRoute(KVRouteConfig{StepTokens: Float(2048)})
+	if got := k.StepBlocks(Request{PromptBlocks: 10}); got != 128 {
+		t.Errorf("step_tokens 2048 in 16-token blocks: %v, want 128", got)
+	}
+	for _, v := range []float64{0, -8192, 0.5, 8192.5, 1 << 25, math.NaN(), math.Inf(1)} {
+		cfg := Config{KVRoute: KVRouteConfig{StepTokens: Float(v)}}
+		if _, err := New(NameKVRoute, cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "kvroute.step_tokens") {
+			t.Errorf("step_tokens %v: error %v, want ErrConfig naming kvroute.step_tokens", v, err)
+		}
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("step_tokens %v: Validate %v, want ErrConfig", v, err)
+		}
+	}
+	for _, v := range []float64{1, 2048, 1 << 24} {
+		if _, err := New(NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: Float(v)}}); err != nil {
+			t.Errorf("step_tokens %v: %v", v, err)
+		}
 	}
 }
