@@ -25,6 +25,10 @@ const (
 	// too large a share of the recent placements drawn by the request's
 	// prefix (herding).
 	ReasonPrefixShare = "prefix_share"
+	// ReasonHeld: kvroute held a request of a burst that fills the fleet
+	// on a replica computing its prompt, passing over a cheaper one that
+	// would compute it again (see KVRoute).
+	ReasonHeld = "held"
 )
 
 // LoadBlocks is the load figure ties are broken on: the replica's active

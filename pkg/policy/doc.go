@@ -28,7 +28,9 @@
 //     one per running request. A prompt the router just sent to a replica
 //     (Candidate.Pending) is credited as far as the engine will have
 //     computed it when it admits the request, given its per-step token
-//     budget (step_tokens, vLLM's --max-num-batched-tokens); a bounded-load
+//     budget (step_tokens, vLLM's --max-num-batched-tokens), and a burst
+//     that fills the fleet is held where its prompt is in flight
+//     (Reason "held"); a bounded-load
 //     safety net at three times the mean load takes a replica's cache
 //     credit, never at the session's home (Reason "load_bound" when that
 //     changed the pick). See KVRoute and the kvroute benchmarks in

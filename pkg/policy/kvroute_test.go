@@ -971,3 +971,63 @@ func TestKVRouteStepTokens(t *testing.T) {
 		}
 	}
 }
+
+// A burst that fills the fleet is held where its prompt is in flight: a
+// GRPO sample (53 blocks of 64 tokens, its 16-block environment prompt
+// indexed everywhere, its 37-block task in flight on h) meets every other
+// replica with more than a step (128 blocks) of prefill queued. The
+// prediction prefers another replica (5 blocks' wait less there, where it
+// would compute the task again); held, it goes to h, which starts it
+// before the other would have finished it.
+func TestKVRouteHoldsBurstThatFillsFleet(t *testing.T) {
+	fleet := func(others float64) []Candidate {
+		h := pend(withReqs(cand("h", 16, 37+150, 0), 4, 0), 37)
+		h.Queued, h.QueuedCharge = 170, 187
+		cs := []Candidate{h}
+		for i := range 3 {
+			c := withReqs(cand(fmt.Sprint("r", i), 16, 140, 0), 4, 0)
+			c.Queued, c.QueuedCharge = others, 140
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	req := Request{PromptBlocks: 53, BlockSize: 64, SessionKey: "grpo-7", SpreadUtil: 0.1}
+	p := mustNew(t, NameKVRoute, Config{})
+	res := p.Pick(req, fleet(140), seeded(1))
+	if res.Pick != 0 || res.Reason != ReasonHeld {
+		t.Fatalf("fleet filled: picked %d (%s), want the holder, held; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	if !(res.Costs[1] < res.Costs[0]) {
+		t.Errorf("costs %v: want another replica cheaper than the holder by the prediction", res.Costs)
+	}
+	// A replica with less than a step queued starts the sample in the
+	// engine's next step: no hold, the prediction decides.
+	if res := p.Pick(req, fleet(100), seeded(1)); res.Pick == 0 || res.Reason != ReasonCost {
+		t.Errorf("a replica with room in its next step: picked %d (%s), want another by cost; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	// With engines taking 16384 tokens a step, 140 blocks are not a step.
+	big := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: Float(16384)}})
+	if res := big.Pick(req, fleet(140), seeded(1)); res.Pick == 0 {
+		t.Errorf("step_tokens 16384: picked the holder; costs %v", res.Costs)
+	}
+	// The holder would start it after the others would have finished it
+	// (140 + 37 blocks): no hold.
+	cs := fleet(140)
+	cs[0].Queued = 180
+	if res := p.Pick(req, cs, seeded(1)); res.Pick == 0 {
+		t.Errorf("holder behind the others' finish: picked the holder; costs %v", res.Costs)
+	}
+	// A replica holding only the environment prompt in flight, not the
+	// task, is not a holder.
+	cs = fleet(140)
+	cs[0].Pending = 20
+	if res := p.Pick(req, cs, seeded(1)); res.Reason == ReasonHeld {
+		t.Errorf("part of the prompt in flight: held on %d; costs %v", res.Pick, res.Costs)
+	}
+	// An unhealthy holder holds nothing.
+	cs = fleet(140)
+	cs[0] = unhealthy(cs[0])
+	if res := p.Pick(req, cs, seeded(1)); res.Pick == 0 || res.Reason == ReasonHeld {
+		t.Errorf("unhealthy holder: picked %d (%s)", res.Pick, res.Reason)
+	}
+}
