@@ -90,7 +90,8 @@ func TestDecidePendingPrefix(t *testing.T) {
 // With kvroute holding bursts (its spread regime off, as above
 // spread_util), a fan-out's second request (the same new prompt, sent
 // right after the first) joins the first where its prompt is in flight
-// behind a queue, when waiting there for the prefix beats prefilling it
+// behind a queue of more than an engine step, when waiting there for the
+// prefix beats prefilling it
 // again behind the other replica's longer queue; without the in-flight
 // memory it goes to the shorter queue. On an idle fleet the siblings
 // spread (one placed with the first would be admitted alongside it and
@@ -133,10 +134,14 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 		}
 		return picks
 	}
-	if got := run([]float64{150, 200}, true, hold); got[0] != "r0" || got[1] != "r0" {
+	// Queues of more than an engine step (policy step_tokens: 512 blocks
+	// of 16 tokens), so that a step boundary falls between the prompt's
+	// end and the sibling's admission: behind less, the sibling would be
+	// admitted into the step computing the prompt and find none of it.
+	if got := run([]float64{600, 650}, true, hold); got[0] != "r0" || got[1] != "r0" {
 		t.Errorf("holding, with in-flight memory: picks %v, want both on r0", got)
 	}
-	if got := run([]float64{150, 200}, false, hold); got[0] != "r0" || got[1] != "r1" {
+	if got := run([]float64{600, 650}, false, hold); got[0] != "r0" || got[1] != "r1" {
 		t.Errorf("holding, without in-flight memory: picks %v, want r0 then r1", got)
 	}
 	if got := run([]float64{0, 0, 0, 0}, true, hold); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
