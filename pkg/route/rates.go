@@ -60,17 +60,6 @@ import (
 // halves the gap every 88 samples), and a burst of queueing or
 // interference moves the estimate little.
 //
-// A replica's prefill speed is learned only from the requests the router
-// sends it, and a replica believed slow is sent none, so one bad reading
-// (a stall of the host, a noisy neighbour) would stand for the router's
-// life: through Envoy, like engines were once believed at 16,000-27,000
-// tokens/s beside peers at 66,000-71,000 and got no new sessions. So a
-// replica that gave no prefill sample while the fleet gave
-// RateStaleSamples is reported as not known (Get's PrefillTokensPerSec 0:
-// the policy takes its peers' speed), and its next sample is taken as it
-// is. A replica that is really slower is tried again once in that many of
-// the fleet's samples and found slow again.
-//
 // A Rates is safe for concurrent use (one mutex, held for a few float
 // operations). It starts no goroutine.
 type Rates struct {
@@ -78,7 +67,6 @@ type Rates struct {
 	replicas map[index.ReplicaID]*rateState
 	observed int
 	minStep  float64 // the shortest inter-token time any replica has shown, outliers aside (RateStepOutlier), seconds; 0 before one
-	samples  uint64  // prefill samples taken, fleet-wide
 }
 
 // Rate weights and thresholds (see Rates).
@@ -87,20 +75,11 @@ const (
 	RateSlowWeight       = 1.0 / 128
 	RateMinPrefillTokens = 1024
 	RateStepOutlier      = 0.5
-	RateStaleSamples     = 256
 )
 
 type rateState struct {
-	prefill     float64 // tokens per second; 0 before a sample
-	step        float64 // seconds; 0 before a sample
-	lastPrefill uint64  // Rates.samples after its latest prefill sample
-}
-
-// stale reports whether the replica's prefill speed is too old to be
-// believed: the fleet took RateStaleSamples prefill samples since its
-// latest; callers hold mu.
-func (r *Rates) stale(st *rateState) bool {
-	return st.prefill > 0 && r.samples-st.lastPrefill >= RateStaleSamples
+	prefill float64 // tokens per second; 0 before a sample
+	step    float64 // seconds; 0 before a sample
 }
 
 // RateSample is one finished request as the router saw it.
@@ -172,11 +151,8 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 		return
 	}
 	x := float64(s.Uncached+s.Queued) / d
-	stale := r.stale(st)
-	r.samples++
-	st.lastPrefill = r.samples
 	switch {
-	case st.prefill == 0 || stale:
+	case st.prefill == 0:
 		st.prefill = x
 	case x > st.prefill:
 		st.prefill += RateFastWeight * (x - st.prefill)
@@ -186,23 +162,15 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 }
 
 // Get returns the replica's learned speeds; ok is false when nothing was
-// learned for it. PrefillTokensPerSec is 0 while the replica's speed is
-// not known or stale (RateStaleSamples).
+// learned for it.
 func (r *Rates) Get(replica index.ReplicaID) (Rate, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.replicas[replica]
-	if st == nil {
+	if st == nil || (st.prefill == 0 && st.step == 0) {
 		return Rate{}, false
 	}
-	prefill := st.prefill
-	if r.stale(st) {
-		prefill = 0
-	}
-	if prefill == 0 && st.step == 0 {
-		return Rate{}, false
-	}
-	return Rate{PrefillTokensPerSec: prefill, DecodeStep: time.Duration(st.step * float64(time.Second))}, true
+	return Rate{PrefillTokensPerSec: st.prefill, DecodeStep: time.Duration(st.step * float64(time.Second))}, true
 }
 
 // Forget drops what was learned for a replica (it left the fleet; the

@@ -202,36 +202,3 @@ func TestRatesIgnoreAStepOutlier(t *testing.T) {
 		t.Fatalf("learned %.0f tokens/s after a step outlier, want %.0f", got.PrefillTokensPerSec, rate)
 	}
 }
-
-// A replica's prefill speed is learned only from requests sent to it: one
-// that is not sent any for RateStaleSamples of the fleet's samples is not
-// known any more, and its next sample is taken as it is, so one bad
-// reading cannot keep it idle for the router's life.
-func TestRatesForgetAStaleSpeed(t *testing.T) {
-	r := NewRates()
-	step := 5 * time.Millisecond
-	r.Observe("a", replicaSample(16000, step, 4000, 10, 3*time.Second)) // read during a stall
-	a, _ := r.Get("a")
-	if a.PrefillTokensPerSec > 2000 {
-		t.Fatalf("stalled sample read %.0f tokens/s, want it slow", a.PrefillTokensPerSec)
-	}
-	for range RateStaleSamples - 1 {
-		r.Observe("b", replicaSample(16000, step, 4000, 10, 0))
-	}
-	if a, _ := r.Get("a"); a.PrefillTokensPerSec == 0 {
-		t.Fatal("a's speed forgotten before RateStaleSamples of the fleet's samples")
-	}
-	r.Observe("b", replicaSample(16000, step, 4000, 10, 0))
-	a, ok := r.Get("a")
-	if !ok || a.PrefillTokensPerSec != 0 || a.DecodeStep == 0 {
-		t.Fatalf("after RateStaleSamples: %+v ok %v, want prefill speed unknown and the step kept", a, ok)
-	}
-	r.Observe("a", replicaSample(16000, step, 4000, 10, 0))
-	if a, _ := r.Get("a"); math.Abs(a.PrefillTokensPerSec-16000)/16000 > 0.01 {
-		t.Errorf("a's next sample gave %.0f tokens/s, want 16000 taken as it is", a.PrefillTokensPerSec)
-	}
-	// b, sampled all along, kept its envelope.
-	if b, _ := r.Get("b"); math.Abs(b.PrefillTokensPerSec-16000)/16000 > 0.01 {
-		t.Errorf("b learned %.0f tokens/s, want 16000", b.PrefillTokensPerSec)
-	}
-}
