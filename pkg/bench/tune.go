@@ -36,6 +36,7 @@ func Knobs(name string) []Knob {
 			{"load_bound", []float64{0, 1.1, 1.25, 1.5, 2, 3}, func(c *policy.Config, v float64) { c.KVRoute.LoadBound = f(v) }},
 			{"load_bound_min", []float64{1, 2, 3, 4, 5, 6}, func(c *policy.Config, v float64) { c.KVRoute.LoadBoundMin = f(v) }},
 			{"future_weight", []float64{0, 0.5, 1, 2, 4}, func(c *policy.Config, v float64) { c.KVRoute.FutureWeight = f(v) }},
+			{"step_tokens", []float64{2048, 4096, 8192, 16384}, func(c *policy.Config, v float64) { c.KVRoute.StepTokens = f(v) }},
 		}
 	case policy.NameBlended:
 		return []Knob{
