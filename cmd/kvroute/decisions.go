@@ -8,10 +8,6 @@ import (
 	"io"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
-
 	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
 )
 
@@ -31,24 +27,16 @@ func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fs.Usage()
 		return errors.New("decisions: takes no arguments, and -limit must not be negative")
 	}
-	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("decisions: %w", err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	resp, err := kvroutev1.NewAdminClient(cc).Decisions(ctx, &kvroutev1.DecisionsRequest{Limit: int64(*limit)})
+	var resp *kvroutev1.DecisionsResponse
+	err := callAdmin(ctx, *addr, *timeout, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
+		resp, err = c.Decisions(ctx, &kvroutev1.DecisionsRequest{Limit: int64(*limit)})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("decisions: %w", err)
 	}
 	if *asJSON {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(resp)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(stdout, string(b))
-		return err
+		return printJSON(stdout, resp)
 	}
 	return printDecisions(stdout, resp)
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
 )
@@ -48,28 +49,43 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("explain: %w", err)
 	}
-	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("explain: %w", err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	resp, err := kvroutev1.NewAdminClient(cc).Explain(ctx, &kvroutev1.ExplainRequest{
-		Body: body, Path: *path, SessionKey: *session,
+	var resp *kvroutev1.ExplainResponse
+	err = callAdmin(ctx, *addr, *timeout, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
+		resp, err = c.Explain(ctx, &kvroutev1.ExplainRequest{Body: body, Path: *path, SessionKey: *session})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("explain: %w", err)
 	}
 	if *asJSON {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(resp)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(stdout, string(b))
-		return err
+		return printJSON(stdout, resp)
 	}
 	return printExplain(stdout, resp)
+}
+
+// callAdmin calls a running kvroute's admin API at addr (plaintext gRPC:
+// the admin listener is on loopback unless tls.admin protects it) within
+// timeout.
+func callAdmin(ctx context.Context, addr string, timeout time.Duration, call func(context.Context, kvroutev1.AdminClient) error) error {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return call(ctx, kvroutev1.NewAdminClient(cc))
+}
+
+// printJSON writes an admin API answer as its JSON mapping (proto field
+// names, every field).
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
 }
 
 // printExplain writes a decision as a header and one table row per
