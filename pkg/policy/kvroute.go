@@ -347,12 +347,6 @@ func (k *KVRoute) hitBlocks(req Request, c Candidate, pending bool) float64 {
 	return matched * trust(c)
 }
 
-// PendingBlocks is the most of the candidate's in-flight prefix
-// (Candidate.Pending) a request placed there can find computed, whatever
-// the engine's step (InFlightCredit). KVRoute credits StepCredit, which
-// knows the step; PendingBlocks marks it as a policy that weighs pending.
-func (k *KVRoute) PendingBlocks(c Candidate) float64 { return InFlightCredit(c) }
-
 // InFlightCredit bounds the part of the candidate's in-flight prefix
 // (Candidate.Pending) a request placed there finds computed: at most the
 // other prefill queued there, since with nothing else queued the engine
