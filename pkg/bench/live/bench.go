@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kvroute/kvroute/pkg/bench"
 	"github.com/kvroute/kvroute/pkg/testbed"
@@ -54,8 +55,10 @@ type BenchOptions struct {
 	// TokenizerDir holds tokenizer.json and tokenizer_config.json (default
 	// $KVROUTE_TOKENIZER_CACHE/qwen3, else <Root>/.cache/tokenizers/qwen3).
 	TokenizerDir string
-	// KVRouteExtra is YAML appended to kvroute's config (a policy
-	// section, for example); empty runs kvroute's defaults.
+	// KVRouteExtra is YAML merged into the bench's part of kvroute's
+	// config (a policy section, for example; sections present in both are
+	// merged key by key, its values winning); empty runs kvroute's
+	// defaults.
 	KVRouteExtra string
 	// Parallel runs kvroute and round robin at the same time, each on its
 	// own set of Engines enginesims, so that both see the same machine
@@ -95,8 +98,7 @@ type Arm struct {
 	// Requests are every request of the run (BenchOptions.Requests).
 	Requests []Request `json:"requests,omitempty"`
 	// Decisions are kvroute's routing decisions of the run, as its admin
-	// API's GET /debug/decisions lists them (BenchOptions.Requests; not
-	// when -kvroute-yaml sets its own routing section).
+	// API's GET /debug/decisions lists them (BenchOptions.Requests).
 	Decisions []json.RawMessage `json:"decisions,omitempty"`
 }
 
@@ -224,8 +226,7 @@ func fileExists(p string) bool {
 // model's files under its name, as a user who ships them would; remote
 // pins the engines' /tokenize.
 func (o *BenchOptions) kvrouteExtra(dir string) (string, error) {
-	var b strings.Builder
-	b.WriteString("telemetry: {log_level: warn}\n")
+	cfg := map[string]any{"telemetry": map[string]any{"log_level": "warn"}}
 	switch o.Tokenizer {
 	case TokenizerLocal:
 		search := filepath.Join(dir, "tokenizers")
@@ -239,17 +240,40 @@ func (o *BenchOptions) kvrouteExtra(dir string) (string, error) {
 		if err := os.Symlink(abs, filepath.Join(search, benchModel)); err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "tokenizer: {search_dirs: [%q]}\n", search)
+		cfg["tokenizer"] = map[string]any{"search_dirs": []any{search}}
 	case TokenizerRemote:
-		b.WriteString("tokenizer: {default: {kind: remote}}\n")
+		cfg["tokenizer"] = map[string]any{"default": map[string]any{"kind": "remote"}}
 	}
-	if o.Requests && !strings.Contains(o.KVRouteExtra, "routing:") {
+	if o.Requests {
 		// Keep the decisions, so a report with every request has the
 		// decisions behind them (Arm.Decisions).
-		fmt.Fprintf(&b, "routing: {decision_history: %d}\n", decisionHistory)
+		cfg["routing"] = map[string]any{"decision_history": decisionHistory}
 	}
-	b.WriteString(o.KVRouteExtra)
-	return b.String(), nil
+	return mergeYAML(cfg, o.KVRouteExtra)
+}
+
+// mergeYAML merges the YAML document extra into cfg (extra's values win;
+// sections present in both are merged key by key) and renders the result.
+func mergeYAML(cfg map[string]any, extra string) (string, error) {
+	var user map[string]any
+	if err := yaml.Unmarshal([]byte(extra), &user); err != nil {
+		return "", fmt.Errorf("kvroute's extra YAML: %w", err)
+	}
+	var merge func(dst, src map[string]any)
+	merge = func(dst, src map[string]any) {
+		for k, v := range src {
+			sv, ok1 := v.(map[string]any)
+			dv, ok2 := dst[k].(map[string]any)
+			if ok1 && ok2 {
+				merge(dv, sv)
+				continue
+			}
+			dst[k] = v
+		}
+	}
+	merge(cfg, user)
+	out, err := yaml.Marshal(cfg)
+	return string(out), err
 }
 
 // Bench starts the stack, runs o.Reps repetitions of kvroute against

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kvroute/kvroute/pkg/bench"
 	"github.com/kvroute/kvroute/pkg/route"
@@ -333,5 +334,46 @@ kvroute_decisions_total{degraded="tokenize_timeout",policy="kvroute",reason="loa
 	}
 	if _, err := sumLines(strings.NewReader("x{} notanumber\n"), "x{"); err == nil {
 		t.Error("a bad sample was summed")
+	}
+}
+
+// kvroute's config for the stack: the bench's sections, with the extra
+// YAML a user passes merged in key by key (its values win), so that
+// passing a routing or telemetry section neither duplicates a key nor
+// loses the decision history -requests needs.
+func TestKVRouteExtraMergesTheUsersYAML(t *testing.T) {
+	o := &BenchOptions{Tokenizer: TokenizerRemote, Requests: true,
+		KVRouteExtra: "routing: {usage_sample_every: 8}\ntelemetry: {log_level: debug}\npolicy: {name: leastload}\n"}
+	got, err := o.kvrouteExtra(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Routing struct {
+			DecisionHistory  int `yaml:"decision_history"`
+			UsageSampleEvery int `yaml:"usage_sample_every"`
+		} `yaml:"routing"`
+		Telemetry struct {
+			LogLevel string `yaml:"log_level"`
+		} `yaml:"telemetry"`
+		Tokenizer struct {
+			Default struct {
+				Kind string `yaml:"kind"`
+			} `yaml:"default"`
+		} `yaml:"tokenizer"`
+		Policy struct {
+			Name string `yaml:"name"`
+		} `yaml:"policy"`
+	}
+	if err := yaml.Unmarshal([]byte(got), &cfg); err != nil {
+		t.Fatalf("rendered config is not YAML: %v\n%s", err, got)
+	}
+	if cfg.Routing.DecisionHistory != decisionHistory || cfg.Routing.UsageSampleEvery != 8 ||
+		cfg.Telemetry.LogLevel != "debug" || cfg.Tokenizer.Default.Kind != "remote" || cfg.Policy.Name != "leastload" {
+		t.Errorf("merged config %+v\n%s", cfg, got)
+	}
+	o.KVRouteExtra = "routing: [1, 2"
+	if _, err := o.kvrouteExtra(t.TempDir()); err == nil {
+		t.Error("malformed extra YAML accepted")
 	}
 }
