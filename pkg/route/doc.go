@@ -63,6 +63,30 @@
 // Requests of one key closer than MinSessionGap are parallel requests,
 // not turns. Bounded like the homes; Decide records, Explain only reads.
 //
+// Sessions of unknown future: until one of a key kind's sessions has come
+// back, nothing predicts what its new sessions bring (Request.Future is 0
+// for their class and kind alike), and the cost sees only the shared
+// prefix they would find where it is held: a fleet's first sessions (new
+// agents sharing a 3-6k-token harness prompt) all go to its holder and
+// pack there, their later turns queueing behind each other's. So for a
+// policy that prices a session's future (kvroute's FutureWait, unless
+// future_weight is 0), a request starting a session (header or user key,
+// no home) while its kind has seen none of its sessions come back and
+// fewer of them start than there are eligible candidates is kept off the
+// replicas that took more of the kind's sessions than the fewest any
+// took: the policy's pick stands when it took the fewest, else the policy
+// picks again among the idle ones that did (nothing running, waiting or
+// queued), and that pick is taken (reason "session_round"; every
+// candidate's cost from the first pick is still reported) only if the
+// policy's cost puts it no further off than the prefill of the prefix the
+// first pick holds beyond it. So a session of the round costs at most one
+// prefill of its shared prefix, on a replica nobody was using; after one
+// session per replica the prefix is held everywhere and no longer tips the
+// cost, and once a session of the kind comes back its prediction takes
+// over. Under load no replica is idle and the round changes nothing. Conversation keys are
+// never in a round (such a key comes from a history: its request is a
+// later turn). The kind's starts per replica decay like its other counts.
+//
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the
 // session load committed there) is dropped at the first decision that no

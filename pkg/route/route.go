@@ -133,6 +133,7 @@ type Router struct {
 	bursts  burstSizes        // the sizes of bursts without a session key (Request.Siblings)
 	fleet   []index.ReplicaID // the replica set of the latest decision, in State's order (forgetDeparted)
 	rand    *rand.Rand
+	future  bool      // the policy prices a new session's future (pricesFuture): sessionRound applies
 	scratch sync.Pool // *scratch
 }
 
@@ -149,6 +150,9 @@ type scratch struct {
 	la      []int   // candidate -> lookahead tokens its engine hashes with
 	src     []source
 	rates   []float64 // candidate -> prefill speed, tokens per second (prefillRates)
+	starts  []float64 // candidate -> its key kind's sessions started there (sessionRound)
+	sub     []policy.Candidate
+	subIdx  []int
 }
 
 // shape is how an engine hashes blocks: its block size and lookahead.
@@ -201,6 +205,7 @@ func New(opts Options) *Router {
 		shares: newPrefixShares(DefaultPrefixMemory),
 		book:   newSessionBook(opts.SessionMemory, opts.SessionHorizon),
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
+		future: pricesFuture(opts.Policy),
 	}
 	r.scratch.New = func() any { return new(scratch) }
 	return r
@@ -470,7 +475,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 	}
 
-	res := r.opts.Policy.Pick(policy.Request{
+	preq := policy.Request{
 		PromptBlocks:         d.PromptBlocks,
 		PromptTokens:         d.PromptTokens,
 		SessionKey:           d.Session,
@@ -483,9 +488,13 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		BurstPlaced:          placed,
 		BurstSpread:          spread,
 		SpreadUtil:           util,
-	}, sc.cands, policy.Env{Rand: r.rand})
+	}
+	res := r.opts.Policy.Pick(preq, sc.cands, policy.Env{Rand: r.rand})
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
+	}
+	if !hasHome && drawn && future.Turns == 0 {
+		res = r.sessionRound(sc, start, d.Session, res, preq, primary)
 	}
 
 	for k, i := range cands {
@@ -572,6 +581,101 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	d.DecideTime = r.opts.Now().Sub(start)
 	return d, nil
+}
+
+// ReasonSessionRound marks a decision whose pick the round of sessions of
+// unknown future changed (see Router.sessionRound).
+const ReasonSessionRound = "session_round"
+
+// futurePricer is a policy that places a new session by what its later
+// turns will cost where it lives (policy.KVRoute's FutureWait).
+type futurePricer interface {
+	FutureWait(policy.Request, policy.Candidate, policy.Fleet) float64
+}
+
+// pricesFuture reports whether p prices a new session's later turns: its
+// FutureWait is positive for a session with one later turn on a replica
+// where another lives (false for kvroute with future_weight 0).
+func pricesFuture(p policy.Policy) bool {
+	fp, ok := p.(futurePricer)
+	if !ok {
+		return false
+	}
+	one := policy.SessionLoad{Rate: 1, Blocks: 1, BlocksSq: 1, Sessions: 1}
+	req := policy.Request{BlockSize: 16, Future: policy.Future{Turns: 1, Blocks: 1, BlocksSq: 1}}
+	c := policy.Candidate{Sessions: one}
+	return fp.FutureWait(req, c, policy.Fleet{BlockTokens: 16}) > 0
+}
+
+// sessionRound places a request that starts a session of unknown future
+// (sessionBook.round) on a replica that took the fewest of its key kind's
+// sessions, for a policy that prices a new session's future: res is the
+// policy's pick among all candidates, kept when it is such a replica, else
+// the policy is asked again among those of them that are idle (nothing
+// running, waiting or queued), and its pick there taken if the policy's
+// cost puts it no further off than the prefill of the prefix the first
+// pick holds beyond it (costs reported are the first pick's, every
+// candidate's). Nothing predicts what such a
+// session brings (none of its kind came back), and the policy's cost then
+// sees only the shared prefix it would find on the replicas holding it:
+// every new session of a fleet's first minutes (agents sharing a
+// harness prompt) goes to its holder, and they pack there, their later
+// turns queueing behind each other's, their histories filling one
+// replica's cache. Spread one per replica instead, a session costs at most
+// one prefill of its shared prefix on a replica that was not using it, and
+// the round ends after one session per replica: the prefix is then held
+// everywhere and no longer tips the cost, or the kind's sessions came back
+// and their prediction takes over.
+func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy.Result, preq policy.Request, primary int) policy.Result {
+	if !r.future {
+		return res
+	}
+	sc.starts = slices.Grow(sc.starts[:0], len(sc.cands))[:len(sc.cands)]
+	if !r.book.round(now, key, sc.cands, sc.starts) {
+		return res
+	}
+	least := math.Inf(1)
+	for k, c := range sc.cands {
+		if c.Load.Healthy {
+			least = math.Min(least, sc.starts[k])
+		}
+	}
+	// Only an idle replica (nothing running, waiting or queued): the
+	// round invests capacity nobody is using, never queues a session
+	// behind others.
+	in := func(k int) bool {
+		l := sc.cands[k].Load
+		return l.Healthy && sc.starts[k] < least+0.5 && l.Requests() == 0 && l.ActivePrefillBlocks == 0
+	}
+	if sc.starts[res.Pick] < least+0.5 {
+		return res
+	}
+	sc.sub, sc.subIdx = sc.sub[:0], sc.subIdx[:0]
+	for k := range sc.cands {
+		if in(k) {
+			sc.sub = append(sc.sub, sc.cands[k])
+			sc.subIdx = append(sc.subIdx, k)
+		}
+	}
+	if len(sc.sub) == 0 {
+		return res
+	}
+	sub := r.opts.Policy.Pick(preq, sc.sub, policy.Env{Rand: r.rand})
+	if sub.Pick < 0 || sub.Pick >= len(sc.sub) {
+		return res
+	}
+	k := sc.subIdx[sub.Pick]
+	// Only the shared prefix's prefill: a pick the policy's cost puts
+	// further off than the prefix the first pick holds beyond it, at k's
+	// prefill speed, would wait behind a queue, not invest idle capacity.
+	if res.Costs != nil && sc.rates[k] > 0 {
+		saved := float64(sc.cands[res.Pick].MatchedBlocks()-sc.cands[k].MatchedBlocks()) * float64(primary) / sc.rates[k]
+		if extra := res.Costs[k] - res.Costs[res.Pick]; !(extra <= saved*(1+1e-9)) {
+			return res
+		}
+	}
+	res.Pick, res.Reason, res.Spread = k, ReasonSessionRound, sub.Spread
+	return res
 }
 
 // drawingPrefix returns the key (at the primary block size) of the

@@ -110,6 +110,10 @@ type classStats struct {
 	turns, sumW, sumW2 float64 // later turns and their uncached blocks
 	gaps, gapN         float64 // inter-turn gaps (seconds) and their count
 	bursts, par        float64 // requests that began a burst; parallel requests (within MinSessionGap of their burst's first)
+	// on counts, per replica, the sessions started there (a key kind's
+	// only; nil for a start class): where its round of sessions of
+	// unknown future went (see sessionBook.round).
+	on map[index.ReplicaID]float64
 }
 
 func (c *classStats) decay(now time.Time) {
@@ -132,6 +136,13 @@ func (c *classStats) decay(now time.Time) {
 	c.gapN *= d
 	c.bursts *= d
 	c.par *= d
+	for id, v := range c.on {
+		if v *= d; v < 1e-3 {
+			delete(c.on, id)
+		} else {
+			c.on[id] = v
+		}
+	}
 }
 
 // estimate is a class's prediction for a new session: later turns, mean
@@ -257,6 +268,9 @@ func (b *sessionBook) forget(replica index.ReplicaID) {
 		}
 	}
 	delete(b.reps, replica)
+	for i := range b.kinds {
+		delete(b.kinds[i].on, replica)
+	}
 }
 
 // unload removes the session's committed load from its home.
@@ -351,6 +365,42 @@ func (b *sessionBook) view(now time.Time, key string, hasHome bool, k kvblock.Ke
 	return policy.Future{Turns: e.turns, Blocks: e.w, BlocksSq: e.w2}
 }
 
+// round reports, for a request starting a session of the key (no home),
+// whether its key kind is in its round of sessions of unknown future and,
+// if so, fills starts[i] with how many of the kind's sessions started on
+// cands[i] (decayed like the kind's counts). The round: the kind has seen
+// none of its sessions come back (so nothing predicts what its sessions
+// bring: Request.Future is 0 for the class and the kind alike) and fewer of
+// them start than there are eligible candidates. Conversation keys are
+// never in a round: such a key is derived from a conversation's history,
+// so its request is a later turn whatever the router saw of its first.
+func (b *sessionBook) round(now time.Time, key string, cands []policy.Candidate, starts []float64) bool {
+	if b == nil || key == "" {
+		return false
+	}
+	kind := keyKind(key)
+	if kind == kindConv {
+		return false
+	}
+	n := 0
+	for _, c := range cands {
+		if c.Load.Healthy {
+			n++
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	kc := &b.kinds[kind]
+	kc.decay(now)
+	if kc.back > 1e-9 || kc.starts > float64(n)-1+1e-9 || n < 2 {
+		return false
+	}
+	for i, c := range cands {
+		starts[i] = kc.on[c.Replica]
+	}
+	return true
+}
+
 // siblings reports whether a request of the session key sent at now is
 // parallel (within MinSessionGap of its session's latest turn, whose
 // replica is its home) and, if so, how many more requests of its burst
@@ -439,6 +489,11 @@ func (b *sessionBook) record(now time.Time, key string, hadHome bool, k kvblock.
 			for _, c := range b.statsOf(s, now) {
 				c.starts++
 			}
+			kc := &b.kinds[kind]
+			if kc.on == nil {
+				kc.on = map[index.ReplicaID]float64{}
+			}
+			kc.on[replica]++
 		}
 		for _, c := range b.statsOf(s, now) {
 			c.bursts++
