@@ -201,7 +201,14 @@ import (
 // needs its prompt blocks plus its expected output blocks; whatever would
 // exceed (1 - memory_reserve) of the cache is overflow, which the engine
 // resolves by preempting a running request and recomputing it later.
-// Without Load.KVBlocks the term is 0.
+// Without Load.KVBlocks the term is 0. The footprint counts a prefix
+// shared by requests in flight once per request, and a request the engine
+// finished until the router sees its end; where it exceeds the engine's
+// report plus the prefill still to be allocated, the request's prefix
+// cached on the candidate is not needed again up to that excess. Without
+// it, a replica holding a session's previous turn (ended at the engine,
+// not yet at the router) read full and the next turn moved off its home,
+// re-prefilling 88k tokens (the live agents check through Envoy).
 //
 // Herding protection comes from the prediction where a burst's cost is
 // visible: its queued prefill is in the router's in-flight view (wait),
@@ -661,8 +668,16 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 		p.Future = math.Max(0, k.FutureWait(req, c, f)-f.FutureMin)
 	}
 	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
-		used := math.Max(c.Load.KVUsage*total, c.Load.ActiveDecodeBlocks)
+		reported := c.Load.KVUsage * total
+		used := math.Max(reported, c.Load.ActiveDecodeBlocks)
 		need := float64(req.PromptBlocks) + req.ExpectedOutputBlocks
+		if excess := c.Load.ActiveDecodeBlocks - c.Load.ActivePrefillBlocks - reported; reported > 0 && excess > 0 {
+			// The footprint beyond the engine's report and the prefill
+			// still to be allocated is blocks the engine holds once for
+			// several requests or no longer holds; the request's prefix
+			// cached on c may be those very blocks: not charged twice.
+			need -= math.Min(excess, math.Min(float64(c.Matched[index.TierGPU]), float64(req.PromptBlocks)))
+		}
 		p.Memory = pc.BlockSecs * k.memoryWeight * math.Max(0, used+need-(1-k.memoryReserve)*total)
 	}
 	return p

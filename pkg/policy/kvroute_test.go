@@ -99,6 +99,24 @@ func TestKVRoutePredict(t *testing.T) {
 		{"in flight behind a step: full credit", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
 		{"in flight beyond an indexed match, behind a step", pend(cand("a", 4, 6+600, 0), 6), idle, Prediction{Wait: 0.5*600 + 6}},
 		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
+		// The footprint (946) over the engine's report (900) is blocks held
+		// once for several requests or no longer held: up to that excess
+		// the request's cached prefix is not charged again.
+		{"a cached prefix the footprint already counts is not charged twice", func() Candidate {
+			c := cand("a", 8, 0, 946)
+			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.9
+			return c
+		}(), idle, Prediction{Own: 2, Memory: 2 * (946 + 6 - 950)}},
+		{"prefill still to be allocated is no excess", func() Candidate {
+			c := cand("a", 8, 40, 946)
+			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.9
+			return c
+		}(), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (946 + 8 - 950)}},
+		{"no excess: a cached prefix still takes its blocks", func() Candidate {
+			c := cand("a", 8, 0, 0)
+			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.94
+			return c
+		}(), idle, Prediction{Own: 2, Memory: 2 * 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
