@@ -495,6 +495,10 @@ func (p Prediction) Total() float64 {
 // its idle share counts as at least this.
 const futureIdleMin = 0.05
 
+// PricesFuture reports whether kvroute charges a new session for its
+// predicted later turns (future_weight > 0; see FutureWait).
+func (k *KVRoute) PricesFuture() bool { return k.futureWeight > 0 }
+
 // FutureWait is the waiting, in seconds, the request's session would add
 // over its later turns (Request.Future) if it lived on c, to its own turns
 // and to those of the sessions living there (Candidate.Sessions), by the

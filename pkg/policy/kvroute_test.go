@@ -1049,3 +1049,18 @@ func TestKVRouteHoldsBurstThatFillsFleet(t *testing.T) {
 		t.Errorf("unhealthy holder: picked %d (%s)", res.Pick, res.Reason)
 	}
 }
+
+func TestKVRoutePricesFutureFollowsFutureWeight(t *testing.T) {
+	for _, tt := range []struct {
+		w    *float64
+		want bool
+	}{{nil, true}, {Float(0), false}, {Float(2), true}} {
+		k, err := NewKVRoute(KVRouteConfig{FutureWeight: tt.w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := k.PricesFuture(); got != tt.want {
+			t.Errorf("future_weight %v: PricesFuture %v, want %v", tt.w, got, tt.want)
+		}
+	}
+}

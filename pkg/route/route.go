@@ -587,24 +587,17 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 // unknown future changed (see Router.sessionRound).
 const ReasonSessionRound = "session_round"
 
-// futurePricer is a policy that places a new session by what its later
-// turns will cost where it lives (policy.KVRoute's FutureWait).
+// futurePricer is a policy that can place a new session by what its later
+// turns will cost where it lives (policy.KVRoute, unless its future_weight
+// is 0).
 type futurePricer interface {
-	FutureWait(policy.Request, policy.Candidate, policy.Fleet) float64
+	PricesFuture() bool
 }
 
-// pricesFuture reports whether p prices a new session's later turns: its
-// FutureWait is positive for a session with one later turn on a replica
-// where another lives (false for kvroute with future_weight 0).
+// pricesFuture reports whether p prices a new session's later turns.
 func pricesFuture(p policy.Policy) bool {
 	fp, ok := p.(futurePricer)
-	if !ok {
-		return false
-	}
-	one := policy.SessionLoad{Rate: 1, Blocks: 1, BlocksSq: 1, Sessions: 1}
-	req := policy.Request{BlockSize: 16, Future: policy.Future{Turns: 1, Blocks: 1, BlocksSq: 1}}
-	c := policy.Candidate{Sessions: one}
-	return fp.FutureWait(req, c, policy.Fleet{BlockTokens: 16}) > 0
+	return ok && fp.PricesFuture()
 }
 
 // sessionRound places a request that starts a session of unknown future
