@@ -16,10 +16,9 @@ import (
 func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvroute decisions", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", DefaultAdminAddr, "admin listener of the running kvroute")
+	var af adminFlags
+	af.register(fs)
 	limit := fs.Int("limit", 10, "the newest this many decisions (0: every one kept)")
-	asJSON := fs.Bool("json", false, "print the raw response as JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -28,14 +27,14 @@ func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return errors.New("decisions: takes no arguments, and -limit must not be negative")
 	}
 	var resp *kvroutev1.DecisionsResponse
-	err := callAdmin(ctx, *addr, *timeout, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
+	err := callAdmin(ctx, af, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
 		resp, err = c.Decisions(ctx, &kvroutev1.DecisionsRequest{Limit: int64(*limit)})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("decisions: %w", err)
 	}
-	if *asJSON {
+	if af.json {
 		return printJSON(stdout, resp)
 	}
 	return printDecisions(stdout, resp)

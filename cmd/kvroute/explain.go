@@ -27,11 +27,10 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("kvroute explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	file := fs.String("f", "", "request body file (OpenAI JSON; - for stdin)")
-	addr := fs.String("addr", DefaultAdminAddr, "admin listener of the running kvroute")
+	var af adminFlags
+	af.register(fs)
 	path := fs.String("path", "", "request path (default: chat when the body has messages, else completions)")
 	session := fs.String("session", "", "session affinity key (as x-session-id would carry it)")
-	asJSON := fs.Bool("json", false, "print the raw decision as JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,29 +49,43 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("explain: %w", err)
 	}
 	var resp *kvroutev1.ExplainResponse
-	err = callAdmin(ctx, *addr, *timeout, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
+	err = callAdmin(ctx, af, func(ctx context.Context, c kvroutev1.AdminClient) (err error) {
 		resp, err = c.Explain(ctx, &kvroutev1.ExplainRequest{Body: body, Path: *path, SessionKey: *session})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("explain: %w", err)
 	}
-	if *asJSON {
+	if af.json {
 		return printJSON(stdout, resp)
 	}
 	return printExplain(stdout, resp)
 }
 
-// callAdmin calls a running kvroute's admin API at addr (plaintext gRPC:
+// adminFlags are the flags of every command that calls a running
+// kvroute's admin API.
+type adminFlags struct {
+	addr    string
+	timeout time.Duration
+	json    bool
+}
+
+func (a *adminFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.addr, "addr", DefaultAdminAddr, "admin listener of the running kvroute")
+	fs.DurationVar(&a.timeout, "timeout", 5*time.Second, "deadline of the call")
+	fs.BoolVar(&a.json, "json", false, "print the raw answer as JSON")
+}
+
+// callAdmin calls a running kvroute's admin API at a.addr (plaintext gRPC:
 // the admin listener is on loopback unless tls.admin protects it) within
-// timeout.
-func callAdmin(ctx context.Context, addr string, timeout time.Duration, call func(context.Context, kvroutev1.AdminClient) error) error {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// a.timeout.
+func callAdmin(ctx context.Context, a adminFlags, call func(context.Context, kvroutev1.AdminClient) error) error {
+	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
 	return call(ctx, kvroutev1.NewAdminClient(cc))
 }
