@@ -22,7 +22,8 @@ import (
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
 //	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it; with inflight > 0:
 //	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending)
-//	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one)
+//	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one;
+//	          a sibling in a burst: own - own at a holder of its whole prompt, 0 at a holder)
 //	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
 //	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt
 //	future  = FutureWait(candidate) - least FutureWait of the eligible candidates
@@ -102,11 +103,42 @@ import (
 // queue outweighs the history's prefill, and at saturation only when the
 // holder's queue outweighs it several times over: trajectories stay home.
 // A request without a home (a new session, or no session key) pays no
-// move charge: prefilling a shared prefix (a system prompt, a task prompt)
+// move charge, a burst's sibling aside (below): prefilling a shared prefix (a system prompt, a task prompt)
 // on one more replica is a one-off investment the replica's later
 // requests reuse, not a loss, so new sessions and groups go where the
 // prediction is lowest: to the holder of their shared prefix while its
 // queue is short, elsewhere once it is not.
+//
+// A sibling in a burst pays the move charge too. A request without a home
+// whose whole prompt a candidate holds, part of it in flight (a holder,
+// as for the hold below: a GRPO sample or a fan-out sibling sent just
+// after the one now prefilling it), while the prefix that draws it has
+// had 2N or more recent placements (Request.PrefixPlacements, the burst
+// the prefix share bound watches for) and the fleet's queued prefill (its
+// fluid estimate, FluidWait) comes to half an engine step a replica or
+// more, is charged on every other
+// candidate for the prefill a holder would have saved: the least own
+// prefill of a holder, everything it holds credited, stands for the
+// home's, and a holder pays no move charge. A copy of a prompt prefilled
+// on another replica is work the fleet does twice, and in a burst of more
+// requests than replicas the burst itself fills every replica's next
+// steps, so the copy delays the burst's later requests there; on the
+// holder the sibling costs the fleet nothing once the prompt is computed.
+// Placed by the prediction alone, a GRPO step (4 groups of 8-16 samples
+// at once, on 4 replicas) spread every group over every replica, and each
+// replica's first step computed the first group's prompt three or four
+// times over, pushing the later groups into its second step; with the
+// charge a group stays on one or two replicas. The fleet's fill is part
+// of the condition because a copy costs nothing while the fleet's next
+// steps have room the burst will not use: 16 replicas start a whole GRPO
+// step at once, and without it the holders' queues put groups' later
+// samples a step behind (grpo p99 at 16 replicas +12 to +19 %); a whole
+// step a replica instead of half gave back most of the gain at 4.
+// A smaller burst (rl: 8
+// samples of a 2,048-token task prompt on 4 replicas, none of it indexed
+// yet) fits the fleet's next steps spread and keeps the normal
+// prediction, as does a request of a spread burst (the spread regime
+// decides there).
 //
 // The future charge is what a new session's later turns will pay, and
 // make others pay, where it is placed. The queue a turn meets is not only
@@ -217,7 +249,9 @@ import (
 // net for a burst on a prefix so long that the holder stays the faster
 // choice for many requests, and neither ever applies at a session's home
 // (a session leaves its history only when the prediction says the holder
-// is slower). The load bound below fires at three times the fleet's mean
+// is slower). Nor does the prefix share bound pass over a holder of a
+// burst sibling's whole prompt: keeping copies of one prompt together is
+// what the sibling's move charge asks for, not herding. The load bound below fires at three times the fleet's mean
 // load. The prefix share bound (prefix_share_bound c, default 1.25; 0
 // turns it off) passes over a candidate that took c/N or more of the
 // router's recent placements of requests drawn by the same prefix
@@ -415,7 +449,9 @@ func StepFound(p, l, step float64) float64 {
 // prefill at the session's home and the fleet's pressure.
 type Fleet struct {
 	// HomeOwn is the request's own uncached prefill, in blocks, at its
-	// session's eligible home replica; +Inf without one (no move charge).
+	// session's eligible home replica, or for a sibling in a burst at a
+	// holder of its whole prompt (Sibling); +Inf without either (no move
+	// charge).
 	HomeOwn float64
 	// Pressure is busy/(1-busy) capped at move_pressure_max, busy being
 	// the share of eligible candidates with prefill queued or requests
@@ -444,6 +480,12 @@ type Fleet struct {
 	// request, or one whose prompt no candidate holds, in the regime.
 	Spread, Fluid bool
 	CarrierDone   float64
+	// Sibling is set when HomeOwn is not a home's but a holder's: the
+	// request has no home and a candidate holds its whole prompt, part of
+	// it in flight (a sibling of a request just sent there); HomeOwn is
+	// then the least own prefill of such a holder with all it holds
+	// credited, and a holder pays no move charge.
+	Sibling bool
 }
 
 // Pace is how a candidate turns work into time: seconds per prompt block
@@ -568,6 +610,16 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	if n == 0 {
 		return f
 	}
+	if math.IsInf(f.HomeOwn, 1) && inBurst(req, n) && k.fleetFilling(req, cands, n) {
+		// A sibling in a burst: a holder's own prefill stands for the
+		// home's.
+		for _, c := range cands {
+			if eligible(c) && holds(req, c) && (credited == nil || credited(c)) {
+				f.Sibling = true
+				f.HomeOwn = math.Min(f.HomeOwn, own(req, float64(c.MatchedBlocks()+c.Pending)))
+			}
+		}
+	}
 	if req.Future.Turns > 0 && k.futureWeight > 0 {
 		f.Future, f.FutureMin = true, math.Inf(1)
 		for _, c := range cands {
@@ -625,7 +677,7 @@ func (k *KVRoute) spreadRegime(req Request, cands []Candidate, f *Fleet) {
 		return
 	}
 	f.Spread, f.Fluid = true, true
-	f.HomeOwn = math.Inf(1)
+	f.HomeOwn, f.Sibling = math.Inf(1), false
 	f.CarrierDone = math.Inf(1)
 	for _, c := range cands {
 		if eligible(c) && c.Pending > 0 {
@@ -660,10 +712,14 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
 		wait = k.backlogWeight*math.Max(0, a-pend) + math.Min(a, pend)
 	}
+	extra := math.Max(0, o-f.HomeOwn)
+	if f.Sibling && holds(req, c) {
+		extra = 0
+	}
 	p := Prediction{
 		Wait:     pc.BlockSecs * wait,
 		Own:      pc.BlockSecs * o,
-		Move:     pc.BlockSecs * k.moveWeight * f.Pressure * math.Max(0, o-f.HomeOwn),
+		Move:     pc.BlockSecs * k.moveWeight * f.Pressure * extra,
 		Decode:   pc.BlockSecs * k.decodeWeight * c.Load.ActiveDecodeBlocks,
 		Step:     pc.StepSecs,
 		Requests: pc.StepSecs * (k.requestWeight*float64(c.Load.WaitingRequests) + k.runningWeight*float64(c.Load.ActiveRequests)),
@@ -724,6 +780,11 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	credited := func(c Candidate) bool { return c.Home || float64(c.Load.Requests()) < bound }
 	f := k.FleetOf(req, cands, credited)
 	herding := k.Herding(req, cands)
+	if f.Sibling {
+		// Keeping a burst's copies of one prompt together is not herding.
+		h := herding
+		herding = func(c Candidate) bool { return h(c) && !holds(req, c) }
+	}
 	var allowed func(Candidate) bool
 	for _, c := range cands {
 		if eligible(c) && !herding(c) {
@@ -835,12 +896,31 @@ func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
 			n++
 		}
 	}
-	if k.prefixShareBound == 0 || n < 2 || req.PrefixPlacements < float64(2*n) {
+	if k.prefixShareBound == 0 || n < 2 || !inBurst(req, n) {
 		return func(Candidate) bool { return false }
 	}
 	lim := k.prefixShareBound / float64(n)
 	return func(c Candidate) bool { return !c.Home && c.PrefixShare >= lim }
 }
+
+// fleetFilling reports whether the n eligible candidates' queued prefill
+// on the router's fluid estimate (FluidWait) comes to half an engine step
+// (StepBlocks) a replica or more: a burst has filled the fleet's next
+// steps half way.
+func (k *KVRoute) fleetFilling(req Request, cands []Candidate, n int) bool {
+	q := 0.0
+	for _, c := range cands {
+		if eligible(c) {
+			q += k.FluidWait(c)
+		}
+	}
+	return q >= float64(n)*k.StepBlocks(req)/2
+}
+
+// inBurst reports whether the request is part of a burst on a fleet of n
+// eligible candidates: the prefix that draws it had 2n or more recent
+// placements (Request.PrefixPlacements).
+func inBurst(req Request, n int) bool { return req.PrefixPlacements >= float64(2*n) }
 
 // passedOver reports whether an eligible herding candidate was cheaper
 // than the pick.

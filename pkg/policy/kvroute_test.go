@@ -1064,3 +1064,89 @@ func TestKVRoutePricesFutureFollowsFutureWeight(t *testing.T) {
 		}
 	}
 }
+
+// A GRPO sample in a burst (the environment prompt that draws it had 15
+// placements in the last second on 4 replicas) whose whole prompt, its
+// task included, is in flight on one replica: copying the task prompt to
+// another replica is work the burst's later samples wait for there, so
+// the sample pays the move charge everywhere but on the holder and goes
+// to the holder, even where the prefix share bound would pass the holder
+// over. Outside a burst, or while the fleet's next steps have room for
+// the copy, the prediction alone spreads it, as before.
+func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
+	fleet := func() []Candidate {
+		cs := []Candidate{
+			withReqs(cand("r0", 16, 51, 0), 9, 0),
+			withReqs(cand("r1", 16, 51, 0), 10, 0),
+			pend(withReqs(cand("r2", 16, 91, 0), 10, 0), 40),
+			withReqs(cand("r3", 16, 85, 0), 29, 0),
+		}
+		// The router's fluid queues: 310 blocks, more than half a
+		// 128-block engine step on each of the 4 replicas.
+		for i, q := range []float64{60, 60, 100, 90} {
+			cs[i].PrefixShare = 0.25
+			cs[i].Queued, cs[i].QueuedCharge = q, cs[i].Load.ActivePrefillBlocks
+		}
+		cs[2].PrefixShare = 0.4 // over prefix_share_bound/N = 0.3125
+		return cs
+	}
+	k, err := NewKVRoute(KVRouteConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	burst := Request{PromptBlocks: 56, BlockSize: 64, SessionKey: "grpo-66", PrefixPlacements: 15}
+	cs := fleet()
+	f := k.FleetOf(burst, cs, nil)
+	if !f.Sibling || f.HomeOwn != 0 {
+		t.Fatalf("burst sibling: Fleet.Sibling %v, HomeOwn %v; want true, 0 (the holder holds it all)", f.Sibling, f.HomeOwn)
+	}
+	for i, c := range cs {
+		m := k.Predict(burst, c, k.HitBlocks(burst, c), f).Move
+		if holder := i == 2; holder != (m == 0) {
+			t.Errorf("candidate %d (holder %v): move charge %v", i, holder, m)
+		}
+	}
+	res := k.Pick(burst, cs, seeded(1))
+	if res.Pick != 2 {
+		t.Errorf("burst sibling: picked %d (%s), want the holder 2; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+
+	// The same sample outside a burst: no move charge, the prediction
+	// alone prefers a replica with a shorter queue.
+	alone := burst
+	alone.PrefixPlacements = 3
+	if f := k.FleetOf(alone, fleet(), nil); f.Sibling || !math.IsInf(f.HomeOwn, 1) {
+		t.Errorf("outside a burst: Fleet.Sibling %v, HomeOwn %v; want false, +Inf", f.Sibling, f.HomeOwn)
+	}
+	if res := k.Pick(alone, fleet(), seeded(1)); res.Pick == 2 {
+		t.Errorf("outside a burst: picked the holder; costs %v", res.Costs)
+	}
+
+	// While the fleet's queues come to less than half a step a replica,
+	// a copy takes room the burst leaves free: no charge.
+	cs = fleet()
+	for i := range cs {
+		cs[i].Queued = 20
+	}
+	if f := k.FleetOf(burst, cs, nil); f.Sibling {
+		t.Errorf("fleet with room: Fleet.Sibling set")
+	}
+	if res := k.Pick(burst, cs, seeded(1)); res.Pick == 2 {
+		t.Errorf("fleet with room: picked the holder; costs %v", res.Costs)
+	}
+
+	// A replica holding only part of the prompt in flight is no holder.
+	cs = fleet()
+	cs[2].Pending = 20
+	if f := k.FleetOf(burst, cs, nil); f.Sibling {
+		t.Errorf("part of the prompt in flight: Fleet.Sibling set")
+	}
+
+	// A session's home keeps the move charge its own: a parallel request
+	// with a home is charged against the home, not a holder.
+	cs = fleet()
+	cs[0].Home = true
+	if f := k.FleetOf(burst, cs, nil); f.Sibling || f.HomeOwn != 40 {
+		t.Errorf("with a home: Fleet.Sibling %v, HomeOwn %v; want false, 40", f.Sibling, f.HomeOwn)
+	}
+}
