@@ -54,21 +54,27 @@ import (
 // blocks beyond the index's match that the router just sent to the
 // candidate (route's Options.Pending, on by default: routing.pending_ttl):
 // a fan-out sibling or a GRPO sample of a new task finds its prompt being
-// prefilled there. Engines share blocks once computed, not while in
-// flight, and they compute in steps: each step takes the running requests'
-// next chunks, then admits waiting requests in order while its token
-// budget lasts (vLLM's --max-num-batched-tokens, step_tokens here), and a
-// block is computed when the step that holds it ends. A request admitted
-// in the same step as the last chunk of the prefix computes the prefix
-// again; one admitted in a later step finds it. The request is admitted
-// in the step in which the prefill queued ahead of it runs out, so it
-// finds the prefix only if a step boundary falls between the prefix's end
-// and its own admission: always if the prefill queued between them (l
-// blocks: the candidate's other charged prefill, taken to be queued
-// behind the prefix, which the router just sent) is a step or more; with
-// less, only as far as a boundary happens to fall in it. The engine's
-// step boundaries are not visible to the router, so StepFound averages
-// over where they fall (uniformly): the p in-flight blocks are credited
+// prefilled there. In the simulator's engine model (pkg/engine, as in
+// vLLM's V0 engine) blocks are shared once computed, not while in flight;
+// vLLM v1 caches the blocks a step is scheduled to compute while it
+// schedules, so a request admitted in that step finds them, and SGLang
+// holds such a request back a step, so against either the credit below is
+// too low (docs/benchmarks.md: "A burst's copies of one prompt, and an
+// engine model that recomputed them"). Engines compute in steps: each step
+// takes the running requests' next chunks, then admits waiting requests in
+// order while its token budget lasts (vLLM's --max-num-batched-tokens,
+// step_tokens here), and a block is computed when the step that holds it
+// ends. A request admitted in the same step as the last chunk of the
+// prefix computes the prefix again; one admitted in a later step finds it.
+// The request is admitted in the step in which the prefill queued ahead of
+// it runs out, so it finds the prefix only if a step boundary falls
+// between the prefix's end and its own admission: always if the prefill
+// queued between them (l blocks: the candidate's other charged prefill,
+// taken to be queued behind the prefix, which the router just sent) is a
+// step or more; with less, only as far as a boundary happens to fall in
+// it. The engine's step boundaries are not visible to the router, so
+// StepFound averages over where they fall (uniformly): the p in-flight
+// blocks are credited
 //
 //	(1/step) * integral over x in [0, step) of min(p, max(0, p + l - x))
 //
@@ -102,43 +108,41 @@ import (
 // load a session moves away from its history as soon as its holder's
 // queue outweighs the history's prefill, and at saturation only when the
 // holder's queue outweighs it several times over: trajectories stay home.
-// A request without a home (a new session, or no session key) pays no
-// move charge, a burst's sibling aside (below): prefilling a shared prefix (a system prompt, a task prompt)
-// on one more replica is a one-off investment the replica's later
-// requests reuse, not a loss, so new sessions and groups go where the
-// prediction is lowest: to the holder of their shared prefix while its
-// queue is short, elsewhere once it is not.
+// A request without a home (a new session, or no session key) pays no move
+// charge, a burst's sibling aside (below): prefilling a shared prefix (a
+// system prompt, a task prompt) on one more replica is a one-off
+// investment the replica's later requests reuse, not a loss, so new
+// sessions and groups go where the prediction is lowest: to the holder of
+// their shared prefix while its queue is short, elsewhere once it is not.
 //
 // A sibling in a burst pays the move charge too. A request without a home
-// whose whole prompt a candidate holds, part of it in flight (a holder,
-// as for the hold below: a GRPO sample or a fan-out sibling sent just
-// after the one now prefilling it), while the prefix that draws it has
-// had 2N or more recent placements (Request.PrefixPlacements, the burst
-// the prefix share bound watches for) and the fleet's queued prefill (its
-// fluid estimate, FluidWait) comes to half an engine step a replica or
-// more, is charged on every other
-// candidate for the prefill a holder would have saved: the least own
-// prefill of a holder, everything it holds credited, stands for the
-// home's, and a holder pays no move charge. A copy of a prompt prefilled
-// on another replica is work the fleet does twice, and in a burst of more
-// requests than replicas the burst itself fills every replica's next
-// steps, so the copy delays the burst's later requests there; on the
-// holder the sibling costs the fleet nothing once the prompt is computed.
-// Placed by the prediction alone, a GRPO step (4 groups of 8-16 samples
-// at once, on 4 replicas) spread every group over every replica, and each
-// replica's first step computed the first group's prompt three or four
-// times over, pushing the later groups into its second step; with the
-// charge a group stays on one or two replicas. The fleet's fill is part
-// of the condition because a copy costs nothing while the fleet's next
-// steps have room the burst will not use: 16 replicas start a whole GRPO
-// step at once, and without it the holders' queues put groups' later
+// whose whole prompt a candidate holds, part of it in flight (a holder, as
+// for the hold below: a GRPO sample or a fan-out sibling sent just after
+// the one now prefilling it), while the prefix that draws it has had 2N or
+// more recent placements (Request.PrefixPlacements, the burst the prefix
+// share bound watches for) and the fleet's queued prefill (its fluid
+// estimate, FluidWait) comes to half an engine step a replica or more, is
+// charged on every other candidate for the prefill a holder would have
+// saved: the least own prefill of a holder, everything it holds credited,
+// stands for the home's, and a holder pays no move charge. A copy of a
+// prompt prefilled on another replica is work the fleet does twice, and in
+// a burst of more requests than replicas the burst itself fills every
+// replica's next steps, so the copy delays the burst's later requests
+// there; on the holder the sibling costs the fleet nothing once the prompt
+// is computed. Placed by the prediction alone, a GRPO step (4 groups of
+// 8-16 samples at once, on 4 replicas) spread every group over every
+// replica, and each replica's first step computed the first group's prompt
+// three or four times over, pushing the later groups into its second step;
+// with the charge a group stays on one or two replicas. The fleet's fill
+// is part of the condition because a copy costs nothing while the fleet's
+// next steps have room the burst will not use: 16 replicas start a whole
+// GRPO step at once, and without it the holders' queues put groups' later
 // samples a step behind (grpo p99 at 16 replicas +12 to +19 %); a whole
-// step a replica instead of half gave back most of the gain at 4.
-// A smaller burst (rl: 8
-// samples of a 2,048-token task prompt on 4 replicas, none of it indexed
-// yet) fits the fleet's next steps spread and keeps the normal
-// prediction, as does a request of a spread burst (the spread regime
-// decides there).
+// step a replica instead of half gave back most of the gain at 4. A
+// smaller burst (rl: 8 samples of a 2,048-token task prompt on 4 replicas,
+// none of it indexed yet) fits the fleet's next steps spread and keeps the
+// normal prediction, as does a request of a spread burst (the spread
+// regime decides there).
 //
 // The future charge is what a new session's later turns will pay, and
 // make others pay, where it is placed. The queue a turn meets is not only
@@ -251,8 +255,9 @@ import (
 // (a session leaves its history only when the prediction says the holder
 // is slower). Nor does the prefix share bound pass over a holder of a
 // burst sibling's whole prompt: keeping copies of one prompt together is
-// what the sibling's move charge asks for, not herding. The load bound below fires at three times the fleet's mean
-// load. The prefix share bound (prefix_share_bound c, default 1.25; 0
+// what the sibling's move charge asks for, not herding. The load bound
+// below fires at three times the fleet's mean load. The prefix share bound
+// (prefix_share_bound c, default 1.25; 0
 // turns it off) passes over a candidate that took c/N or more of the
 // router's recent placements of requests drawn by the same prefix
 // (Candidate.PrefixShare: the longest indexed match any candidate has for
