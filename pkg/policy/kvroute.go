@@ -21,7 +21,9 @@ import (
 //	step    = step_tokens / the request's block size   the engine's per-step token budget, in blocks
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
 //	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it; with inflight > 0:
-//	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending)
+//	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending);
+//	          at the session's home or a candidate holding none of the prompt, at least
+//	          min(active_prefill_blocks, FluidWait)      (a fresh queue, see below)
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one;
 //	          a sibling in a burst: own - own at a holder of its whole prompt, 0 at a holder)
 //	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
@@ -36,7 +38,26 @@ import (
 // the first token. The router charges a request's uncached blocks to the
 // replica's active prefill until its first token, so on average half of
 // the charged backlog is already computed when the next request looks
-// (backlog_weight 0.5). A request the engine holds waiting is charged a
+// (backlog_weight 0.5). A fresh backlog is not: a 90k-token document sent
+// a moment ago is charged like one nearly computed, and the engine runs
+// its chunks, step after step, ahead of a request sent behind it. The
+// router's fluid estimate of the queue (FluidWait: Candidate.Queued, what
+// it sent there drained at the learned speed since) tells them apart, so
+// where it holds more than backlog_weight of the charge the wait is the
+// estimate, never more than the charge: at the session's home, whose
+// leaving the move charge prices, and at a candidate holding none of the
+// prompt. At another holder of the prompt it stays backlog_weight of the
+// charge: a request without a home is charged nothing for the cache it
+// leaves, and the trace's later requests, keyed afresh, left the replicas
+// holding their history behind fresh queues (hit/ceiling 0.95 -> 0.83 at
+// 4 replicas, 0.5, with the estimate there too). On mixed at 0.95 (4 and
+// 8 replicas, seeds 1-10) picks onto a queue whose estimate still held
+// 60% or more of its charge waited 3.3-3.5 s on average, predicted 1.3-1.6
+// s short by backlog_weight and 0.35-0.45 s short by the estimate; the
+// agent turns kept home 0.2-0.5 s after a document was sent there waited
+// 5.2-6.2 s where an idle replica would have re-prefilled their history
+// in 3-4 s, and they were the requests of kvroute's p99 tail that
+// blended's did not have. A request the engine holds waiting is charged a
 // decode step (request_weight 1): it takes a step's room before this one.
 // A running request is charged what it adds to the steps this one waits
 // through (running_weight 0.02 steps): a decoding sequence lengthens a
@@ -716,6 +737,9 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 		// its own prefill is, which was just sent and is charged in full.
 		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
 		wait = k.backlogWeight*math.Max(0, a-pend) + math.Min(a, pend)
+	case c.Home || hit == 0:
+		// A fresh queue is waited for in full (see KVRoute).
+		wait = math.Max(wait, math.Min(c.Load.ActivePrefillBlocks, k.FluidWait(c)))
 	}
 	extra := math.Max(0, o-f.HomeOwn)
 	if f.Sibling && holds(req, c) {

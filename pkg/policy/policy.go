@@ -54,8 +54,10 @@ type Candidate struct {
 	// blocks: the uncached blocks the router sent there, drained at the
 	// replica's prefill speed since. Unlike Load.ActivePrefillBlocks (a
 	// request's charge, held until its first token) it does not count
-	// prefill already done. Only kvroute reads it, in its spread regime
-	// (see KVRoute), which Request.SpreadUtil from the same router arms.
+	// prefill already done. Only kvroute reads it: in its spread regime
+	// (see KVRoute), which Request.SpreadUtil from the same router arms,
+	// and as the wait of a fresh queue (one it holds more of than the
+	// backlog weight's share of the charge).
 	// At the pick, capped by Load.ActivePrefillBlocks, it is also what the
 	// router tells its rate learner was queued ahead of the request
 	// (route.Decision.QueuedTokens).

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -43,7 +44,18 @@ import (
 //     never raises it, so the estimate follows the samples' upper
 //     envelope: it rises toward a higher sample with weight
 //     RateFastWeight and sinks toward a lower one with weight
-//     RateSlowWeight. The replica's own learned decode step is not what
+//     RateSlowWeight. The fleet's shortest step is itself learned: in a
+//     fleet's first seconds it may be a step that carried a prefill
+//     chunk (a trace opening with 20-50k-token prompts showed 0.22-0.52
+//     s before any replica decoded alone), and a sample read against it
+//     is too high (13,492 tokens over 0.90 s less 0.46 s: 30,872
+//     tokens/s on a 16,000 replica). The envelope kept such readings for
+//     hundreds of samples (the trace at 4 replicas, 0.8: learned
+//     16,500-22,700 tokens/s at 12 s, still up to 17,700 at 200 s), and
+//     the replica believed fastest wins the near-ties among idle
+//     replicas. So when the fleet's shortest step falls, every replica's
+//     estimate is held to what the sample that last raised it reads with
+//     the new step. The replica's own learned decode step is not what
 //     is subtracted: it is an inter-token time, which prefill chunks
 //     sharing the steps lengthen (on a replica serving long prompts,
 //     several times over), and subtracting a lengthened step from a short
@@ -80,6 +92,17 @@ const (
 type rateState struct {
 	prefill float64 // tokens per second; 0 before a sample
 	step    float64 // seconds; 0 before a sample
+	// The prefill sample that last raised prefill: its work (uncached
+	// plus queued tokens) and time to first token.
+	raiseWork, raiseTTFT float64
+}
+
+// capPrefill holds st's prefill speed to what the sample that last raised
+// it reads with the fleet's shortest step now (see Rates).
+func (st *rateState) capPrefill(minStep float64) {
+	if d := st.raiseTTFT - minStep; st.raiseWork > 0 && d > 0 {
+		st.prefill = math.Min(st.prefill, st.raiseWork/d)
+	}
 }
 
 // RateSample is one finished request as the router saw it.
@@ -133,6 +156,9 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 		// does not set the fleet's shortest.
 		if (r.minStep == 0 || itl < r.minStep) && itl >= RateStepOutlier*st.step {
 			r.minStep = itl
+			for _, o := range r.replicas {
+				o.capPrefill(itl)
+			}
 		}
 		switch {
 		case st.step == 0:
@@ -158,7 +184,9 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 		st.prefill += RateFastWeight * (x - st.prefill)
 	default:
 		st.prefill += RateSlowWeight * (x - st.prefill)
+		return
 	}
+	st.raiseWork, st.raiseTTFT = float64(s.Uncached+s.Queued), s.TTFT.Seconds()
 }
 
 // Get returns the replica's learned speeds; ok is false when nothing was

@@ -202,3 +202,35 @@ func TestRatesIgnoreAStepOutlier(t *testing.T) {
 		t.Fatalf("learned %.0f tokens/s after a step outlier, want %.0f", got.PrefillTokensPerSec, rate)
 	}
 }
+
+// A fleet's first answers can decode beside long prefills: the shortest
+// step seen so far is then a step that carried a prefill chunk, and a
+// prefill sample read against it is far above the replica's speed (a
+// trace opening with 20-50k-token prompts: 0.52 s taken off 1.56 s, 22,850
+// tokens/s read on a 16,000 replica). The upper envelope kept it for
+// hundreds of samples; once a replica shows a step that only decodes, the
+// estimate is held to what that sample reads with it.
+func TestRatesFirstSamplesAgainstALongStep(t *testing.T) {
+	const rate = 16000.0
+	r := NewRates()
+	// r0's first answer decoded beside a long prefill: 0.5 s steps, the
+	// fleet's shortest so far.
+	s := replicaSample(rate, 8*time.Millisecond, 24000, 4, 0)
+	s.E2E = s.TTFT + 3*500*time.Millisecond
+	r.Observe("r0", s)
+	if got, _ := r.Get("r0"); got.PrefillTokensPerSec < 1.3*rate {
+		t.Fatalf("setup: the first sample read %.0f tokens/s; the case needs it read against the 0.5 s step", got.PrefillTokensPerSec)
+	}
+	// r1 answers a short prompt and decodes alone: 8 ms steps.
+	r.Observe("r1", replicaSample(rate, 8*time.Millisecond, 500, 50, 0))
+	if got, _ := r.Get("r0"); got.PrefillTokensPerSec > rate*1.001 || got.PrefillTokensPerSec < rate*0.99 {
+		t.Errorf("after the fleet showed an 8 ms step r0's prefill rate is %.0f, want its %.0f", got.PrefillTokensPerSec, rate)
+	}
+	// Later samples, queued or not, keep it there.
+	for i := range 50 {
+		r.Observe("r0", replicaSample(rate, 8*time.Millisecond, 4000+100*i, 20, time.Duration(i%3)*50*time.Millisecond))
+	}
+	if got, _ := r.Get("r0"); got.PrefillTokensPerSec > rate*1.001 || got.PrefillTokensPerSec < rate*0.98 {
+		t.Errorf("after 50 more samples r0's prefill rate is %.0f, want %.0f", got.PrefillTokensPerSec, rate)
+	}
+}
