@@ -636,14 +636,18 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	if n == 0 {
 		return f
 	}
-	if math.IsInf(f.HomeOwn, 1) && inBurst(req, n) && k.fleetFilling(req, cands, n) {
+	if math.IsInf(f.HomeOwn, 1) && inBurst(req, n) {
 		// A sibling in a burst: a holder's own prefill stands for the
-		// home's.
+		// home's, once the burst fills the fleet (the queues are summed
+		// only when a holder exists).
+		held := math.Inf(1)
 		for _, c := range cands {
 			if eligible(c) && holds(req, c) && (credited == nil || credited(c)) {
-				f.Sibling = true
-				f.HomeOwn = math.Min(f.HomeOwn, own(req, float64(c.MatchedBlocks()+c.Pending)))
+				held = math.Min(held, own(req, float64(c.MatchedBlocks()+c.Pending)))
 			}
+		}
+		if !math.IsInf(held, 1) && k.fleetFilling(req, cands, n) {
+			f.Sibling, f.HomeOwn = true, held
 		}
 	}
 	if req.Future.Turns > 0 && k.futureWeight > 0 {
