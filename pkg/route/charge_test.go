@@ -26,6 +26,27 @@ func (s *trackerState) Load(id index.ReplicaID) load.Load {
 	return load.Load{Healthy: true, ActiveRequests: in.Requests, ActivePrefillBlocks: float64(in.PrefillBlocks), ActiveDecodeBlocks: float64(in.DecodeBlocks)}
 }
 
+// trackedRig is a router over n replicas whose load is what its own
+// Tracker was charged, with an empty index and a clock the test moves.
+type trackedRig struct {
+	rt  *Router
+	tr  *load.Tracker
+	ix  *index.Index
+	now time.Time
+}
+
+func newTrackedRig(t *testing.T, n int, p policy.Policy) *trackedRig {
+	t.Helper()
+	tr, err := load.NewTracker(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &trackedRig{tr: tr, ix: index.New(index.Config{}), now: time.Unix(1000, 0)}
+	st := &trackerState{fakeState: fleet(n), t: tr}
+	g.rt = New(Options{Matcher: g.ix, State: st, Policy: p, Seed: 1, Tracker: tr, Now: func() time.Time { return g.now }})
+	return g
+}
+
 // With Options.Tracker, a decision charges its pick before any other
 // decision reads the loads: a burst of concurrent requests is seen one by
 // one (the k-th decision sees k-1 requests in flight), so a burst on a

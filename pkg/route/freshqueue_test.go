@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
-	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
@@ -28,18 +27,12 @@ func TestDecideHomeTurnLeavesAFreshDocument(t *testing.T) {
 		{"late", 800 * time.Millisecond, "r0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr, err := load.NewTracker(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st := &trackerState{fakeState: fleet(2), t: tr}
-			ix := index.New(index.Config{})
 			p, err := policy.New(policy.NameKVRoute, policy.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			now := time.Unix(1000, 0)
-			rt := New(Options{Matcher: ix, State: st, Policy: p, Seed: 1, Tracker: tr, Now: func() time.Time { return now }})
+			g := newTrackedRig(t, 2, p)
+			rt, ix := g.rt, g.ix
 			decide := func(req Request) Decision {
 				t.Helper()
 				d, err := rt.Decide(t.Context(), req)
@@ -59,12 +52,12 @@ func TestDecideHomeTurnLeavesAFreshDocument(t *testing.T) {
 			}
 			// A 1,000-block document pinned to r0 (16,000 tokens/s: one
 			// second of prefill), charged there until its first token.
-			now = now.Add(time.Second)
+			g.now = g.now.Add(time.Second)
 			doc := decide(Request{Model: model, Tokens: seq(1000*16, 1<<24), Subset: []string{"10.0.0.0:8000"}})
 			if doc.Replica != "r0" {
 				t.Fatalf("document went to %s", doc.Replica)
 			}
-			now = now.Add(tc.after)
+			g.now = g.now.Add(tc.after)
 			turn := append(append([]uint32(nil), history...), seq(2*16, 1<<25)...)
 			d := decide(Request{Model: model, Tokens: turn, SessionKey: "s"})
 			var home *Candidate

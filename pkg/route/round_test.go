@@ -14,28 +14,18 @@ import (
 // of n whose replica r0 holds a 6,144-token shared prompt (an agent
 // harness), nothing learned yet: a router's first minute.
 type coldRig struct {
-	rt  *Router
-	tr  *load.Tracker
-	ix  *index.Index
+	*trackedRig
 	sys []uint32
-	now time.Time
 }
 
 func newColdRig(t *testing.T, n int, cfg policy.KVRouteConfig) *coldRig {
 	t.Helper()
-	tr, err := load.NewTracker(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := &trackerState{fakeState: fleet(n), t: tr}
-	ix := index.New(index.Config{})
-	g := &coldRig{tr: tr, ix: ix, sys: seq(6144, 7), now: time.Unix(1000, 0)}
-	store(t, ix, "r0", model, g.sys, 16)
 	p, err := policy.NewKVRoute(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.rt = New(Options{Matcher: ix, State: st, Policy: p, Seed: 1, Tracker: tr, Now: func() time.Time { return g.now }})
+	g := &coldRig{trackedRig: newTrackedRig(t, n, p), sys: seq(6144, 7)}
+	store(t, g.ix, "r0", model, g.sys, 16)
 	return g
 }
 
