@@ -127,9 +127,10 @@ type RequestResult struct {
 	// on the picked replica.
 	PredictedTokens int
 	// CeilingTokens would have been cached by one infinite cache holding
-	// every block any replica had computed (prompt or output) by the time
-	// this request was first scheduled: what a perfect router could have
-	// given it on this run's timing (see sim.computed).
+	// every block any replica had computed or scheduled for computing
+	// (prompt or output) by the time this request was first scheduled:
+	// what a perfect router could have given it on this run's timing (see
+	// sim.computed).
 	CeilingTokens int
 	OutputTokens  int
 	Preemptions   int
@@ -529,8 +530,12 @@ type blockInfo struct {
 
 // ceiling counts the tokens of a finished request's prompt that one
 // infinite cache of every computed block would have served when the
-// request was first scheduled: its leading full blocks computed by some
-// replica by then, never the prompt's last token (as the engine).
+// request was first scheduled: its leading full blocks that some replica
+// had scheduled in a step started before then, never the prompt's last
+// token (as the engine), and no less than the engine served it. A step's
+// blocks are found by requests admitted into that step too, but the table
+// does not say which request stored them, and the request itself is one
+// of them; what its engine found in that step is in its cached tokens.
 func (s *sim) ceiling(f *engine.Finished) int {
 	bs := s.cfg.Engine.BlockSize
 	limit := min((f.PromptTokens-1)/bs, len(f.Hashes))
@@ -543,17 +548,20 @@ func (s *sim) ceiling(f *engine.Finished) int {
 			s.blocks.prefetch(f.Hashes[hit+probeAhead])
 		}
 		b, ok := s.blocks.get(f.Hashes[hit])
-		if !ok || !b.computed || b.avail > f.Scheduled {
+		if !ok || !b.computed || b.avail >= f.Scheduled {
 			break
 		}
 		hit++
 	}
-	return hit * bs
+	return max(hit*bs, f.CachedTokens)
 }
 
 // computed records when the step's stored blocks became available: a
 // block stored on the GPU was computed by the step (or reloaded, and then
-// computed earlier); the first time any replica stores a hash counts.
+// computed earlier); the first time any replica stores a hash counts. The
+// engine caches a step's blocks as it schedules it, so a request
+// scheduled in the same step finds them: they count from the step's
+// start, and the ceiling is never below what an engine served.
 func (s *sim) computed(res *engine.StepResult) {
 	// Start every event's first look-ups before the first: an offload
 	// step's events store one block each.
@@ -576,8 +584,8 @@ func (s *sim) computed(res *engine.StepResult) {
 			if i+probeAhead < len(ev.Hashes) {
 				s.blocks.prefetch(ev.Hashes[i+probeAhead])
 			}
-			if b, _ := s.blocks.ref(h); !b.computed || res.End < b.avail {
-				b.avail, b.computed = res.End, true
+			if b, _ := s.blocks.ref(h); !b.computed || res.Start < b.avail {
+				b.avail, b.computed = res.Start, true
 			}
 		}
 	}

@@ -73,8 +73,13 @@
 // catch up with its known tokens: its first token ends its prefill (TTFT
 // emerges from queueing, prefill chunks and batch size), later tokens come
 // one per step (inter-token latency grows with the batch). Newly full
-// blocks — of the prompt and of the output — are cached and published in
-// the step that computes them. A request finishes after MaxTokens tokens;
+// blocks — of the prompt and of the output — are cached as the step that
+// computes them is scheduled, as vLLM v1's scheduler caches them when it
+// allocates their slots, and published with that step's events: a request
+// admitted later in the same step, or while a long prompt's chunks are
+// still being computed, finds the blocks scheduled so far and computes
+// none of them again (SGLang holds such a request back a step and then
+// finds them; vLLM's V0 engine cached a block only once computed). A request finishes after MaxTokens tokens;
 // generated text comes from package simtok's generator, seeded by the
 // engine seed and the prompt.
 //

@@ -584,6 +584,7 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	e.grow(r, computed+n) // cannot fail: checked above
 	e.events = append(e.events, reloads...)
 	r.numComputed, r.committed = computed, hits
+	e.commit(r, computed+n)
 	r.state = running
 	e.st.PrefixQueries += int64(len(r.tokens))
 	e.st.PrefixHits += int64(computed)
@@ -595,12 +596,17 @@ func (e *Engine) admit(r *request, budget int, now time.Duration) (n, reloaded i
 	return n, cpuHits * bs, true
 }
 
-// commit caches r's newly computed full blocks and emits one BlockStored per
-// run of blocks not already cached. A run's metadata, hashes, tokens and
+// commit caches r's full blocks among its first upto tokens, the tokens it
+// is scheduled to have computed when the step ends, and emits one
+// BlockStored per run of blocks not already cached. The step calls it as
+// it schedules r, as vLLM v1's allocate_slots caches the blocks a step is
+// about to compute: a request admitted later in the same step finds them
+// and does not compute them again (the step computes each block once,
+// before any attention reads it). A run's metadata, hashes, tokens and
 // extra keys are allocated once, at their final size.
-func (e *Engine) commit(r *request) {
+func (e *Engine) commit(r *request, upto int) {
 	bs := e.cfg.BlockSize
-	full := r.numComputed / bs
+	full := upto / bs
 	e.ensureHashes(r, full)
 	// Every block's location is looked up once, in order: prefetch ahead.
 	next := r.committed
@@ -629,9 +635,9 @@ func (e *Engine) commit(r *request) {
 		e.storeRun(r, i, j, GroupFullAttention, func(k int, m *blockMeta) { e.pool.cache(r.blocks[k], r.hashes[k], m) })
 		i = j
 	}
-	r.committed = full
+	r.committed = max(r.committed, full)
 	if e.hybrid() {
-		e.commitSW(r)
+		e.commitSW(r, full)
 	}
 }
 
@@ -737,6 +743,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 		if self {
 			break
 		}
+		e.commit(r, r.numComputed+n)
 		batch = append(batch, scheduled{r, n})
 		budget -= n
 	}
@@ -775,7 +782,6 @@ func (e *Engine) Step(now time.Duration) StepResult {
 	for _, s := range batch {
 		r := s.r
 		r.numComputed += s.n
-		e.commit(r)
 		if r.numComputed < len(r.tokens) {
 			continue
 		}

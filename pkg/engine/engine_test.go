@@ -319,6 +319,71 @@ func TestEventsReproduceCache(t *testing.T) {
 	}
 }
 
+// A request admitted while another computes its prefix finds the blocks
+// the running request's step is scheduled to compute, as in vLLM v1, which
+// caches a step's blocks when it schedules them: the same step does not
+// compute them twice, and the event names each block once.
+func TestSameStepAdmissionSharesScheduledBlocks(t *testing.T) {
+	t.Run("same step", func(t *testing.T) {
+		e := mustNew(t, Config{}, 1)
+		p := prompt(200, 1) // 12 full blocks + 8 tokens
+		a, _ := e.Submit(0, Request{Prompt: p, MaxTokens: 2})
+		b, _ := e.Submit(0, Request{Prompt: p, MaxTokens: 2})
+		res := drain(t, e)
+		if res[0].Batch != 2 || res[0].PrefillTokens != 200+8 {
+			t.Fatalf("first step: batch %d prefill %d, want 2 and %d", res[0].Batch, res[0].PrefillTokens, 200+8)
+		}
+		fin := finishedOf(res)
+		if fin[a].CachedTokens != 0 || fin[b].CachedTokens != 12*16 {
+			t.Errorf("cached tokens %d and %d, want 0 and %d", fin[a].CachedTokens, fin[b].CachedTokens, 12*16)
+		}
+		if fin[a].FirstToken != fin[b].FirstToken {
+			t.Errorf("first tokens at %v and %v, want the same step", fin[a].FirstToken, fin[b].FirstToken)
+		}
+		seen := map[uint64]int{}
+		for _, ev := range eventsOf(res) {
+			for _, h := range ev.Hashes {
+				seen[h]++
+			}
+		}
+		for i, h := range e.BlockHashes(Request{Prompt: p}) {
+			if seen[h] != 1 {
+				t.Errorf("block %d stored %d times, want once", i, seen[h])
+			}
+		}
+	})
+	t.Run("chunk in flight", func(t *testing.T) {
+		// A 2,000-token prompt at 512 tokens a step. The second request
+		// arrives after the first step; the first request's chunks take
+		// every step's budget until its last chunk (464 tokens), beside
+		// which the second is admitted and finds all 124 blocks it may
+		// (the 125th holds its last token): the last chunk's blocks too,
+		// scheduled in that same step.
+		cfg := Config{BlockSize: 16, NumGPUBlocks: 512, MaxModelLen: 4096, MaxNumBatchedTokens: 512,
+			PrefillTokensPerSec: 1000, StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}
+		e := mustNew(t, cfg, 1)
+		p := prompt(2000, 1)
+		e.Submit(0, Request{Prompt: p, MaxTokens: 1})
+		first := e.Step(0)
+		if first.PrefillTokens != 512 {
+			t.Fatalf("first step prefilled %d", first.PrefillTokens)
+		}
+		b, _ := e.Submit(first.End, Request{Prompt: p, MaxTokens: 1})
+		second := e.Step(first.End)
+		// The first request takes the whole budget: the second waits.
+		if second.Batch != 1 {
+			t.Fatalf("second step batch %d, want 1", second.Batch)
+		}
+		fin := finishedOf(append([]StepResult{first, second}, drain(t, e)...))
+		if got, want := fin[b].CachedTokens, 124*16; got != want {
+			t.Errorf("second request found %d cached tokens, want %d", got, want)
+		}
+		if got, want := e.Stats().PrefillTokens, int64(2000+16); got != want {
+			t.Errorf("prefilled %d tokens in all, want %d", got, want)
+		}
+	})
+}
+
 func TestChunkedPrefillAndTiming(t *testing.T) {
 	cfg := Config{BlockSize: 16, NumGPUBlocks: 512, MaxModelLen: 4096, MaxNumBatchedTokens: 512,
 		PrefillTokensPerSec: 1000, StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}

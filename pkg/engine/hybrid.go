@@ -161,6 +161,7 @@ func (e *Engine) admitHybrid(r *request, budget int, now time.Duration) (n, relo
 	}
 	r.numComputed, r.committed, r.swCommitted = computed, hits, hits
 	e.growHybrid(r, computed+n) // cannot fail: checked above
+	e.commit(r, computed+n)
 	r.state = running
 	e.st.PrefixQueries += int64(len(r.tokens))
 	e.st.PrefixHits += int64(computed)
@@ -172,11 +173,11 @@ func (e *Engine) admitHybrid(r *request, budget int, now time.Duration) (n, relo
 	return n, 0, true
 }
 
-// commitSW caches r's newly computed full sliding-window blocks and emits
-// one BlockStored (group 1) per run of blocks neither null nor cached.
-func (e *Engine) commitSW(r *request) {
-	bs := e.cfg.BlockSize
-	full := min(r.numComputed/bs, len(r.sw))
+// commitSW caches r's first full sliding-window blocks (commit's full)
+// and emits one BlockStored (group 1) per run of blocks neither null nor
+// cached.
+func (e *Engine) commitSW(r *request, full int) {
+	full = min(full, len(r.sw))
 	free := func(i int) bool {
 		if r.sw[i] < 0 {
 			return false
