@@ -299,7 +299,7 @@ func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 // pendingWeigher is a policy that weighs policy.Candidate.Pending (the
 // in-flight prefixes route.Options.Pending reports), as kvroute does.
 type pendingWeigher interface {
-	StepCredit(req policy.Request, c policy.Candidate) float64
+	WeighsPending() bool
 }
 
 // simulate is Simulate with w's relevance prepared for cfg's engines (nil:

@@ -399,77 +399,62 @@ func (k *KVRoute) Name() string { return NameKVRoute }
 
 // HitBlocks is the candidate's trusted cache hit for the request, in
 // blocks: its matched blocks weighted by tier plus its in-flight credit
-// (StepCredit), times its trust.
+// (InFlightCredit), never more than MaxHitBlocks, times its trust.
 func (k *KVRoute) HitBlocks(req Request, c Candidate) float64 { return k.hitBlocks(req, c, true) }
 
 // hitBlocks is HitBlocks, without the in-flight credit unless pending.
 func (k *KVRoute) hitBlocks(req Request, c Candidate, pending bool) float64 {
 	matched := 0.0
 	if pending {
-		matched = k.StepCredit(req, c)
+		matched = InFlightCredit(req, c)
 	}
 	for tier, m := range c.Matched {
 		matched += float64(m) * k.tierWeight[tier]
 	}
+	if m := MaxHitBlocks(req); req.PromptBlocks > 0 {
+		matched = math.Min(matched, m)
+	}
 	return matched * trust(c)
 }
 
-// InFlightCredit bounds the part of the candidate's in-flight prefix
-// (Candidate.Pending) a request placed there finds computed: at most the
-// other prefill queued there, since with nothing else queued the engine
-// admits the request into the prefix's own step, where it computes the
-// prefix again. It does not know the engine's step budget; kvroute's own
-// credit, which does, is KVRoute.StepCredit (never more than this up to
-// the p²/(2 step) a step boundary inside the prefix gives). Route nets it
-// out of its fluid queue estimate.
-func InFlightCredit(c Candidate) float64 {
+// MaxHitBlocks is the most of the request's prompt blocks an engine serves
+// from its cache: its full blocks but the one holding the prompt's last
+// token, which the engine computes to sample the first output (all of
+// PromptBlocks unless the prompt ends on a block boundary; PromptBlocks
+// when PromptTokens is unknown).
+func MaxHitBlocks(req Request) float64 {
+	bt := blockTokens(req)
+	if req.PromptTokens <= 0 || req.BlockSize <= 0 {
+		return float64(req.PromptBlocks)
+	}
+	return math.Min(float64(req.PromptBlocks), math.Floor(float64(req.PromptTokens-1)/bt))
+}
+
+// InFlightCredit is the part of the candidate's in-flight prefix
+// (Candidate.Pending) a request placed there finds computed: all of it,
+// up to MaxHitBlocks with the candidate's matched blocks. Engines share a
+// prefix while it is computed: vLLM v1 caches the blocks a step will
+// compute when it schedules the step, so a request admitted into that
+// step or a later one finds them, and SGLang admits such a request a step
+// later, when they are computed. (vLLM's V0 engine cached a block only
+// once computed, so a request admitted into the prefix's own step
+// computed it again.) Route nets it out of its fluid queue estimate.
+func InFlightCredit(req Request, c Candidate) float64 {
 	p := float64(c.Pending)
 	if !(p > 0) {
 		return 0
 	}
-	return math.Min(p, math.Max(0, c.Load.ActivePrefillBlocks-p))
+	return math.Min(p, math.Max(0, MaxHitBlocks(req)-float64(c.MatchedBlocks())))
 }
 
 // StepBlocks is the engine's per-step token budget (step_tokens) in the
 // request's blocks.
 func (k *KVRoute) StepBlocks(req Request) float64 { return k.stepTokens / blockTokens(req) }
 
-// StepCredit is the part of the candidate's in-flight prefix
-// (Candidate.Pending) the request is expected to find computed when the
-// engine admits it (see KVRoute): StepFound of the pending blocks, with
-// the candidate's other charged prefill (ActivePrefillBlocks beyond the
-// pending blocks) queued between the prefix's end and the request and the
-// engine's step in the request's blocks (StepBlocks).
-func (k *KVRoute) StepCredit(req Request, c Candidate) float64 {
-	p := float64(c.Pending)
-	if !(p > 0) {
-		return 0
-	}
-	return StepFound(p, math.Max(0, c.Load.ActivePrefillBlocks-p), k.StepBlocks(req))
-}
-
-// StepFound is the expected number of an in-flight prefix's p blocks that
-// a request finds computed when the engine admits it, with l blocks of
-// other prefill queued between the prefix's end and the request, an engine
-// step taking step blocks, and the steps' boundaries falling anywhere
-// (uniformly): the mean over x in [0, step) of min(p, max(0, p+l-x)), x
-// being how far before the request's admission the last step boundary
-// falls. It is p once l >= step, p²/(2 step) for l = 0 and p <= step, and
-// 0 when p or step is not positive.
-func StepFound(p, l, step float64) float64 {
-	if !(p > 0) || !(step > 0) || math.IsInf(step, 0) {
-		return 0
-	}
-	l = math.Max(0, l)
-	if l >= step {
-		return p
-	}
-	// x in [0, l): the boundary falls between the prefix and the request
-	// (all found); x in [l, l+u), u = min(p, step-l): inside the prefix
-	// (the part before it found); beyond: before the prefix (none).
-	u := math.Min(p, step-l)
-	return (p*l + p*u - u*u/2) / step
-}
+// WeighsPending reports that kvroute weighs Candidate.Pending, the
+// prefixes the router just sent (its in-flight credit): a router or
+// simulator keeps them only for a policy that does.
+func (k *KVRoute) WeighsPending() bool { return true }
 
 // Fleet is what KVRoute's cost reads of the other candidates: the own
 // prefill at the session's home and the fleet's pressure.
@@ -736,7 +721,7 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 	switch {
 	case f.Fluid:
 		wait = k.FluidWait(c)
-	case hit > 0 && k.StepCredit(req, c) > 0:
+	case hit > 0 && InFlightCredit(req, c) > 0:
 		// Part of the hit is a prefix in flight: it is computed only once
 		// its own prefill is, which was just sent and is charged in full.
 		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
@@ -1072,7 +1057,7 @@ const (
 	DefaultKVRouteLoadBoundMin     = 6.0
 	DefaultKVRoutePrefixShareBound = 1.25
 	DefaultKVRouteFutureWeight     = 1.0
-	DefaultKVRouteSpreadUtil       = 2.0 / 3
+	DefaultKVRouteSpreadUtil       = 0.0
 	DefaultKVRoutePrefillRate      = 16000.0
 	DefaultKVRouteDecodeStep       = 0.008
 	DefaultKVRouteStepTokens       = 8192.0

@@ -90,13 +90,11 @@ func TestKVRoutePredict(t *testing.T) {
 		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
 		{"headroom left: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.5; return c }(), idle, Prediction{Own: 10}},
 		{"overflow is charged twice", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.95; return c }(), idle, Prediction{Own: 10, Memory: 2 * 14}},
-		// A step is 8192/16 = 512 blocks. With nothing queued behind the
-		// prefix the request joins its step: it finds only what precedes a
-		// step boundary falling inside the prefix, 10²/(2·512) blocks; the
-		// prefix's own prefill, just sent, is waited for in full.
-		{"in flight, nothing else queued: the request joins the prefix's step", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 10, Own: 10 - 100.0/1024}},
-		{"in flight behind half a step: found where a boundary falls between", pend(cand("a", 0, 10+256, 0), 10), idle, Prediction{Wait: 0.5*256 + 10, Own: 10 - (10*256+100-50)/512.0}},
-		{"in flight behind a step: full credit", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
+		// A prefix in flight is found whole, joining its step or not; its
+		// own prefill, just sent, is waited for in full.
+		{"in flight, nothing else queued: found, joining the prefix's step", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 10}},
+		{"in flight behind half a step: found", pend(cand("a", 0, 10+256, 0), 10), idle, Prediction{Wait: 0.5*256 + 10}},
+		{"in flight behind a step: found", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
 		{"in flight beyond an indexed match, behind a step", pend(cand("a", 4, 6+600, 0), 6), idle, Prediction{Wait: 0.5*600 + 6}},
 		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
 		// The footprint (946) over the engine's report (900) is blocks held
@@ -324,20 +322,14 @@ func TestKVRoutePendingPrefix(t *testing.T) {
 		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
 	}
 	// In 16-token blocks the same 150 are 2,400 tokens, under a step
-	// (512 blocks): the request most likely joins the prefix's step and
-	// computes it again; credited (64·150 + 64² - 64²/2)/512 = 22.75
-	// blocks, the holder is dearer than the shorter queue.
+	// (512 blocks): the request may join the prefix's step, where the
+	// engine shares the blocks it is computing. The whole prefix is
+	// found; the holder stays the pick, whatever the step.
 	req.BlockSize = 16
-	if res := p.Pick(req, cs, seeded(1)); res.Pick != 1 {
-		t.Errorf("in flight behind less than a step: picked %d, want the shorter queue; costs %v", res.Pick, res.Costs)
-	} else if want := blk*(75+64+64-22.75) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 0 {
+		t.Errorf("in flight behind less than a step: picked %d, want the holder; costs %v", res.Pick, res.Costs)
+	} else if want := blk*(75+64) + stp*(1+0.02*2); math.Abs(res.Costs[0]-want) > 1e-12 {
 		t.Errorf("holder's cost %v, want %v", res.Costs[0], want)
-	}
-	// With engines taking 2048 tokens a step (step_tokens) it is a step
-	// again.
-	small := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: Float(2048)}})
-	if res := small.Pick(req, cs, seeded(1)); res.Pick != 0 {
-		t.Errorf("step_tokens 2048: picked %d, want the holder; costs %v", res.Pick, res.Costs)
 	}
 	// Other policies do not read Pending.
 	bl := mustNew(t, NameBlended, Config{})
@@ -789,7 +781,7 @@ func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
 		return cs
 	}
 	sib := Request{PromptBlocks: 87, SessionKey: "fan-1", Parallel: true, Siblings: 6, BurstPlaced: 1, SpreadUtil: 0.5}
-	p := mustNew(t, NameKVRoute, Config{})
+	p := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: Float(2.0 / 3)}})
 	if res := p.Pick(sib, fleet(8, 20), seeded(1)); res.Pick == 0 || !res.Spread {
 		t.Errorf("utilization 0.5: picked %d (spread %v), want another replica and the burst spread; costs %v", res.Pick, res.Spread, res.Costs)
 	}
@@ -804,11 +796,12 @@ func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
 	// tokens), the 58 blocks charged at home beside the prompt hold it
 	// past the prompt's step there, and it finds the prompt computed.
 	step := Float(58 * 16)
-	ps := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{StepTokens: step}})
+	ps := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: Float(2.0 / 3), StepTokens: step}})
 	hold("utilization 0.8", ps, at(0.8), fleet(8, 20))
 	hold("no utilization known", ps, at(0), fleet(8, 20))
 	off := 0.0
 	hold("spread_util 0", mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: &off, StepTokens: step}}), sib, fleet(8, 20))
+	hold("the default (off)", mustNew(t, NameKVRoute, Config{}), sib, fleet(8, 20))
 	hold("4 replicas for 7 siblings", ps, sib, fleet(4, 20))
 	// Every other replica would start it only after the home has computed
 	// the prompt: a sibling there would have found it computed at home.
@@ -847,7 +840,7 @@ func TestKVRouteSpreadsBurstBelowSpreadUtil(t *testing.T) {
 // expected, the charge decides. A charge the fluid queue does not account
 // for (another router's requests) counts as before, at backlog_weight.
 func TestKVRouteColdRequestWaitsOnFluidQueue(t *testing.T) {
-	p := mustNew(t, NameKVRoute, Config{})
+	p := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{SpreadUtil: Float(2.0 / 3)}})
 	a, b := cand("a", 0, 30, 0), cand("b", 0, 60, 0)
 	a.Queued, a.QueuedCharge = 25, 30
 	b.Queued, b.QueuedCharge = 5, 60
@@ -898,62 +891,44 @@ func TestKVRoutePrefillRatesArePace(t *testing.T) {
 	}
 }
 
-// StepFound averages, over where the engine's step boundaries fall, the
-// blocks of an in-flight prefix a request finds computed: a boundary
-// between the prefix and the request (l blocks of prefill between them)
-// gives all p, one inside the prefix the part before it.
-func TestStepFound(t *testing.T) {
-	// Numerically: the mean over x in [0, step) of the blocks found when
-	// the last boundary before the request's admission is x blocks before
-	// it.
-	mean := func(p, l, step float64) float64 {
-		const n = 200000
-		sum := 0.0
-		for i := range n {
-			x := (float64(i) + 0.5) / n * step
-			switch {
-			case x <= l:
-				sum += p
-			case x < l+p:
-				sum += p - (x - l)
-			}
-		}
-		return sum / n
-	}
-	for _, tt := range []struct{ p, l, step, want float64 }{
-		{37, 0, 128, 37.0 * 37 / 256}, // joins the prefix's step: p²/(2 step)
-		{37, 128, 128, 37},            // a step between: all of it
-		{37, 500, 128, 37},
-		{37, 37, 128, (37*37 + 37*37 - 37*37/2.0) / 128},
-		{200, 0, 128, 200 - 64}, // a prefix longer than a step: its first chunks are done
-		{64, 100, 128, 64 - (128-100)*(128-100)/256.0},
-		{10, 0, 512, 100.0 / 1024},
+// The in-flight credit is the whole prefix in flight (engines share it
+// while it is computed), up to the block holding the prompt's last token,
+// which the engine always computes: a sibling of a block-aligned prompt
+// recomputes its last block, one of a prompt ending mid-block only the
+// tail. Nothing is credited without a pending prefix.
+func TestInFlightCredit(t *testing.T) {
+	k, _ := NewKVRoute(KVRouteConfig{})
+	c := cand("h", 0, 300, 0)
+	for _, tt := range []struct {
+		name             string
+		tokens, matched  int
+		pending          int
+		credit, hit, own float64
+	}{
+		{"aligned, all in flight", 53 * 64, 0, 53, 52, 52, 1},
+		{"mid-block tail", 53*64 + 10, 0, 53, 53, 53, 0},
+		{"indexed head", 53 * 64, 16, 37, 36, 52, 1},
+		{"part in flight", 53*64 + 10, 16, 20, 20, 36, 17},
+		{"none in flight", 53*64 + 10, 16, 0, 0, 16, 37},
 	} {
-		got := StepFound(tt.p, tt.l, tt.step)
-		if math.Abs(got-tt.want) > 1e-9 {
-			t.Errorf("StepFound(%v, %v, %v) = %v, want %v", tt.p, tt.l, tt.step, got, tt.want)
+		c.Pending = tt.pending
+		c.Matched = [index.NumTiers]int{tt.matched}
+		req := Request{PromptBlocks: (tt.tokens) / 64, PromptTokens: tt.tokens, BlockSize: 64}
+		if got := InFlightCredit(req, c); got != tt.credit {
+			t.Errorf("%s: credit %v, want %v", tt.name, got, tt.credit)
 		}
-		if m := mean(tt.p, tt.l, tt.step); math.Abs(got-m) > 1e-3*tt.p {
-			t.Errorf("StepFound(%v, %v, %v) = %v, the mean over boundaries is %v", tt.p, tt.l, tt.step, got, m)
+		hit := k.HitBlocks(req, c)
+		if hit != tt.hit {
+			t.Errorf("%s: hit %v, want %v", tt.name, hit, tt.hit)
 		}
-		// Never more than the step-blind bound plus a boundary inside the
-		// prefix.
-		if got > math.Min(tt.p, tt.l+tt.p*tt.p/(2*tt.step))+1e-9 {
-			t.Errorf("StepFound(%v, %v, %v) = %v over min(p, l + p²/(2 step))", tt.p, tt.l, tt.step, got)
+		if o := k.Predict(req, c, hit, k.FleetOf(req, []Candidate{c}, nil)).Own / k.Pace(c, k.FleetOf(req, []Candidate{c}, nil)).BlockSecs; math.Abs(o-tt.own) > 1e-9 {
+			t.Errorf("%s: own prefill %v blocks, want %v", tt.name, o, tt.own)
 		}
 	}
-	prev := -1.0
-	for l := 0.0; l <= 160; l += 4 {
-		got := StepFound(37, l, 128)
-		if got < prev {
-			t.Fatalf("StepFound(37, %v, 128) = %v < %v at less queued behind", l, got, prev)
-		}
-		prev = got
-	}
-	for _, tt := range [][3]float64{{0, 10, 128}, {-3, 10, 128}, {37, 10, 0}, {37, 10, math.Inf(1)}, {37, 10, math.NaN()}} {
-		if got := StepFound(tt[0], tt[1], tt[2]); got != 0 {
-			t.Errorf("StepFound%v = %v, want 0", tt, got)
-		}
+	// A request fully indexed is still one block short when aligned.
+	c.Pending, c.Matched = 0, [index.NumTiers]int{53}
+	if hit := k.HitBlocks(Request{PromptBlocks: 53, PromptTokens: 53 * 64, BlockSize: 64}, c); hit != 52 {
+		t.Errorf("aligned prompt fully indexed: hit %v, want 52", hit)
 	}
 }
 

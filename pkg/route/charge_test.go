@@ -37,14 +37,47 @@ type trackedRig struct {
 
 func newTrackedRig(t *testing.T, n int, p policy.Policy) *trackedRig {
 	t.Helper()
+	return newTrackedRigWith(t, n, Options{Policy: p})
+}
+
+// newTrackedRigWith is newTrackedRig with opts' other fields (Pending).
+func newTrackedRigWith(t *testing.T, n int, opts Options) *trackedRig {
+	t.Helper()
 	tr, err := load.NewTracker(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := &trackedRig{tr: tr, ix: index.New(index.Config{}), now: time.Unix(1000, 0)}
-	st := &trackerState{fakeState: fleet(n), t: tr}
-	g.rt = New(Options{Matcher: g.ix, State: st, Policy: p, Seed: 1, Tracker: tr, Now: func() time.Time { return g.now }})
+	opts.Matcher, opts.State, opts.Seed, opts.Tracker = g.ix, &trackerState{fakeState: fleet(n), t: tr}, 1, tr
+	opts.Now = func() time.Time { return g.now }
+	g.rt = New(opts)
 	return g
+}
+
+// A request placed where its prompt is in flight is charged only the
+// prefill it computes itself: the engine computes the shared prefix once,
+// for the request that carried it there, which stays charged for it until
+// its first token. Charged again per sibling, a fan-out's queue read as
+// many prompts as it has siblings.
+func TestDecideChargesSiblingItsOwnPrefill(t *testing.T) {
+	g := newTrackedRigWith(t, 1, Options{Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})})
+	task := seq(20*16, 500)
+	for i, tc := range []struct {
+		tokens  []uint32
+		charged int // the replica's charged prefill after the decision
+	}{
+		{append(slices.Clone(task), seq(4*16, 9000)...), 24},
+		{append(slices.Clone(task), seq(4*16, 7000)...), 28}, // its 20-block task in flight
+		{slices.Clone(task[:20*16-8]), 28},                   // a prefix of it: its 19 full blocks in flight
+		{slices.Clone(task), 28 + 1},                         // the task alone: its last block is computed again
+	} {
+		if _, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: tc.tokens}); err != nil {
+			t.Fatal(err)
+		}
+		if got := g.tr.Get("r0").PrefillBlocks; got != tc.charged {
+			t.Errorf("request %d: %d blocks charged, want %d", i, got, tc.charged)
+		}
+	}
 }
 
 // With Options.Tracker, a decision charges its pick before any other

@@ -87,23 +87,20 @@ func TestDecidePendingPrefix(t *testing.T) {
 	}
 }
 
-// With kvroute holding bursts (its spread regime off, as above
-// spread_util), a fan-out's second request (the same new prompt, sent
-// right after the first) joins the first where its prompt is in flight
-// behind a queue of more than an engine step, when waiting there for the
-// prefix beats prefilling it
-// again behind the other replica's longer queue; without the in-flight
-// memory it goes to the shorter queue. On an idle fleet the siblings
-// spread (one placed with the first would be admitted alongside it and
-// compute the prefix again anyway). With the default policy the router's
-// work meter puts these two requests far below spread_util, and the
-// second spreads: behind r0's queue it would be admitted into the step
-// computing the prompt and compute it again, behind r1's it starts
-// sooner.
+// A fan-out's second request (the same new prompt, sent right after the
+// first) joins the first where its prompt is in flight, when waiting
+// there for the prefix beats prefilling it again behind another replica's
+// queue: the engine shares a prefix while computing it, whether the
+// sibling joins the prefix's step (short queues) or a later one (long
+// ones). Without the in-flight memory it goes to the shorter queue. On an
+// idle fleet waiting for the prefix costs the sibling what computing it
+// elsewhere does, and the siblings spread (ties go to the less loaded).
+// With the spread regime on (spread_util 2/3), the router's work meter
+// puts these two requests far below it, and the second spreads.
 func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 	prompt := seq(64*16, 100)
-	holding := 0.0
-	hold, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{SpreadUtil: &holding}})
+	spreading := 2.0 / 3
+	spread, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{SpreadUtil: &spreading}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,24 +131,19 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 		}
 		return picks
 	}
-	// Queues of more than an engine step (policy step_tokens: 512 blocks
-	// of 16 tokens), so that a step boundary falls between the prompt's
-	// end and the sibling's admission: behind less, the sibling would be
-	// admitted into the step computing the prompt and find none of it.
-	if got := run([]float64{600, 650}, true, hold); got[0] != "r0" || got[1] != "r0" {
-		t.Errorf("holding, with in-flight memory: picks %v, want both on r0", got)
-	}
-	if got := run([]float64{600, 650}, false, hold); got[0] != "r0" || got[1] != "r1" {
-		t.Errorf("holding, without in-flight memory: picks %v, want r0 then r1", got)
-	}
-	if got := run([]float64{0, 0, 0, 0}, true, hold); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
-		t.Errorf("holding, idle fleet: picks %v, want 4 siblings on 4 replicas", got)
-	}
-	if got := run([]float64{150, 200}, true); got[0] != "r0" || got[1] != "r1" {
-		t.Errorf("default policy: picks %v, want r0 then r1", got)
+	for _, queues := range [][]float64{{150, 200}, {600, 650}} {
+		if got := run(queues, true); got[0] != "r0" || got[1] != "r0" {
+			t.Errorf("queues %v, with in-flight memory: picks %v, want both on r0", queues, got)
+		}
+		if got := run(queues, false); got[0] != "r0" || got[1] != "r1" {
+			t.Errorf("queues %v, without in-flight memory: picks %v, want r0 then r1", queues, got)
+		}
 	}
 	if got := run([]float64{0, 0, 0, 0}, true); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
-		t.Errorf("default policy, idle fleet: picks %v, want 4 siblings on 4 replicas", got)
+		t.Errorf("idle fleet: picks %v, want 4 siblings on 4 replicas", got)
+	}
+	if got := run([]float64{150, 200}, true, spread); got[0] != "r0" || got[1] != "r1" {
+		t.Errorf("spread regime: picks %v, want r0 then r1", got)
 	}
 }
 
@@ -218,8 +210,8 @@ func TestDeferRecords(t *testing.T) {
 // A request whose prompt is in flight on its pick (a fan-out sibling
 // behind the request that carried it there) adds to that replica's fluid
 // queue only the blocks it computes itself: the engine computes the
-// shared prefix once, unless the sibling joins the step computing it
-// (nothing else queued there: policy.InFlightCredit). Counting it again
+// shared prefix once, for the request that carried it, even when the
+// sibling joins the step computing it (policy.InFlightCredit). Counting it again
 // over-stated the queue ahead of the next request, and with it the
 // prefill speed the rate learner took from that request
 // (RateSample.Queued): on fan-out at 8 replicas, 1.1, learned speeds of
@@ -249,13 +241,13 @@ func TestDecideFluidQueueSkipsPrefixInFlight(t *testing.T) {
 		q, _ := rt.fluid.get("r0", now, 100)
 		return q
 	}
-	// Nothing but the prefix queued: the sibling joins its step and
-	// computes it again.
+	// Nothing but the prefix queued: the sibling joins its step, which
+	// computes the prefix once for both.
 	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 20, PrefillRate: 1600}
 	decide("alone: first", append(append([]uint32(nil), task...), seq(4*16, 9000)...), 0)
 	decide("alone: sibling", append(append([]uint32(nil), task...), seq(4*16, 7000)...), 20) // capped by the 20 charged blocks
-	if q := queued(); q != 48 {
-		t.Errorf("alone: fluid queue %v blocks, want both prompts' 48", q)
+	if q := queued(); q != 28 {
+		t.Errorf("alone: fluid queue %v blocks, want the first's 24 and the sibling's own 4", q)
 	}
 	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 1000, PrefillRate: 1600}
 	now = now.Add(time.Hour)

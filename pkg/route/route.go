@@ -496,6 +496,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if !hasHome && drawn && future.Turns == 0 {
 		res = r.sessionRound(sc, start, d.Session, res, preq, primary)
 	}
+	// The pick's in-flight prefix the request finds computed there: not
+	// its prefill to queue or charge.
+	inFlight := int(policy.InFlightCredit(preq, sc.cands[res.Pick]))
 
 	for k, i := range cands {
 		c := sc.cands[k]
@@ -534,11 +537,11 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		// set yet: it gave 0 here and queued every prompt in full), less
 		// the part of the prefix in flight there that it will find
 		// computed (policy.InFlightCredit: the engine computes the prefix
-		// once, for the request that carried it, unless this one joins
-		// its step; counted again it over-stated the queue ahead of the
-		// next request, and the speed the rate learner took from it).
+		// once, for the request that carried it; counted again it
+		// over-stated the queue ahead of the next request, and the speed
+		// the rate learner took from it).
 		rate := sc.rates[res.Pick] / float64(primary)
-		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks()-int(policy.InFlightCredit(pc)))), rate*fluidHorizon.Seconds())
+		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks()-inFlight)), rate*fluidHorizon.Seconds())
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica
@@ -572,7 +575,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.book.spreadBurst(d.Session)
 		}
 		if r.opts.Tracker != nil {
-			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PromptBlocks-d.MatchedBlocks(), d.PromptBlocks)
+			d.Hold = r.opts.Tracker.Start(string(d.Replica), max(0, d.PromptBlocks-d.MatchedBlocks()-inFlight), d.PromptBlocks)
 		}
 	}
 	if r.opts.DeferRecords && (recs.approxKeys != nil || recs.staged != nil) {
