@@ -493,7 +493,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
-		handle:    s.tracker.Start(r.id, dec.PromptBlocks-matched, dec.PromptBlocks),
+		handle:    s.tracker.Start(r.id, dec.PrefillBlocks, dec.PromptBlocks),
 		predicted: predicted,
 		hashes:    blockHashes,
 		truncated: truncated,

@@ -133,8 +133,9 @@
 //
 // The accounting: a chunk is parsed only as far as the first output and
 // the usage object need. On the pick the replica's in-flight counters rise
-// (Tracker.Start with the uncached prompt blocks as prefill and the prompt
-// blocks as decode footprint); the first output (first SSE event with
+// (Tracker.Start with the prefill the pick computes itself,
+// route.Decision.PrefillBlocks, and the prompt blocks as decode
+// footprint); the first output (first SSE event with
 // content, or the first chunk of a non-streamed body) moves prefill to
 // decode; the end of the response, or any end of the observing stream
 // (client disconnect, error, panic, the proxy's deferred close), releases

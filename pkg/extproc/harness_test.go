@@ -54,11 +54,12 @@ func (f *fakeDecider) requests() []route.Request {
 }
 
 // decision is a pick of replica r1 at 10.0.0.1:8000 with fallbacks; r1
-// matched 3 of 5 prompt blocks (block size 16), r2 matched 1.
+// matched 3 of 5 prompt blocks (block size 16) and computes the other 2,
+// r2 matched 1.
 func decision() route.Decision {
 	return route.Decision{
 		Replica: "r1", Address: "10.0.0.1:8000", Fallbacks: []string{"10.0.0.2:8000", "10.0.0.3:8000"},
-		Policy: "blended", Reason: "cost", PromptTokens: 80, PromptBlocks: 5, TokenSource: "remote",
+		Policy: "blended", Reason: "cost", PromptTokens: 80, PromptBlocks: 5, PrefillBlocks: 2, TokenSource: "remote",
 		TokenizeTime: time.Millisecond, DecideTime: 2 * time.Millisecond,
 		Candidates: []route.Candidate{
 			{Replica: "r1", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{2, 1, 0}, Trust: 1, Cost: 2, Eligible: true},

@@ -421,8 +421,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	case dec.Hold != nil: // the router charged its pick (route.Options.Tracker)
 		life = dec.Hold
 	case st.s.cfg.Tracker != nil:
-		matched := dec.MatchedBlocks()
-		life = st.s.cfg.Tracker.Start(replica, dec.PromptBlocks-matched, dec.PromptBlocks)
+		life = st.s.cfg.Tracker.Start(replica, dec.PrefillBlocks, dec.PromptBlocks)
 	}
 	buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
 	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless)

@@ -16,9 +16,9 @@ import (
 // takes the mean of the candidates that have, else the policy's
 // prefill_rate and decode_step.
 //
-//	hit     = (gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight + inflight) * Candidate.Trust
-//	inflight = StepFound(pending, max(0, active_prefill_blocks - pending), step)   (StepCredit)
-//	step    = step_tokens / the request's block size   the engine's per-step token budget, in blocks
+//	hit     = min(max_hit, gpu + cpu*host_cache_hit_weight + disk*disk_cache_hit_weight + inflight) * Candidate.Trust
+//	inflight = min(pending, max_hit - matched blocks)   the prefix in flight there (InFlightCredit)
+//	max_hit = the prompt's full blocks but the one holding its last token   (MaxHitBlocks)
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
 //	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it; with inflight > 0:
 //	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending);
@@ -75,45 +75,22 @@ import (
 // blocks beyond the index's match that the router just sent to the
 // candidate (route's Options.Pending, on by default: routing.pending_ttl):
 // a fan-out sibling or a GRPO sample of a new task finds its prompt being
-// prefilled there. In the simulator's engine model (pkg/engine, as in
-// vLLM's V0 engine) blocks are shared once computed, not while in flight;
-// vLLM v1 caches the blocks a step is scheduled to compute while it
-// schedules, so a request admitted in that step finds them, and SGLang
-// holds such a request back a step, so against either the credit below is
-// too low (docs/benchmarks.md: "A burst's copies of one prompt, and an
-// engine model that recomputed them"). Engines compute in steps: each step
-// takes the running requests' next chunks, then admits waiting requests in
-// order while its token budget lasts (vLLM's --max-num-batched-tokens,
-// step_tokens here), and a block is computed when the step that holds it
-// ends. A request admitted in the same step as the last chunk of the
-// prefix computes the prefix again; one admitted in a later step finds it.
-// The request is admitted in the step in which the prefill queued ahead of
-// it runs out, so it finds the prefix only if a step boundary falls
-// between the prefix's end and its own admission: always if the prefill
-// queued between them (l blocks: the candidate's other charged prefill,
-// taken to be queued behind the prefix, which the router just sent) is a
-// step or more; with less, only as far as a boundary happens to fall in
-// it. The engine's step boundaries are not visible to the router, so
-// StepFound averages over where they fall (uniformly): the p in-flight
-// blocks are credited
-//
-//	(1/step) * integral over x in [0, step) of min(p, max(0, p + l - x))
-//
-// which is p once l reaches a step, p²/(2 step) with nothing queued
-// behind a prefix shorter than a step (the request joins its step unless
-// the boundary falls inside the prefix itself), and p - step/2 for a
-// prefix longer than a step with nothing behind it (its earlier chunks are
-// done first). Prefill charged there before the prefix was sent is in
-// fact ahead of it, not between, and delays both alike; Candidate does
-// not say where in the queue the prefix sits, so behind a long queue the
-// credit can still be too high. The prefix's own prefill, just sent, is
-// waited for in full (no backlog discount). Credited up to the other prefill queued there
-// instead, without the step (as before), 55-60% of the GRPO siblings
-// credited with their prompt found none of it computed (4 replicas,
-// 0.95), and an RL step's samples joined their prompt's first sample in
-// its step; with the step, rl's p99 time to first token at 4 replicas is
-// 0.27 s instead of 0.40 s at every load (10 seeds). No other policy
-// reads pending.
+// prefilled there. Engines share such a prefix while computing it: vLLM
+// v1 caches the blocks a step will compute when it schedules the step, so
+// a request admitted into that step or a later one finds them, and SGLang
+// admits such a request a step later, when they are computed. So the
+// whole pending prefix is credited, up to the prompt's last token, which
+// the engine always computes (max_hit); the prefix's own prefill, just
+// sent, is waited for in full (no backlog discount), and route charges
+// the request only the prefill it computes itself (route's fluid queue
+// and load tracker), so a fan-out's holder does not read as many prompts
+// queued as it has siblings. An engine that shares a block only once it
+// is computed (vLLM's V0 engine, and kvroute's engine model before it was
+// made faithful) would have a sibling admitted into the prefix's own step
+// compute the prefix again; against vLLM v1's model the old step-aware
+// credit, which priced that, lost 4-6 of 36 cases at 4 and 8 replicas
+// (docs/benchmarks.md: "An engine model that shares a prefix in flight").
+// No other policy reads pending.
 //
 // The move charge is what moving a session away from its history costs
 // the others. The session's home (Candidate.Home: the replica that served
@@ -188,22 +165,27 @@ import (
 // fan-out, a document), has no predicted turns and pays nothing; a
 // request with a home never does (homes are placed by the move charge).
 //
-// The spread regime is for bursts: a fan-out's siblings (n samples of
-// one prompt, sent at once) reach the router one after another, and the
-// first one's prompt is in flight on its replica when the others look
-// (Candidate.Pending covers the whole prompt there: that replica is a
-// holder). Holding the burst on a holder saves the fleet a prefill of the
-// prompt per sibling, but costs each sibling about one prompt's prefill of
-// waiting: the engine admits the next sibling into the step still
-// computing the prompt, where it computes it again, and the rest wait for
-// both. Spreading the burst costs each sibling the queueing its extra
-// prefill adds to the fleet. In a queue served at utilization U the mean
-// wait is U/(2(1-U)) service times (Pollaczek-Khinchine, deterministic
-// service), below one prompt's prefill while U < 2/3. So a burst spreads
-// while Request.SpreadUtil (set by the router: the fleet's recent prefill
-// utilization with every sibling counting its whole prompt, as if bursts
-// spread) is below spread_util (default 2/3; 0 turns the regime off), and
-// is held above it. It spreads only if the fleet has a replica holding
+// The spread regime, off by default (spread_util 0), is for bursts on
+// engines that share a prefix only once it is computed: a fan-out's
+// siblings (n samples of one prompt, sent at once) reach the router one
+// after another, and the first one's prompt is in flight on its replica
+// when the others look (Candidate.Pending covers the whole prompt there:
+// that replica is a holder). On such an engine holding the burst on a
+// holder saves the fleet a prefill of the prompt per sibling, but costs
+// each sibling about one prompt's prefill of waiting: the engine admits
+// the next sibling into the step still computing the prompt, where it
+// computes it again, and the rest wait for both. (vLLM v1 and SGLang
+// share the prompt with the sibling instead: held, it waits for the one
+// prefill it would have computed elsewhere, and the fleet saves it; with
+// the regime on against that engine model kvroute lost fan-out and rl
+// cases it wins with it off.) Spreading the burst costs each sibling the
+// queueing its extra prefill adds to the fleet. In a queue served at
+// utilization U the mean wait is U/(2(1-U)) service times
+// (Pollaczek-Khinchine, deterministic service), below one prompt's
+// prefill while U < 2/3. So a burst spreads while Request.SpreadUtil (set
+// by the router: the fleet's recent prefill utilization with every
+// sibling counting its whole prompt, as if bursts spread) is below
+// spread_util (2/3 for such engines), and is held above it. It spreads only if the fleet has a replica holding
 // none of its prompt for this request and for each later sibling expected
 // (Request.Siblings, learned by the router from earlier bursts): on a
 // fleet smaller than the burst the extra siblings would double up and
@@ -211,8 +193,8 @@ import (
 // (one with a holder that is a parallel request of its session, or has no
 // session key; n samples under one session key each are other sessions'
 // first turns and keep the normal prediction) pays no move charge, gets
-// no in-flight credit (it would join its holder's step and compute the
-// prompt itself), and is charged its wait on the router's fluid estimate
+// no in-flight credit (on such an engine it would join its holder's step
+// and compute the prompt itself), and is charged its wait on the router's fluid estimate
 // of each replica's prefill queue (Candidate.Queued: what this router sent
 // there, drained at its learned speed since, plus backlog_weight times any
 // charged prefill that estimate does not account for, Candidate.
@@ -861,6 +843,12 @@ func holds(req Request, c Candidate) bool {
 	return c.Pending > 0 && c.Pending+c.MatchedBlocks() >= req.PromptBlocks-1
 }
 
+// HoldsPrompt reports whether c holds the request's whole prompt, all but
+// its last block, part of it in flight there (Candidate.Pending): the
+// request is a sibling of one just sent there (a fan-out's or a GRPO
+// group's sample), and computes little more than its last block there.
+func HoldsPrompt(req Request, c Candidate) bool { return holds(req, c) }
+
 // Held returns the candidates a request of a burst that fills the fleet is
 // held on (see KVRoute): the holders of its prompt, among the eligible
 // candidates allowed admits (nil: all), whose fluid wait is at most the
@@ -1021,7 +1009,9 @@ type KVRouteConfig struct {
 	FutureWeight *float64 `yaml:"future_weight"`
 	// SpreadUtil is the fleet prefill utilization (Request.SpreadUtil)
 	// below which kvroute spreads a burst's requests (its spread regime,
-	// see KVRoute), in [0, 1) (default 2/3; 0 turns the regime off).
+	// see KVRoute), in [0, 1) (default 0: off, right for engines that
+	// share a prefix while computing it, as vLLM v1 and SGLang do; 2/3
+	// for an engine that shares blocks only once computed).
 	SpreadUtil *float64 `yaml:"spread_util"`
 	// PrefillRate is the prefill speed, uncached tokens per second,
 	// assumed for a replica while no candidate has a learned one
@@ -1037,9 +1027,8 @@ type KVRouteConfig struct {
 	// configuration, /v1/models the context length), so set it to the
 	// engines' value; default 8192, vLLM's for its API server on GPUs with
 	// 70 GiB or more (2048 on smaller ones) and the simulator's (enginesim
-	// -max-num-batched-tokens). kvroute's in-flight credit (StepCredit) and
-	// its hold of bursts read it (see KVRoute). A whole number in [1,
-	// 16777216].
+	// -max-num-batched-tokens). kvroute's hold of bursts and its sibling
+	// charge read it (see KVRoute). A whole number in [1, 16777216].
 	StepTokens *float64 `yaml:"step_tokens"`
 }
 

@@ -54,28 +54,31 @@ func newTrackedRigWith(t *testing.T, n int, opts Options) *trackedRig {
 	return g
 }
 
-// A request placed where its prompt is in flight is charged only the
-// prefill it computes itself: the engine computes the shared prefix once,
-// for the request that carried it there, which stays charged for it until
-// its first token. Charged again per sibling, a fan-out's queue read as
-// many prompts as it has siblings.
+// A sibling placed where its whole prompt is in flight is charged only
+// the prefill it computes itself: the engine computes the shared prompt
+// once, for the request that carried it there, which stays charged for it
+// until its first token. Charged again per sibling, a fan-out's holder
+// read as many prompts as it has siblings. A request sharing only part of
+// its prompt with one in flight is charged that part too (see Decide).
 func TestDecideChargesSiblingItsOwnPrefill(t *testing.T) {
 	g := newTrackedRigWith(t, 1, Options{Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})})
-	task := seq(20*16, 500)
+	prompt := append(seq(20*16, 500), seq(4*16, 9000)...)
 	for i, tc := range []struct {
+		name    string
 		tokens  []uint32
 		charged int // the replica's charged prefill after the decision
 	}{
-		{append(slices.Clone(task), seq(4*16, 9000)...), 24},
-		{append(slices.Clone(task), seq(4*16, 7000)...), 28}, // its 20-block task in flight
-		{slices.Clone(task[:20*16-8]), 28},                   // a prefix of it: its 19 full blocks in flight
-		{slices.Clone(task), 28 + 1},                         // the task alone: its last block is computed again
+		{"first", slices.Clone(prompt), 24},
+		{"sibling", slices.Clone(prompt), 24 + 1}, // its last block is computed again
+		{"part in flight", append(slices.Clone(prompt[:20*16]), seq(4*16, 7000)...), 25 + 24},
+		{"a prefix of it", slices.Clone(prompt[:20*16-8]), 49}, // 19 full blocks, all in flight
 	} {
-		if _, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: tc.tokens}); err != nil {
+		d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: tc.tokens})
+		if err != nil {
 			t.Fatal(err)
 		}
 		if got := g.tr.Get("r0").PrefillBlocks; got != tc.charged {
-			t.Errorf("request %d: %d blocks charged, want %d", i, got, tc.charged)
+			t.Errorf("request %d (%s): %d blocks charged, want %d (decision's %d)", i, tc.name, got, tc.charged, d.PrefillBlocks)
 		}
 	}
 }

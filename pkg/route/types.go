@@ -182,6 +182,13 @@ type Decision struct {
 	// by its charged backlog (Load.ActivePrefillBlocks), in tokens; 0 for
 	// Explain. It is the rate learner's RateSample.Queued.
 	QueuedTokens int
+	// PrefillBlocks is the prefill the pick is charged: its prompt blocks
+	// less those matched there and, for a sibling holding its whole
+	// prompt there (policy.HoldsPrompt), less the part in flight that it
+	// finds computed (policy.InFlightCredit: the engine computes a shared
+	// prefix once, for the request that carried it). It is what the
+	// in-flight tracker charges the pick's prefill.
+	PrefillBlocks int
 	// Hold is the pick's in-flight charge when the Router has a Tracker
 	// (Options.Tracker): the caller must finish it (FirstToken at the
 	// first token, Done on every path). Nil otherwise, and for Explain.
