@@ -94,7 +94,9 @@ func TestDecidePendingPrefix(t *testing.T) {
 // sibling joins the prefix's step (short queues) or a later one (long
 // ones). Without the in-flight memory it goes to the shorter queue. On an
 // idle fleet waiting for the prefix costs the sibling what computing it
-// elsewhere does, and the siblings spread (ties go to the less loaded).
+// elsewhere does, and computing it elsewhere is work the fleet does
+// twice: a keyless sibling pays the move charge away from the holder, and
+// the siblings stay together (without the memory they spread).
 // With the spread regime on (spread_util 2/3), the router's work meter
 // puts these two requests far below it, and the second spreads.
 func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
@@ -124,8 +126,8 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 				t.Fatal(err)
 			}
 			picks = append(picks, d.Replica)
-			l := st.loads[d.Replica] // the router's in-flight view: the uncached blocks
-			l.ActivePrefillBlocks += float64(d.PromptBlocks - d.MatchedBlocks())
+			l := st.loads[d.Replica] // the router's in-flight view: the pick's charge
+			l.ActivePrefillBlocks += float64(d.PrefillBlocks)
 			l.ActiveRequests++
 			st.loads[d.Replica] = l
 		}
@@ -139,8 +141,11 @@ func TestDecideFanoutJoinsInFlightPrefix(t *testing.T) {
 			t.Errorf("queues %v, without in-flight memory: picks %v, want r0 then r1", queues, got)
 		}
 	}
-	if got := run([]float64{0, 0, 0, 0}, true); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
-		t.Errorf("idle fleet: picks %v, want 4 siblings on 4 replicas", got)
+	if got := run([]float64{0, 0, 0, 0}, true); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 1 {
+		t.Errorf("idle fleet: picks %v, want the 4 siblings on one replica", got)
+	}
+	if got := run([]float64{0, 0, 0, 0}, false); len(slices.Compact(slices.Sorted(slices.Values(got)))) != 4 {
+		t.Errorf("idle fleet, without in-flight memory: picks %v, want 4 siblings on 4 replicas", got)
 	}
 	if got := run([]float64{150, 200}, true, spread); got[0] != "r0" || got[1] != "r1" {
 		t.Errorf("spread regime: picks %v, want r0 then r1", got)
