@@ -79,9 +79,9 @@
 // admitted later in the same step, or while a long prompt's chunks are
 // still being computed, finds the blocks scheduled so far and computes
 // none of them again (SGLang holds such a request back a step and then
-// finds them; vLLM's V0 engine cached a block only once computed). A request finishes after MaxTokens tokens;
-// generated text comes from package simtok's generator, seeded by the
-// engine seed and the prompt.
+// finds them; vLLM's V0 engine cached a block only once computed). A
+// request finishes after MaxTokens tokens; generated text comes from
+// package simtok's generator, seeded by the engine seed and the prompt.
 //
 // Stats reports what a vLLM engine exports on /metrics — running and
 // waiting requests, KV usage and free blocks, prefix-cache queries and

@@ -81,16 +81,18 @@ import (
 // admits such a request a step later, when they are computed. So the
 // whole pending prefix is credited, up to the prompt's last token, which
 // the engine always computes (max_hit); the prefix's own prefill, just
-// sent, is waited for in full (no backlog discount), and route charges
-// the request only the prefill it computes itself (route's fluid queue
-// and load tracker), so a fan-out's holder does not read as many prompts
-// queued as it has siblings. An engine that shares a block only once it
+// sent, is waited for in full (no backlog discount), and route queues the
+// request's own prefill only (its fluid queue) and, for a sibling holding
+// its whole prompt there, charges only that (its load tracker), so a
+// fan-out's holder does not read as many prompts queued as it has
+// siblings. An engine that shares a block only once it
 // is computed (vLLM's V0 engine, and kvroute's engine model before it was
 // made faithful) would have a sibling admitted into the prefix's own step
 // compute the prefix again; against vLLM v1's model the old step-aware
-// credit, which priced that, lost 4-6 of 36 cases at 4 and 8 replicas
-// (docs/benchmarks.md: "An engine model that shares a prefix in flight").
-// No other policy reads pending.
+// credit, which priced that, and the spread regime below passed 32, 34
+// and 31 of the bar's 36 cases at 4, 8 and 16 replicas, against 34, 36
+// and 34 now (docs/benchmarks.md: "An engine model that shares a prefix
+// in flight"). No other policy reads pending.
 //
 // The move charge is what moving a session away from its history costs
 // the others. The session's home (Candidate.Home: the replica that served
@@ -185,39 +187,40 @@ import (
 // computes it again, and the rest wait for both. (vLLM v1 and SGLang
 // share the prompt with the sibling instead: held, it waits for the one
 // prefill it would have computed elsewhere, and the fleet saves it; with
-// the regime on against that engine model kvroute lost fan-out and rl
-// cases it wins with it off.) Spreading the burst costs each sibling the
+// the regime on against that engine model kvroute lost fan-out at 0.5
+// and 0.8 at every fleet size.) Spreading the burst costs each sibling the
 // queueing its extra prefill adds to the fleet. In a queue served at
 // utilization U the mean wait is U/(2(1-U)) service times
 // (Pollaczek-Khinchine, deterministic service), below one prompt's
 // prefill while U < 2/3. So a burst spreads while Request.SpreadUtil (set
 // by the router: the fleet's recent prefill utilization with every
 // sibling counting its whole prompt, as if bursts spread) is below
-// spread_util (2/3 for such engines), and is held above it. It spreads only if the fleet has a replica holding
-// none of its prompt for this request and for each later sibling expected
-// (Request.Siblings, learned by the router from earlier bursts): on a
-// fleet smaller than the burst the extra siblings would double up and
-// compute the prompt again beside another. A request of a spread burst
-// (one with a holder that is a parallel request of its session, or has no
-// session key; n samples under one session key each are other sessions'
-// first turns and keep the normal prediction) pays no move charge, gets
-// no in-flight credit (on such an engine it would join its holder's step
-// and compute the prompt itself), and is charged its wait on the router's fluid estimate
-// of each replica's prefill queue (Candidate.Queued: what this router sent
-// there, drained at its learned speed since, plus backlog_weight times any
-// charged prefill that estimate does not account for, Candidate.
-// QueuedCharge) rather than backlog_weight times the charged prefill,
-// which says little of how far a burst just sent has got: a sibling goes
-// where it starts first. It may go only to a holder or to a replica that
-// starts it before the first holder has computed the prompt, since a
-// sibling starting later would have found the prompt computed there. The
-// router marks the burst spread when its second request is
-// (Result.Spread), and its later requests follow. Below spread_util the
-// first request of an expected burst (one whose prompt no candidate
-// holds, indexed or in flight, with at least one sibling expected) is
-// charged its wait on the fluid estimate too, so that it starts as early
-// as its siblings will. Above spread_util none of this applies: holding
-// bursts saves the fleet the prefills that would otherwise saturate it.
+// spread_util (2/3 for such engines), and is held above it. It spreads
+// only if the fleet has a replica holding none of its prompt for this
+// request and for each later sibling expected (Request.Siblings, learned
+// by the router from earlier bursts): on a fleet smaller than the burst
+// the extra siblings would double up and compute the prompt again beside
+// another. A request of a spread burst (one with a holder that is a
+// parallel request of its session, or has no session key; n samples under
+// one session key each are other sessions' first turns and keep the normal
+// prediction) pays no move charge, gets no in-flight credit (on such an
+// engine it would join its holder's step and compute the prompt itself),
+// and is charged its wait on the router's fluid estimate of each replica's
+// prefill queue (Candidate.Queued: what this router sent there, drained at
+// its learned speed since, plus backlog_weight times any charged prefill
+// that estimate does not account for, Candidate.QueuedCharge) rather than
+// backlog_weight times the charged prefill, which says little of how far a
+// burst just sent has got: a sibling goes where it starts first. It may go
+// only to a holder or to a replica that starts it before the first holder
+// has computed the prompt, since a sibling starting later would have found
+// the prompt computed there. The router marks the burst spread when its
+// second request is (Result.Spread), and its later requests follow. Below
+// spread_util the first request of an expected burst (one whose prompt no
+// candidate holds, indexed or in flight, with at least one sibling
+// expected) is charged its wait on the fluid estimate too, so that it
+// starts as early as its siblings will. Above spread_util none of this
+// applies: holding bursts saves the fleet the prefills that would
+// otherwise saturate it.
 //
 // A burst that fills the fleet is held (Reason "held" when that changed the
 // pick): a request whose whole prompt a candidate holds, part of it in
