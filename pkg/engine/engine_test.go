@@ -363,7 +363,9 @@ func TestSameStepAdmissionSharesScheduledBlocks(t *testing.T) {
 			PrefillTokensPerSec: 1000, StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}
 		e := mustNew(t, cfg, 1)
 		p := prompt(2000, 1)
-		e.Submit(0, Request{Prompt: p, MaxTokens: 1})
+		if _, err := e.Submit(0, Request{Prompt: p, MaxTokens: 1}); err != nil {
+			t.Fatal(err)
+		}
 		first := e.Step(0)
 		if first.PrefillTokens != 512 {
 			t.Fatalf("first step prefilled %d", first.PrefillTokens)
