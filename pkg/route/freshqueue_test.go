@@ -60,13 +60,7 @@ func TestDecideHomeTurnLeavesAFreshDocument(t *testing.T) {
 			g.now = g.now.Add(tc.after)
 			turn := append(append([]uint32(nil), history...), seq(2*16, 1<<25)...)
 			d := decide(Request{Model: model, Tokens: turn, SessionKey: "s"})
-			var home *Candidate
-			for i := range d.Candidates {
-				if d.Candidates[i].Replica == "r0" {
-					home = &d.Candidates[i]
-				}
-			}
-			if home == nil || !home.Home || home.Load.ActivePrefillBlocks != 1000 {
+			if home := candidate(t, d, "r0"); !home.Home || home.Load.ActivePrefillBlocks != 1000 {
 				t.Fatalf("home candidate %+v, want r0 as home with the document's 1,000 blocks charged", home)
 			}
 			if d.Replica != tc.want {

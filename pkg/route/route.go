@@ -496,10 +496,15 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if !hasHome && drawn && future.Turns == 0 {
 		res = r.sessionRound(sc, start, d.Session, res, preq, primary)
 	}
-	// The pick's in-flight prefix the request finds computed there: not
-	// its prefill to queue (the fluid queue) or, for a sibling holding its
-	// whole prompt there, to charge (Decision.PrefillBlocks).
-	inFlight := int(policy.InFlightCredit(preq, sc.cands[res.Pick]))
+	// The pick's uncached blocks, and of them the prefill it computes
+	// itself: less the part of its prefix in flight there that it finds
+	// computed (policy.InFlightCredit: the engine computes the prefix
+	// once, for the request that carried it). That is what it adds to the
+	// fluid queue; counted again it over-stated the queue ahead of the
+	// next request, and the speed the rate learner took from it.
+	pick := sc.cands[res.Pick]
+	uncached := max(0, d.PromptBlocks-pick.MatchedBlocks())
+	own := max(0, uncached-int(policy.InFlightCredit(preq, pick)))
 
 	for k, i := range cands {
 		c := sc.cands[k]
@@ -534,31 +539,26 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		// full until its first token; fed to the learner it doubled the
 		// learned speeds).
 		d.QueuedTokens = int(math.Min(pc.Queued, pc.Load.ActivePrefillBlocks) * float64(primary))
-		// The pick's uncached blocks (d.MatchedBlocks reads d.Replica, not
-		// set yet: it gave 0 here and queued every prompt in full), less
-		// the part of the prefix in flight there that it will find
-		// computed (policy.InFlightCredit: the engine computes the prefix
-		// once, for the request that carried it; counted again it
-		// over-stated the queue ahead of the next request, and the speed
-		// the rate learner took from it).
 		rate := sc.rates[res.Pick] / float64(primary)
-		r.fluid.add(pc.Replica, start, rate, float64(max(0, d.PromptBlocks-pc.MatchedBlocks()-inFlight)), rate*fluidHorizon.Seconds())
+		r.fluid.add(pc.Replica, start, rate, float64(own), rate*fluidHorizon.Seconds())
 	}
 	d.Candidates = raw
 	d.Replica = raw[res.Pick].Replica
-	// A sibling of a request just sent to its pick with its whole prompt
-	// (a fan-out's, a GRPO group's) computes its last block there: charged
-	// its whole prompt, a holder of eight siblings read as eight prompts
-	// queued, and the burst spread over the fleet, computing the prompt
-	// once a replica (fan-out at 4 replicas, 0.5: hit/ceiling 0.77, p99
-	// 0.54 s; charged its own prefill 0.98, 0.41 s). A request sharing
-	// only part of its prompt with one in flight is still charged that
-	// part: credited there too, the trace at 4 replicas lost (0.8: p99
-	// 4.66 -> 4.88 s, hit/ceiling 0.965 -> 0.938; 1.1: mean 7.45 -> 8.75
-	// s; seeds 1-2), for reasons not traced yet.
-	d.PrefillBlocks = max(0, d.PromptBlocks-d.MatchedBlocks())
-	if policy.HoldsPrompt(preq, sc.cands[res.Pick]) {
-		d.PrefillBlocks = max(0, d.PrefillBlocks-inFlight)
+	// The pick's charge. A sibling of a request just sent to its pick with
+	// its whole prompt (a fan-out's, a GRPO group's) is charged its own
+	// prefill, its last block: charged its whole prompt, a holder of eight
+	// siblings read as eight prompts queued, and the burst spread over the
+	// fleet, computing the prompt once a replica (fan-out at 4 replicas,
+	// 0.5, medians of seeds 1-10: hit/ceiling 0.768, p99 0.426 s; charged
+	// its own prefill 0.969, 0.413 s). A request sharing only part of its
+	// prompt with one in flight is charged all its uncached blocks:
+	// credited there too, the trace at 4 replicas lost (0.8: p99 4.659 ->
+	// 4.876 s, hit/ceiling 0.965 -> 0.938; 1.1: mean 7.450 -> 8.749 s; the
+	// same on each of seeds 1-10, the trace replaying the same requests),
+	// for reasons not traced yet.
+	d.PrefillBlocks = uncached
+	if policy.HoldsPrompt(preq, pick) {
+		d.PrefillBlocks = own
 	}
 	d.Address = raw[res.Pick].Address
 	d.Reason = res.Reason
