@@ -248,18 +248,28 @@ import (
 //
 // The memory term reads KV headroom: with the candidate's KV blocks known
 // (Load.KVBlocks), the blocks in use are the larger of the engine's
-// reported usage and the router's own in-flight footprint; the request
+// reported usage and the router's own in-flight footprint, the footprint
+// taken at most up to the report plus the prefill still to be allocated
+// (Load.ActivePrefillBlocks) once the engine reports any usage; the request
 // needs its prompt blocks plus its expected output blocks; whatever would
 // exceed (1 - memory_reserve) of the cache is overflow, which the engine
 // resolves by preempting a running request and recomputing it later.
 // Without Load.KVBlocks the term is 0. The footprint counts a prefix
 // shared by requests in flight once per request, and a request the engine
 // finished until the router sees its end; where it exceeds the engine's
-// report plus the prefill still to be allocated, the request's prefix
-// cached on the candidate is not needed again up to that excess. Without
-// it, a replica holding a session's previous turn (ended at the engine,
-// not yet at the router) read full and the next turn moved off its home,
-// re-prefilling 88k tokens (the live agents check through Envoy).
+// report plus the prefill still to be allocated, that excess is this
+// over-count, not memory in use, and the request's prefix cached on the
+// candidate is not needed again up to it. Without that subtraction, a
+// replica holding a session's previous turn (ended at the engine, not yet
+// at the router) read full and the next turn moved off its home,
+// re-prefilling 88k tokens (the live agents check through Envoy). Without
+// the cap, a conversation trace at 0.95 utilization on 4 replicas read
+// every replica over full (router footprints of 6,400-6,900 blocks of
+// 6,144 against reported usage of 0.74-0.99), and the term, not the
+// queues, sent long cold prompts to the replica with the smallest
+// over-count and the longest queue: the trace's p99 time to first token
+// 8.13 s, capped 7.42 s (docs/benchmarks.md, "The memory term's
+// footprint").
 //
 // Herding protection comes from the prediction where a burst's cost is
 // visible: its queued prefill is in the router's in-flight view (wait),
@@ -744,6 +754,12 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
 		reported := c.Load.KVUsage * total
 		used := math.Max(reported, c.Load.ActiveDecodeBlocks)
+		if reported > 0 {
+			// The footprint beyond the report and the prefill still to be
+			// allocated is shared prefixes counted once per request (see
+			// KVRoute).
+			used = math.Max(reported, math.Min(c.Load.ActiveDecodeBlocks, reported+c.Load.ActivePrefillBlocks))
+		}
 		need := float64(req.PromptBlocks) + req.ExpectedOutputBlocks
 		if excess := c.Load.ActiveDecodeBlocks - c.Load.ActivePrefillBlocks - reported; reported > 0 && excess > 0 {
 			// The footprint beyond the engine's report and the prefill
