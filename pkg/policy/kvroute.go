@@ -268,7 +268,8 @@ import (
 // 6,144 against reported usage of 0.74-0.99), and the term, not the
 // queues, sent long cold prompts to the replica with the smallest
 // over-count and the longest queue: the trace's p99 time to first token
-// 8.13 s, capped 7.42 s (docs/benchmarks.md, "The memory term's
+// 8.13 s, capped 7.42 s (medians of ten seeds, the same on each: the trace
+// replays the same requests; docs/benchmarks.md, "The memory term's
 // footprint").
 //
 // Herding protection comes from the prediction where a burst's cost is
@@ -753,21 +754,18 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 	}
 	if total := c.Load.KVBlocks; total > 0 && k.memoryWeight > 0 {
 		reported := c.Load.KVUsage * total
-		used := math.Max(reported, c.Load.ActiveDecodeBlocks)
-		if reported > 0 {
-			// The footprint beyond the report and the prefill still to be
-			// allocated is shared prefixes counted once per request (see
-			// KVRoute).
-			used = math.Max(reported, math.Min(c.Load.ActiveDecodeBlocks, reported+c.Load.ActivePrefillBlocks))
-		}
+		footprint := c.Load.ActiveDecodeBlocks
 		need := float64(req.PromptBlocks) + req.ExpectedOutputBlocks
-		if excess := c.Load.ActiveDecodeBlocks - c.Load.ActivePrefillBlocks - reported; reported > 0 && excess > 0 {
+		if bound := reported + c.Load.ActivePrefillBlocks; reported > 0 && footprint > bound {
 			// The footprint beyond the engine's report and the prefill
 			// still to be allocated is blocks the engine holds once for
-			// several requests or no longer holds; the request's prefix
-			// cached on c may be those very blocks: not charged twice.
-			need -= math.Min(excess, math.Min(float64(c.Matched[index.TierGPU]), float64(req.PromptBlocks)))
+			// several requests or no longer holds (see KVRoute): not in
+			// use, and the request's prefix cached on c may be those very
+			// blocks, not charged twice.
+			need -= math.Min(footprint-bound, math.Min(float64(c.Matched[index.TierGPU]), float64(req.PromptBlocks)))
+			footprint = bound
 		}
+		used := math.Max(reported, footprint)
 		p.Memory = pc.BlockSecs * k.memoryWeight * math.Max(0, used+need-(1-k.memoryReserve)*total)
 	}
 	return p
