@@ -89,39 +89,23 @@ func TestKVRoutePredict(t *testing.T) {
 		{"CPU blocks at the host weight", func() Candidate { c := cand("a", 2, 0, 0); c.Matched[index.TierCPU] = 4; return c }(), idle, Prediction{Own: 10 - (2 + 3)}},
 		{"decode footprint is free by default", cand("a", 0, 0, 1000), idle, Prediction{Own: 10}},
 		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
-		{"headroom left: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.5; return c }(), idle, Prediction{Own: 10}},
-		{"overflow is charged twice", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVBlocks = 1000; c.Load.KVUsage = 0.95; return c }(), idle, Prediction{Own: 10, Memory: 2 * 14}},
+		{"headroom left: no memory term", withKV(cand("a", 0, 0, 0), 1000, 0.5), idle, Prediction{Own: 10}},
+		{"overflow is charged twice", withKV(cand("a", 0, 0, 0), 1000, 0.95), idle, Prediction{Own: 10, Memory: 2 * 14}},
 		// A prefix in flight is found whole, joining its step or not; its
 		// own prefill, just sent, is waited for in full.
 		{"in flight, nothing else queued: found, joining the prefix's step", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 10}},
 		{"in flight behind half a step: found", pend(cand("a", 0, 10+256, 0), 10), idle, Prediction{Wait: 0.5*256 + 10}},
 		{"in flight behind a step: found", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
 		{"in flight beyond an indexed match, behind a step", pend(cand("a", 4, 6+600, 0), 6), idle, Prediction{Wait: 0.5*600 + 6}},
-		{"the router's own footprint counts when larger", func() Candidate { c := cand("a", 0, 0, 946); c.Load.KVBlocks = 1000; return c }(), idle, Prediction{Own: 10, Memory: 2 * 10}},
+		{"the router's own footprint counts when larger", withKV(cand("a", 0, 0, 946), 1000, 0), idle, Prediction{Own: 10, Memory: 2 * 10}},
 		// The footprint past the engine's report plus the prefill still to
 		// be allocated is blocks held once for several requests or no longer
 		// held: it is not counted as in use, and up to it the request's
 		// cached prefix is not charged again.
-		{"a footprint past report and prefill is capped there", func() Candidate {
-			c := cand("a", 0, 0, 1000)
-			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.9
-			return c
-		}(), idle, Prediction{Own: 10}},
-		{"a cached prefix the footprint already counts is not charged twice", func() Candidate {
-			c := cand("a", 8, 40, 1000)
-			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.91
-			return c
-		}(), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (910 + 40 + 6 - 950)}},
-		{"prefill still to be allocated is no excess", func() Candidate {
-			c := cand("a", 8, 40, 946)
-			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.91
-			return c
-		}(), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (946 + 14 - 950)}},
-		{"no excess: a cached prefix still takes its blocks", func() Candidate {
-			c := cand("a", 8, 0, 0)
-			c.Load.KVBlocks, c.Load.KVUsage = 1000, 0.94
-			return c
-		}(), idle, Prediction{Own: 2, Memory: 2 * 4}},
+		{"a footprint past report and prefill is capped there", withKV(cand("a", 0, 0, 1000), 1000, 0.9), idle, Prediction{Own: 10}},
+		{"a cached prefix the footprint already counts is not charged twice", withKV(cand("a", 8, 40, 1000), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (910 + 40 + 6 - 950)}},
+		{"prefill still to be allocated is no excess", withKV(cand("a", 8, 40, 946), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (946 + 14 - 950)}},
+		{"no excess: a cached prefix still takes its blocks", withKV(cand("a", 8, 0, 0), 1000, 0.94), idle, Prediction{Own: 2, Memory: 2 * 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -249,10 +233,8 @@ func TestKVRouteSpreadsNewGroup(t *testing.T) {
 func TestKVRouteAvoidsMemoryOverflow(t *testing.T) {
 	p := mustNew(t, NameKVRoute, Config{})
 	req := Request{PromptBlocks: 100, ExpectedOutputBlocks: 64}
-	full := withReqs(cand("full", 40, 0, 0), 2, 0)
-	full.Load.KVBlocks, full.Load.KVUsage = 2000, 0.97
-	roomy := withReqs(cand("roomy", 0, 0, 0), 2, 0)
-	roomy.Load.KVBlocks, roomy.Load.KVUsage = 2000, 0.3
+	full := withKV(withReqs(cand("full", 40, 0, 0), 2, 0), 2000, 0.97)
+	roomy := withKV(withReqs(cand("roomy", 0, 0, 0), 2, 0), 2000, 0.3)
 	if res := p.Pick(req, []Candidate{full, roomy}, seeded(1)); res.Pick != 1 {
 		t.Errorf("picked %d, want the replica with headroom; costs %v", res.Pick, res.Costs)
 	}
@@ -273,13 +255,13 @@ func TestKVRouteFootprintCappedByReport(t *testing.T) {
 	req := Request{PromptBlocks: 100, ExpectedOutputBlocks: 64}
 	// 2,500 blocks of footprint on 2,000: 25 requests of one 100-block
 	// prefix, each counted whole; the engine reports half its cache used.
-	holder := withReqs(cand("holder", 90, 0, 2500), 25, 0)
-	holder.Load.KVBlocks, holder.Load.KVUsage = 2000, 0.5
-	other := withReqs(cand("other", 0, 0, 0), 0, 0)
-	other.Load.KVBlocks, other.Load.KVUsage = 2000, 0.3
+	holder := withKV(withReqs(cand("holder", 90, 0, 2500), 25, 0), 2000, 0.5)
+	other := withKV(cand("other", 0, 0, 0), 2000, 0.3)
 	kv := p.(*KVRoute)
-	f := kv.FleetOf(req, []Candidate{holder, other}, nil)
-	if m := kv.Predict(req, holder, kv.HitBlocks(req, holder), f).Memory; m != 0 {
+	memory := func() float64 {
+		return kv.Predict(req, holder, kv.HitBlocks(req, holder), kv.FleetOf(req, []Candidate{holder, other}, nil)).Memory
+	}
+	if m := memory(); m != 0 {
 		t.Errorf("holder's memory charge %v, want 0 (1,000 reported, 74 needed, of 1,900 usable)", m)
 	}
 	if res := p.Pick(req, []Candidate{holder, other}, seeded(1)); res.Pick != 0 {
@@ -289,13 +271,13 @@ func TestKVRouteFootprintCappedByReport(t *testing.T) {
 	// request's 10 uncached blocks and 64 of output 74 over the 1,900
 	// usable (its 90 cached blocks are among the 600 of over-count).
 	holder.Load.ActivePrefillBlocks = 900
-	m := kv.Predict(req, holder, kv.HitBlocks(req, holder), kv.FleetOf(req, []Candidate{holder, other}, nil)).Memory
+	m := memory()
 	if want := blk * 2 * 74; math.Abs(m-want) > 1e-12 {
 		t.Fatalf("with prefill queued: memory charge %v, want %v (74 blocks over, charged twice)", m, want)
 	}
 	// Before the engine reports usage the footprint stands alone.
 	holder.Load.ActivePrefillBlocks, holder.Load.KVUsage = 0, 0
-	if m0 := kv.Predict(req, holder, kv.HitBlocks(req, holder), kv.FleetOf(req, []Candidate{holder, other}, nil)).Memory; !(m0 > m) {
+	if m0 := memory(); !(m0 > m) {
 		t.Errorf("no report: memory charge %v, want the whole footprint's (more than %v)", m0, m)
 	}
 }

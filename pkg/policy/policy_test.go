@@ -32,6 +32,13 @@ func withReqs(c Candidate, running, waiting int) Candidate {
 	return c
 }
 
+// withKV gives c an engine with blocks KV blocks reporting usage of them
+// in use.
+func withKV(c Candidate, blocks, usage float64) Candidate {
+	c.Load.KVBlocks, c.Load.KVUsage = blocks, usage
+	return c
+}
+
 func unhealthy(c Candidate) Candidate { c.Load.Healthy = false; return c }
 
 func mustNew(t *testing.T, name string, cfg Config) Policy {
