@@ -191,3 +191,62 @@ func candidatesOf(n int) []policy.Candidate {
 	}
 	return out
 }
+
+// A growing session is balanced by living sessions, a short one is not.
+// On a fleet of 4 whose r0 holds a 6,144-token shared prompt (384 blocks)
+// and one living session there, whose ten later turns each added grow
+// tokens of history 2 s apart, a new session of the same kind goes where
+// the cost sends it (r0, the prompt's holder: such light turns queue
+// behind nothing, so the future charge does not move it) unless its later
+// turns are predicted to add more history than the 384 blocks it would
+// find there: then to an idle replica with no living session (reason
+// session_balance), whose prefill of the prompt is within what the
+// holder saves. Agent sessions that start small and grow past a replica's
+// cache packed on their prompt's holder otherwise; a chat's few short
+// turns do not outgrow the prompt.
+func TestGrowingSessionsBalanceByLivingSessions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		grow int // tokens each of agent-0's later turns adds
+		away bool
+	}{
+		{"history outgrows the prompt", 768, true},
+		{"history smaller than the prompt", 16, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newColdRig(t, 4, policy.KVRouteConfig{})
+			g.now = g.now.Add(time.Second)
+			if d := g.start(t, "agent-0", 0); d.Replica != "r0" {
+				t.Fatalf("first session went to %s, want the holder r0", d.Replica)
+			}
+			toks := append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...)
+			for turn := range 10 {
+				g.now = g.now.Add(2 * time.Second)
+				toks = append(toks, seq(tc.grow, uint32(5_000_000+turn*10_000))...)
+				d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: "agent-0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Hold.Done()
+				store(t, g.ix, d.Replica, model, toks, 16)
+				if d.Replica != "r0" {
+					t.Fatalf("agent-0's turn %d went to %s, want its home r0", turn+2, d.Replica)
+				}
+			}
+
+			g.now = g.now.Add(time.Second)
+			req := Request{Model: model, Tokens: append(append([]uint32(nil), g.sys...), seq(512, 2_000_000)...), SessionKey: "agent-1"}
+			e, err := g.rt.Explain(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("agent-1: %s (%s)", e.Replica, e.Reason)
+			if tc.away && (e.Replica == "r0" || e.Reason != ReasonSessionBalance) {
+				t.Errorf("a session predicted to add %d tokens a turn went to %s (%s), want an idle replica without sessions by %s", tc.grow, e.Replica, e.Reason, ReasonSessionBalance)
+			}
+			if !tc.away && (e.Replica != "r0" || e.Reason == ReasonSessionBalance) {
+				t.Errorf("a session predicted to add %d tokens a turn went to %s (%s), want the prompt's holder r0 by the cost", tc.grow, e.Replica, e.Reason)
+			}
+		})
+	}
+}

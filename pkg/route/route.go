@@ -493,7 +493,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if res.Pick < 0 || res.Pick >= len(cands) {
 		return d, fmt.Errorf("%w: policy %s picked none (%s)", ErrNoReplica, d.Policy, res.Reason)
 	}
-	if !hasHome && drawn && future.Turns == 0 {
+	if !hasHome && drawn {
 		res = r.sessionRound(sc, start, d.Session, res, preq, primary)
 	}
 	// The pick's uncached blocks, and of them the prefill it computes
@@ -605,6 +605,10 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 // unknown future changed (see Router.sessionRound).
 const ReasonSessionRound = "session_round"
 
+// ReasonSessionBalance marks a decision whose pick the balance of growing
+// sessions changed (see Router.sessionRound).
+const ReasonSessionBalance = "session_balance"
+
 // futurePricer is a policy that can place a new session by what its later
 // turns will cost where it lives (policy.KVRoute, unless its future_weight
 // is 0).
@@ -618,31 +622,72 @@ func pricesFuture(p policy.Policy) bool {
 	return ok && fp.PricesFuture()
 }
 
-// sessionRound places a request that starts a session of unknown future
-// (sessionBook.round) on a replica that took the fewest of its key kind's
-// sessions, for a policy that prices a new session's future: res is the
-// policy's pick among all candidates, kept when it is such a replica, else
-// the policy is asked again among those of them that are idle (nothing
-// running, waiting or queued), and its pick there taken if the policy's
-// cost puts it no further off than the prefill of the prefix the first
-// pick holds beyond it (costs reported are the first pick's, every
-// candidate's). Nothing predicts what such a
-// session brings (none of its kind came back), and the policy's cost then
-// sees only the shared prefix it would find on the replicas holding it:
-// every new session of a fleet's first minutes (agents sharing a
-// harness prompt) goes to its holder, and they pack there, their later
-// turns queueing behind each other's, their histories filling one
-// replica's cache. Spread one per replica instead, a session costs at most
-// one prefill of its shared prefix on a replica that was not using it, and
-// the round ends after one session per replica: the prefix is then held
-// everywhere and no longer tips the cost, or the kind's sessions came back
-// and their prediction takes over.
+// sessionRound places a request that starts a session (a session key, no
+// home) on a replica that has fewer sessions than the policy's pick, for a
+// policy that prices a new session's future, in two cases:
+//
+//   - a session of unknown future (sessionBook.round: none of its key
+//     kind's sessions came back yet), kept off the replicas that took more
+//     of its kind's sessions than the fewest any took (reason
+//     session_round);
+//   - a growing session (header or user key, its later turns predicted to
+//     add more history, Future.Turns times Future.Blocks, than the prefix
+//     the pick holds beyond the alternative), kept off the replicas with
+//     more living sessions (Candidate.Sessions) than the fewest any has
+//     (reason session_balance).
+//
+// res is the policy's pick among all candidates, kept when it has the
+// fewest, else the policy is asked again among those of them that are idle
+// (nothing running, waiting or queued), and its pick there taken if the
+// policy's cost puts it no further off than the prefill of the prefix the
+// first pick holds beyond it (costs reported are the first pick's, every
+// candidate's).
+//
+// Nothing predicts what a session of unknown future brings, and the
+// policy's cost then sees only the shared prefix it would find on the
+// replicas holding it: every new session of a fleet's first minutes
+// (agents sharing a harness prompt) goes to its holder, and they pack
+// there, their later turns queueing behind each other's, their histories
+// filling one replica's cache. Spread one per replica instead, a session
+// costs at most one prefill of its shared prefix on a replica that was not
+// using it, and the round ends after one session per replica: the prefix
+// is then held everywhere and no longer tips the cost, or the kind's
+// sessions came back and their prediction takes over.
+//
+// That prediction prices the queueing a session's turns meet and bring
+// (policy.KVRoute's future charge), not the cache its history will take:
+// a session lives where it starts, and what it saves there once (the
+// shared prefix) is smaller than what its history will add to that
+// replica's cache. Agent sessions that start at 3-7k tokens and grow to
+// 70-125k packed four to a replica on the prefix's holder while the
+// fleet's other replicas had none; with half the KV cache (8 replicas of
+// 3,072 blocks of 64 tokens) their histories no longer fit there, and
+// their late turns waited for memory or moved, re-prefilling 70-80k
+// tokens elsewhere (agents at 0.8: p99 time to first token 1.93 s against
+// session affinity's 0.78; balanced 0.50 s). A chat session, whose few
+// short turns add less than the system prompt it would leave, stays with
+// the prompt's holder: spread, the prompt's prefill would be its first
+// turn's wait for nothing it gets back (chat at 6 replicas, 0.5: p99 +8 %
+// without the growth test; docs/benchmarks.md, "Growing sessions").
+// Conversation keys are neither: such a key comes from a history, so its
+// request is a later turn whatever the router saw of its first.
 func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy.Result, preq policy.Request, primary int) policy.Result {
 	if !r.future {
 		return res
 	}
 	sc.starts = slices.Grow(sc.starts[:0], len(sc.cands))[:len(sc.cands)]
-	if !r.book.round(now, key, sc.cands, sc.starts) {
+	reason, growth := ReasonSessionRound, math.Inf(1)
+	switch {
+	case preq.Future.Turns == 0:
+		if !r.book.round(now, key, sc.cands, sc.starts) {
+			return res
+		}
+	case key != "" && keyKind(key) != kindConv:
+		reason, growth = ReasonSessionBalance, preq.Future.Turns*preq.Future.Blocks
+		for k, c := range sc.cands {
+			sc.starts[k] = float64(c.Sessions.Sessions)
+		}
+	default:
 		return res
 	}
 	least := math.Inf(1)
@@ -652,8 +697,8 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 		}
 	}
 	// Only an idle replica (nothing running, waiting or queued): the
-	// round invests capacity nobody is using, never queues a session
-	// behind others.
+	// session invests capacity nobody is using, never queues behind
+	// others.
 	in := func(k int) bool {
 		l := sc.cands[k].Load
 		return l.Healthy && sc.starts[k] < least+0.5 && l.Requests() == 0 && l.ActivePrefillBlocks == 0
@@ -676,16 +721,20 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 		return res
 	}
 	k := sc.subIdx[sub.Pick]
+	held := float64(sc.cands[res.Pick].MatchedBlocks() - sc.cands[k].MatchedBlocks())
+	if held > growth {
+		return res
+	}
 	// Only the shared prefix's prefill: a pick the policy's cost puts
 	// further off than the prefix the first pick holds beyond it, at k's
 	// prefill speed, would wait behind a queue, not invest idle capacity.
 	if res.Costs != nil && sc.rates[k] > 0 {
-		saved := float64(sc.cands[res.Pick].MatchedBlocks()-sc.cands[k].MatchedBlocks()) * float64(primary) / sc.rates[k]
+		saved := held * float64(primary) / sc.rates[k]
 		if extra := res.Costs[k] - res.Costs[res.Pick]; !(extra <= saved*(1+1e-9)) {
 			return res
 		}
 	}
-	res.Pick, res.Reason, res.Spread = k, ReasonSessionRound, sub.Spread
+	res.Pick, res.Reason, res.Spread = k, reason, sub.Spread
 	return res
 }
 
