@@ -87,6 +87,19 @@
 // never in a round (such a key comes from a history: its request is a
 // later turn). The kind's starts per replica decay like its other counts.
 //
+// Growing sessions: once the kind's sessions come back, the prediction
+// prices the queueing a new session's later turns meet and bring, not the
+// cache its history will take on the replica it starts on. So a new
+// session (header or user key) whose later turns are predicted to add
+// more history (Future.Turns times Future.Blocks) than the prefix its
+// pick holds beyond an idle replica with the fewest living sessions
+// (Candidate.Sessions) goes there by the same rule as the round (reason
+// "session_balance": the policy's pick among the idle ones, taken only
+// within the prefill of that prefix). Agent sessions that start small and
+// grow to a replica's cache no longer pack on their prompt's holder; a
+// chat session, whose short turns add less than the system prompt it
+// would leave, stays with the prompt.
+//
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the
 // session load committed there) is dropped at the first decision that no
