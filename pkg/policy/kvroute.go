@@ -1003,7 +1003,7 @@ type KVRouteConfig struct {
 	// MovePressureMax caps the fleet pressure busy/(1-busy) (default 4).
 	MovePressureMax *float64 `yaml:"move_pressure_max"`
 	// MemoryWeight charges blocks per KV block of predicted overflow
-	// (default 2; 0 ignores memory headroom).
+	// (default 1; 0 ignores memory headroom).
 	MemoryWeight *float64 `yaml:"memory_weight"`
 	// MemoryReserve is the share of a replica's KV blocks kept for the
 	// growth of running decodes, in [0, 1) (default 0.05).
@@ -1064,7 +1064,7 @@ const (
 	DefaultKVRouteRunningWeight    = 0.02
 	DefaultKVRouteMoveWeight       = 1.0
 	DefaultKVRouteMovePressureMax  = 4.0
-	DefaultKVRouteMemoryWeight     = 2.0
+	DefaultKVRouteMemoryWeight     = 1.0
 	DefaultKVRouteMemoryReserve    = 0.05
 	DefaultKVRouteLoadBound        = 3.0
 	DefaultKVRouteLoadBoundMin     = 6.0

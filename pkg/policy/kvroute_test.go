@@ -90,22 +90,22 @@ func TestKVRoutePredict(t *testing.T) {
 		{"decode footprint is free by default", cand("a", 0, 0, 1000), idle, Prediction{Own: 10}},
 		{"no KV size known: no memory term", func() Candidate { c := cand("a", 0, 0, 0); c.Load.KVUsage = 1; return c }(), idle, Prediction{Own: 10}},
 		{"headroom left: no memory term", withKV(cand("a", 0, 0, 0), 1000, 0.5), idle, Prediction{Own: 10}},
-		{"overflow is charged twice", withKV(cand("a", 0, 0, 0), 1000, 0.95), idle, Prediction{Own: 10, Memory: 2 * 14}},
+		{"overflow is charged a block's prefill a block", withKV(cand("a", 0, 0, 0), 1000, 0.95), idle, Prediction{Own: 10, Memory: 14}},
 		// A prefix in flight is found whole, joining its step or not; its
 		// own prefill, just sent, is waited for in full.
 		{"in flight, nothing else queued: found, joining the prefix's step", pend(cand("a", 0, 10, 0), 10), idle, Prediction{Wait: 10}},
 		{"in flight behind half a step: found", pend(cand("a", 0, 10+256, 0), 10), idle, Prediction{Wait: 0.5*256 + 10}},
 		{"in flight behind a step: found", pend(cand("a", 0, 10+512, 0), 10), idle, Prediction{Wait: 0.5*512 + 10}},
 		{"in flight beyond an indexed match, behind a step", pend(cand("a", 4, 6+600, 0), 6), idle, Prediction{Wait: 0.5*600 + 6}},
-		{"the router's own footprint counts when larger", withKV(cand("a", 0, 0, 946), 1000, 0), idle, Prediction{Own: 10, Memory: 2 * 10}},
+		{"the router's own footprint counts when larger", withKV(cand("a", 0, 0, 946), 1000, 0), idle, Prediction{Own: 10, Memory: 10}},
 		// The footprint past the engine's report plus the prefill still to
 		// be allocated is blocks held once for several requests or no longer
 		// held: it is not counted as in use, and up to it the request's
 		// cached prefix is not charged again.
 		{"a footprint past report and prefill is capped there", withKV(cand("a", 0, 0, 1000), 1000, 0.9), idle, Prediction{Own: 10}},
-		{"a cached prefix the footprint already counts is not charged twice", withKV(cand("a", 8, 40, 1000), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (910 + 40 + 6 - 950)}},
-		{"prefill still to be allocated is no excess", withKV(cand("a", 8, 40, 946), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: 2 * (946 + 14 - 950)}},
-		{"no excess: a cached prefix still takes its blocks", withKV(cand("a", 8, 0, 0), 1000, 0.94), idle, Prediction{Own: 2, Memory: 2 * 4}},
+		{"a cached prefix the footprint already counts is not charged twice", withKV(cand("a", 8, 40, 1000), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: (910 + 40 + 6 - 950)}},
+		{"prefill still to be allocated is no excess", withKV(cand("a", 8, 40, 946), 1000, 0.91), idle, Prediction{Wait: 20, Own: 2, Memory: (946 + 14 - 950)}},
+		{"no excess: a cached prefix still takes its blocks", withKV(cand("a", 8, 0, 0), 1000, 0.94), idle, Prediction{Own: 2, Memory: 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +114,10 @@ func TestKVRoutePredict(t *testing.T) {
 				t.Errorf("prediction %+v, want %+v", got, want)
 			}
 		})
+	}
+	k3, _ := NewKVRoute(KVRouteConfig{MemoryWeight: Float(2)})
+	if c := withKV(cand("a", 0, 0, 0), 1000, 0.95); math.Abs(k3.Predict(req, c, 0, idle).Memory-blk*2*14) > 1e-12 {
+		t.Errorf("memory_weight 2: memory charge %v, want twice 14 blocks' prefill", k3.Predict(req, c, 0, idle).Memory)
 	}
 	k2, _ := NewKVRoute(KVRouteConfig{BacklogWeight: Float(1), DecodeWeight: Float(0.1), RequestWeight: Float(3), MoveWeight: Float(0.5)})
 	c := withReqs(cand("a", 8, 20, 100), 3, 1)
@@ -272,8 +276,8 @@ func TestKVRouteFootprintCappedByReport(t *testing.T) {
 	// usable (its 90 cached blocks are among the 600 of over-count).
 	holder.Load.ActivePrefillBlocks = 900
 	m := memory()
-	if want := blk * 2 * 74; math.Abs(m-want) > 1e-12 {
-		t.Fatalf("with prefill queued: memory charge %v, want %v (74 blocks over, charged twice)", m, want)
+	if want := blk * 74; math.Abs(m-want) > 1e-12 {
+		t.Fatalf("with prefill queued: memory charge %v, want %v (74 blocks over, a block's prefill each)", m, want)
 	}
 	// Before the engine reports usage the footprint stands alone.
 	holder.Load.ActivePrefillBlocks, holder.Load.KVUsage = 0, 0
