@@ -22,7 +22,8 @@ import (
 //	own     = max(0, prompt_blocks - hit)              the request's own uncached prefill
 //	wait    = backlog_weight*active_prefill_blocks     prefill queued ahead of it; with inflight > 0:
 //	          backlog_weight*max(0, active_prefill_blocks - pending) + min(active_prefill_blocks, pending);
-//	          at the session's home or a candidate holding none of the prompt, at least
+//	          at the session's home or a candidate holding no more of the prompt than
+//	          every candidate does, at least
 //	          min(active_prefill_blocks, FluidWait)      (a fresh queue, see below)
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one;
 //	          a sibling in a burst: own - own at a holder of its whole prompt, 0 at a holder)
@@ -46,11 +47,20 @@ import (
 // where it holds more than backlog_weight of the charge the wait is the
 // estimate, never more than the charge: at the session's home, whose
 // leaving the move charge prices, and at a candidate holding none of the
-// prompt. At another holder of the prompt it stays backlog_weight of the
-// charge: a request without a home is charged nothing for the cache it
-// leaves, and the trace's later requests, keyed afresh, left the replicas
-// holding their history behind fresh queues (hit/ceiling 0.95 -> 0.83 at
-// 4 replicas, 0.5, with the estimate there too). On mixed at 0.95 (4 and
+// prompt, or none beyond what every eligible candidate holds
+// (Fleet.CommonBlocks: a system prompt cached fleet-wide). At another
+// holder of the prompt it stays backlog_weight of the charge: a request
+// without a home is charged nothing for the cache it leaves, and the
+// trace's later requests, keyed afresh, left the replicas holding their
+// history behind fresh queues (hit/ceiling 0.95 -> 0.83 at 4 replicas,
+// 0.5, with the estimate there too). A prefix every candidate holds is
+// left behind nowhere, and there the discount only hid fresh queues: on
+// the herding bait (every request a 2k-token system prompt all replicas
+// hold and a 1-6k-token body) a request went to the replica whose charge
+// was mostly a document sent a moment before, 0.13 s of predicted wait
+// against 0.24 s waited, behind a replica whose queue was all but
+// drained; its p99 lost to round robin's by 5.3 % at 4 replicas, 0.5
+// (docs/benchmarks.md, "A prefix every replica holds"). On mixed at 0.95 (4 and
 // 8 replicas, seeds 1-10) picks onto a queue whose estimate still held
 // 60% or more of its charge waited 3.3-3.5 s on average, predicted 1.3-1.6
 // s short by backlog_weight and 0.35-0.45 s short by the estimate; the
@@ -495,6 +505,11 @@ type Fleet struct {
 	// request, or one whose prompt no candidate holds, in the regime.
 	Spread, Fluid bool
 	CarrierDone   float64
+	// CommonBlocks are the prompt blocks every eligible candidate holds
+	// (the least of their MatchedBlocks): a prefix held fleet-wide, such
+	// as a system prompt every replica has cached, keeps the request on
+	// none of them.
+	CommonBlocks float64
 	// Sibling is set when HomeOwn is not a home's but a holder's: the
 	// request has no home and a candidate holds its whole prompt, part of
 	// it in flight (a sibling of a request just sent there), and it is
@@ -600,11 +615,13 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	if r, ok := learnedPrefillRate(cands); ok {
 		f.PrefillRate = r
 	}
+	f.CommonBlocks = math.Inf(1)
 	for _, c := range cands {
 		if !eligible(c) {
 			continue
 		}
 		n++
+		f.CommonBlocks = math.Min(f.CommonBlocks, float64(c.MatchedBlocks()))
 		if d := c.Load.DecodeStep.Seconds(); d > 0 {
 			stepSum += d
 			stepN++
@@ -624,6 +641,7 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 		f.DecodeStep = stepSum / float64(stepN)
 	}
 	if n == 0 {
+		f.CommonBlocks = 0
 		return f
 	}
 	keyless := req.SessionKey == ""
@@ -733,8 +751,10 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 		// its own prefill is, which was just sent and is charged in full.
 		a, pend := c.Load.ActivePrefillBlocks, float64(c.Pending)
 		wait = k.backlogWeight*math.Max(0, a-pend) + math.Min(a, pend)
-	case c.Home || hit == 0:
-		// A fresh queue is waited for in full (see KVRoute).
+	case c.Home || hit == 0 || float64(c.MatchedBlocks()) <= f.CommonBlocks:
+		// A fresh queue is waited for in full (see KVRoute), also at a
+		// candidate holding no more of the prompt than every candidate
+		// does: going elsewhere leaves nothing behind.
 		wait = math.Max(wait, math.Min(c.Load.ActivePrefillBlocks, k.FluidWait(c)))
 	}
 	extra := math.Max(0, o-f.HomeOwn)

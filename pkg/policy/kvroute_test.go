@@ -901,6 +901,29 @@ func TestKVRouteColdRequestWaitsOnFluidQueue(t *testing.T) {
 	}
 }
 
+// A prefix every candidate holds keeps the request on none of them, so
+// there the wait is the fresh queue's, as on a candidate holding none of
+// the prompt: with a 32-block system prompt cached on both, a replica
+// charged 60 blocks of which 55 were sent a moment ago is further off
+// than one charged 70 whose queue is all but drained (backlog_weight of
+// the charge says the opposite, 30 blocks against 35). A replica holding
+// more of the prompt than the others keeps the discount: the request
+// would leave that cache behind.
+func TestKVRouteFleetWidePrefixWaitsOnFreshQueue(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{})
+	fresh, drained := cand("fresh", 32, 60, 0), cand("drained", 32, 70, 0)
+	fresh.Queued, fresh.QueuedCharge = 55, 60
+	drained.Queued, drained.QueuedCharge = 10, 70
+	req := Request{PromptBlocks: 100, SessionKey: "herd-1"}
+	if res := p.Pick(req, []Candidate{fresh, drained}, seeded(1)); res.Pick != 1 {
+		t.Errorf("prompt held on both: picked %d, want the drained queue 1; costs %v", res.Pick, res.Costs)
+	}
+	fresh.Matched[index.TierGPU] = 40
+	if res := p.Pick(req, []Candidate{fresh, drained}, seeded(1)); res.Pick != 0 {
+		t.Errorf("8 more blocks held on the fresh queue's replica: picked %d, want that holder 0 (its charge discounted); costs %v", res.Pick, res.Costs)
+	}
+}
+
 // PrefillRates is the speed Pace prices each candidate at: its learned
 // one, else the mean of the eligible candidates' learned ones (an
 // ineligible candidate's does not count), else prefill_rate.
@@ -1001,16 +1024,19 @@ func TestKVRouteStepTokens(t *testing.T) {
 }
 
 // A burst that fills the fleet is held where its prompt is in flight: a
-// GRPO sample (53 blocks of 64 tokens, its 16-block environment prompt
-// indexed everywhere, its 37-block task in flight on h) meets every other
-// replica with more than a step (128 blocks) of prefill queued. The
-// prediction prefers another replica (5 blocks' wait less there, where it
-// would compute the task again); held, it goes to h, which starts it
-// before the other would have finished it.
+// GRPO sample (53 blocks of 64 tokens: a 16-block environment prompt
+// indexed on the other replicas and a 37-block task; h, which took the
+// group's first sample, has all 53 in flight) meets every other replica
+// with more than a step (128 blocks) of prefill queued. The prediction
+// prefers another replica (22 blocks' wait less there, where it would
+// compute the task again); held, it goes to h, which starts it before the
+// other would have finished it. With the environment prompt indexed on h
+// too (held fleet-wide), the others' fresh queues are waited for in full
+// and the prediction itself picks h.
 func TestKVRouteHoldsBurstThatFillsFleet(t *testing.T) {
 	fleet := func(others float64) []Candidate {
-		h := pend(withReqs(cand("h", 16, 37+150, 0), 4, 0), 37)
-		h.Queued, h.QueuedCharge = 170, 187
+		h := pend(withReqs(cand("h", 0, 53+150, 0), 4, 0), 53)
+		h.Queued, h.QueuedCharge = 170, 203
 		cs := []Candidate{h}
 		for i := range 3 {
 			c := withReqs(cand(fmt.Sprint("r", i), 16, 140, 0), 4, 0)
@@ -1028,6 +1054,14 @@ func TestKVRouteHoldsBurstThatFillsFleet(t *testing.T) {
 	if !(res.Costs[1] < res.Costs[0]) {
 		t.Errorf("costs %v: want another replica cheaper than the holder by the prediction", res.Costs)
 	}
+	// The environment prompt indexed on h as well: every replica holds
+	// it, no replica's queue is discounted for it.
+	cs := fleet(140)
+	cs[0] = pend(withReqs(cand("h", 16, 37+150, 0), 4, 0), 37)
+	cs[0].Queued, cs[0].QueuedCharge = 170, 187
+	if res := p.Pick(req, cs, seeded(1)); res.Pick != 0 || !(res.Costs[0] < res.Costs[1]) {
+		t.Errorf("environment prompt held fleet-wide: picked %d (%s), want the holder, cheapest by the prediction; costs %v", res.Pick, res.Reason, res.Costs)
+	}
 	// A replica with less than a step queued starts the sample in the
 	// engine's next step: no hold, the prediction decides.
 	if res := p.Pick(req, fleet(100), seeded(1)); res.Pick == 0 || res.Reason != ReasonCost {
@@ -1040,13 +1074,12 @@ func TestKVRouteHoldsBurstThatFillsFleet(t *testing.T) {
 	}
 	// The holder would start it after the others would have finished it
 	// (140 + 37 blocks): no hold.
-	cs := fleet(140)
+	cs = fleet(140)
 	cs[0].Queued = 180
 	if res := p.Pick(req, cs, seeded(1)); res.Pick == 0 {
 		t.Errorf("holder behind the others' finish: picked the holder; costs %v", res.Costs)
 	}
-	// A replica holding only the environment prompt in flight, not the
-	// task, is not a holder.
+	// A replica with only part of the prompt in flight is not a holder.
 	cs = fleet(140)
 	cs[0].Pending = 20
 	if res := p.Pick(req, cs, seeded(1)); res.Reason == ReasonHeld {
@@ -1091,9 +1124,10 @@ func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 			pend(withReqs(cand("r2", 16, 91, 0), 10, 0), 40),
 			withReqs(cand("r3", 16, 85, 0), 29, 0),
 		}
-		// The router's fluid queues: 310 blocks, more than half a
-		// 128-block engine step on each of the 4 replicas.
-		for i, q := range []float64{60, 60, 100, 90} {
+		// The router's fluid queues: 270 blocks, more than half a
+		// 128-block engine step on each of the 4 replicas; r0's is all
+		// but drained.
+		for i, q := range []float64{20, 60, 100, 90} {
 			cs[i].PrefixShare = 0.25
 			cs[i].Queued, cs[i].QueuedCharge = q, cs[i].Load.ActivePrefillBlocks
 		}

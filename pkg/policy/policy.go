@@ -57,7 +57,8 @@ type Candidate struct {
 	// prefill already done. Only kvroute reads it: in its spread regime
 	// (see KVRoute), which Request.SpreadUtil from the same router arms,
 	// and as the wait of a fresh queue (one it holds more of than the
-	// backlog weight's share of the charge).
+	// backlog weight's share of the charge) at a session's home and at a
+	// candidate holding no more of the prompt than every candidate does.
 	// At the pick, capped by Load.ActivePrefillBlocks, it is also what the
 	// router tells its rate learner was queued ahead of the request
 	// (route.Decision.QueuedTokens).
