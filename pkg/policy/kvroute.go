@@ -59,8 +59,10 @@ import (
 // hold and a 1-6k-token body) a request went to the replica whose charge
 // was mostly a document sent a moment before, 0.13 s of predicted wait
 // against 0.24 s waited, behind a replica whose queue was all but
-// drained; its p99 lost to round robin's by 5.3 % at 4 replicas, 0.5
-// (docs/benchmarks.md, "A prefix every replica holds"). On mixed at 0.95 (4 and
+// drained; its p99 lost to round robin's by 5.3 % at 4 replicas, 0.5, and
+// by 1.6 % with the fresh queue waited for there (medians of seeds 1-5;
+// one such decision printed, docs/benchmarks.md, "A prefix every replica
+// holds"). On mixed at 0.95 (4 and
 // 8 replicas, seeds 1-10) picks onto a queue whose estimate still held
 // 60% or more of its charge waited 3.3-3.5 s on average, predicted 1.3-1.6
 // s short by backlog_weight and 0.35-0.45 s short by the estimate; the
