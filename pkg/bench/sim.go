@@ -344,6 +344,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	if err != nil {
 		return nil, err
 	}
+	s.tracker.SetClock(func() time.Time { return time.Unix(0, int64(s.now)) })
 	if !cfg.NoFidelity {
 		s.fid, err = load.NewFidelity(load.FidelityConfig{}, nil)
 		if err != nil {
@@ -378,6 +379,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		Fallbacks: -1,
 		Now:       func() time.Time { return time.Unix(0, int64(s.now)) },
 		Pending:   pending,
+		Releases:  s.tracker,
 	})
 	for i, ss := range w.Sessions {
 		if len(ss.Turns) == 0 {
@@ -493,7 +495,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
-		handle:    s.tracker.Start(r.id, dec.PrefillBlocks, dec.PromptBlocks),
+		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, load.Output{Tokens: out, Blocks: float64(out) / float64(bs)}),
 		predicted: predicted,
 		hashes:    blockHashes,
 		truncated: truncated,

@@ -28,6 +28,7 @@ func Knobs(name string) []Knob {
 			{"move_weight", []float64{0, 0.25, 0.5, 1, 2}, func(c *policy.Config, v float64) { c.KVRoute.MoveWeight = f(v) }},
 			{"move_pressure_max", []float64{1, 2, 4, 8}, func(c *policy.Config, v float64) { c.KVRoute.MovePressureMax = f(v) }},
 			{"memory_weight", []float64{0, 1, 2, 4}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWeight = f(v) }},
+			{"memory_wait", []float64{0, 0.5, 1}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWait = f(v) }},
 			{"backlog_weight", []float64{0.25, 0.5, 0.75, 1, 1.5}, func(c *policy.Config, v float64) { c.KVRoute.BacklogWeight = f(v) }},
 			{"decode_weight", []float64{0, 0.01, 0.02, 0.05, 0.1, 0.2}, func(c *policy.Config, v float64) { c.KVRoute.DecodeWeight = f(v) }},
 			{"request_weight", []float64{0, 1, 2, 4, 8, 16, 32}, func(c *policy.Config, v float64) { c.KVRoute.RequestWeight = f(v) }},

@@ -11,7 +11,13 @@
 //     (cancel, error, panic recovery), so counters never leak. Per-replica
 //     atomics: readers never wait. MeanRequest gives the mean request size
 //     (exponentially weighted), which View uses to size other routers'
-//     requests.
+//     requests. A request started with an expected output
+//     (StartExpecting: its max_tokens and their blocks) is in its
+//     replica's decoding ledger from its first token until Done; Releases
+//     copies it out (each request's blocks, expected output and time since
+//     its first token, on the tracker's clock, SetClock), for kvroute's
+//     memory wait. The ledger is a map behind a per-replica mutex, taken
+//     only by expecting requests' FirstToken and Done and by Releases.
 //   - Scraper: polls each target's /metrics (Prometheus text format, parsed
 //     with expfmt; vLLM vllm:num_requests_running, vllm:num_requests_waiting,
 //     vllm:kv_cache_usage_perc falling back to vllm:gpu_cache_usage_perc;

@@ -30,6 +30,10 @@ type Load struct {
 	// its running requests see), as learned from the requests it served
 	// (route.Rates); 0 when not known yet.
 	DecodeStep time.Duration
+	// TokenInterval is the mean time between a running request's output
+	// tokens on the replica, steps lengthened by other requests' prefill
+	// chunks included (route.Rates); 0 when not known yet.
+	TokenInterval time.Duration
 	// Healthy is false when the replica failed its health checks or is not
 	// ready; unhealthy replicas are never picked.
 	Healthy bool

@@ -2,8 +2,10 @@ package load
 
 import (
 	"math"
+	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +78,88 @@ func TestTrackerConcurrentNeverLeaks(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if got := tr.Get("r"); got != (InFlight{}) {
+		t.Fatalf("counters leaked: %+v", got)
+	}
+}
+
+func TestTrackerReleasesLedger(t *testing.T) {
+	tr, _ := NewTracker(nil)
+	now := time.Unix(100, 0)
+	tr.SetClock(func() time.Time { return now })
+	a := tr.StartExpecting("r1", 6, 10, Output{Tokens: 512, Blocks: 8})
+	b := tr.StartExpecting("r1", 2, 4, Output{Tokens: 64, Blocks: 1})
+	c := tr.Start("r1", 1, 3) // no expected output: never in the ledger
+	d := tr.StartExpecting("r2", 1, 1, Output{Tokens: 16, Blocks: 1})
+	if got := tr.Releases("r1", nil); len(got) != 0 {
+		t.Fatalf("before any first token: %+v", got)
+	}
+	a.FirstToken()
+	now = now.Add(300 * time.Millisecond)
+	b.FirstToken()
+	c.FirstToken()
+	d.FirstToken()
+	now = now.Add(200 * time.Millisecond)
+	got := tr.Releases("r1", nil)
+	sort.Slice(got, func(i, j int) bool { return got[i].Blocks > got[j].Blocks })
+	want := []Release{
+		{Blocks: 18, Output: 512, Decoding: 500 * time.Millisecond},
+		{Blocks: 5, Output: 64, Decoding: 200 * time.Millisecond},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("Releases(r1) (-want +got):\n%s", diff)
+	}
+	a.Done()
+	a.FirstToken() // after Done: no effect
+	got = tr.Releases("r1", got[:0])
+	if len(got) != 1 || got[0].Output != 64 {
+		t.Fatalf("after a is done: %+v", got)
+	}
+	b.Done()
+	c.Done()
+	d.Done()
+	if got := tr.Releases("r1", nil); len(got) != 0 {
+		t.Fatalf("all done: %+v", got)
+	}
+	if got := tr.Releases("r2", nil); len(got) != 0 {
+		t.Fatalf("r2 all done: %+v", got)
+	}
+	if got := tr.Releases("unknown", nil); len(got) != 0 {
+		t.Fatalf("unknown replica: %+v", got)
+	}
+	e := tr.StartExpecting("r1", 1, 1, Output{Tokens: 8, Blocks: 1})
+	e.Done() // done before its first token: never in the ledger
+	e.FirstToken()
+	if got := tr.Releases("r1", nil); len(got) != 0 {
+		t.Fatalf("done before first token: %+v", got)
+	}
+	if got := tr.Get("r1"); got != (InFlight{}) {
+		t.Fatalf("counters leaked: %+v", got)
+	}
+}
+
+func TestTrackerLedgerConcurrentNeverLeaks(t *testing.T) {
+	tr, _ := NewTracker(nil)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				h := tr.StartExpecting("r", 3, 7, Output{Tokens: 100, Blocks: 2})
+				var inner sync.WaitGroup
+				inner.Go(h.Done)
+				if (g+i)%2 == 0 {
+					h.FirstToken()
+				}
+				_ = tr.Releases("r", nil) // readers alongside writers
+				h.Done()
+				inner.Wait()
+			}
+		})
+	}
+	wg.Wait()
+	if got := tr.Releases("r", nil); len(got) != 0 {
+		t.Fatalf("ledger leaked %d entries", len(got))
+	}
 	if got := tr.Get("r"); got != (InFlight{}) {
 		t.Fatalf("counters leaked: %+v", got)
 	}

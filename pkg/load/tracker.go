@@ -5,6 +5,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -32,14 +33,42 @@ type InFlight struct {
 // The tracker also keeps the mean size of the requests it starts, per
 // replica (MeanRequest): View uses it to put a size on requests other
 // routers sent, which it sees only as counts.
+//
+// A request started with an expected output (StartExpecting) joins its
+// replica's decoding ledger at its first token and leaves it when done:
+// Releases lists them, for the router to predict when the engine will
+// free their KV blocks. The ledger is the one part behind a lock (one per
+// replica, held for a map insert or delete, or for the copy Releases
+// makes); requests without an expected output never take it.
 type Tracker struct {
 	replicas sync.Map // string -> *inflight
 	starts   atomic.Int64
+	now      func() time.Time
 }
 
 type inflight struct {
 	prefill, decode, requests atomic.Int64
 	meanPrefill, meanDecode   ewma
+
+	mu       sync.Mutex           // guards decoding and expecting handles' state changes
+	decoding map[*Handle]struct{} // started with an expected output and past their first token
+}
+
+// Output is what a request is expected to generate: its output tokens (the
+// request's max_tokens) and the KV blocks they take.
+type Output struct {
+	Tokens int
+	Blocks float64
+}
+
+// Release is one decoding request on a replica, as the tracker's ledger
+// has it: the KV blocks it holds by its end (prompt and expected output)
+// and how far it has got. A request generating one token per decode step
+// s ends Output.Tokens*s - Decoding from now.
+type Release struct {
+	Blocks   float64
+	Output   int
+	Decoding time.Duration
 }
 
 // RequestSize is a mean request's size in blocks.
@@ -91,7 +120,7 @@ func (e *ewma) mean() (float64, bool) {
 // (kvroute_replica_inflight_requests, kvroute_replica_active_prefill_blocks,
 // kvroute_replica_active_decode_blocks) with reg, unless reg is nil.
 func NewTracker(reg prometheus.Registerer) (*Tracker, error) {
-	t := &Tracker{}
+	t := &Tracker{now: time.Now}
 	if reg != nil {
 		if err := reg.Register(newTrackerCollector(t)); err != nil {
 			return nil, err
@@ -108,14 +137,28 @@ func (t *Tracker) counters(replica string) *inflight {
 	return c.(*inflight)
 }
 
+// SetClock makes the tracker read time from now (a simulator's clock)
+// instead of time.Now. Call it before the tracker is used.
+func (t *Tracker) SetClock(now func() time.Time) { t.now = now }
+
 // Start records a request routed to replica: prefillBlocks (its uncached
 // prompt blocks) join the replica's active prefill, decodeBlocks (the KV
 // blocks it will hold) its active decode footprint, and the request count
 // rises by one. Negative block counts are taken as 0. The returned handle
 // must be finished with Done on every path; Done on a nil handle is a no-op.
 func (t *Tracker) Start(replica string, prefillBlocks, decodeBlocks int) *Handle {
+	return t.StartExpecting(replica, prefillBlocks, decodeBlocks, Output{})
+}
+
+// StartExpecting is Start for a request expected to generate out: from its
+// first token until Done it is in the replica's decoding ledger
+// (Releases). An out of no tokens keeps it out of the ledger, as Start.
+func (t *Tracker) StartExpecting(replica string, prefillBlocks, decodeBlocks int, out Output) *Handle {
 	c := t.counters(replica)
 	h := &Handle{c: c, prefill: int64(max(prefillBlocks, 0)), decode: int64(max(decodeBlocks, 0))}
+	if out.Tokens > 0 && out.Blocks >= 0 {
+		h.out, h.now = out, t.now
+	}
 	c.prefill.Add(h.prefill)
 	c.decode.Add(h.decode)
 	c.requests.Add(1)
@@ -163,6 +206,24 @@ func (c *inflight) meanRequest() (RequestSize, bool) {
 	return RequestSize{PrefillBlocks: p, DecodeBlocks: d}, okP && okD
 }
 
+// Releases appends to dst the replica's decoding ledger: every request
+// started with an expected output (StartExpecting) that has had its first
+// token and is not done, in no particular order.
+func (t *Tracker) Releases(replica string, dst []Release) []Release {
+	v, ok := t.replicas.Load(replica)
+	if !ok {
+		return dst
+	}
+	c := v.(*inflight)
+	now := t.now()
+	c.mu.Lock()
+	for h := range c.decoding {
+		dst = append(dst, Release{Blocks: float64(h.decode) + h.out.Blocks, Output: h.out.Tokens, Decoding: now.Sub(h.first)})
+	}
+	c.mu.Unlock()
+	return dst
+}
+
 // Get returns replica's in-flight figures (zero for an unknown replica).
 func (t *Tracker) Get(replica string) InFlight {
 	v, ok := t.replicas.Load(replica)
@@ -194,6 +255,12 @@ type Handle struct {
 	c               *inflight
 	prefill, decode int64
 	state           atomic.Uint32 // handleStarted -> handleDecoding -> handleDone
+
+	// An expecting handle (StartExpecting): its output, the tracker's
+	// clock and its first token's time; its state changes under c.mu.
+	out   Output
+	now   func() time.Time
+	first time.Time
 }
 
 const (
@@ -208,8 +275,19 @@ func (h *Handle) FirstToken() {
 	if h == nil {
 		return
 	}
+	if h.now != nil {
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+	}
 	if h.state.CompareAndSwap(handleStarted, handleDecoding) {
 		h.c.prefill.Add(-h.prefill)
+		if h.now != nil {
+			h.first = h.now()
+			if h.c.decoding == nil {
+				h.c.decoding = make(map[*Handle]struct{})
+			}
+			h.c.decoding[h] = struct{}{}
+		}
 	}
 }
 
@@ -217,6 +295,11 @@ func (h *Handle) FirstToken() {
 func (h *Handle) Done() {
 	if h == nil {
 		return
+	}
+	if h.now != nil {
+		h.c.mu.Lock()
+		defer h.c.mu.Unlock()
+		delete(h.c.decoding, h)
 	}
 	for {
 		s := h.state.Load()

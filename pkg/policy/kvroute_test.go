@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
 )
 
 func TestWeightedScores(t *testing.T) {
@@ -245,6 +246,88 @@ func TestKVRouteAvoidsMemoryOverflow(t *testing.T) {
 	full.Load.KVUsage = 0.5
 	if res := p.Pick(req, []Candidate{full, roomy}, seeded(1)); res.Pick != 0 {
 		t.Errorf("with headroom on both, picked %d, want the cache hit; costs %v", res.Pick, res.Costs)
+	}
+}
+
+// MemoryWait walks the decodes' releases soonest first until they cover
+// the blocks the replica is short; short of more than they hold, it is
+// the last of them (at least that long).
+func TestKVRouteMemoryWait(t *testing.T) {
+	k := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{MemoryWait: Float(1)}}).(*KVRoute)
+	rel := func() []load.Release {
+		return []load.Release{
+			{Blocks: 200, Output: 1000},                                    // ends in 10 s
+			{Blocks: 100, Output: 1000, Decoding: 9900 * time.Millisecond}, // in 0.1 s
+			{Blocks: 50, Output: 100},                                      // in 1 s
+			{Blocks: 30, Output: 10, Decoding: 5 * time.Second},            // overdue: any moment
+		}
+	}
+	for _, tc := range []struct {
+		deficit, want float64
+	}{
+		{-5, 0}, {0, 0}, {30, 0}, {120, 0.1}, {131, 1}, {180, 1}, {181, 10}, {380, 10}, {1000, 10},
+	} {
+		if got := k.MemoryWait(rel(), tc.deficit, 0.01); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("deficit %v: %v s, want %v", tc.deficit, got, tc.want)
+		}
+	}
+	if got := k.MemoryWait(nil, 100, 0.01); got != 0 {
+		t.Errorf("no ledger: %v, want 0", got)
+	}
+}
+
+// With memory_wait on, a session's turn whose replica's KV cache is full
+// waits there until decodes end and free the blocks it needs. Where those
+// decodes have just started, it goes where they end soonest and
+// re-prefills its history there; where they end as soon, it stays home.
+// Prefill queued a step deep turns the wait off: the queue is then what
+// the request waits for.
+func TestKVRouteWaitsForMemoryWhereDecodesEnd(t *testing.T) {
+	p := mustNew(t, NameKVRoute, Config{KVRoute: KVRouteConfig{MemoryWait: Float(1)}})
+	k := p.(*KVRoute)
+	if !k.WeighsReleases() || mustNew(t, NameKVRoute, Config{}).(*KVRoute).WeighsReleases() {
+		t.Fatal("WeighsReleases: want true with memory_wait 1, false by default")
+	}
+	req := Request{PromptBlocks: 300, SessionKey: "traj-1", BlockSize: 16}
+	decodes := func(decoding time.Duration) []load.Release {
+		var r []load.Release
+		for range 4 {
+			r = append(r, load.Release{Blocks: 100, Output: 1000, Decoding: decoding})
+		}
+		return r
+	}
+	// Home holds 250 of the 300 blocks and has 1 of 1,000 free: 49 short.
+	// The other has 200 free: 100 short of the whole prompt.
+	home := withKV(withReqs(cand("home", 250, 0, 400), 4, 0), 1000, 0.999)
+	home.Home = true
+	other := withKV(withReqs(cand("other", 0, 0, 400), 4, 0), 1000, 0.8)
+	for _, c := range []*Candidate{&home, &other} {
+		c.Load.TokenInterval = 10 * time.Millisecond
+	}
+	home.Releases, other.Releases = decodes(0), decodes(9900*time.Millisecond)
+	cands := []Candidate{home, other}
+	res := p.Pick(req, cands, seeded(1))
+	f := k.FleetOf(req, cands, nil)
+	if m := k.Predict(req, home, k.HitBlocks(req, home), f).Memory; math.Abs(m-10) > 0.05 {
+		t.Errorf("home's memory wait %v s, want about 10 (its decodes' 1,000 tokens at 10 ms)", m)
+	}
+	if res.Pick != 1 {
+		t.Errorf("home's decodes just started: picked %d, want the replica whose decodes end in 0.1 s; costs %v", res.Pick, res.Costs)
+	}
+	if res := mustNew(t, NameKVRoute, Config{}).Pick(req, cands, seeded(1)); res.Pick != 0 {
+		t.Errorf("memory_wait off (the default): picked %d, want home; costs %v", res.Pick, res.Costs)
+	}
+	home.Releases = decodes(9900 * time.Millisecond)
+	if res := p.Pick(req, []Candidate{home, other}, seeded(1)); res.Pick != 0 {
+		t.Errorf("both ending in 0.1 s: picked %d, want home; costs %v", res.Pick, res.Costs)
+	}
+	home.Releases = decodes(0)
+	home.Queued, home.QueuedCharge = k.StepBlocks(req), k.StepBlocks(req)
+	home.Load.ActivePrefillBlocks = k.StepBlocks(req)
+	gated := k.Predict(req, home, k.HitBlocks(req, home), k.FleetOf(req, []Candidate{home, other}, nil)).Memory
+	home.Releases = nil
+	if plain := k.Predict(req, home, k.HitBlocks(req, home), k.FleetOf(req, []Candidate{home, other}, nil)).Memory; gated != plain {
+		t.Errorf("a step of prefill queued: memory charge %v, want the overflow charge alone %v", gated, plain)
 	}
 }
 

@@ -69,6 +69,12 @@ type Candidate struct {
 	// charged prefill (another router's requests, or requests the estimate
 	// drained too soon) is prefill Queued does not know of.
 	QueuedCharge float64
+	// Releases are the requests the router sent to the replica that are
+	// decoding (load.Tracker's ledger): the KV blocks each frees when it
+	// ends, and how far it has got. Route fills it only where the
+	// replica's free KV blocks may not hold the request (see
+	// KVRoute.MemoryWait); nil otherwise. Only kvroute reads it.
+	Releases []load.Release
 }
 
 // SessionLoad is a replica's committed future work: the predicted turns of

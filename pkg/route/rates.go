@@ -30,6 +30,11 @@ import (
 //     RateSlowWeight. It is the time of a step that only decodes: the
 //     fixed cost every step adds to a first token and to every running
 //     request;
+//   - token interval: the same samples' plain mean (weight
+//     RateMeanWeight either way), prefill chunks included: how long a
+//     running request takes per output token on the replica as it is
+//     loaded, which says when the requests decoding there now will end
+//     and free their KV blocks (kvroute's memory wait);
 //   - prefill speed: each request with at least RateMinPrefillTokens
 //     uncached tokens gives a sample (uncached + queued ahead) /
 //     (TTFT − fastest step) tokens per second: its own prefill plus what
@@ -87,11 +92,13 @@ const (
 	RateSlowWeight       = 1.0 / 128
 	RateMinPrefillTokens = 1024
 	RateStepOutlier      = 0.5
+	RateMeanWeight       = 1.0 / 16
 )
 
 type rateState struct {
 	prefill float64 // tokens per second; 0 before a sample
 	step    float64 // seconds; 0 before a sample
+	itl     float64 // mean inter-token time, seconds; 0 before a sample
 	// The prefill sample that last raised prefill: its work (uncached
 	// plus queued tokens) and time to first token.
 	raiseWork, raiseTTFT float64
@@ -132,6 +139,9 @@ type Rate struct {
 	// DecodeStep is the duration of one decode step (the inter-token time
 	// its running requests see).
 	DecodeStep time.Duration
+	// TokenInterval is the mean inter-token time of its requests, steps
+	// lengthened by other requests' prefill chunks included.
+	TokenInterval time.Duration
 }
 
 // Observe learns from one finished request on replica. Samples with a
@@ -159,6 +169,11 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 			for _, o := range r.replicas {
 				o.capPrefill(itl)
 			}
+		}
+		if st.itl == 0 {
+			st.itl = itl
+		} else {
+			st.itl += RateMeanWeight * (itl - st.itl)
 		}
 		switch {
 		case st.step == 0:
@@ -198,7 +213,10 @@ func (r *Rates) Get(replica index.ReplicaID) (Rate, bool) {
 	if st == nil || (st.prefill == 0 && st.step == 0) {
 		return Rate{}, false
 	}
-	return Rate{PrefillTokensPerSec: st.prefill, DecodeStep: time.Duration(st.step * float64(time.Second))}, true
+	return Rate{
+		PrefillTokensPerSec: st.prefill, DecodeStep: time.Duration(st.step * float64(time.Second)),
+		TokenInterval: time.Duration(st.itl * float64(time.Second)),
+	}, true
 }
 
 // Forget drops what was learned for a replica (it left the fleet; the

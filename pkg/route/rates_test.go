@@ -234,3 +234,27 @@ func TestRatesFirstSamplesAgainstALongStep(t *testing.T) {
 		t.Errorf("after 50 more samples r0's prefill rate is %.0f, want %.0f", got.PrefillTokensPerSec, rate)
 	}
 }
+
+// The token interval is the samples' plain mean, prefill chunks included,
+// where the decode step keeps their lower envelope: half the requests
+// decoding beside prefill at 30 ms a token, half alone at 10 ms.
+func TestRatesTokenIntervalIsTheMean(t *testing.T) {
+	r := NewRates()
+	for i := range 400 {
+		itl := 10 * time.Millisecond
+		if i%2 == 1 {
+			itl = 30 * time.Millisecond
+		}
+		r.Observe("a", RateSample{Uncached: 2000, TTFT: 150 * time.Millisecond, E2E: 150*time.Millisecond + 100*itl, Output: 101})
+	}
+	got, ok := r.Get("a")
+	if !ok {
+		t.Fatal("nothing learned")
+	}
+	if d := got.TokenInterval - 20*time.Millisecond; d > 2*time.Millisecond || d < -2*time.Millisecond {
+		t.Errorf("token interval %v, want about 20ms (the mean of 10 and 30)", got.TokenInterval)
+	}
+	if got.DecodeStep > 15*time.Millisecond {
+		t.Errorf("decode step %v, want near the lower envelope's 10ms", got.DecodeStep)
+	}
+}

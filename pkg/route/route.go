@@ -92,6 +92,14 @@ type Options struct {
 	// caller to finish. Without it the caller charges the pick itself,
 	// after Decide returns, and concurrent decisions may miss each other.
 	Tracker *load.Tracker
+	// Releases is the decoding ledger the kvroute policy's memory wait
+	// reads (policy.Candidate.Releases, see policy.KVRoute.MemoryWait),
+	// for a policy that reads it (WeighsReleases): the requests this
+	// router sent that are decoding, with their blocks and expected
+	// output. Nil means Tracker's ledger (requests Decide charges there
+	// carry their max_tokens as expected output), or none without a
+	// Tracker.
+	Releases ReleaseSource
 	// SessionHorizon is how many of a session's inter-turn gaps after its
 	// latest request it still counts as living on its home replica, its
 	// predicted turns committing that replica (policy.Candidate.Sessions;
@@ -105,6 +113,11 @@ type Options struct {
 	// record is staged before Decide returns, so later decisions see it
 	// either way. Without it Decide writes them before returning.
 	DeferRecords bool
+}
+
+// ReleaseSource lists a replica's decoding requests (load.Tracker is one).
+type ReleaseSource interface {
+	Releases(replica string, dst []load.Release) []load.Release
 }
 
 // DefaultPendingTTL is a good TTL for Options.Pending: long enough for a
@@ -123,18 +136,19 @@ const DefaultApproxTrust = 1.0
 // Router makes routing decisions. It is safe for concurrent use; it starts
 // no goroutine and owns none.
 type Router struct {
-	mu      sync.Mutex // Decide's section from the loads to the pick's charge
-	opts    Options
-	homes   *homes
-	shares  *prefixShares
-	book    *sessionBook
-	work    workMeter         // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
-	fluid   fluidQueues       // per replica, the prefill sent there less what it has had time to compute (Candidate.Queued)
-	bursts  burstSizes        // the sizes of bursts without a session key (Request.Siblings)
-	fleet   []index.ReplicaID // the replica set of the latest decision, in State's order (forgetDeparted)
-	rand    *rand.Rand
-	future  bool      // the policy prices a new session's future (pricesFuture): sessionRound applies
-	scratch sync.Pool // *scratch
+	mu       sync.Mutex // Decide's section from the loads to the pick's charge
+	opts     Options
+	homes    *homes
+	shares   *prefixShares
+	book     *sessionBook
+	work     workMeter         // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
+	fluid    fluidQueues       // per replica, the prefill sent there less what it has had time to compute (Candidate.Queued)
+	bursts   burstSizes        // the sizes of bursts without a session key (Request.Siblings)
+	fleet    []index.ReplicaID // the replica set of the latest decision, in State's order (forgetDeparted)
+	rand     *rand.Rand
+	future   bool          // the policy prices a new session's future (pricesFuture): sessionRound applies
+	releases ReleaseSource // the decoding ledger Candidate.Releases come from; nil unless the policy reads them (releaseWeigher)
+	scratch  sync.Pool     // *scratch
 }
 
 // scratch holds per-call buffers reused across decisions.
@@ -153,6 +167,7 @@ type scratch struct {
 	starts  []float64 // candidate -> its key kind's sessions started there (sessionRound)
 	sub     []policy.Candidate
 	subIdx  []int
+	rel     []load.Release // the candidates' Releases, back to back
 }
 
 // shape is how an engine hashes blocks: its block size and lookahead.
@@ -206,6 +221,12 @@ func New(opts Options) *Router {
 		book:   newSessionBook(opts.SessionMemory, opts.SessionHorizon),
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 		future: pricesFuture(opts.Policy),
+	}
+	if w, ok := opts.Policy.(releaseWeigher); ok && w.WeighsReleases() {
+		r.releases = opts.Releases
+		if r.releases == nil && opts.Tracker != nil {
+			r.releases = opts.Tracker
+		}
 	}
 	r.scratch.New = func() any { return new(scratch) }
 	return r
@@ -398,13 +419,16 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	for k, i := range cands {
 		c := &sc.cands[k]
 		c.Load = r.opts.State.Load(reps[i].ID)
-		if c.Load.PrefillRate == 0 || c.Load.DecodeStep == 0 {
+		if c.Load.PrefillRate == 0 || c.Load.DecodeStep == 0 || c.Load.TokenInterval == 0 {
 			if rt, ok := r.opts.Rates.Get(c.Replica); ok {
 				if c.Load.PrefillRate == 0 {
 					c.Load.PrefillRate = rt.PrefillTokensPerSec
 				}
 				if c.Load.DecodeStep == 0 {
 					c.Load.DecodeStep = rt.DecodeStep
+				}
+				if c.Load.TokenInterval == 0 {
+					c.Load.TokenInterval = rt.TokenInterval
 				}
 			}
 		}
@@ -416,6 +440,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
+	r.fillReleases(sc, d.PromptBlocks)
 	placements := 0.0
 	if drawn {
 		placements = r.shares.get(drawKey, start, func(id index.ReplicaID, v float64) {
@@ -590,7 +615,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.book.spreadBurst(d.Session)
 		}
 		if r.opts.Tracker != nil {
-			d.Hold = r.opts.Tracker.Start(string(d.Replica), d.PrefillBlocks, d.PromptBlocks)
+			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks,
+				load.Output{Tokens: req.MaxTokens, Blocks: expectedOutputBlocks(req.MaxTokens, primary)})
 		}
 	}
 	if r.opts.DeferRecords && (recs.approxKeys != nil || recs.staged != nil) {
@@ -614,6 +640,12 @@ const ReasonSessionBalance = "session_balance"
 // is 0).
 type futurePricer interface {
 	PricesFuture() bool
+}
+
+// releaseWeigher is a policy that may read policy.Candidate.Releases (see
+// Router.fillReleases).
+type releaseWeigher interface {
+	WeighsReleases() bool
 }
 
 // pricesFuture reports whether p prices a new session's later turns.
@@ -976,6 +1008,28 @@ func approxGridBlocks(j, n int) int {
 		}
 	}
 	return 0
+}
+
+// fillReleases gives each candidate whose free KV blocks may not hold a
+// request of promptBlocks (the engine's reported usage, the prefill
+// charged there and the prompt come to more than its blocks) the
+// releases ledger's decoding requests there (Candidate.Releases); the
+// others, every candidate without a known KV size, and all of them when
+// the policy reads no releases (Router.releases nil), get none.
+func (r *Router) fillReleases(sc *scratch, promptBlocks int) {
+	src := r.releases
+	sc.rel = sc.rel[:0]
+	for k := range sc.cands {
+		c := &sc.cands[k]
+		c.Releases = nil
+		l := c.Load
+		if src == nil || !(l.KVBlocks > 0) || l.KVUsage*l.KVBlocks+l.ActivePrefillBlocks+float64(promptBlocks) <= l.KVBlocks {
+			continue
+		}
+		from := len(sc.rel)
+		sc.rel = src.Releases(string(c.Replica), sc.rel)
+		c.Releases = sc.rel[from:len(sc.rel):len(sc.rel)]
+	}
 }
 
 // expectedOutputBlocks converts max_tokens to blocks (0 when unknown).
