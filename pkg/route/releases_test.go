@@ -9,11 +9,16 @@ import (
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
-// A pick charged to the router's Tracker carries the request's max_tokens
-// as its expected output: from its first token it is in the replica's
-// decoding ledger with its prompt and output blocks, until it is done.
+// For a policy that reads the decoding ledger, a pick charged to the
+// router's Tracker carries the request's max_tokens as its expected
+// output: from its first token it is in the replica's ledger with its
+// prompt and output blocks, until it is done.
 func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
-	g := newTrackedRig(t, 1, nil) // the tracker's ledger is kept whatever the policy
+	p, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{MemoryWait: policy.Float(1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newTrackedRig(t, 1, p)
 
 	g.tr.SetClock(func() time.Time { return g.now })
 	d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: seq(20*16, 1), MaxTokens: 64})
@@ -34,6 +39,17 @@ func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
 	if got := g.tr.Releases("r0", nil); len(got) != 0 {
 		t.Fatalf("after done: %+v", got)
 	}
+	// A policy that reads no ledger (kvroute's default) leaves it empty.
+	off := newTrackedRig(t, 1, nil)
+	d, err = off.rt.Decide(t.Context(), Request{Model: model, Tokens: seq(20*16, 1), MaxTokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Hold.FirstToken()
+	if got := off.tr.Releases("r0", nil); len(got) != 0 {
+		t.Errorf("memory_wait off: ledger %+v, want empty", got)
+	}
+	d.Hold.Done()
 }
 
 type releaseMap map[string][]load.Release

@@ -97,8 +97,8 @@ type Options struct {
 	// for a policy that reads it (WeighsReleases): the requests this
 	// router sent that are decoding, with their blocks and expected
 	// output. Nil means Tracker's ledger (requests Decide charges there
-	// carry their max_tokens as expected output), or none without a
-	// Tracker.
+	// carry their max_tokens as expected output when the policy reads
+	// the ledger), or none without a Tracker.
 	Releases ReleaseSource
 	// SessionHorizon is how many of a session's inter-turn gaps after its
 	// latest request it still counts as living on its home replica, its
@@ -615,8 +615,11 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.book.spreadBurst(d.Session)
 		}
 		if r.opts.Tracker != nil {
-			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks,
-				load.Output{Tokens: req.MaxTokens, Blocks: expectedOutputBlocks(req.MaxTokens, primary)})
+			var out load.Output // the ledger is kept only for a policy that reads it
+			if r.releases != nil {
+				out = load.Output{Tokens: req.MaxTokens, Blocks: expectedOutputBlocks(req.MaxTokens, primary)}
+			}
+			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks, out)
 		}
 	}
 	if r.opts.DeferRecords && (recs.approxKeys != nil || recs.staged != nil) {
