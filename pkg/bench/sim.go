@@ -263,6 +263,7 @@ type replica struct {
 }
 
 type sim struct {
+	ledger  bool // the policy reads the tracker's decoding ledger (releaseWeigher): requests carry their expected output
 	cfg     FleetConfig
 	w       *Workload
 	now     time.Duration
@@ -294,6 +295,12 @@ type sim struct {
 // and config give the same Run. ctx cancels a long run.
 func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig) (*Run, error) {
 	return simulate(ctx, w, pol, cfg, nil)
+}
+
+// releaseWeigher is a policy that reads policy.Candidate.Releases (the
+// tracker's decoding ledger), as kvroute does with memory_wait on.
+type releaseWeigher interface {
+	WeighsReleases() bool
 }
 
 // pendingWeigher is a policy that weighs policy.Candidate.Pending (the
@@ -370,6 +377,9 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		// Only a policy that weighs in-flight prefixes gets the memory:
 		// for any other, keeping it costs CPU and changes nothing.
 		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.PendingTTL})
+	}
+	if w, ok := pol.(releaseWeigher); ok && w.WeighsReleases() {
+		s.ledger = true
 	}
 	s.router = route.New(route.Options{
 		Matcher:   s.idx,
@@ -495,7 +505,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
-		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, load.Output{Tokens: out, Blocks: float64(out) / float64(bs)}),
+		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(out)),
 		predicted: predicted,
 		hashes:    blockHashes,
 		truncated: truncated,
@@ -675,6 +685,16 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		r.queued = true
 		s.push(event{at: max(at, s.now), kind: evStep, replica: ri})
 	}
+}
+
+// expecting is what a request generating out tokens tells the tracker:
+// its output, for a policy that reads the decoding ledger; nothing (no
+// ledger entry) otherwise.
+func (s *sim) expecting(out int) load.Output {
+	if !s.ledger {
+		return load.Output{}
+	}
+	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize)}
 }
 
 // openingMessages is what a chat client resends at the start of every
