@@ -263,7 +263,7 @@ type replica struct {
 }
 
 type sim struct {
-	ledger  bool // the policy reads the tracker's decoding ledger (releaseWeigher): requests carry their expected output
+	ledger  bool // the policy reads the tracker's decoding ledger (policy.ReadsReleases): requests carry their expected output
 	cfg     FleetConfig
 	w       *Workload
 	now     time.Duration
@@ -295,12 +295,6 @@ type sim struct {
 // and config give the same Run. ctx cancels a long run.
 func Simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConfig) (*Run, error) {
 	return simulate(ctx, w, pol, cfg, nil)
-}
-
-// releaseWeigher is a policy that reads policy.Candidate.Releases (the
-// tracker's decoding ledger), as kvroute does with memory_wait on.
-type releaseWeigher interface {
-	WeighsReleases() bool
 }
 
 // pendingWeigher is a policy that weighs policy.Candidate.Pending (the
@@ -378,9 +372,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		// for any other, keeping it costs CPU and changes nothing.
 		pending = route.NewApproxIndex(route.ApproxConfig{TTL: cfg.PendingTTL})
 	}
-	if w, ok := pol.(releaseWeigher); ok && w.WeighsReleases() {
-		s.ledger = true
-	}
+	s.ledger = policy.ReadsReleases(pol)
 	s.router = route.New(route.Options{
 		Matcher:   s.idx,
 		State:     (*simState)(s),

@@ -294,34 +294,34 @@ import (
 // does not admit it until running requests end and free their blocks (it
 // preempts only to grow requests already running), and what it waits for
 // is then decodes, not prefill. With half the cache, RL trajectories of
-// 10-14k tokens, fully cached on their replica with nothing queued,
-// waited 5-7 s there behind 14-23 decodes of 1,024 tokens (4 replicas,
-// 0.95), where the overflow charge priced 0.8-1.4 s. With w > 0, where
-// the router's ledger of its decoding requests there is known
-// (Candidate.Releases: their blocks, expected output and time since their
-// first token) and less than a step's budget of prefill is queued on the
-// fluid estimate (FluidWait below StepBlocks: a prefill-bound engine's
-// decodes crawl one token a prefill step, and its queue is the wait), the
-// memory term is at least w times what MemoryWait exceeds the queue's
-// wait by (the request waits for both at once). MemoryWait is the time
-// until the decodes, at the replica's learned token interval
-// (Load.TokenInterval, prefill chunks included), free the blocks it is
-// short (its uncached blocks, plus those of requests the engine holds
-// waiting beyond the prefill charged there, preempted ones, each the size
-// of the replica's mean request in flight, over the blocks in use as
-// above). It is off by default because it trades mean for tail: on that
-// RL case (seeds 1-5) the p99 fell from 5.79 to 4.12 s, below blended's
-// 4.37, while the mean rose from 0.243 to 0.295 s, above weighted's
-// 0.266, and at 1.1 both rose (mean +34 %, p99 +26 %; hits 0.96 -> 0.90
-// of the ceiling); an oracle reading the engine's own free blocks, queue
-// and remaining outputs made the same trade (p99 3.98 s, mean 0.274 s).
-// Moving a turn off a full replica serves it sooner, but its history
-// fills another replica's cache, which the prediction does not charge. Without the prefill gate
-// the trace at 4 replicas and 1.1 lost half its hits (mean +43 %): its
-// decodes crawled behind 50-135k-token prompts, their learned interval
-// read 0.27 s a token, and requests left their history for replicas
-// whose decodes looked to end sooner (docs/benchmarks.md, "Waiting for
-// memory").
+// 10-14k tokens, fully cached on their replica with nothing queued, waited
+// 5-7 s there behind 14-23 decodes of 1,024 tokens (4 replicas, 0.95, seed
+// 1's slowest requests printed), where the overflow charge priced 0.8-1.4
+// s. With w > 0, where the router's ledger of its decoding requests there
+// is known (Candidate.Releases: their blocks, expected output and time
+// since their first token) and less than a step's budget of prefill is
+// queued on the fluid estimate (FluidWait below StepBlocks: a
+// prefill-bound engine's decodes crawl one token a prefill step, and its
+// queue is the wait), the memory term is at least w times what MemoryWait
+// exceeds the queue's wait by (the request waits for both at once).
+// MemoryWait is the time until the decodes, at the replica's learned token
+// interval (Load.TokenInterval, prefill chunks included), free the blocks
+// it is short (its uncached blocks, plus those of requests the engine
+// holds waiting beyond the prefill charged there, preempted ones, each the
+// size of the replica's mean request in flight, over the blocks in use as
+// above). It is off by default because it trades mean for tail: on that RL
+// case (seeds 1-5) the p99 fell from 5.79 to 4.12 s, below blended's 4.37,
+// while the mean rose from 0.243 to 0.295 s, above weighted's 0.266, and
+// at 1.1 both rose (mean +34 %, p99 +26 %; hits 0.96 -> 0.90 of the
+// ceiling); an oracle reading the engine's own free blocks, queue and
+// remaining outputs made the same trade (p99 3.98 s, mean 0.274 s). Moving
+// a turn off a full replica serves it sooner, but its history fills
+// another replica's cache, which the prediction does not charge. Without
+// the prefill gate the trace at 4 replicas and 1.1 lost half its hits
+// (mean +43 %, seeds 1-5 replaying the same requests): its decodes crawled
+// behind 50-135k-token prompts, their learned interval read 0.27 s a
+// token, and requests left their history for replicas whose decodes looked
+// to end sooner (docs/benchmarks.md, "Waiting for memory").
 //
 // Herding protection comes from the prediction where a burst's cost is
 // visible: its queued prefill is in the router's in-flight view (wait),
@@ -509,8 +509,8 @@ func InFlightCredit(req Request, c Candidate) float64 {
 func (k *KVRoute) StepBlocks(req Request) float64 { return k.stepTokens / blockTokens(req) }
 
 // WeighsReleases reports whether kvroute reads Candidate.Releases (its
-// memory wait is on: memory_wait > 0 and memory_weight > 0): a router
-// fills them only for a policy that does.
+// memory wait is on: memory_wait > 0 and memory_weight > 0; see
+// ReadsReleases).
 func (k *KVRoute) WeighsReleases() bool { return k.memoryWait > 0 && k.memoryWeight > 0 }
 
 // WeighsPending reports that kvroute weighs Candidate.Pending, the

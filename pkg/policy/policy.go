@@ -205,6 +205,14 @@ type Pacer interface {
 	PrefillRates(dst []float64, cands []Candidate) []float64
 }
 
+// ReadsReleases reports whether p reads Candidate.Releases (kvroute with
+// memory_wait on): a router keeps the decoding ledger and fills them only
+// for a policy that does.
+func ReadsReleases(p Policy) bool {
+	r, ok := p.(interface{ WeighsReleases() bool })
+	return ok && r.WeighsReleases()
+}
+
 // PrefillRates returns dst (reused when long enough) with dst[i] cands[i]'s
 // prefill speed, uncached tokens per second: its learned
 // Load.PrefillRate, else the mean of the eligible candidates' learned

@@ -147,7 +147,7 @@ type Router struct {
 	fleet    []index.ReplicaID // the replica set of the latest decision, in State's order (forgetDeparted)
 	rand     *rand.Rand
 	future   bool          // the policy prices a new session's future (pricesFuture): sessionRound applies
-	releases ReleaseSource // the decoding ledger Candidate.Releases come from; nil unless the policy reads them (releaseWeigher)
+	releases ReleaseSource // the decoding ledger Candidate.Releases come from; nil unless the policy reads them (policy.ReadsReleases)
 	scratch  sync.Pool     // *scratch
 }
 
@@ -222,7 +222,7 @@ func New(opts Options) *Router {
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 		future: pricesFuture(opts.Policy),
 	}
-	if w, ok := opts.Policy.(releaseWeigher); ok && w.WeighsReleases() {
+	if policy.ReadsReleases(opts.Policy) {
 		r.releases = opts.Releases
 		if r.releases == nil && opts.Tracker != nil {
 			r.releases = opts.Tracker
@@ -645,12 +645,6 @@ type futurePricer interface {
 	PricesFuture() bool
 }
 
-// releaseWeigher is a policy that may read policy.Candidate.Releases (see
-// Router.fillReleases).
-type releaseWeigher interface {
-	WeighsReleases() bool
-}
-
 // pricesFuture reports whether p prices a new session's later turns.
 func pricesFuture(p policy.Policy) bool {
 	fp, ok := p.(futurePricer)
@@ -1021,12 +1015,15 @@ func approxGridBlocks(j, n int) int {
 // the policy reads no releases (Router.releases nil), get none.
 func (r *Router) fillReleases(sc *scratch, promptBlocks int) {
 	src := r.releases
+	if src == nil {
+		return // candidates are built without releases
+	}
 	sc.rel = sc.rel[:0]
 	for k := range sc.cands {
 		c := &sc.cands[k]
 		c.Releases = nil
 		l := c.Load
-		if src == nil || !(l.KVBlocks > 0) || l.KVUsage*l.KVBlocks+l.ActivePrefillBlocks+float64(promptBlocks) <= l.KVBlocks {
+		if !(l.KVBlocks > 0) || l.KVUsage*l.KVBlocks+l.ActivePrefillBlocks+float64(promptBlocks) <= l.KVBlocks {
 			continue
 		}
 		from := len(sc.rel)
