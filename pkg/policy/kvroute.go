@@ -126,11 +126,35 @@ import (
 // queue outweighs the history's prefill, and at saturation only when the
 // holder's queue outweighs it several times over: trajectories stay home.
 // A request without a home (a new session, or no session key) pays no move
-// charge, a burst's sibling aside (below): prefilling a shared prefix (a
-// system prompt, a task prompt) on one more replica is a one-off
-// investment the replica's later requests reuse, not a loss, so new
-// sessions and groups go where the prediction is lowest: to the holder of
-// their shared prefix while its queue is short, elsewhere once it is not.
+// charge, a burst's sibling and a continuation aside (below): prefilling a
+// shared prefix (a system prompt, a task prompt) on one more replica is a
+// one-off investment the replica's later requests reuse, not a loss, so
+// new sessions and groups go where the prediction is lowest: to the holder
+// of their shared prefix while its queue is short, elsewhere once it is
+// not.
+//
+// A continuation pays the move charge as a session leaving its home does.
+// A request without a home whose prompt one replica alone holds nearly
+// whole (continuationShare of its blocks indexed there, and no other
+// replica holding sharedShare of them, in flight included) is a
+// conversation's next turn under a key the router has not seen: a client
+// that keys each request afresh (the trace's later turns), a session whose
+// home lapsed. What it would leave behind is its own history, which no
+// later request of anyone else reuses, so re-prefilling it elsewhere is
+// work the fleet does twice, as for a session's move; that holder's own
+// prefill stands for the home's. A prefix two or more replicas hold half
+// of (a system prompt many sessions start from) is the shared investment
+// above, and a holder of the whole prompt with part of it in flight is a
+// burst's sibling (below). Without the charge the trace's homeless turns
+// left the replicas holding their history for shorter queues elsewhere:
+// each move right for the request, the recomputation lengthening every
+// queue (hit/ceiling 0.94 at 4 replicas, 0.5, 0.74 at 8 replicas with
+// half the KV cache, 0.95; 0.99 with it, and the mean time to first token
+// 13-18 % lower at 4 and 8 replicas at 1.1, and at 0.95 with half the
+// cache; docs/benchmarks.md, "A conversation under a new key"). Charged
+// wherever a replica held 90 % (shared prompts too), the mixed workload's
+// new chat sessions herded onto the first replica holding their system
+// prompt (mean +4 to +20 % at 8 replicas, half the cache).
 //
 // A sibling in a burst pays the move charge too. A request without a home
 // whose whole prompt a candidate holds, part of it in flight (a holder, as
@@ -523,8 +547,9 @@ func (k *KVRoute) WeighsPending() bool { return true }
 type Fleet struct {
 	// HomeOwn is the request's own uncached prefill, in blocks, at its
 	// session's eligible home replica, or for a sibling in a burst at a
-	// holder of its whole prompt (Sibling); +Inf without either (no move
-	// charge).
+	// holder of its whole prompt (Sibling), or for a continuation at the
+	// one replica holding its history (Continued); +Inf without any (no
+	// move charge).
 	HomeOwn float64
 	// Pressure is busy/(1-busy) capped at move_pressure_max, busy being
 	// the share of eligible candidates with prefill queued or requests
@@ -565,6 +590,10 @@ type Fleet struct {
 	// prefill of such a holder with all it holds credited, and a holder
 	// pays no move charge.
 	Sibling bool
+	// Continued is set when HomeOwn is a continuation's (see KVRoute):
+	// the request has no home and is no sibling, and one eligible
+	// candidate alone holds its prompt nearly whole (Continuation).
+	Continued bool
 }
 
 // Pace is how a candidate turns work into time: seconds per prompt block
@@ -708,6 +737,11 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 			f.Sibling, f.HomeOwn = true, held
 		}
 	}
+	if math.IsInf(f.HomeOwn, 1) {
+		if o, ok := k.Continuation(req, cands, credited); ok {
+			f.Continued, f.HomeOwn = true, o
+		}
+	}
 	if req.Future.Turns > 0 && k.futureWeight > 0 {
 		f.Future, f.FutureMin = true, math.Inf(1)
 		for _, c := range cands {
@@ -724,6 +758,47 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	}
 	k.spreadRegime(req, cands, &f)
 	return f
+}
+
+// A continuation's prompt shares (see KVRoute): its holder has at least
+// continuationShare of the prompt's blocks indexed, and no other candidate
+// has sharedShare of them, indexed or in flight.
+const (
+	continuationShare = 0.9
+	sharedShare       = 0.5
+)
+
+// Continuation reports whether a request without a home is a
+// conversation's continuation among cands (see KVRoute), and its own
+// prefill, in blocks, at the candidate holding its history, everything it
+// holds there credited. credited, when not nil, says which candidates keep
+// their cache credit (the load bound): one that does not is no holder. A
+// candidate holding the whole prompt with part of it in flight
+// (HoldsPrompt) is a burst's sibling's holder, not a continuation's.
+func (k *KVRoute) Continuation(req Request, cands []Candidate, credited func(Candidate) bool) (float64, bool) {
+	if req.PromptBlocks < 2 {
+		return 0, false
+	}
+	p := float64(req.PromptBlocks)
+	best, shared := math.Inf(1), 0
+	for _, c := range cands {
+		if !eligible(c) {
+			continue
+		}
+		if float64(c.MatchedBlocks()+c.Pending) >= sharedShare*p {
+			shared++
+		}
+		if (credited != nil && !credited(c)) || HoldsPrompt(req, c) {
+			continue
+		}
+		if float64(c.MatchedBlocks()) >= continuationShare*p {
+			best = math.Min(best, own(req, k.hitBlocks(req, c, false)))
+		}
+	}
+	if shared != 1 || math.IsInf(best, 1) {
+		return 0, false
+	}
+	return best, true
 }
 
 // spreadRegime sets f's spread regime figures for the request (see

@@ -1277,3 +1277,55 @@ func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 		t.Errorf("with a home: Fleet.Sibling %v, HomeOwn %v; want false, 40", f.Sibling, f.HomeOwn)
 	}
 }
+
+// A request without a home whose prompt one replica alone holds nearly
+// whole is a conversation's next turn under a new key: it pays the move
+// charge away from that holder, as a session leaving its home does, and
+// stays there behind a queue it would otherwise leave. A prompt two
+// replicas hold half of (a shared system prompt), a holder of less than
+// nine tenths, a holder of the whole prompt in flight (a burst's sibling)
+// and a holder without cache credit make no continuation.
+func TestKVRouteContinuationPaysMoveCharge(t *testing.T) {
+	k, err := NewKVRoute(KVRouteConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{PromptBlocks: 600, BlockSize: 64, SessionKey: "conv:new"}
+	fleet := func(holder int, second int) []Candidate {
+		return []Candidate{
+			cand("holder", holder, 1400, 0),
+			cand("second", second, 1400, 0),
+			cand("busy", 0, 400, 0),
+			cand("idle", 0, 0, 0),
+		}
+	}
+	tests := []struct {
+		name      string
+		cands     []Candidate
+		credited  func(Candidate) bool
+		continued bool
+		homeOwn   float64
+		pick      int
+	}{
+		{"one holder of 590 of 600 blocks", fleet(590, 0), nil, true, 10, 0},
+		{"a second replica holds half: a shared prefix", fleet(590, 300), nil, false, math.Inf(1), 3},
+		{"the holder has 80 %", fleet(480, 0), nil, false, math.Inf(1), 3},
+		{"the holder without cache credit", fleet(590, 0), func(c Candidate) bool { return c.Replica != "holder" }, false, math.Inf(1), -1},
+		{"the whole prompt in flight at the holder: a sibling's", func() []Candidate { cs := fleet(590, 0); cs[0] = pend(cs[0], 9); return cs }(), nil, false, math.Inf(1), -1},
+		{"a home is a home", func() []Candidate { cs := fleet(590, 0); cs[2] = home(cs[2]); return cs }(), nil, false, 600, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := k.FleetOf(req, tt.cands, tt.credited)
+			if f.Continued != tt.continued || !(f.HomeOwn == tt.homeOwn || math.Abs(f.HomeOwn-tt.homeOwn) < 1e-9) {
+				t.Errorf("Continued %v HomeOwn %v, want %v %v", f.Continued, f.HomeOwn, tt.continued, tt.homeOwn)
+			}
+			if tt.pick < 0 {
+				return
+			}
+			if res := k.Pick(req, tt.cands, seeded(1)); res.Pick != tt.pick {
+				t.Errorf("picked %d (%s), want %d; costs %v", res.Pick, res.Reason, tt.pick, res.Costs)
+			}
+		})
+	}
+}
