@@ -49,6 +49,7 @@ type Tracker struct {
 type inflight struct {
 	prefill, decode, requests atomic.Int64
 	meanPrefill, meanDecode   ewma
+	now                       func() time.Time // the tracker's clock (SetClock)
 
 	mu       sync.Mutex           // guards decoding and expecting handles' state changes
 	decoding map[*Handle]struct{} // started with an expected output and past their first token
@@ -133,12 +134,17 @@ func (t *Tracker) counters(replica string) *inflight {
 	if c, ok := t.replicas.Load(replica); ok {
 		return c.(*inflight)
 	}
-	c, _ := t.replicas.LoadOrStore(replica, &inflight{})
+	c, _ := t.replicas.LoadOrStore(replica, &inflight{now: t.now})
 	return c.(*inflight)
 }
 
+// expecting reports whether h was started with an expected output
+// (StartExpecting): it joins its replica's decoding ledger.
+func (h *Handle) expecting() bool { return h.out.Tokens > 0 }
+
 // SetClock makes the tracker read time from now (a simulator's clock)
-// instead of time.Now. Call it before the tracker is used.
+// instead of time.Now. Call it before the tracker is used: each replica's
+// counters take the clock when the replica is first seen.
 func (t *Tracker) SetClock(now func() time.Time) { t.now = now }
 
 // Start records a request routed to replica: prefillBlocks (its uncached
@@ -157,7 +163,7 @@ func (t *Tracker) StartExpecting(replica string, prefillBlocks, decodeBlocks int
 	c := t.counters(replica)
 	h := &Handle{c: c, prefill: int64(max(prefillBlocks, 0)), decode: int64(max(decodeBlocks, 0))}
 	if out.Tokens > 0 && out.Blocks >= 0 {
-		h.out, h.now = out, t.now
+		h.out = out
 	}
 	c.prefill.Add(h.prefill)
 	c.decode.Add(h.decode)
@@ -215,7 +221,7 @@ func (t *Tracker) Releases(replica string, dst []Release) []Release {
 		return dst
 	}
 	c := v.(*inflight)
-	now := t.now()
+	now := c.now()
 	c.mu.Lock()
 	for h := range c.decoding {
 		dst = append(dst, Release{Blocks: float64(h.decode) + h.out.Blocks, Output: h.out.Tokens, Decoding: now.Sub(h.first)})
@@ -256,10 +262,9 @@ type Handle struct {
 	prefill, decode int64
 	state           atomic.Uint32 // handleStarted -> handleDecoding -> handleDone
 
-	// An expecting handle (StartExpecting): its output, the tracker's
-	// clock and its first token's time; its state changes under c.mu.
+	// An expecting handle (StartExpecting, out.Tokens > 0): its output and
+	// its first token's time; its state changes under c.mu.
 	out   Output
-	now   func() time.Time
 	first time.Time
 }
 
@@ -275,14 +280,14 @@ func (h *Handle) FirstToken() {
 	if h == nil {
 		return
 	}
-	if h.now != nil {
+	if h.expecting() {
 		h.c.mu.Lock()
 		defer h.c.mu.Unlock()
 	}
 	if h.state.CompareAndSwap(handleStarted, handleDecoding) {
 		h.c.prefill.Add(-h.prefill)
-		if h.now != nil {
-			h.first = h.now()
+		if h.expecting() {
+			h.first = h.c.now()
 			if h.c.decoding == nil {
 				h.c.decoding = make(map[*Handle]struct{})
 			}
@@ -296,7 +301,7 @@ func (h *Handle) Done() {
 	if h == nil {
 		return
 	}
-	if h.now != nil {
+	if h.expecting() {
 		h.c.mu.Lock()
 		defer h.c.mu.Unlock()
 		delete(h.c.decoding, h)

@@ -548,7 +548,7 @@ type Fleet struct {
 	// HomeOwn is the request's own uncached prefill, in blocks, at its
 	// session's eligible home replica, or for a sibling in a burst at a
 	// holder of its whole prompt (Sibling), or for a continuation at the
-	// one replica holding its history (Continued); +Inf without any (no
+	// one replica holding its history (Continuation); +Inf without any (no
 	// move charge).
 	HomeOwn float64
 	// Pressure is busy/(1-busy) capped at move_pressure_max, busy being
@@ -590,10 +590,6 @@ type Fleet struct {
 	// prefill of such a holder with all it holds credited, and a holder
 	// pays no move charge.
 	Sibling bool
-	// Continued is set when HomeOwn is a continuation's (see KVRoute):
-	// the request has no home and is no sibling, and one eligible
-	// candidate alone holds its prompt nearly whole (Continuation).
-	Continued bool
 }
 
 // Pace is how a candidate turns work into time: seconds per prompt block
@@ -739,7 +735,7 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 	}
 	if math.IsInf(f.HomeOwn, 1) {
 		if o, ok := k.Continuation(req, cands, credited); ok {
-			f.Continued, f.HomeOwn = true, o
+			f.HomeOwn = o
 		}
 	}
 	if req.Future.Turns > 0 && k.futureWeight > 0 {
@@ -770,35 +766,41 @@ const (
 
 // Continuation reports whether a request without a home is a
 // conversation's continuation among cands (see KVRoute), and its own
-// prefill, in blocks, at the candidate holding its history, everything it
-// holds there credited. credited, when not nil, says which candidates keep
-// their cache credit (the load bound): one that does not is no holder. A
-// candidate holding the whole prompt with part of it in flight
-// (HoldsPrompt) is a burst's sibling's holder, not a continuation's.
+// prefill, in blocks, at the one candidate holding its history,
+// everything it holds there credited. credited, when not nil, says which
+// candidates keep their cache credit (the load bound): one that does not
+// is no holder. A candidate holding the whole prompt with part of it in
+// flight (HoldsPrompt) is a burst's sibling's holder, not a
+// continuation's.
 func (k *KVRoute) Continuation(req Request, cands []Candidate, credited func(Candidate) bool) (float64, bool) {
 	if req.PromptBlocks < 2 {
 		return 0, false
 	}
 	p := float64(req.PromptBlocks)
-	best, shared := math.Inf(1), 0
-	for _, c := range cands {
+	holder := -1
+	for i, c := range cands {
 		if !eligible(c) {
 			continue
 		}
-		if float64(c.MatchedBlocks()+c.Pending) >= sharedShare*p {
-			shared++
+		if c.Home {
+			return 0, false // a session with a home moves from there
 		}
-		if (credited != nil && !credited(c)) || HoldsPrompt(req, c) {
+		if float64(c.MatchedBlocks()+c.Pending) < sharedShare*p {
 			continue
 		}
-		if float64(c.MatchedBlocks()) >= continuationShare*p {
-			best = math.Min(best, own(req, k.hitBlocks(req, c, false)))
+		if holder >= 0 {
+			return 0, false // a prefix two replicas hold half of is shared
 		}
+		holder = i
 	}
-	if shared != 1 || math.IsInf(best, 1) {
+	if holder < 0 {
 		return 0, false
 	}
-	return best, true
+	c := cands[holder]
+	if (credited != nil && !credited(c)) || HoldsPrompt(req, c) || float64(c.MatchedBlocks()) < continuationShare*p {
+		return 0, false
+	}
+	return own(req, k.hitBlocks(req, c, false)), true
 }
 
 // spreadRegime sets f's spread regime figures for the request (see

@@ -1317,8 +1317,8 @@ func TestKVRouteContinuationPaysMoveCharge(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := k.FleetOf(req, tt.cands, tt.credited)
-			if f.Continued != tt.continued || !(f.HomeOwn == tt.homeOwn || math.Abs(f.HomeOwn-tt.homeOwn) < 1e-9) {
-				t.Errorf("Continued %v HomeOwn %v, want %v %v", f.Continued, f.HomeOwn, tt.continued, tt.homeOwn)
+			if _, continued := k.Continuation(req, tt.cands, tt.credited); continued != tt.continued || !(f.HomeOwn == tt.homeOwn || math.Abs(f.HomeOwn-tt.homeOwn) < 1e-9) {
+				t.Errorf("continuation %v HomeOwn %v, want %v %v", continued, f.HomeOwn, tt.continued, tt.homeOwn)
 			}
 			if tt.pick < 0 {
 				return
