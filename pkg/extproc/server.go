@@ -30,7 +30,8 @@ type Server struct {
 	metrics *metrics
 	// propFields are the (lower-case) headers the propagator reads.
 	propFields map[string]bool
-	// ending is set by EndStreams: every stream ends at its next message.
+	// ending is set by EndStreams: every stream ends at the next message
+	// that arrives after it, once that message is answered.
 	ending atomic.Bool
 	// slots holds one token per large-body decision being computed
 	// (Config.DecideConcurrency); nil without a bound.
@@ -134,6 +135,10 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 			s.metrics.streamErrs.WithLabelValues("recv").Inc()
 			return rerr
 		}
+		// Read when the message arrives, not after it is answered: a stream
+		// ends at the first message that arrives after EndStreams (answered
+		// first), never at the one it was answering while EndStreams ran.
+		ending := s.ending.Load()
 		for _, resp := range st.handle(req) {
 			if serr := ps.Send(resp); serr != nil {
 				if status.Code(serr) != codes.Canceled {
@@ -148,7 +153,7 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) (err erro
 			// it tells the proxy to send nothing more on it.
 			return nil
 		}
-		if s.ending.Load() {
+		if ending {
 			s.metrics.streamErrs.WithLabelValues("ended").Inc()
 			return ErrEndStreams
 		}
