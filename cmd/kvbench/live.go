@@ -62,14 +62,8 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&bo.Bin, "bin", "", "-stack: directory with kvroute and enginesim (default <repo>/bin)")
 	fs.IntVar(&bo.Worst, "worst", 5, "-stack: slowest requests of each run to list")
 	fs.BoolVar(&bo.Requests, "requests", false, "-stack -json: keep every request of every run in the report, and kvroute's decisions behind them (its decision history, GET /debug/decisions)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	ws, err := sf.load()
 	if err != nil {

@@ -45,6 +45,22 @@ var commands = []command{
 // errUsage marks a command-line error (exit status 2).
 var errUsage = errors.New("usage")
 
+// parseArgs parses a subcommand's flags, which take no positional
+// arguments: -h is returned as flag.ErrHelp, anything else wrong as a usage
+// error.
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}
+
 func main() {
 	tuneGC()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -95,14 +95,8 @@ func matrix(ctx context.Context, name string, barDefault bool, args []string, st
 		gf.seeds = "1-5"
 	}
 	fs.Lookup("seeds").DefValue = "1-5"
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if gf.seeds == "" {
 		gf.seeds = "1-5"

@@ -27,14 +27,8 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	kvYAML := fs.String("kvroute-yaml", "", "YAML appended to kvroute's config (e.g. 'routing: {usage_sample_every: 8}')")
 	kvEnv := fs.String("kvroute-env", "", "NAME=VALUE variables, comma-separated, for kvroute's environment alone (e.g. GOMAXPROCS=1)")
 	prof := fs.String("profile", "", "directory to write CPU, allocation, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	ws, err := overhead.ParseWorkloads(*loads)
 	if err != nil {

@@ -95,14 +95,8 @@ func runSeed(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print exactly one JSON object instead of the table")
 	seed := fs.Uint64("seed", defaultSeedSeed, "random seed of the synthetic workloads and tie-breaks")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	rep, err := seedExperiments(*seed)
 	if err != nil {

@@ -220,14 +220,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	noPlots := fs.Bool("no-plots", false, "write no figures")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	knobs := fs.String("knobs", "", "policy knobs, comma-separated policy.knob=value (as kvbench tune names them)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	names := splitList(*policies)
 	pcfg, err := parseKnobs(*knobs)

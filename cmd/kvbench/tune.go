@@ -23,14 +23,8 @@ func runTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rounds := fs.Int("rounds", 2, "coordinate-search passes at most")
 	asJSON := fs.Bool("json", false, "print JSON")
 	quiet := fs.Bool("q", false, "no progress on stderr")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if len(bench.Knobs(*name)) == 0 {
 		return fmt.Errorf("%w: policy %q has no tunable knobs", errUsage, *name)
