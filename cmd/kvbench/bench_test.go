@@ -228,6 +228,22 @@ func TestMatrixSmall(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, md)
 		}
 	}
+	// Each row carries the default's end-to-end p99 beside that of the
+	// policy with the best other mean time to first token.
+	for _, c := range rep.Cases {
+		e2e := map[string]float64{}
+		for _, a := range c.Results {
+			e2e[a.Policy] = a.E2EP99.Median
+		}
+		ref := c.Verdict.Checks[0]
+		if !strings.HasPrefix(ref.Name, "mean") || ref.RefPolicy == "" {
+			t.Fatalf("first check %+v, want the mean against a named policy", ref)
+		}
+		want := fmt.Sprintf("| %.2f / %.2f %s |", e2e[rep.Default], e2e[ref.RefPolicy], ref.RefPolicy)
+		if !strings.Contains(md, want) {
+			t.Errorf("%s r%d util %v: table lacks %q", c.Workload, c.Replicas, c.Util, want)
+		}
+	}
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"matrix", "-policies", "leastload,kvroute"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "baseline") {
 		t.Errorf("matrix without the baseline: exit %d, %s", code, errb.String())
