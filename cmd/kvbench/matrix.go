@@ -247,20 +247,22 @@ func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|---|")
 	light := 0
 	for _, c := range rep.Cases {
-		var da, ba bench.Aggregate
+		byPolicy := make(map[string]bench.Aggregate, len(c.Results))
 		for _, a := range c.Results {
-			switch a.Policy {
-			case d:
-				da = a
-			case rep.Baseline:
-				ba = a
-			}
+			byPolicy[a.Policy] = a
 		}
-		other := func(name string) string {
+		da, ba := byPolicy[d], byPolicy[rep.Baseline]
+		check := func(name string) (bench.Check, bool) {
 			for _, ch := range c.Verdict.Checks {
 				if strings.HasPrefix(ch.Name, name) {
-					return fmt.Sprintf("%.3f %s", ch.Ref, ch.RefPolicy)
+					return ch, true
 				}
+			}
+			return bench.Check{}, false
+		}
+		other := func(name string) string {
+			if ch, ok := check(name); ok {
+				return fmt.Sprintf("%.3f %s", ch.Ref, ch.RefPolicy)
 			}
 			return ""
 		}
@@ -269,14 +271,9 @@ func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 		// the first token (a replica packed with decodes serves them
 		// slower).
 		e2e := fmt.Sprintf("%.2f", da.E2EP99.Median)
-		for _, ch := range c.Verdict.Checks {
-			if strings.HasPrefix(ch.Name, "mean") {
-				for _, a := range c.Results {
-					if a.Policy == ch.RefPolicy {
-						e2e += fmt.Sprintf(" / %.2f %s", a.E2EP99.Median, a.Policy)
-					}
-				}
-				break
+		if ch, ok := check("mean"); ok {
+			if a, ok := byPolicy[ch.RefPolicy]; ok {
+				e2e += fmt.Sprintf(" / %.2f %s", a.E2EP99.Median, a.Policy)
 			}
 		}
 		verdict := "pass"
