@@ -110,11 +110,11 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 	}
 	c.bareStrip = bareStripCall.MatchString(src) || bareStripCall.MatchString(toolSrc)
 	var err error
-	if c.tmpl, err = jinja.Compile(src); err != nil {
+	if c.tmpl, err = compileTemplate(src); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
 	}
 	if toolSrc != "" {
-		if c.tools, err = jinja.Compile(toolSrc); err != nil {
+		if c.tools, err = compileTemplate(toolSrc); err != nil {
 			return nil, fmt.Errorf("%w: compile tool_use: %w", ErrTemplate, err)
 		}
 	}
@@ -136,6 +136,18 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 		}
 	}
 	return c, nil
+}
+
+// compileTemplate compiles src with its concatenations split into one
+// output tag per operand (splitConcat), or as written if the split form
+// does not compile.
+func compileTemplate(src string) (*jinja.Template, error) {
+	if split := splitConcat(src); split != src {
+		if t, err := jinja.Compile(split); err == nil {
+			return t, nil
+		}
+	}
+	return jinja.Compile(src)
 }
 
 // tokenContent reads a special token given as a string or as an AddedToken
@@ -239,7 +251,7 @@ func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) 
 			}
 		}
 	}
-	out, err := renderSafe(tmpl, data)
+	out, err := renderSafe(tmpl, data, renderHint(in))
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
@@ -289,13 +301,29 @@ func anyString(v jinja.Value, pred func(string) bool, depth int) bool {
 
 // renderSafe turns a panic inside the template engine into an error: a
 // template is input, and input never crashes the router.
-func renderSafe(t *jinja.Template, data map[string]jinja.Value) (out string, err error) {
+func renderSafe(t *jinja.Template, data map[string]jinja.Value, hint int) (out string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("template engine panic: %v", r)
 		}
 	}()
-	return t.RenderValues(data)
+	return renderSized(t, data, hint)
+}
+
+// renderHint is the output size render reserves for in: the JSON of its
+// messages and tools, with room for the template's role markers and
+// system text. A prompt is mostly its messages' text, which is never
+// longer than its JSON, so the buffer rarely needs to grow, and when it
+// does it grows once.
+func renderHint(in ChatInput) int {
+	n := 512 + len(in.Tools) + len(in.ChatTemplateKwargs)
+	if len(in.Parsed) > 0 {
+		for i := range in.Parsed {
+			n += 32 + len(in.Parsed[i].Raw)
+		}
+		return n
+	}
+	return n + len(in.Messages)
 }
 
 // prepareMessages parses a messages array and applies vLLM's preprocessing:

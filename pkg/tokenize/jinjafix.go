@@ -2,7 +2,8 @@ package tokenize
 
 import (
 	"reflect"
-	_ "unsafe" // go:linkname
+	"strings"
+	"unsafe"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -41,4 +42,99 @@ func init() {
 	s.vars["__filter_tojson"] = jinja.NewCallable("tojson", pyTojson)
 	s.vars["__filter_trim"] = jinja.NewCallable("trim", pyTrim)
 	jinjaFiltersReplaced = true
+}
+
+// The engine renders into a strings.Builder that starts empty and doubles:
+// a 229 KB prompt is copied about twice over and allocates four times its
+// size before the render returns, and every one of those bytes is garbage
+// the collector then walks past. renderSized runs the engine's own node
+// walk with the builder grown first to the caller's size hint. It needs the
+// layouts of the engine's unexported Template and evaluator (pinned at
+// v1.8.0); sizedRenderOK, set once at initialisation by rendering a probe
+// template both ways, turns it off if they do not agree, and
+// TestRenderSizedMatchesEngine fails on a version bump that changes them.
+
+// jinjaTemplate mirrors jinja.Template: the compiled nodes (a slice of the
+// engine's unexported node interface, passed through untouched) and the
+// source.
+type jinjaTemplate struct {
+	nodes jinjaNodes
+	src   string
+}
+
+// jinjaNodes is the header of the engine's []node.
+type jinjaNodes struct {
+	ptr      unsafe.Pointer
+	len, cap int
+}
+
+// jinjaEvaluator mirrors the engine's unexported evaluator struct.
+type jinjaEvaluator struct {
+	scope    *jinjaScope
+	builtins *jinjaScope
+	output   strings.Builder
+}
+
+//go:linkname jinjaExecNodes github.com/ardanlabs/jinja.(*evaluator).execNodes
+func jinjaExecNodes(e *jinjaEvaluator, nodes jinjaNodes) error
+
+// renderSized renders t with data like t.RenderValues, into an output
+// buffer of at least hint bytes.
+func renderSized(t *jinja.Template, data map[string]jinja.Value, hint int) (string, error) {
+	if !sizedRenderOK {
+		return t.RenderValues(data)
+	}
+	jt := (*jinjaTemplate)(unsafe.Pointer(t))
+	e := &jinjaEvaluator{builtins: jinjaBuiltins}
+	e.output.Grow(hint)
+	e.scope = &jinjaScope{vars: make(map[string]jinja.Value, len(data)), parent: jinjaBuiltins}
+	for k, v := range data {
+		e.scope.vars[k] = v
+	}
+	if err := jinjaExecNodes(e, jt.nodes); err != nil {
+		return "", err
+	}
+	return e.output.String(), nil
+}
+
+// sizedRenderOK reports whether renderSized may run the engine's node walk
+// itself: jinja.Template has the layout jinjaTemplate mirrors, and a probe
+// template renders the same both ways.
+var sizedRenderOK = checkSizedRender()
+
+func checkSizedRender() (ok bool) {
+	tt := reflect.TypeFor[jinja.Template]()
+	if tt.NumField() != 2 || tt.Size() != unsafe.Sizeof(jinjaTemplate{}) ||
+		tt.Field(0).Name != "nodes" || tt.Field(0).Type.Kind() != reflect.Slice || tt.Field(0).Offset != 0 ||
+		tt.Field(1).Name != "src" || tt.Field(1).Type.Kind() != reflect.String ||
+		tt.Field(1).Offset != unsafe.Offsetof(jinjaTemplate{}.src) {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	const probe = `{% macro m(x) %}[{{ x }}]{% endmacro %}{% set ns = namespace(n=0) %}` +
+		`{%- for s in items %}{{ m(s) }}{% set ns.n = ns.n + 1 %}{% if loop.last %}{{ ns.n }}{{ tail | trim }}{% endif %}{% endfor %}`
+	t, err := jinja.Compile(probe)
+	if err != nil {
+		return false
+	}
+	data := map[string]jinja.Value{
+		"items": jinja.NewList([]jinja.Value{jinja.NewString("a"), jinja.NewString("b")}),
+		"tail":  jinja.NewString(" z "),
+	}
+	want, err := t.RenderValues(data)
+	if err != nil || want != "[a][b]2z" {
+		return false
+	}
+	// Checked before sizedRenderOK is set: call the walk directly.
+	jt := (*jinjaTemplate)(unsafe.Pointer(t))
+	e := &jinjaEvaluator{builtins: jinjaBuiltins}
+	e.scope = &jinjaScope{vars: data, parent: jinjaBuiltins}
+	if jinjaExecNodes(e, jt.nodes) != nil {
+		return false
+	}
+	return e.output.String() == want
 }

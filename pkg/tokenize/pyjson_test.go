@@ -49,7 +49,7 @@ func renderWith(t *testing.T, src, jsonData string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return renderSafe(tmpl, map[string]jinja.Value{"x": v})
+	return renderSafe(tmpl, map[string]jinja.Value{"x": v}, 0)
 }
 
 func TestJinjaFiltersReplaced(t *testing.T) {

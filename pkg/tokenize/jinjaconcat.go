@@ -1,0 +1,231 @@
+package tokenize
+
+import "strings"
+
+// Chat templates build each message with string concatenation:
+//
+//	{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+//
+// The engine evaluates that left to right, copying the growing string at
+// every '+', so a 14 KB message is copied four times before it is written
+// to the output. When the leftmost operand is a string literal, every
+// partial sum is a string and the engine's '+' prints its right operand
+// exactly as an output tag would (the string's own text; a number, list or
+// None in their printed form). So the tag writes the same bytes as one tag
+// per operand:
+//
+//	{{- '<|im_start|>' }}{{ message.role }}{{ '\n' }}{{ content }}{{ '<|im_end|>' }}{{ '\n' }}
+//
+// splitConcat rewrites a template's source that way before it is compiled.
+// It only touches an output tag whose expression is, at its top level, a
+// string literal followed by one or more '+' operands, with no operator
+// that binds looser than '+' ('-', '~', comparisons, and/or/not, in/is,
+// if/else) and nothing else a split could change; everything else,
+// statements and comments included, is copied unchanged. The tag scan
+// follows the engine's own (quotes skip closers in tags but not in
+// comments; '-' next to a delimiter trims), and a template with a raw
+// block is left alone, since a raw block keeps its tags as text.
+func splitConcat(src string) string {
+	var b strings.Builder
+	i, last := 0, 0
+	for i+1 < len(src) {
+		if src[i] != '{' {
+			i++
+			continue
+		}
+		var closer string
+		switch src[i+1] {
+		case '{':
+			closer = "}}"
+		case '%':
+			closer = "%}"
+		case '#':
+			closer = "#}"
+		default:
+			i++
+			continue
+		}
+		start := i
+		i += 2
+		trimLeft := i < len(src) && src[i] == '-'
+		if trimLeft {
+			i++
+		}
+		body, end, trimRight, ok := scanTag(src, i, closer)
+		if !ok {
+			return src // unclosed: the engine reports it
+		}
+		i = end
+		switch closer {
+		case "%}":
+			if stmtWord(body) == "raw" {
+				return src
+			}
+			continue
+		case "#}":
+			continue
+		}
+		parts := concatOperands(body)
+		if parts == nil {
+			continue
+		}
+		if b.Len() == 0 {
+			b.Grow(len(src) + 64)
+		}
+		b.WriteString(src[last:start])
+		for k, p := range parts {
+			b.WriteString("{{")
+			if k == 0 && trimLeft {
+				b.WriteByte('-')
+			}
+			b.WriteByte(' ')
+			b.WriteString(p)
+			b.WriteByte(' ')
+			if k == len(parts)-1 && trimRight {
+				b.WriteByte('-')
+			}
+			b.WriteString("}}")
+		}
+		last = end
+	}
+	if last == 0 {
+		return src
+	}
+	b.WriteString(src[last:])
+	return b.String()
+}
+
+// scanTag finds the closer of the tag whose content starts at i, as the
+// engine's scanner does: in expressions and statements a quoted string is
+// skipped whole (a backslash skips the next byte), and a '-' just before
+// the closer is a trim flag. It returns the content, the index after the
+// closer and the flag.
+func scanTag(src string, i int, closer string) (body string, end int, trimRight, ok bool) {
+	start := i
+	for i < len(src) {
+		c := src[i]
+		if closer != "#}" && (c == '\'' || c == '"') {
+			i++
+			for i < len(src) && src[i] != c {
+				if src[i] == '\\' && i+1 < len(src) {
+					i++
+				}
+				i++
+			}
+			if i < len(src) {
+				i++
+			}
+			continue
+		}
+		if c == '-' && i+2 < len(src) && src[i+1] == closer[0] && src[i+2] == closer[1] {
+			return src[start:i], i + 3, true, true
+		}
+		if c == closer[0] && i+1 < len(src) && src[i+1] == closer[1] {
+			return src[start:i], i + 2, false, true
+		}
+		i++
+	}
+	return "", 0, false, false
+}
+
+// stmtWord is a statement's first word.
+func stmtWord(body string) string {
+	body = strings.TrimLeft(body, " \t\r\n")
+	n := 0
+	for n < len(body) && (body[n] == '_' || body[n]|0x20 >= 'a' && body[n]|0x20 <= 'z') {
+		n++
+	}
+	return body[:n]
+}
+
+// concatOperands splits an output expression at its top-level '+' signs.
+// It returns nil unless there are at least two operands, none empty, the
+// first is a lone string literal, and no top-level token binds looser than
+// '+' (see splitConcat). Operands are trimmed of white space.
+func concatOperands(expr string) []string {
+	var parts []string
+	depth, from := 0, 0
+	prevDot := false
+	for i := 0; i < len(expr); {
+		c := expr[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+			continue
+		case c == '\'' || c == '"':
+			i++
+			for i < len(expr) && expr[i] != c {
+				if expr[i] == '\\' && i+1 < len(expr) {
+					i++
+				}
+				i++
+			}
+			if i >= len(expr) {
+				return nil
+			}
+			i++
+			prevDot = false
+			continue
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			if depth--; depth < 0 {
+				return nil
+			}
+		case c == '_' || c|0x20 >= 'a' && c|0x20 <= 'z':
+			j := i
+			for j < len(expr) && (expr[j] == '_' || expr[j]|0x20 >= 'a' && expr[j]|0x20 <= 'z' || expr[j] >= '0' && expr[j] <= '9') {
+				j++
+			}
+			if depth == 0 && !prevDot {
+				switch expr[i:j] {
+				case "if", "else", "and", "or", "not", "in", "is":
+					return nil
+				}
+			}
+			i = j
+			prevDot = false
+			continue
+		case depth > 0:
+		case c == '+':
+			p := strings.TrimSpace(expr[from:i])
+			if p == "" {
+				return nil
+			}
+			parts = append(parts, p)
+			from = i + 1
+		case c == '-' || c == '~' || c == '=' || c == '!' || c == '<' || c == '>' || c == ',' || c == ':':
+			return nil
+		}
+		prevDot = c == '.'
+		i++
+	}
+	if depth != 0 || len(parts) == 0 {
+		return nil
+	}
+	p := strings.TrimSpace(expr[from:])
+	if p == "" {
+		return nil
+	}
+	parts = append(parts, p)
+	if !isStringLiteral(parts[0]) {
+		return nil
+	}
+	return parts
+}
+
+// isStringLiteral reports whether s is one quoted string and nothing else.
+func isStringLiteral(s string) bool {
+	if len(s) < 2 || s[0] != '\'' && s[0] != '"' {
+		return false
+	}
+	q := s[0]
+	i := 1
+	for i < len(s) && s[i] != q {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+		i++
+	}
+	return i == len(s)-1
+}

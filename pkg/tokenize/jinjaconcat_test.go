@@ -1,0 +1,150 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ardanlabs/jinja"
+)
+
+func TestSplitConcat(t *testing.T) {
+	cases := []struct{ src, want string }{
+		// Split: a literal first, then '+' operands of any shape that
+		// binds at least as tightly as '+'.
+		{`a{{- '<s>' + m.role + '\n' + m.content -}}b`, `a{{- '<s>' }}{{ m.role }}{{ '\n' }}{{ m.content -}}b`},
+		{`{{ "x" + y }}`, `{{ "x" }}{{ y }}`},
+		{`{{ 'x' + y | trim + z[0] + f(a, b - 1) }}`, `{{ 'x' }}{{ y | trim }}{{ z[0] }}{{ f(a, b - 1) }}`},
+		{`{{ 'x' + (y if c else 'n') + n * 2 }}`, `{{ 'x' }}{{ (y if c else 'n') }}{{ n * 2 }}`},
+		{`{{ 'a+b' + '}}' + x.is_tool }}`, `{{ 'a+b' }}{{ '}}' }}{{ x.is_tool }}`},
+		{`{{ 'it\'s' + x }}{{ y }}`, `{{ 'it\'s' }}{{ x }}{{ y }}`},
+		// Unchanged: the first operand is not a lone literal.
+		{`{{ x + 'a' }}`, `{{ x + 'a' }}`},
+		{`{{ 'a'|upper + x }}`, `{{ 'a'|upper + x }}`},
+		{`{{ 'a' }}`, `{{ 'a' }}`},
+		// Unchanged: an operator binding looser than '+' at the top level.
+		{`{{ 'a' + x - 1 }}`, `{{ 'a' + x - 1 }}`},
+		{`{{ 'a' + x ~ y }}`, `{{ 'a' + x ~ y }}`},
+		{`{{ 'a' + x if c else y }}`, `{{ 'a' + x if c else y }}`},
+		{`{{ 'a' + x == y }}`, `{{ 'a' + x == y }}`},
+		{`{{ 'a' + x and y }}`, `{{ 'a' + x and y }}`},
+		{`{{ 'a' + x is defined }}`, `{{ 'a' + x is defined }}`},
+		{`{{ 'a' + x in y }}`, `{{ 'a' + x in y }}`},
+		{`{{ 'a' + not x }}`, `{{ 'a' + not x }}`},
+		{`{{ 'a' + + x }}`, `{{ 'a' + + x }}`},
+		{`{{ 'a' + x + }}`, `{{ 'a' + x + }}`},
+		{`{{ 'a' + x, y }}`, `{{ 'a' + x, y }}`},
+		// Unchanged: not an output tag, or inside a raw block.
+		{`{% set s = 'a' + x %}{# {{ 'a' + x }} #}`, `{% set s = 'a' + x %}{# {{ 'a' + x }} #}`},
+		{`{% raw %}{{ 'a' + x }}{% endraw %}{{ 'a' + x }}`, `{% raw %}{{ 'a' + x }}{% endraw %}{{ 'a' + x }}`},
+		// Unclosed: left for the engine to report.
+		{`{{ 'a' + x }}{{ 'b' + y`, `{{ 'a' + x }}{{ 'b' + y`},
+	}
+	for _, c := range cases {
+		if got := splitConcat(c.src); got != c.want {
+			t.Errorf("splitConcat(%q)\n got %q\nwant %q", c.src, got, c.want)
+		}
+	}
+}
+
+// TestSplitConcatRendersSame renders every fixture family's chat template
+// as written and as split, over messages whose fields take every value
+// kind the engine prints (numbers, lists, dicts, None, booleans, strings
+// with quotes and template delimiters), and requires the same output or
+// an error from both.
+func TestSplitConcatRendersSame(t *testing.T) {
+	values := []string{`"plain"`, `"it's \"q\" {{ x }} + y"`, `7`, `2.5`, `true`, `null`, `[1, "a"]`, `{"k": "v"}`, `""`}
+	for _, name := range fixtureNames {
+		if noChatTemplate[name] {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join(tokenizerDir(name), "tokenizer_config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg struct {
+				ChatTemplate string `json:"chat_template"`
+			}
+			if err := json.Unmarshal(data, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			split := splitConcat(cfg.ChatTemplate)
+			if name == "qwen3" && strings.Count(split, "{{") <= strings.Count(cfg.ChatTemplate, "{{") {
+				t.Fatal("Qwen3's message concatenations were not split")
+			}
+			orig, err := jinja.Compile(cfg.ChatTemplate)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cut, err := jinja.Compile(split)
+			if err != nil {
+				t.Fatalf("split template does not compile: %v", err)
+			}
+			rendered := 0
+			for _, content := range values {
+				for _, role := range []string{`"system"`, `"user"`, `"assistant"`, `"tool"`, `3`} {
+					for _, gen := range []bool{false, true} {
+						msgs := `[{"role": "system", "content": ` + content + `}, {"role": "user", "content": "hi"},
+							{"role": ` + role + `, "content": ` + content + `, "tool_calls": [{"type": "function",
+							"function": {"name": ` + content + `, "arguments": {"a": ` + content + `}}}]},
+							{"role": "user", "content": ` + content + `}]`
+						v, err := jsonValue(json.RawMessage(msgs))
+						if err != nil {
+							t.Fatal(err)
+						}
+						in := map[string]jinja.Value{"messages": v, "add_generation_prompt": jinja.NewBool(gen),
+							"bos_token": jinja.NewString("<s>"), "tools": jinja.None()}
+						want, werr := renderSafe(orig, in, 0)
+						got, gerr := renderSafe(cut, in, 0)
+						if (werr != nil) != (gerr != nil) || got != want {
+							t.Fatalf("content %s role %s: as written %q (%v), split %q (%v)", content, role, want, werr, got, gerr)
+						}
+						if werr == nil {
+							rendered++
+						}
+					}
+				}
+			}
+			if rendered == 0 {
+				t.Fatal("no input rendered: the comparison checked nothing")
+			}
+		})
+	}
+}
+
+// TestRenderSized checks the sized render against the engine's own on
+// every fixture template, with hints below, near and above the output.
+func TestRenderSized(t *testing.T) {
+	if !sizedRenderOK {
+		t.Fatal("the sized render is off: the engine's Template or evaluator layout changed (see jinjafix.go)")
+	}
+	msgs := `[{"role": "system", "content": "sys"}, {"role": "user", "content": "` + strings.Repeat("word ", 2000) + `"},
+		{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]`
+	for _, name := range fixtureNames {
+		if noChatTemplate[name] {
+			continue
+		}
+		c := loadTemplate(t, name)
+		v, err := jsonValue(json.RawMessage(msgs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := map[string]jinja.Value{"messages": v, "add_generation_prompt": jinja.NewBool(true), "tools": jinja.None()}
+		for k, g := range c.globals {
+			in[k] = g
+		}
+		want, err := c.tmpl.RenderValues(in)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, hint := range []int{0, 100, len(want), 1 << 20} {
+			got, err := renderSized(c.tmpl, in, hint)
+			if err != nil || got != want {
+				t.Fatalf("%s, hint %d: sized render differs (err %v)", name, hint, err)
+			}
+		}
+	}
+}
