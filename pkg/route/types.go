@@ -96,6 +96,8 @@ type ChatMessage struct {
 
 // Tokens is a tokenizer's answer.
 type Tokens struct {
+	// IDs may be shared with the tokenizer's caches: read them or append
+	// to them, never write them in place.
 	IDs []uint32
 	// Source names who produced them ("passthrough", "remote", "local",
 	// "approximate").

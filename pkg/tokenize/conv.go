@@ -162,10 +162,17 @@ func (l *Local) encodeTurn(ctx context.Context, in route.TokenizeInput, text str
 	}
 	l.conv.addReused(reused)
 	e.key = keys[len(keys)-1]
-	ids := e.ids
-	e.ids = append([]uint32(nil), ids...) // the caller owns ids
+	// The memo keeps the slice the caller gets (callers read ids and may
+	// append to them, never write them in place: route.Tokens), clipped so
+	// that an append never writes where the memo reads. When the slice has
+	// much unused room, the memo gets an exact copy instead, so that what
+	// it holds is what it counts.
+	if n := len(e.ids); cap(e.ids)-n > n/8+16 {
+		e.ids = append(make([]uint32, 0, n), e.ids...)
+	}
+	e.ids = e.ids[:len(e.ids):len(e.ids)]
 	l.conv.put(e)
-	return ids, nil
+	return e.ids, nil
 }
 
 // encodeReusing encodes text (without post-processor tokens), taking the
@@ -188,8 +195,13 @@ func (e *Encoder) encodeReusing(ctx context.Context, base *convEntry, text strin
 	}
 	// Room for the reused ids and the new text at up to one id per two
 	// bytes, so that the new ids rarely make the slice grow (a copy of the
-	// whole prompt's ids).
-	dst := append(make([]uint32, 0, reused+(len(text)-start)/2+16), from...)
+	// whole prompt's ids). A text long enough to encode in parallel knows
+	// its ids' count before it appends them and grows dst once to fit.
+	room := (len(text)-start)/2 + 16
+	if e.workers(len(text)-start) > 1 {
+		room = 16
+	}
+	dst := append(make([]uint32, 0, reused+room), from...)
 	dst, err := e.encodeTextCuts(ctx, dst, text[start:], cache, &cuts, start)
 	if err != nil {
 		return nil, 0, err

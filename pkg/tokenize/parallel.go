@@ -3,6 +3,7 @@ package tokenize
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 )
 
@@ -119,6 +120,11 @@ func (e *Encoder) encodeParallel(ctx context.Context, dst []uint32, text string,
 			return dst, err // the first failing piece in text order
 		}
 	}
+	total := 0
+	for i := range runs {
+		total += len(runs[i].ids) + len(runs[i].ends)
+	}
+	dst = slices.Grow(dst, total) // ids, and at most one added token per piece
 	for _, r := range runs {
 		prev := 0
 		for i, p := range pieces[r.from:r.to] {
