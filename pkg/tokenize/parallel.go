@@ -91,7 +91,7 @@ func (e *Encoder) encodeParallel(ctx context.Context, dst []uint32, text string,
 		for _, p := range pieces[r.from:r.to] {
 			n += len(p.text)
 		}
-		r.ids = make([]uint32, 0, n/3+16)
+		r.ids = getRunIDs(n/3 + 16)
 		r.ends = make([]int, 0, r.to-r.from)
 		for _, p := range pieces[r.from:r.to] {
 			if p.added < 0 {
@@ -115,6 +115,11 @@ func (e *Encoder) encodeParallel(ctx context.Context, dst []uint32, text string,
 	}
 	encodeRun(&runs[0]) // this goroutine takes the first run
 	wg.Wait()
+	defer func() {
+		for i := range runs {
+			putRunIDs(runs[i].ids)
+		}
+	}()
 	for i := range runs {
 		if err := runs[i].err; err != nil {
 			return dst, err // the first failing piece in text order
@@ -139,4 +144,33 @@ func (e *Encoder) encodeParallel(ctx context.Context, dst []uint32, text string,
 		}
 	}
 	return dst, nil
+}
+
+// A run's ids are scratch: joined into the caller's slice, then dropped.
+// They are pooled, so that a long prompt's encoding allocates (and the
+// runtime zeroes) its ids once, in the joined slice, not twice.
+var runIDs sync.Pool // *[]uint32
+
+// maxPooledRunIDs bounds the capacity a pooled run slice keeps (4 MiB):
+// a rare huge prompt's scratch goes back to the collector.
+const maxPooledRunIDs = 1 << 20
+
+// getRunIDs returns an empty slice with room for at least n ids.
+func getRunIDs(n int) []uint32 {
+	if p, ok := runIDs.Get().(*[]uint32); ok {
+		if cap(*p) >= n {
+			return (*p)[:0]
+		}
+		runIDs.Put(p)
+	}
+	return make([]uint32, 0, n)
+}
+
+// putRunIDs returns a run's slice to the pool.
+func putRunIDs(ids []uint32) {
+	if cap(ids) == 0 || cap(ids) > maxPooledRunIDs {
+		return
+	}
+	ids = ids[:0]
+	runIDs.Put(&ids)
 }
