@@ -92,8 +92,9 @@
 // parsed and the template still rendered in full
 // (kvroute_tokenizer_conversation_hits_total, _misses_total,
 // _reused_tokens_total and kvroute_tokenizer_conversation_bytes, per
-// model). Tests compare every turn with a cacheless tokenizer, for every
-// family.
+// model). The memo and the caller share the returned ids (route.Tokens:
+// read or append, never write them in place). Tests compare every turn
+// with a cacheless tokenizer, for every family.
 //
 // Byte-exactness with the reference (transformers + tokenizers), and how it
 // is kept:
@@ -103,6 +104,14 @@
 //     sort_keys, key order as sent, float repr: 2.0 stays 2.0, 1e16 is
 //     1e+16; U+2028/U+2029 raw); trim is str.strip (U+001C..U+001F
 //     included). Both replace the Jinja engine's own filters (jinjafix.go).
+//   - Two changes of how a template runs, neither of what it prints: an
+//     output tag concatenating onto a string literal ({{ '<|im_start|>' +
+//     role + '\n' + content }}) is compiled as one tag per operand
+//     (jinjaconcat.go: the engine's '+' on a string prints its right
+//     operand as a tag would, so only the copies go), and the output
+//     buffer is sized from the request before the engine's node walk runs
+//     (jinjafix.go, checked against the engine's own render at start).
+//     Tests render every family's template both ways.
 //   - JSON numbers become what json.loads makes of them. An integer beyond
 //     int64, or a float the engine would print unlike Python's repr, is
 //     carried as its Python text behind an internal mark that tojson and
