@@ -18,9 +18,10 @@ import "strings"
 //
 // splitConcat rewrites a template's source that way before it is compiled.
 // It only touches an output tag whose expression is, at its top level, a
-// string literal followed by one or more '+' operands, with no operator
-// that binds looser than '+' ('-', '~', comparisons, and/or/not, in/is,
-// if/else) and nothing else a split could change; everything else,
+// string literal followed by one or more '+' operands, with no other
+// operator at the top level that binds as loosely as '+' or looser ('-',
+// '~', comparisons, and/or/not, in/is, if/else, a tuple's ',') and nothing
+// else a split could change; everything else,
 // statements and comments included, is copied unchanged. The tag scan
 // follows the engine's own (quotes skip closers in tags but not in
 // comments; '-' next to a delimiter trims), and a template with a raw
