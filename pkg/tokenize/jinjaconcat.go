@@ -106,16 +106,7 @@ func scanTag(src string, i int, closer string) (body string, end int, trimRight,
 	for i < len(src) {
 		c := src[i]
 		if closer != "#}" && (c == '\'' || c == '"') {
-			i++
-			for i < len(src) && src[i] != c {
-				if src[i] == '\\' && i+1 < len(src) {
-					i++
-				}
-				i++
-			}
-			if i < len(src) {
-				i++
-			}
+			i = min(quoteEnd(src, i)+1, len(src))
 			continue
 		}
 		if c == '-' && i+2 < len(src) && src[i+1] == closer[0] && src[i+2] == closer[1] {
@@ -154,14 +145,7 @@ func concatOperands(expr string) []string {
 			i++
 			continue
 		case c == '\'' || c == '"':
-			i++
-			for i < len(expr) && expr[i] != c {
-				if expr[i] == '\\' && i+1 < len(expr) {
-					i++
-				}
-				i++
-			}
-			if i >= len(expr) {
+			if i = quoteEnd(expr, i); i >= len(expr) {
 				return nil
 			}
 			i++
@@ -217,16 +201,18 @@ func concatOperands(expr string) []string {
 
 // isStringLiteral reports whether s is one quoted string and nothing else.
 func isStringLiteral(s string) bool {
-	if len(s) < 2 || s[0] != '\'' && s[0] != '"' {
-		return false
-	}
-	q := s[0]
-	i := 1
-	for i < len(s) && s[i] != q {
+	return len(s) >= 2 && (s[0] == '\'' || s[0] == '"') && quoteEnd(s, 0) == len(s)-1
+}
+
+// quoteEnd is the index of the quote closing the string that opens at
+// s[i], as the engine reads it (a backslash skips the next byte), or
+// len(s) if it is not closed.
+func quoteEnd(s string, i int) int {
+	q := s[i]
+	for i++; i < len(s) && s[i] != q; i++ {
 		if s[i] == '\\' && i+1 < len(s) {
 			i++
 		}
-		i++
 	}
-	return i == len(s)-1
+	return i
 }
