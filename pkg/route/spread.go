@@ -79,6 +79,12 @@ type fluidQueue struct {
 	q    float64
 	at   time.Time
 	sent []fluidSend // in order of their predicted ends
+	// charged is the sum of sent's blocks. Blocks are whole numbers, so
+	// the running sum is exact (below 2^53) whatever the order of its
+	// additions and subtractions: get answers without walking sent, which
+	// holds every unfinished dispatch (hundreds at a few hundred requests
+	// a second).
+	charged float64
 }
 
 // fluidSend is a dispatch: its blocks and when the estimate finishes them.
@@ -97,15 +103,13 @@ func (f *fluidQueues) get(id index.ReplicaID, now time.Time, rate float64) (queu
 		return 0, 0
 	}
 	e.prune(now)
-	for _, s := range e.sent {
-		charged += s.blocks
-	}
-	return math.Max(0, e.q-now.Sub(e.at).Seconds()*rate), charged
+	return math.Max(0, e.q-now.Sub(e.at).Seconds()*rate), e.charged
 }
 
 func (e *fluidQueue) prune(now time.Time) {
 	n := 0
 	for n < len(e.sent) && !e.sent[n].end.After(now) {
+		e.charged -= e.sent[n].blocks
 		n++
 	}
 	e.sent = e.sent[n:]
@@ -118,9 +122,10 @@ func (f *fluidQueues) forget(id index.ReplicaID) {
 	delete(f.m, id)
 }
 
-// add sends blocks to the replica at now, its queue drained at rate blocks
-// per second since the previous add, and holding at most limit blocks
-// after it (the router's limit: fluidHorizon of prefill at its speed).
+// add sends blocks (a whole number) to the replica at now, its queue
+// drained at rate blocks per second since the previous add, and holding at
+// most limit blocks after it (the router's limit: fluidHorizon of prefill
+// at its speed).
 // Without a bound a replica slower than its learned speed (a sustained
 // overload, a stalled engine) would grow the estimate, and the list of
 // its dispatches, for as long as that lasts. A tighter limit, the
@@ -142,6 +147,7 @@ func (f *fluidQueues) add(id index.ReplicaID, now time.Time, rate, blocks, limit
 	e.prune(now)
 	if blocks > 0 && rate > 0 {
 		e.sent = append(e.sent, fluidSend{blocks: blocks, end: now.Add(time.Duration(e.q / rate * float64(time.Second)))})
+		e.charged += blocks
 	}
 }
 
