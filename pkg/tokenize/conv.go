@@ -51,11 +51,14 @@ type convEntry struct {
 	key  xxh3.Uint128
 	text string
 	ids  []uint32
-	cuts []textCut // increasing
+	// idsRoom is the ids' array as allocated: ids is clipped to its
+	// length, and the array may be up to an eighth longer (encodeTurn).
+	idsRoom int
+	cuts    []textCut // increasing
 }
 
 func (e *convEntry) size() int {
-	return len(e.text) + 4*len(e.ids) + 16*len(e.cuts) + chunkEntryOverhead
+	return len(e.text) + 4*max(len(e.ids), e.idsRoom) + 16*len(e.cuts) + chunkEntryOverhead
 }
 
 // convMemo is a bounded LRU of convEntry by messages key. It is safe for
@@ -165,11 +168,12 @@ func (l *Local) encodeTurn(ctx context.Context, in route.TokenizeInput, text str
 	// The memo keeps the slice the caller gets (callers read ids and may
 	// append to them, never write them in place: route.Tokens), clipped so
 	// that an append never writes where the memo reads. When the slice has
-	// much unused room, the memo gets an exact copy instead, so that what
-	// it holds is what it counts.
+	// much unused room, the memo gets an exact copy instead; either way it
+	// counts the array it holds.
 	if n := len(e.ids); cap(e.ids)-n > n/8+16 {
 		e.ids = append(make([]uint32, 0, n), e.ids...)
 	}
+	e.idsRoom = cap(e.ids)
 	e.ids = e.ids[:len(e.ids):len(e.ids)]
 	l.conv.put(e)
 	return e.ids, nil
