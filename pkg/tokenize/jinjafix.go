@@ -52,7 +52,7 @@ func init() {
 // layouts of the engine's unexported Template and evaluator (pinned at
 // v1.8.0); sizedRenderOK, set once at initialisation by rendering a probe
 // template both ways, turns it off if they do not agree, and
-// TestRenderSizedMatchesEngine fails on a version bump that changes them.
+// TestRenderSized fails on a version bump that changes them.
 
 // jinjaTemplate mirrors jinja.Template: the compiled nodes (a slice of the
 // engine's unexported node interface, passed through untouched) and the
