@@ -148,3 +148,73 @@ func TestRenderSized(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSplitConcat: for any template the engine compiles, the split form
+// renders the same bytes (or fails as well) over a few inputs. The seeds
+// are every fixture family's chat template and the table above; the
+// fuzzer mutates them (tags, quotes, operators, delimiters inside
+// strings). Templates that could render without bound (range, string
+// repetition) or are large are skipped.
+func FuzzSplitConcat(f *testing.F) {
+	for _, name := range fixtureNames {
+		if noChatTemplate[name] {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(tokenizerDir(name), "tokenizer_config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		var cfg struct {
+			ChatTemplate string `json:"chat_template"`
+		}
+		if err := json.Unmarshal(data, &cfg); err != nil {
+			f.Fatal(err)
+		}
+		f.Add(cfg.ChatTemplate)
+	}
+	for _, s := range []string{
+		`a{{- '<s>' + m + '\n' + x -}}b`, `{{ 'x' + (y if c else 'n') + n }}`, `{{ 'a+b' + '}}' + x.is_tool }}`,
+		`{% set s = 'a' + x %}{{ s }}{# {{ 'a' + x }} #}`, `{{ 'it\'s' + x }}{{ y }}`, `{{ "q\"" + x | trim + '-' }}`,
+		`{% for m in messages %}{{ '<' + m.role + '>' + m.content }}{% endfor %}`, `{{ 'a' + x - 1 }}`, `{{ 'a' ~ x + y }}`,
+	} {
+		f.Add(s)
+	}
+	inputs := []map[string]jinja.Value{}
+	for _, v := range []string{`"plain"`, `7`, `[1, "a"]`, `null`, `{"k": "v"}`, `"with {{ and }} and 'q'"`} {
+		msgs, err := jsonValue(json.RawMessage(`[{"role": "system", "content": ` + v + `}, {"role": "user", "content": ` + v + `},
+			{"role": "assistant", "content": ` + v + `, "tool_calls": [{"function": {"name": "f", "arguments": {"a": ` + v + `}}}]}]`))
+		if err != nil {
+			f.Fatal(err)
+		}
+		x, err := jsonValue(json.RawMessage(v))
+		if err != nil {
+			f.Fatal(err)
+		}
+		inputs = append(inputs, map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
+			"add_generation_prompt": jinja.NewBool(true), "tools": jinja.None(), "bos_token": jinja.NewString("<s>")})
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		if len(src) > 16<<10 || strings.Contains(src, "range") || strings.Contains(src, "*") {
+			return
+		}
+		orig, err := jinja.Compile(src)
+		if err != nil {
+			return
+		}
+		split := splitConcat(src)
+		if split == src {
+			return
+		}
+		cut, err := jinja.Compile(split)
+		if err != nil {
+			return // compileTemplate keeps the template as written
+		}
+		for _, in := range inputs {
+			want, werr := renderSafe(orig, in, 0)
+			got, gerr := renderSafe(cut, in, 0)
+			if (werr != nil) != (gerr != nil) || got != want {
+				t.Fatalf("split %q\nof %q\nrenders %q (%v), as written %q (%v)", split, src, got, gerr, want, werr)
+			}
+		}
+	})
+}
