@@ -24,7 +24,7 @@ func TestSplitConcat(t *testing.T) {
 		{`{{ x + 'a' }}`, `{{ x + 'a' }}`},
 		{`{{ 'a'|upper + x }}`, `{{ 'a'|upper + x }}`},
 		{`{{ 'a' }}`, `{{ 'a' }}`},
-		// Unchanged: an operator binding looser than '+' at the top level.
+		// Unchanged: another top-level operator at '+''s level or looser.
 		{`{{ 'a' + x - 1 }}`, `{{ 'a' + x - 1 }}`},
 		{`{{ 'a' + x ~ y }}`, `{{ 'a' + x ~ y }}`},
 		{`{{ 'a' + x if c else y }}`, `{{ 'a' + x if c else y }}`},
