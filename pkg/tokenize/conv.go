@@ -50,15 +50,12 @@ type textCut struct {
 type convEntry struct {
 	key  xxh3.Uint128
 	text string
-	ids  []uint32
-	// idsRoom is the ids' array as allocated: ids is clipped to its
-	// length, and the array may be up to an eighth longer (encodeTurn).
-	idsRoom int
-	cuts    []textCut // increasing
+	ids  []uint32  // its capacity is the array the entry holds
+	cuts []textCut // increasing
 }
 
 func (e *convEntry) size() int {
-	return len(e.text) + 4*max(len(e.ids), e.idsRoom) + 16*len(e.cuts) + chunkEntryOverhead
+	return len(e.text) + 4*cap(e.ids) + 16*len(e.cuts) + chunkEntryOverhead
 }
 
 // convMemo is a bounded LRU of convEntry by messages key. It is safe for
@@ -165,18 +162,17 @@ func (l *Local) encodeTurn(ctx context.Context, in route.TokenizeInput, text str
 	}
 	l.conv.addReused(reused)
 	e.key = keys[len(keys)-1]
-	// The memo keeps the slice the caller gets (callers read ids and may
-	// append to them, never write them in place: route.Tokens), clipped so
-	// that an append never writes where the memo reads. When the slice has
-	// much unused room, the memo gets an exact copy instead; either way it
-	// counts the array it holds.
-	if n := len(e.ids); cap(e.ids)-n > n/8+16 {
+	// The memo and the caller share the ids (callers read them and may
+	// append, never write them in place: route.Tokens); the caller's view
+	// is clipped, so that an append never writes into the memo's array.
+	// When the array has much unused room, the memo keeps an exact copy
+	// instead (it counts the array it holds).
+	n := len(e.ids)
+	if cap(e.ids)-n > n/8+16 {
 		e.ids = append(make([]uint32, 0, n), e.ids...)
 	}
-	e.idsRoom = cap(e.ids)
-	e.ids = e.ids[:len(e.ids):len(e.ids)]
 	l.conv.put(e)
-	return e.ids, nil
+	return e.ids[:n:n], nil
 }
 
 // encodeReusing encodes text (without post-processor tokens), taking the
