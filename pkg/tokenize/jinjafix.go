@@ -84,14 +84,19 @@ func renderSized(t *jinja.Template, data map[string]jinja.Value, hint int) (stri
 	if !sizedRenderOK {
 		return t.RenderValues(data)
 	}
-	jt := (*jinjaTemplate)(unsafe.Pointer(t))
+	return walkSized(t, data, hint)
+}
+
+// walkSized is the engine's render (a scope of its own holding a copy of
+// data, over the shared built-ins) with the output grown to hint first.
+func walkSized(t *jinja.Template, data map[string]jinja.Value, hint int) (string, error) {
 	e := &jinjaEvaluator{builtins: jinjaBuiltins}
 	e.output.Grow(hint)
 	e.scope = &jinjaScope{vars: make(map[string]jinja.Value, len(data)), parent: jinjaBuiltins}
 	for k, v := range data {
 		e.scope.vars[k] = v
 	}
-	if err := jinjaExecNodes(e, jt.nodes); err != nil {
+	if err := jinjaExecNodes(e, (*jinjaTemplate)(unsafe.Pointer(t)).nodes); err != nil {
 		return "", err
 	}
 	return e.output.String(), nil
@@ -129,12 +134,6 @@ func checkSizedRender() (ok bool) {
 	if err != nil || want != "[a][b]2z" {
 		return false
 	}
-	// Checked before sizedRenderOK is set: call the walk directly.
-	jt := (*jinjaTemplate)(unsafe.Pointer(t))
-	e := &jinjaEvaluator{builtins: jinjaBuiltins}
-	e.scope = &jinjaScope{vars: data, parent: jinjaBuiltins}
-	if jinjaExecNodes(e, jt.nodes) != nil {
-		return false
-	}
-	return e.output.String() == want
+	got, err := walkSized(t, data, 0)
+	return err == nil && got == want
 }
