@@ -144,32 +144,31 @@ func TestSplitConcatRendersSame(t *testing.T) {
 }
 
 // TestRenderSized checks the sized render against the engine's own on
-// every fixture template, with hints below, near and above the output.
+// every template of chatTemplateSources, as compiled for use, with hints
+// below, near and above the output.
 func TestRenderSized(t *testing.T) {
 	if !sizedRenderOK {
 		t.Fatal("the sized render is off: the engine's Template or evaluator layout changed (see jinjafix.go)")
 	}
-	msgs := `[{"role": "system", "content": "sys"}, {"role": "user", "content": "` + strings.Repeat("word ", 2000) + `"},
-		{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]`
-	for _, name := range fixtureNames {
-		if noChatTemplate[name] {
-			continue
-		}
-		c := loadTemplate(t, name)
-		v, err := jsonValue(json.RawMessage(msgs))
+	v, err := jsonValue(json.RawMessage(`[{"role": "system", "content": "sys"}, {"role": "user", "content": "` +
+		strings.Repeat("word ", 2000) + `"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := map[string]jinja.Value{"messages": v, "add_generation_prompt": jinja.NewBool(true), "tools": jinja.None(),
+		"bos_token": jinja.NewString("<s>"), "eos_token": jinja.NewString("</s>")}
+	srcs, _ := chatTemplateSources(t)
+	for name, src := range srcs {
+		tmpl, err := compileTemplate(src)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", name, err)
 		}
-		in := map[string]jinja.Value{"messages": v, "add_generation_prompt": jinja.NewBool(true), "tools": jinja.None()}
-		for k, g := range c.globals {
-			in[k] = g
-		}
-		want, err := c.tmpl.RenderValues(in)
+		want, err := tmpl.RenderValues(in)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		for _, hint := range []int{0, 100, len(want), 1 << 20} {
-			got, err := renderSized(c.tmpl, in, hint)
+			got, err := renderSized(tmpl, in, hint)
 			if err != nil || got != want {
 				t.Fatalf("%s, hint %d: sized render differs (err %v)", name, hint, err)
 			}
