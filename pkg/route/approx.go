@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -38,6 +39,15 @@ type ApproxStats struct {
 // called after the caller's own lock is released, writes them in and
 // drops the staged copy.
 //
+// The entries live in one slice, linked by slot numbers, with replicas
+// named by small numbers (a number whose replica holds no entry is reused),
+// and the key table maps a key to a slot: nothing the index holds is a
+// pointer, so the garbage collector never walks it (as the router's
+// Pending it is full at MaxEntries under large prompts, and a
+// pointer-linked index of that size was marked on every cycle). The slice
+// keeps its peak length, at most MaxEntries plus one chunk, 32 bytes an
+// entry; slots freed by expiry and eviction are reused first.
+//
 // It is safe for concurrent use (one RWMutex: Match reads, Record, Stage
 // and Commit write). It reads no clock: callers pass now. It starts no
 // goroutine.
@@ -46,14 +56,20 @@ type ApproxIndex struct {
 	max int
 
 	mu      sync.RWMutex
-	keys    map[kvblock.Key]*approxEntry // a key's first holder
-	lru     approxEntry                  // sentinel: lru.next is the most recent entry
-	free    *approxEntry                 // dropped entries for reuse, linked by sib
-	nfree   int
+	keys    map[kvblock.Key]int32 // a key's first holder
+	ents    []approxEntry         // ents[0] is the dispatch-order list's sentinel: ents[0].next is the most recent entry
+	free    int32                 // first slot of the dropped entries, linked by sib; 0 for none
 	n       int
 	evicted int64
 	expired int64
 	staged  []*Staged // staged records not yet committed, in Stage order
+
+	// Replicas by number: the ID of each number in use, its entries, the
+	// number of each ID, and the numbers free for reuse.
+	replicas []index.ReplicaID
+	holds    []int32
+	numbers  map[index.ReplicaID]uint32
+	spare    []uint32
 }
 
 // Staged is a record Stage keeps visible to Match until Commit writes it in.
@@ -68,27 +84,34 @@ type Staged struct {
 // writers of other prompts interleave between chunks.
 const recordChunk = 64
 
-// maxFree bounds the dropped entries kept for reuse.
-const maxFree = 1024
+// maxApproxEntries is the largest MaxEntries an ApproxIndex takes: its
+// slots are numbered by int32, and a chunk may pass MaxEntries before the
+// least recent entries are evicted.
+const maxApproxEntries = math.MaxInt32 - 2*recordChunk
 
 // approxEntry is one (key, replica) entry: in the dispatch-order list
-// (prev, next) and in its key's list of holders (sib).
+// (prev, next) and in its key's list of holders (sib), by slot; slot 0 ends
+// a holders' list.
 type approxEntry struct {
 	key        kvblock.Key
-	replica    index.ReplicaID
 	expires    int64 // unix nanoseconds
-	prev, next *approxEntry
-	sib        *approxEntry
+	prev, next int32
+	sib        int32
+	replica    uint32 // number, see ApproxIndex.replicas
 }
 
 // NewApproxIndex returns an empty index; zero or negative fields of cfg take
-// their defaults.
+// their defaults, and MaxEntries is at most 2^31 - 129.
 func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 	cfg.TTL, cfg.MaxEntries = max(cfg.TTL, 0), max(cfg.MaxEntries, 0)
 	cfg = cfg.WithDefaults()
-	x := &ApproxIndex{ttl: int64(cfg.TTL), max: cfg.MaxEntries, keys: map[kvblock.Key]*approxEntry{}}
-	x.lru.next, x.lru.prev = &x.lru, &x.lru
-	return x
+	return &ApproxIndex{
+		ttl:     int64(cfg.TTL),
+		max:     min(cfg.MaxEntries, maxApproxEntries),
+		keys:    map[kvblock.Key]int32{},
+		ents:    make([]approxEntry, 1, min(cfg.MaxEntries, 1024)+1),
+		numbers: map[index.ReplicaID]uint32{},
+	}
 }
 
 // Match appends to dst, for every replica, the longest prefix of keys it
@@ -98,18 +121,28 @@ func NewApproxIndex(cfg ApproxConfig) *ApproxIndex {
 func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.ReplicaMatch) []index.ReplicaMatch {
 	t := now.UnixNano()
 	start := len(dst)
+	var buf [16]uint32
+	nums := buf[:0] // the number of each replica in dst[start:]
 	x.mu.RLock()
 	defer func() { x.mu.RUnlock() }()
 	for i, k := range keys {
 		if i%recordChunk == 0 && i > 0 { // let a waiting Record in
 			x.mu.RUnlock()
 			x.mu.RLock()
+			// A replica whose entries all went meanwhile may have
+			// lost its number to another: it matches no further.
+			for j, r := range nums {
+				if int(r) >= len(x.replicas) || x.replicas[r] != dst[start+j].Replica {
+					nums[j] = math.MaxUint32
+				}
+			}
 		}
 		first := x.keys[k]
 		if i == 0 {
-			for h := first; h != nil; h = h.sib {
-				if h.expires > t {
-					dst = append(dst, index.ReplicaMatch{Replica: h.replica, Blocks: 1})
+			for h := first; h != 0; h = x.ents[h].sib {
+				if e := &x.ents[h]; e.expires > t {
+					dst = append(dst, index.ReplicaMatch{Replica: x.replicas[e.replica], Blocks: 1})
+					nums = append(nums, e.replica)
 				}
 			}
 			if len(dst) == start {
@@ -118,13 +151,13 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 			continue
 		}
 		alive := false
-		for j := start; j < len(dst); j++ {
-			if dst[j].Blocks != i {
+		for j, r := range nums {
+			if dst[start+j].Blocks != i {
 				continue // dropped out earlier
 			}
-			for h := first; h != nil; h = h.sib {
-				if h.replica == dst[j].Replica && h.expires > t {
-					dst[j].Blocks++
+			for h := first; h != 0; h = x.ents[h].sib {
+				if e := &x.ents[h]; e.replica == r && e.expires > t {
+					dst[start+j].Blocks++
 					alive = true
 					break
 				}
@@ -200,38 +233,74 @@ func (x *ApproxIndex) recordChunk(keys []kvblock.Key, replica index.ReplicaID, n
 	exp := t + x.ttl
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for e := x.lru.prev; e != &x.lru && e.expires <= t; e = x.lru.prev {
+	for e := x.ents[0].prev; e != 0 && x.ents[e].expires <= t; e = x.ents[0].prev {
 		x.remove(e)
 		x.expired++
 	}
+	r := x.number(replica)
 	for i := len(keys) - 1; i >= 0; i-- {
 		k := keys[i]
 		first := x.keys[k]
 		e := first
-		for e != nil && e.replica != replica {
-			e = e.sib
+		for e != 0 && x.ents[e].replica != r {
+			e = x.ents[e].sib
 		}
-		if e == nil {
-			if e = x.free; e != nil {
-				x.free, x.nfree = e.sib, x.nfree-1
-			} else {
-				e = new(approxEntry)
-			}
-			e.key, e.replica, e.sib = k, replica, first
+		if e == 0 {
+			e = x.slot()
+			x.ents[e] = approxEntry{key: k, replica: r, sib: first}
 			x.keys[k] = e
 			x.n++
+			x.holds[r]++
 		} else {
-			e.prev.next, e.next.prev = e.next, e.prev // unlink
+			x.unlink(e)
 		}
-		e.expires = exp
-		e.prev, e.next = &x.lru, x.lru.next // push front
-		x.lru.next.prev = e
-		x.lru.next = e
+		// Push front.
+		en, head := &x.ents[e], x.ents[0].next
+		en.expires, en.prev, en.next = exp, 0, head
+		x.ents[head].prev = e
+		x.ents[0].next = e
 	}
 	for x.n > x.max {
-		x.remove(x.lru.prev)
+		x.remove(x.ents[0].prev)
 		x.evicted++
 	}
+}
+
+// number returns replica's number, giving it one if it has none. Callers
+// hold mu for writing.
+func (x *ApproxIndex) number(replica index.ReplicaID) uint32 {
+	if r, ok := x.numbers[replica]; ok {
+		return r
+	}
+	var r uint32
+	if n := len(x.spare); n > 0 {
+		r, x.spare = x.spare[n-1], x.spare[:n-1]
+		x.replicas[r] = replica
+	} else {
+		r = uint32(len(x.replicas))
+		x.replicas = append(x.replicas, replica)
+		x.holds = append(x.holds, 0)
+	}
+	x.numbers[replica] = r
+	return r
+}
+
+// slot returns a free slot of ents, growing it if none is. Callers hold mu
+// for writing, and keep no pointer into ents across the call.
+func (x *ApproxIndex) slot() int32 {
+	if e := x.free; e != 0 {
+		x.free = x.ents[e].sib
+		return e
+	}
+	x.ents = append(x.ents, approxEntry{})
+	return int32(len(x.ents) - 1)
+}
+
+// unlink takes slot e out of the dispatch-order list. Callers hold mu for
+// writing.
+func (x *ApproxIndex) unlink(e int32) {
+	prev, next := x.ents[e].prev, x.ents[e].next
+	x.ents[prev].next, x.ents[next].prev = next, prev
 }
 
 // commonPrefix is the length of the longest common prefix of a and b.
@@ -245,27 +314,35 @@ func commonPrefix(a, b []kvblock.Key) int {
 	return n
 }
 
-// remove unlinks e from both lists and keeps it for reuse. Callers hold mu.
-func (x *ApproxIndex) remove(e *approxEntry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	switch first := x.keys[e.key]; {
-	case first == e && e.sib == nil:
-		delete(x.keys, e.key)
+// remove unlinks slot e from both lists and frees it for reuse, and the
+// number of its replica with it if that was the replica's last entry.
+// Callers hold mu for writing.
+func (x *ApproxIndex) remove(e int32) {
+	x.unlink(e)
+	en := &x.ents[e]
+	switch first := x.keys[en.key]; {
+	case first == e && en.sib == 0:
+		delete(x.keys, en.key)
 	case first == e:
-		x.keys[e.key] = e.sib
+		x.keys[en.key] = en.sib
 	default:
 		p := first
-		for p.sib != e {
-			p = p.sib
+		for x.ents[p].sib != e {
+			p = x.ents[p].sib
 		}
-		p.sib = e.sib
+		x.ents[p].sib = en.sib
 	}
 	x.n--
-	*e = approxEntry{}
-	if x.nfree < maxFree {
-		e.sib, x.free = x.free, e
-		x.nfree++
+	if r := en.replica; x.holds[r] == 1 {
+		x.holds[r] = 0
+		delete(x.numbers, x.replicas[r])
+		x.replicas[r] = ""
+		x.spare = append(x.spare, r)
+	} else {
+		x.holds[r]--
 	}
+	*en = approxEntry{sib: x.free}
+	x.free = e
 }
 
 // Stats returns the index's size and drop counts.

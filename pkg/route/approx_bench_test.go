@@ -68,6 +68,35 @@ func BenchmarkApproxIndexBytes(b *testing.B) {
 		runtime.KeepAlive(x)
 	}
 }
+
+// BenchmarkApproxIndexGC is one forced garbage collection with a full
+// index of 1<<18 entries live (8 replicas, 128-block prompts): what the
+// collector spends marking the index, which the router's Pending is at
+// under large prompts. Compare with the same collection without the index
+// (the empty case).
+func BenchmarkApproxIndexGC(b *testing.B) {
+	prompts := approxPrompts(2048, 128, 0)
+	for _, full := range []bool{false, true} {
+		name := "empty"
+		if full {
+			name = "full"
+		}
+		b.Run(name, func(b *testing.B) {
+			x := NewApproxIndex(ApproxConfig{MaxEntries: 1 << 18})
+			if full {
+				for i, p := range prompts {
+					x.Record(p, index.ReplicaID(fmt.Sprint("r", i%8)), t0)
+				}
+			}
+			runtime.GC()
+			for b.Loop() {
+				runtime.GC()
+			}
+			runtime.KeepAlive(x)
+		})
+	}
+}
+
 func BenchmarkDecideApproximateLong(b *testing.B) {
 	prompts := make([][]uint32, 64)
 	for i := range prompts {

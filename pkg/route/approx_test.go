@@ -200,6 +200,112 @@ func TestApproxIndexBounded(t *testing.T) {
 	}
 }
 
+// TestApproxIndexMatchesModel drives the index and a plain model of it
+// (one map of (key, replica) entries with their expiry and recency) with
+// the same random records under a short TTL and a small MaxEntries, while
+// replicas come and go (each gone replica's number is reused for a new
+// one), and compares every match, the stats and the slots in use.
+func TestApproxIndexMatchesModel(t *testing.T) {
+	type ent struct {
+		key     kvblock.Key
+		replica index.ReplicaID
+	}
+	type val struct {
+		expires int64
+		seq     int
+	}
+	const ttl, maxEntries = 3 * time.Second, 300
+	rng := rand.New(rand.NewPCG(11, 3))
+	prompts := make([][]kvblock.Key, 8)
+	for i := range prompts {
+		prompts[i] = approxKeys(recordChunk+40, uint32(i%3)*7) // three shared heads
+		for j := 20 + i; j < len(prompts[i]); j++ {
+			prompts[i][j] ^= kvblock.Key(i+1) << 40
+		}
+	}
+	x := NewApproxIndex(ApproxConfig{TTL: ttl, MaxEntries: maxEntries})
+	model := map[ent]val{}
+	var seq int
+	var expired, evicted int64
+	record := func(keys []kvblock.Key, r index.ReplicaID, now time.Time) {
+		tn := now.UnixNano()
+		for end := len(keys); end > 0; end -= recordChunk {
+			for e, v := range model {
+				if v.expires <= tn {
+					delete(model, e)
+					expired++
+				}
+			}
+			chunk := keys[max(0, end-recordChunk):end]
+			for i := len(chunk) - 1; i >= 0; i-- {
+				seq++
+				model[ent{chunk[i], r}] = val{tn + int64(ttl), seq}
+			}
+			for len(model) > maxEntries {
+				var oldest ent
+				least := seq + 1
+				for e, v := range model {
+					if v.seq < least {
+						oldest, least = e, v.seq
+					}
+				}
+				delete(model, oldest)
+				evicted++
+			}
+		}
+		x.Record(keys, r, now)
+	}
+	now := t0
+	for i := range 3000 {
+		now = now.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+		// Replicas r<i/200>..: older ones stop being sent requests and
+		// expire out of the index.
+		r := index.ReplicaID(fmt.Sprint("r", i/200+rng.IntN(4)))
+		p := prompts[rng.IntN(len(prompts))]
+		record(p[:1+rng.IntN(len(p))], r, now)
+
+		q := prompts[rng.IntN(len(prompts))]
+		tn := now.UnixNano()
+		want := map[index.ReplicaID]int{}
+		holders := map[index.ReplicaID]bool{}
+		for e := range model {
+			holders[e.replica] = true
+		}
+		for r := range holders {
+			n := 0
+			for n < len(q) {
+				if v, ok := model[ent{q[n], r}]; !ok || v.expires <= tn {
+					break
+				}
+				n++
+			}
+			if n > 0 {
+				want[r] = n
+			}
+		}
+		if got := matchMap(t, x, q, now); !mapsEqual(got, want) {
+			t.Fatalf("step %d: match %v, want %v", i, got, want)
+		}
+		keys := map[kvblock.Key]bool{}
+		for e := range model {
+			keys[e.key] = true
+		}
+		st := x.Stats()
+		if st.Entries != len(model) || st.Keys != len(keys) || st.Expired != expired || st.Evicted != evicted {
+			t.Fatalf("step %d: stats %+v, want %d entries, %d keys, %d expired, %d evicted", i, st, len(model), len(keys), expired, evicted)
+		}
+		if n := len(x.numbers); n != len(holders) {
+			t.Fatalf("step %d: %d replica numbers for %d replicas holding entries", i, n, len(holders))
+		}
+	}
+	if got, bound := len(x.ents), maxEntries+recordChunk+1; got > bound {
+		t.Fatalf("%d slots for at most %d entries", got, bound)
+	}
+	if len(x.spare) == 0 {
+		t.Fatal("no replica number was ever freed: the churn did not happen")
+	}
+}
+
 func TestApproxRootDistinct(t *testing.T) {
 	roots := []kvblock.Key{
 		kvblock.Root(model, ""), kvblock.Root(model, "ad"), kvblock.Root("other", ""),
