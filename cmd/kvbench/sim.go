@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,6 +35,7 @@ type simFlags struct {
 	blockSize  int
 	cpuBlocks  int
 	prefillTPS float64
+	speeds     []float64
 	noFidelity bool
 }
 
@@ -64,6 +66,20 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 	fs.IntVar(&f.blockSize, "block-size", 0, "KV block size in tokens of engines and router (default 16); bigger blocks keep GPU and CPU memory in tokens and cut the simulator's per-block work")
 	fs.IntVar(&f.cpuBlocks, "cpu-blocks", -1, "CPU offload blocks per replica (default 131072; 0 = no CPU tier)")
 	fs.Float64Var(&f.prefillTPS, "prefill-tps", 0, "prefill tokens/s per replica (default 16000)")
+	fs.Func("speeds", "a mixed fleet: speed multipliers of the replicas, comma-separated, cycled over them (e.g. 2,1,1,0.5: a replica's prefill tokens/s times it, its decode steps divided by it; utilization counts the fleet's total); default every replica 1", func(v string) error {
+		f.speeds = f.speeds[:0]
+		for _, x := range splitList(v) {
+			sp, err := strconv.ParseFloat(x, 64)
+			if err != nil || !(sp > 0 && sp <= 100) {
+				return fmt.Errorf("%q is not a speed in (0, 100]", x)
+			}
+			f.speeds = append(f.speeds, sp)
+		}
+		if len(f.speeds) == 0 {
+			return errors.New("at least one speed")
+		}
+		return nil
+	})
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
 }
 
@@ -88,7 +104,7 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	}
 	return bench.FleetConfig{
 		Replicas: f.replicas, Engine: e, EventDelay: f.delay, EventLoss: f.loss, PendingTTL: f.pending,
-		Seed: f.seed, NoFidelity: f.noFidelity,
+		Seed: f.seed, NoFidelity: f.noFidelity, Speeds: f.speeds,
 	}
 }
 

@@ -81,6 +81,46 @@ type FleetConfig struct {
 	NoFidelity bool
 	// Seed seeds the router's tie-breaks and the event loss.
 	Seed uint64
+	// Speeds makes the fleet mixed: replica i runs at Speeds[i mod
+	// len(Speeds)] times Engine's speed, its prefill tokens per second
+	// multiplied and its decode step times divided by it, as a newer or
+	// older GPU generation serving the same model would (nil: every
+	// replica at Engine's speed). Memory is the same on every replica.
+	Speeds []float64
+}
+
+// speed is replica i's speed multiplier (see Speeds).
+func (c FleetConfig) speed(i int) float64 {
+	if len(c.Speeds) == 0 {
+		return 1
+	}
+	return c.Speeds[i%len(c.Speeds)]
+}
+
+// meanSpeed is the replicas' mean speed multiplier.
+func (c FleetConfig) meanSpeed() float64 {
+	sum := 0.0
+	for i := range c.Replicas {
+		sum += c.speed(i)
+	}
+	return sum / float64(max(c.Replicas, 1))
+}
+
+// replicaEngine is replica i's engine configuration: Engine at its speed.
+func (c FleetConfig) replicaEngine(i int) engine.Config {
+	return atSpeed(c.Engine, c.speed(i))
+}
+
+// atSpeed is e on hardware sp times as fast: prefill tokens per second
+// multiplied by sp, decode step times divided by it.
+func atSpeed(e engine.Config, sp float64) engine.Config {
+	if sp == 1 {
+		return e
+	}
+	e.PrefillTokensPerSec *= sp
+	e.StepTime = time.Duration(float64(e.StepTime) / sp)
+	e.StepTimePerSeq = time.Duration(float64(e.StepTimePerSeq) / sp)
+	return e
 }
 
 func (c FleetConfig) withDefaults() (FleetConfig, error) {
@@ -104,6 +144,11 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 		return c, fmt.Errorf("%w: event loss %v must be in [0, 1)", ErrSim, c.EventLoss)
 	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0 || c.PendingTTL < 0:
 		return c, fmt.Errorf("%w: delays and widths must not be negative", ErrSim)
+	}
+	for _, sp := range c.Speeds {
+		if !(sp > 0 && sp <= 100) {
+			return c, fmt.Errorf("%w: replica speed %v must be in (0, 100]", ErrSim, sp)
+		}
 	}
 	if err := c.Engine.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrSim, err)
@@ -254,6 +299,7 @@ type live struct {
 type replica struct {
 	id       string
 	eng      *engine.Engine
+	cfg      engine.Config // eng's: the fleet's engine at this replica's speed
 	stepping bool // a step is running (its done event is queued)
 	queued   bool // a step start is queued
 	res      ReplicaResult
@@ -317,7 +363,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		idx:     index.New(index.Config{}),
 		loss:    rand.New(rand.NewPCG(cfg.Seed, 0x6c6f7373)),
 		history: make([][]uint32, len(w.Sessions)),
-		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: float64(cfg.Replicas) * cfg.Engine.PrefillTokensPerSec},
+		run:     &Run{Policy: pol.Name(), Workload: w.Name, BinWidth: cfg.BinWidth, Capacity: cfg.PrefillCapacity()},
 	}
 	s.conv = conversations(w)
 	s.opened = make([]bool, len(w.Sessions))
@@ -356,12 +402,13 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		// Every replica shares one engine seed, as a fleet started with a
 		// fixed PYTHONHASHSEED does: generated text then depends only on
 		// the prompt, so every policy sees the same conversations.
-		e, err := engine.New(cfg.Engine, 1)
+		ec := cfg.replicaEngine(i)
+		e, err := engine.New(ec, 1)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSim, err)
 		}
 		id := "r" + strconv.Itoa(i)
-		s.reps = append(s.reps, &replica{id: id, eng: e, res: ReplicaResult{ID: id}})
+		s.reps = append(s.reps, &replica{id: id, eng: e, cfg: ec, res: ReplicaResult{ID: id}})
 		s.routes = append(s.routes, route.Replica{ID: index.ReplicaID(id), Address: id, Model: cfg.Engine.Model, BlockSize: cfg.Engine.BlockSize})
 		s.ids[index.ReplicaID(id)] = i
 		s.live = append(s.live, make(map[engine.ReqID]*live))
@@ -610,7 +657,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 	r := s.reps[ri]
 	r.stepping = false
 	r.res.Busy += res.End - res.Start
-	s.work(r, res.Start, res.End-s.cfg.Engine.StepTime)
+	s.work(r, res.Start, res.End-r.cfg.StepTime)
 	r.res.PrefillTokens += int64(res.PrefillTokens)
 	r.res.DecodeTokens += int64(res.DecodeTokens)
 	s.computed(res)
@@ -647,7 +694,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			PredictedTokens: lv.predicted, CeilingTokens: s.ceiling(f),
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
-			IdealTTFT: s.idealTTFT(f.PromptTokens - f.CachedTokens),
+			IdealTTFT: idealTTFT(r.cfg, f.PromptTokens-f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
 			QueuedTokens: lv.queued,
 		})
@@ -749,10 +796,10 @@ func hashTokens(toks []uint32) uint64 {
 	return h.Sum64()
 }
 
-// idealTTFT is the time an idle engine takes to prefill n uncached tokens
-// and sample the first token: ceil(n / budget) steps of one sequence.
-func (s *sim) idealTTFT(n int) time.Duration {
-	e := &s.cfg.Engine
+// idealTTFT is the time an idle engine of configuration e takes to prefill
+// n uncached tokens and sample the first token: ceil(n / budget) steps of
+// one sequence.
+func idealTTFT(e engine.Config, n int) time.Duration {
 	n = max(n, 1)
 	steps := (n + e.MaxNumBatchedTokens - 1) / e.MaxNumBatchedTokens
 	return time.Duration(steps)*(e.StepTime+e.StepTimePerSeq) +

@@ -153,6 +153,73 @@ func TestSimulateEventLoss(t *testing.T) {
 	}
 }
 
+// A mixed fleet: replicas at speed 2 prefill the same prompts in half the
+// time of those at speed 1, capacity and utilization count the fleet's
+// total, and speeds of 1 are the plain fleet to the last request.
+func TestSimulateMixedSpeeds(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.04)
+	cfg := smallFleet()
+	plain, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRoundRobin), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speeds = []float64{1}
+	ones, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRoundRobin), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(plain, ones) {
+		t.Fatal("speeds of 1 changed the run")
+	}
+	cfg.Speeds = []float64{2, 1}
+	if got, want := cfg.PrefillCapacity(), 4*1.5*cfg.Engine.PrefillTokensPerSec; got != want {
+		t.Fatalf("capacity %v, want %v", got, want)
+	}
+	if u, u1 := w.OfferedUtil(cfg), w.OfferedUtil(smallFleet()); !(u < u1*0.7) {
+		t.Fatalf("offered utilization %v on the faster fleet, %v on the plain one", u, u1)
+	}
+	mixed, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRoundRobin), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mixed.Capacity != cfg.PrefillCapacity() {
+		t.Fatalf("run capacity %v", mixed.Capacity)
+	}
+	// Ideal first-token times of uncached prompts, per replica speed: the
+	// ideal is the replica's own, so fast replicas' are about half.
+	ideal := [2][]float64{}
+	for _, q := range mixed.Requests {
+		if n := q.PromptTokens - q.CachedTokens; n >= 1024 {
+			per := q.IdealTTFT.Seconds() / float64(n)
+			ideal[q.Replica%2] = append(ideal[q.Replica%2], per)
+		}
+	}
+	if len(ideal[0]) == 0 || len(ideal[1]) == 0 {
+		t.Fatalf("uncached prompts on fast %d, slow %d replicas", len(ideal[0]), len(ideal[1]))
+	}
+	fast, slow := median(ideal[0]), median(ideal[1])
+	if r := fast / slow; r < 0.45 || r > 0.6 {
+		t.Fatalf("ideal seconds per uncached token: fast %v, slow %v (ratio %v, want about 0.5)", fast, slow, r)
+	}
+	// The engines themselves run at their speed: busy time per prefilled
+	// token is lower on the fast ones.
+	var busy [2]float64
+	var toks [2]int64
+	for i, rep := range mixed.Replicas {
+		busy[i%2] += rep.Busy.Seconds()
+		toks[i%2] += rep.PrefillTokens
+	}
+	if f, s := busy[0]/float64(toks[0]), busy[1]/float64(toks[1]); !(f < 0.7*s) {
+		t.Fatalf("busy seconds per prefilled token: fast %v, slow %v", f, s)
+	}
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
+
 func TestSimulateBadConfig(t *testing.T) {
 	w := mustGen(t, GenHerding, 0.01)
 	bad := []FleetConfig{
@@ -160,6 +227,8 @@ func TestSimulateBadConfig(t *testing.T) {
 		{EventLoss: 1},
 		{EventDelay: -time.Second},
 		{Engine: engine.Config{NumGPUBlocks: 1, MaxModelLen: 4096}},
+		{Speeds: []float64{1, 0}},
+		{Speeds: []float64{-2}},
 	}
 	for i, cfg := range bad {
 		if _, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRandom), cfg); !errors.Is(err, ErrSim) {

@@ -86,13 +86,14 @@ func (w *Workload) Offered() Offered {
 }
 
 // PrefillCapacity is the fleet's prefill speed in tokens per second:
-// Replicas × the engine's PrefillTokensPerSec (defaults applied).
+// Replicas × the engine's PrefillTokensPerSec × their mean speed (defaults
+// applied).
 func (c FleetConfig) PrefillCapacity() float64 {
 	d, err := c.withDefaults()
 	if err != nil {
 		return math.NaN()
 	}
-	return float64(d.Replicas) * d.Engine.PrefillTokensPerSec
+	return float64(d.Replicas) * d.Engine.PrefillTokensPerSec * d.meanSpeed()
 }
 
 // OfferedUtil is w's offered prefill utilization on fleet: the prompt
@@ -126,7 +127,7 @@ func (w *Workload) Arrivals(fleet FleetConfig) (at []time.Duration, lens []int) 
 	if err != nil {
 		return nil, nil
 	}
-	e := d.Engine
+	e := atSpeed(d.Engine, d.meanSpeed()) // a mixed fleet timed as one of its mean speed
 	capacity := float64(d.Replicas) * e.PrefillTokensPerSec
 	batch, share := 1.0, 0.0
 	for range 4 {
