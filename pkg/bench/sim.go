@@ -300,8 +300,8 @@ type replica struct {
 	id       string
 	eng      *engine.Engine
 	cfg      engine.Config // eng's: the fleet's engine at this replica's speed
-	stepping bool // a step is running (its done event is queued)
-	queued   bool // a step start is queued
+	stepping bool          // a step is running (its done event is queued)
+	queued   bool          // a step start is queued
 	res      ReplicaResult
 	scraped  engine.Stats
 	scrapeAt time.Duration
