@@ -17,8 +17,10 @@
 //
 // # Simulation
 //
-// Simulate runs a workload through FleetConfig.Replicas engines in
-// simulated time: an event queue orders step completions, index
+// Simulate runs a workload through FleetConfig.Replicas engines (of one
+// configuration, or at per-replica speeds with FleetConfig.Speeds: a mixed
+// fleet of GPU generations with the same KV memory) in simulated time: an
+// event queue orders step completions, index
 // deliveries, arrivals and step starts (in that order at equal times), so
 // a run is deterministic for a given workload, freshly built policy and
 // config. Decisions go through route.Decide over a State fed by a
