@@ -84,6 +84,10 @@ type Staged struct {
 // writers of other prompts interleave between chunks.
 const recordChunk = 64
 
+// approxBetweenChunks, when set (by tests only), runs while a Match holds
+// no lock between two chunks: where a Record may land.
+var approxBetweenChunks func()
+
 // maxApproxEntries is the largest MaxEntries an ApproxIndex takes: its
 // slots are numbered by int32, and a chunk may pass MaxEntries before the
 // least recent entries are evicted.
@@ -128,6 +132,9 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 	for i, k := range keys {
 		if i%recordChunk == 0 && i > 0 { // let a waiting Record in
 			x.mu.RUnlock()
+			if approxBetweenChunks != nil {
+				approxBetweenChunks()
+			}
 			x.mu.RLock()
 			// A replica whose entries all went meanwhile may have
 			// lost its number to another: it matches no further.

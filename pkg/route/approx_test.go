@@ -345,6 +345,43 @@ func TestApproxIndexConcurrent(t *testing.T) {
 	}
 }
 
+// A Record landing between two chunks of a Match can take every entry of
+// a replica the Match is following and hand its number to another
+// replica: the Match then credits the first replica no further, never with
+// the blocks the other holds.
+func TestApproxIndexMatchAcrossRenumbering(t *testing.T) {
+	keys := approxKeys(2*recordChunk, 5)
+	x := NewApproxIndex(ApproxConfig{TTL: time.Minute, MaxEntries: 2 * recordChunk})
+	x.Record(keys, "a", t0)
+	once := false
+	approxBetweenChunks = func() {
+		if once {
+			return
+		}
+		once = true
+		// b's whole record evicts all of a's entries and frees a's
+		// number; c's then evicts b's and is given a's number.
+		x.Record(keys, "b", t0.Add(time.Second))
+		if _, ok := x.numbers["a"]; ok {
+			t.Error("a kept its number")
+		}
+		x.Record(keys, "c", t0.Add(time.Second))
+		if n, ok := x.numbers["c"]; !ok || n != 0 {
+			t.Errorf("c got number %d (%v), want a's 0", n, ok)
+		}
+	}
+	defer func() { approxBetweenChunks = nil }()
+	got := matchMap(t, x, keys, t0.Add(2*time.Second))
+	if !once {
+		t.Fatal("the match never crossed a chunk")
+	}
+	// a held the first chunk when the Match read it; c's blocks past it
+	// are not a's.
+	if !mapsEqual(got, map[index.ReplicaID]int{"a": recordChunk}) {
+		t.Fatalf("match %v, want a: %d", got, recordChunk)
+	}
+}
+
 // fedState marks which replicas have an event stream.
 type fedState struct {
 	*fakeState
