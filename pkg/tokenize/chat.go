@@ -56,6 +56,38 @@ type tokenizerConfig struct {
 	Additional   json.RawMessage `json:"additional_special_tokens"`
 }
 
+// templateSources returns the sources of tokenizer_config.json's
+// chat_template (raw JSON): a string, or a list of named templates of which
+// "default" is the template and "tool_use", if present, the one for
+// requests with tools (toolSrc "" without one).
+func templateSources(raw json.RawMessage) (src, toolSrc string, err error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", "", errors.New("tokenizer_config.json has no chat_template")
+	}
+	if json.Unmarshal(raw, &src) == nil {
+		return src, "", nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", "", fmt.Errorf("parse chat_template: %w", err)
+	}
+	for _, n := range named {
+		switch n.Name {
+		case "default":
+			src = n.Template
+		case "tool_use":
+			toolSrc = n.Template
+		}
+	}
+	if src == "" {
+		return "", "", errors.New("chat_template list has no default template")
+	}
+	return src, toolSrc, nil
+}
+
 // LoadChatTemplate reads tokenizer_config.json's chat_template and special
 // tokens.
 func LoadChatTemplate(path string) (*ChatTemplate, error) {
@@ -80,36 +112,12 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 	if !jinjaFiltersReplaced {
 		return nil, fmt.Errorf("%w: the Jinja engine's tojson and trim could not be replaced", ErrUnsupported)
 	}
-	c := &ChatTemplate{globals: map[string]jinja.Value{}}
-	var src, toolSrc string
-	var asString string
-	switch {
-	case len(cfg.ChatTemplate) == 0 || string(cfg.ChatTemplate) == "null":
-		return nil, errors.New("tokenizer_config.json has no chat_template")
-	case json.Unmarshal(cfg.ChatTemplate, &asString) == nil:
-		src = asString
-	default:
-		var named []struct {
-			Name     string `json:"name"`
-			Template string `json:"template"`
-		}
-		if err := json.Unmarshal(cfg.ChatTemplate, &named); err != nil {
-			return nil, fmt.Errorf("parse chat_template: %w", err)
-		}
-		for _, n := range named {
-			switch n.Name {
-			case "default":
-				src = n.Template
-			case "tool_use":
-				toolSrc = n.Template
-			}
-		}
-		if src == "" {
-			return nil, errors.New("chat_template list has no default template")
-		}
+	src, toolSrc, err := templateSources(cfg.ChatTemplate)
+	if err != nil {
+		return nil, err
 	}
+	c := &ChatTemplate{globals: map[string]jinja.Value{}}
 	c.bareStrip = bareStripCall.MatchString(src) || bareStripCall.MatchString(toolSrc)
-	var err error
 	if c.tmpl, err = compileTemplate(src); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
 	}

@@ -78,13 +78,18 @@ func chatTemplateSources(t testing.TB) (map[string]string, map[string]bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var cfg struct {
-			ChatTemplate string `json:"chat_template"`
-		}
+		var cfg tokenizerConfig
 		if err := json.Unmarshal(data, &cfg); err != nil {
 			t.Fatal(err)
 		}
-		srcs[name] = cfg.ChatTemplate
+		src, toolSrc, err := templateSources(cfg.ChatTemplate)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		srcs[name] = src
+		if toolSrc != "" {
+			srcs[name+"/tool_use"] = toolSrc
+		}
 	}
 	return srcs, split
 }
