@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -92,4 +93,27 @@ func TestRenderDataNotShared(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// templateSources reads chat_template in both of tokenizer_config.json's
+// forms, a string or a list of named templates, and refuses the rest.
+func TestTemplateSources(t *testing.T) {
+	tests := []struct {
+		raw, src, tool string
+		ok             bool
+	}{
+		{`"{{ x }}"`, "{{ x }}", "", true},
+		{`[{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]`, "D", "T", true},
+		{`[{"name": "default", "template": "D"}]`, "D", "", true},
+		{`[{"name": "tool_use", "template": "T"}]`, "", "", false},
+		{`null`, "", "", false},
+		{``, "", "", false},
+		{`7`, "", "", false},
+	}
+	for _, tt := range tests {
+		src, tool, err := templateSources(json.RawMessage(tt.raw))
+		if (err == nil) != tt.ok || src != tt.src || tool != tt.tool {
+			t.Errorf("%s: %q, %q, %v; want %q, %q, ok %v", tt.raw, src, tool, err, tt.src, tt.tool, tt.ok)
+		}
+	}
 }
