@@ -70,6 +70,10 @@ type ApproxIndex struct {
 	holds    []int32
 	numbers  map[index.ReplicaID]uint32
 	spare    []uint32
+
+	// betweenChunks, set by tests only, runs while a Match holds no lock
+	// between two chunks: where a Record may land.
+	betweenChunks func()
 }
 
 // Staged is a record Stage keeps visible to Match until Commit writes it in.
@@ -83,10 +87,6 @@ type Staged struct {
 // hold: a long prompt's walk is thousands of cache misses, and readers and
 // writers of other prompts interleave between chunks.
 const recordChunk = 64
-
-// approxBetweenChunks, when set (by tests only), runs while a Match holds
-// no lock between two chunks: where a Record may land.
-var approxBetweenChunks func()
 
 // maxApproxEntries is the largest MaxEntries an ApproxIndex takes: its
 // slots are numbered by int32, and a chunk may pass MaxEntries before the
@@ -132,8 +132,8 @@ func (x *ApproxIndex) Match(keys []kvblock.Key, now time.Time, dst []index.Repli
 	for i, k := range keys {
 		if i%recordChunk == 0 && i > 0 { // let a waiting Record in
 			x.mu.RUnlock()
-			if approxBetweenChunks != nil {
-				approxBetweenChunks()
+			if x.betweenChunks != nil {
+				x.betweenChunks()
 			}
 			x.mu.RLock()
 			// A replica whose entries all went meanwhile may have
