@@ -70,8 +70,11 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 		f.speeds = f.speeds[:0]
 		for _, x := range splitList(v) {
 			sp, err := strconv.ParseFloat(x, 64)
-			if err != nil || !(sp > 0 && sp <= 100) {
-				return fmt.Errorf("%q is not a speed in (0, 100]", x)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", x)
+			}
+			if err := bench.CheckSpeed(sp); err != nil {
+				return err
 			}
 			f.speeds = append(f.speeds, sp)
 		}

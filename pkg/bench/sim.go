@@ -89,6 +89,17 @@ type FleetConfig struct {
 	Speeds []float64
 }
 
+// CheckSpeed reports the first of speeds that is not a replica speed
+// multiplier FleetConfig.Speeds takes: one in (0, 100].
+func CheckSpeed(speeds ...float64) error {
+	for _, sp := range speeds {
+		if !(sp > 0 && sp <= 100) {
+			return fmt.Errorf("replica speed %v must be in (0, 100]", sp)
+		}
+	}
+	return nil
+}
+
 // speed is replica i's speed multiplier (see Speeds).
 func (c FleetConfig) speed(i int) float64 {
 	if len(c.Speeds) == 0 {
@@ -145,10 +156,8 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0 || c.PendingTTL < 0:
 		return c, fmt.Errorf("%w: delays and widths must not be negative", ErrSim)
 	}
-	for _, sp := range c.Speeds {
-		if !(sp > 0 && sp <= 100) {
-			return c, fmt.Errorf("%w: replica speed %v must be in (0, 100]", ErrSim, sp)
-		}
+	if err := CheckSpeed(c.Speeds...); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrSim, err)
 	}
 	if err := c.Engine.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrSim, err)
@@ -299,9 +308,8 @@ type live struct {
 type replica struct {
 	id       string
 	eng      *engine.Engine
-	cfg      engine.Config // eng's: the fleet's engine at this replica's speed
-	stepping bool          // a step is running (its done event is queued)
-	queued   bool          // a step start is queued
+	stepping bool // a step is running (its done event is queued)
+	queued   bool // a step start is queued
 	res      ReplicaResult
 	scraped  engine.Stats
 	scrapeAt time.Duration
@@ -402,13 +410,12 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		// Every replica shares one engine seed, as a fleet started with a
 		// fixed PYTHONHASHSEED does: generated text then depends only on
 		// the prompt, so every policy sees the same conversations.
-		ec := cfg.replicaEngine(i)
-		e, err := engine.New(ec, 1)
+		e, err := engine.New(cfg.replicaEngine(i), 1)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSim, err)
 		}
 		id := "r" + strconv.Itoa(i)
-		s.reps = append(s.reps, &replica{id: id, eng: e, cfg: ec, res: ReplicaResult{ID: id}})
+		s.reps = append(s.reps, &replica{id: id, eng: e, res: ReplicaResult{ID: id}})
 		s.routes = append(s.routes, route.Replica{ID: index.ReplicaID(id), Address: id, Model: cfg.Engine.Model, BlockSize: cfg.Engine.BlockSize})
 		s.ids[index.ReplicaID(id)] = i
 		s.live = append(s.live, make(map[engine.ReqID]*live))
@@ -657,7 +664,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 	r := s.reps[ri]
 	r.stepping = false
 	r.res.Busy += res.End - res.Start
-	s.work(r, res.Start, res.End-r.cfg.StepTime)
+	s.work(r, res.Start, res.End-r.eng.Config().StepTime)
 	r.res.PrefillTokens += int64(res.PrefillTokens)
 	r.res.DecodeTokens += int64(res.DecodeTokens)
 	s.computed(res)
@@ -694,7 +701,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			PredictedTokens: lv.predicted, CeilingTokens: s.ceiling(f),
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
-			IdealTTFT: idealTTFT(r.cfg, f.PromptTokens-f.CachedTokens),
+			IdealTTFT: idealTTFT(r.eng.Config(), f.PromptTokens-f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
 			QueuedTokens: lv.queued,
 		})
