@@ -29,6 +29,7 @@ func Knobs(name string) []Knob {
 			{"move_pressure_max", []float64{1, 2, 4, 8}, func(c *policy.Config, v float64) { c.KVRoute.MovePressureMax = f(v) }},
 			{"memory_weight", []float64{0, 1, 2, 4}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWeight = f(v) }},
 			{"memory_wait", []float64{0, 0.5, 1}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWait = f(v) }},
+			{"memory_reserve", []float64{0, 0.05, 0.1, 0.2}, func(c *policy.Config, v float64) { c.KVRoute.MemoryReserve = f(v) }},
 			{"backlog_weight", []float64{0.25, 0.5, 0.75, 1, 1.5}, func(c *policy.Config, v float64) { c.KVRoute.BacklogWeight = f(v) }},
 			{"decode_weight", []float64{0, 0.01, 0.02, 0.05, 0.1, 0.2}, func(c *policy.Config, v float64) { c.KVRoute.DecodeWeight = f(v) }},
 			{"request_weight", []float64{0, 1, 2, 4, 8, 16, 32}, func(c *policy.Config, v float64) { c.KVRoute.RequestWeight = f(v) }},
@@ -36,6 +37,7 @@ func Knobs(name string) []Knob {
 			{"spread_util", []float64{0, 0.5, 2.0 / 3, 0.8, 0.9}, func(c *policy.Config, v float64) { c.KVRoute.SpreadUtil = f(v) }},
 			{"load_bound", []float64{0, 1.1, 1.25, 1.5, 2, 3}, func(c *policy.Config, v float64) { c.KVRoute.LoadBound = f(v) }},
 			{"load_bound_min", []float64{1, 2, 3, 4, 5, 6}, func(c *policy.Config, v float64) { c.KVRoute.LoadBoundMin = f(v) }},
+			{"prefix_share_bound", []float64{0, 1.1, 1.25, 1.5, 2}, func(c *policy.Config, v float64) { c.KVRoute.PrefixShareBound = f(v) }},
 			{"future_weight", []float64{0, 0.5, 1, 2, 4}, func(c *policy.Config, v float64) { c.KVRoute.FutureWeight = f(v) }},
 			{"step_tokens", []float64{2048, 4096, 8192, 16384}, func(c *policy.Config, v float64) { c.KVRoute.StepTokens = f(v) }},
 		}
