@@ -359,12 +359,18 @@ import (
 // what the sibling's move charge asks for, not herding. The load bound
 // below fires at three times the fleet's mean load. The prefix share bound
 // (prefix_share_bound c, default 1.25; 0
-// turns it off) passes over a candidate that took c/N or more of the
-// router's recent placements of requests drawn by the same prefix
-// (Candidate.PrefixShare: the longest indexed match any candidate has for
-// the request, placements counted with a one-second half-life, so only a
-// burst of 2N or more within about a second, Request.PrefixPlacements,
-// arms it), while any eligible candidate is not over it; its cost is still
+// turns it off) passes over a candidate that took c times its fair share
+// or more of the router's recent placements of requests drawn by the same
+// prefix (Candidate.PrefixShare: the longest indexed match any candidate
+// has for the request, placements counted with a one-second half-life, so
+// only a burst of 2N or more within about a second,
+// Request.PrefixPlacements, arms it), while any eligible candidate is not
+// over it. A fair share is the candidate's share of the eligible
+// candidates' prefill speed as Pace prices it: 1/N on identical replicas.
+// Counted as 1/N on a fleet whose replicas differ, it pushed a burst onto
+// the slow half: herding's p99 time to first token at 8 replicas, four
+// twice as fast, was 7-25 % higher (docs/benchmarks.md, "A fair share on
+// a mixed fleet"). Its cost is still
 // computed and reported, and reason "prefix_share" marks a pick it
 // changed. Such a burst is what the prediction herds on when the prefix's
 // prefill is long against a decode step: with 16 clients sharing a
@@ -1106,8 +1112,10 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 // Herding returns whether a candidate is herding the request's prefix:
 // it is not the session's home, the prefix that draws the request
 // (Candidate.PrefixShare) has had at least 2N recent placements, N the
-// eligible candidates, and the candidate took prefix_share_bound/N of them
-// or more. It is false for every candidate when the bound is off.
+// eligible candidates, and the candidate took prefix_share_bound times its
+// share of the eligible candidates' prefill speed (1/N on identical
+// replicas) or more of them. It is false for every candidate when the
+// bound is off.
 func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
 	n := 0
 	for _, c := range cands {
@@ -1118,8 +1126,26 @@ func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
 	if k.prefixShareBound == 0 || n < 2 || !inBurst(req, n) {
 		return func(Candidate) bool { return false }
 	}
-	lim := k.prefixShareBound / float64(n)
-	return func(c Candidate) bool { return !c.Home && c.PrefixShare >= lim }
+	// A candidate's fair share of the burst is its share of the fleet's
+	// prefill speed (as Pace prices it): 1/N on identical replicas, twice
+	// that on one twice as fast as the rest.
+	mean, ok := learnedPrefillRate(cands)
+	if !ok {
+		mean = k.prefillRate
+	}
+	rate := func(c Candidate) float64 {
+		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
+			return r
+		}
+		return mean
+	}
+	total := 0.0
+	for _, c := range cands {
+		if eligible(c) {
+			total += rate(c)
+		}
+	}
+	return func(c Candidate) bool { return !c.Home && c.PrefixShare >= k.prefixShareBound*rate(c)/total }
 }
 
 // fleetFilling reports whether the n eligible candidates' queued prefill
@@ -1216,8 +1242,9 @@ type KVRouteConfig struct {
 	// number >= 1).
 	LoadBoundMin *float64 `yaml:"load_bound_min"`
 	// PrefixShareBound c: a candidate other than the session's home that
-	// took c/N or more of the router's recent placements drawn by the
-	// request's prefix (once that prefix drew 2N or more, N the eligible
+	// took c times its share of the fleet's prefill speed (c/N on
+	// identical replicas) or more of the router's recent placements drawn
+	// by the request's prefix (once that prefix drew 2N or more, N the eligible
 	// candidates) is passed over while another candidate is not (default
 	// 1.25; 0 turns it off; otherwise it must be >= 1).
 	PrefixShareBound *float64 `yaml:"prefix_share_bound"`

@@ -803,6 +803,36 @@ func TestKVRoutePrefixShareBound(t *testing.T) {
 	if res := off.Pick(req, fleet(0.9), seeded(1)); res.Pick != 0 {
 		t.Errorf("bound off: picked %d (%s), want the holder", res.Pick, res.Reason)
 	}
+	// A fair share is a share of the fleet's prefill speed: a holder twice
+	// as fast as the other three does 2/5 of the fleet's prefill, so its
+	// bound is 1.25*2/5 = 50% of the placements, not 1.25/4.
+	speeds := func(holderShare float64) []Candidate {
+		cs := fleet(holderShare)
+		for i := range cs {
+			cs[i].Load.PrefillRate = 16000
+		}
+		cs[0].Load.PrefillRate = 32000
+		return cs
+	}
+	if res := p.Pick(req, speeds(0.45), seeded(1)); res.Pick != 0 || res.Reason != ReasonCost {
+		t.Errorf("a holder twice as fast at 45%% (< 1.25*2/5): picked %d (%s), want the holder", res.Pick, res.Reason)
+	}
+	if res := p.Pick(req, speeds(0.51), seeded(1)); res.Pick == 0 || res.Reason != ReasonPrefixShare {
+		t.Errorf("a holder twice as fast at 51%%: picked %d (%s), want it passed over", res.Pick, res.Reason)
+	}
+	slow := fleet(0.24)
+	for i := range slow {
+		slow[i].Load.PrefillRate = 16000
+	}
+	slow[0].Load.PrefillRate = 8000 // half as fast: 1.25*1/7 = 17.9%
+	if res := p.Pick(req, slow, seeded(1)); res.Pick == 0 || res.Reason != ReasonPrefixShare {
+		t.Errorf("a holder half as fast at 24%%: picked %d (%s), want it passed over", res.Pick, res.Reason)
+	}
+	learned := fleet(0.24) // only the holder has learned its speed: the others take the mean
+	learned[0].Load.PrefillRate = 8000
+	if res := p.Pick(req, learned, seeded(1)); res.Pick != 0 || res.Reason != ReasonCost {
+		t.Errorf("the only learned speed is every candidate's: picked %d (%s), want the holder", res.Pick, res.Reason)
+	}
 }
 
 // The future charge: a new session whose later turns are predicted
