@@ -368,9 +368,9 @@ import (
 // over it. A fair share is the candidate's share of the eligible
 // candidates' prefill speed as Pace prices it: 1/N on identical replicas.
 // Counted as 1/N on a fleet whose replicas differ, it pushed a burst onto
-// the slow half: herding's p99 time to first token at 8 replicas, four
-// twice as fast, was 7-25 % higher (docs/benchmarks.md, "A fair share on
-// a mixed fleet"). Its cost is still
+// the slow half; counted by speed, herding's p99 time to first token at 8
+// replicas, four twice as fast, is 7-25 % lower (docs/benchmarks.md, "A
+// fair share on a mixed fleet"). Its cost is still
 // computed and reported, and reason "prefix_share" marks a pick it
 // changed. Such a burst is what the prediction herds on when the prefix's
 // prefill is long against a decode step: with 16 clients sharing a
