@@ -1133,19 +1133,15 @@ func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
 	if !ok {
 		mean = k.prefillRate
 	}
-	rate := func(c Candidate) float64 {
-		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
-			return r
-		}
-		return mean
-	}
 	total := 0.0
 	for _, c := range cands {
 		if eligible(c) {
-			total += rate(c)
+			total += prefillRateOr(c, mean)
 		}
 	}
-	return func(c Candidate) bool { return !c.Home && c.PrefixShare >= k.prefixShareBound*rate(c)/total }
+	return func(c Candidate) bool {
+		return !c.Home && c.PrefixShare >= k.prefixShareBound*prefillRateOr(c, mean)/total
+	}
 }
 
 // fleetFilling reports whether the n eligible candidates' queued prefill

@@ -228,12 +228,17 @@ func PrefillRates(dst []float64, cands []Candidate, fallback float64) []float64 
 		mean = fallback
 	}
 	for i, c := range cands {
-		dst[i] = mean
-		if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
-			dst[i] = r
-		}
+		dst[i] = prefillRateOr(c, mean)
 	}
 	return dst
+}
+
+// prefillRateOr is c's learned prefill speed, or mean while it has none.
+func prefillRateOr(c Candidate, mean float64) float64 {
+	if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
+		return r
+	}
+	return mean
 }
 
 // learnedPrefillRate is the mean of the eligible candidates' learned
