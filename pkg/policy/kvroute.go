@@ -1002,7 +1002,7 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	bound := k.LoadBound(cands)
 	credited := func(c Candidate) bool { return c.Home || float64(c.Load.Requests()) < bound }
 	f := k.FleetOf(req, cands, credited)
-	herding := k.Herding(req, cands)
+	herding := k.Herding(req, cands, f)
 	if f.Sibling {
 		// Keeping a burst's copies of one prompt together is not herding.
 		h := herding
@@ -1114,9 +1114,10 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 // (Candidate.PrefixShare) has had at least 2N recent placements, N the
 // eligible candidates, and the candidate took prefix_share_bound times its
 // share of the eligible candidates' prefill speed (1/N on identical
-// replicas) or more of them. It is false for every candidate when the
-// bound is off.
-func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
+// replicas) or more of them; a candidate that has learned no speed counts
+// at the fleet's (f.PrefillRate, as Pace prices it). It is false for every
+// candidate when the bound is off.
+func (k *KVRoute) Herding(req Request, cands []Candidate, f Fleet) func(Candidate) bool {
 	n := 0
 	for _, c := range cands {
 		if eligible(c) {
@@ -1127,20 +1128,16 @@ func (k *KVRoute) Herding(req Request, cands []Candidate) func(Candidate) bool {
 		return func(Candidate) bool { return false }
 	}
 	// A candidate's fair share of the burst is its share of the fleet's
-	// prefill speed (as Pace prices it): 1/N on identical replicas, twice
-	// that on one twice as fast as the rest.
-	mean, ok := learnedPrefillRate(cands)
-	if !ok {
-		mean = k.prefillRate
-	}
+	// prefill speed: 1/N on identical replicas, twice that on one twice as
+	// fast as the rest.
 	total := 0.0
 	for _, c := range cands {
 		if eligible(c) {
-			total += prefillRateOr(c, mean)
+			total += prefillRateOr(c, f.PrefillRate)
 		}
 	}
 	return func(c Candidate) bool {
-		return !c.Home && c.PrefixShare >= k.prefixShareBound*prefillRateOr(c, mean)/total
+		return !c.Home && c.PrefixShare >= k.prefixShareBound*prefillRateOr(c, f.PrefillRate)/total
 	}
 }
 
