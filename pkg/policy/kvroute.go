@@ -447,7 +447,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 	); err != nil {
 		return nil, err
 	}
-	if r := k.prefillRate; !(r > 0) || math.IsInf(r, 0) {
+	if r := k.prefillRate; !validRate(r) {
 		return nil, fieldErr("kvroute.prefill_rate", r, "a positive finite number")
 	}
 	if d := k.decodeStep; !(d > 0) || math.IsInf(d, 0) {
@@ -606,13 +606,7 @@ type Pace struct{ BlockSecs, StepSecs float64 }
 // step (Load.PrefillRate, Load.DecodeStep), each falling back to f's, then
 // to the policy's prefill_rate and decode_step.
 func (k *KVRoute) Pace(c Candidate, f Fleet) Pace {
-	rate, step, bt := c.Load.PrefillRate, c.Load.DecodeStep.Seconds(), f.BlockTokens
-	if !(rate > 0) || math.IsInf(rate, 0) {
-		rate = f.PrefillRate
-	}
-	if !(rate > 0) || math.IsInf(rate, 0) {
-		rate = k.prefillRate
-	}
+	rate, step, bt := k.rate(c, f), c.Load.DecodeStep.Seconds(), f.BlockTokens
 	if !(step > 0) {
 		step = f.DecodeStep
 	}
@@ -623,6 +617,16 @@ func (k *KVRoute) Pace(c Candidate, f Fleet) Pace {
 		bt = 16
 	}
 	return Pace{BlockSecs: bt / rate, StepSecs: step}
+}
+
+// rate is the candidate's prefill speed as Pace prices it: its learned
+// speed, else f's, else prefill_rate.
+func (k *KVRoute) rate(c Candidate, f Fleet) float64 {
+	fleet := f.PrefillRate
+	if !validRate(fleet) {
+		fleet = k.prefillRate
+	}
+	return prefillRateOr(c, fleet)
 }
 
 // PrefillRates implements Pacer: each candidate's prefill speed as Pace
@@ -1114,14 +1118,15 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 // (Candidate.PrefixShare) has had at least 2N recent placements, N the
 // eligible candidates, and the candidate took prefix_share_bound times its
 // share of the eligible candidates' prefill speed (1/N on identical
-// replicas) or more of them; a candidate that has learned no speed counts
-// at the fleet's (f.PrefillRate, as Pace prices it). It is false for every
-// candidate when the bound is off.
+// replicas) or more of them, each speed as Pace prices it (a candidate
+// that has learned none counts at f.PrefillRate, else at prefill_rate).
+// It is false for every candidate when the bound is off.
 func (k *KVRoute) Herding(req Request, cands []Candidate, f Fleet) func(Candidate) bool {
-	n := 0
+	n, total := 0, 0.0
 	for _, c := range cands {
 		if eligible(c) {
 			n++
+			total += k.rate(c, f)
 		}
 	}
 	if k.prefixShareBound == 0 || n < 2 || !inBurst(req, n) {
@@ -1130,14 +1135,8 @@ func (k *KVRoute) Herding(req Request, cands []Candidate, f Fleet) func(Candidat
 	// A candidate's fair share of the burst is its share of the fleet's
 	// prefill speed: 1/N on identical replicas, twice that on one twice as
 	// fast as the rest.
-	total := 0.0
-	for _, c := range cands {
-		if eligible(c) {
-			total += prefillRateOr(c, f.PrefillRate)
-		}
-	}
 	return func(c Candidate) bool {
-		return !c.Home && c.PrefixShare >= k.prefixShareBound*prefillRateOr(c, f.PrefillRate)/total
+		return !c.Home && c.PrefixShare >= k.prefixShareBound*k.rate(c, f)/total
 	}
 }
 

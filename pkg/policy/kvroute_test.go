@@ -833,6 +833,14 @@ func TestKVRoutePrefixShareBound(t *testing.T) {
 	if res := p.Pick(req, learned, seeded(1)); res.Pick != 0 || res.Reason != ReasonCost {
 		t.Errorf("the only learned speed is every candidate's: picked %d (%s), want the holder", res.Pick, res.Reason)
 	}
+	// Herding read with a Fleet that carries no speed (a caller that did
+	// not build it with FleetOf) and candidates that learned none prices
+	// every speed at prefill_rate, as Pace does: the bound still holds.
+	kv := p.(*KVRoute)
+	herding := kv.Herding(req, fleet(0.32), Fleet{})
+	if cs := fleet(0.32); !herding(cs[0]) || herding(cs[1]) {
+		t.Errorf("no speed anywhere: holder at 32%% herding %v, another at 23%% %v; want true, false", herding(cs[0]), herding(cs[1]))
+	}
 }
 
 // The future charge: a new session whose later turns are predicted

@@ -235,18 +235,21 @@ func PrefillRates(dst []float64, cands []Candidate, fallback float64) []float64 
 
 // prefillRateOr is c's learned prefill speed, or mean while it has none.
 func prefillRateOr(c Candidate, mean float64) float64 {
-	if r := c.Load.PrefillRate; r > 0 && !math.IsInf(r, 0) {
+	if r := c.Load.PrefillRate; validRate(r) {
 		return r
 	}
 	return mean
 }
+
+// validRate reports whether r is a usable speed: positive and finite.
+func validRate(r float64) bool { return r > 0 && !math.IsInf(r, 0) }
 
 // learnedPrefillRate is the mean of the eligible candidates' learned
 // prefill speeds; ok is false when none has one.
 func learnedPrefillRate(cands []Candidate) (float64, bool) {
 	sum, n := 0.0, 0
 	for _, c := range cands {
-		if r := c.Load.PrefillRate; eligible(c) && r > 0 && !math.IsInf(r, 0) {
+		if r := c.Load.PrefillRate; eligible(c) && validRate(r) {
 			sum += r
 			n++
 		}
