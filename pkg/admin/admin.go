@@ -295,6 +295,7 @@ func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 			Approximate:   c.Approximate,
 			Home:          c.Home,
 			PendingBlocks: int64(c.Pending),
+			VouchedBlocks: int64(c.Vouched),
 		})
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -291,7 +292,8 @@ type live struct {
 	outputs    []uint32 // collected only when a later turn needs them
 	keepOut    bool
 	handle     *load.Handle
-	predicted  int
+	predicted  int      // cached tokens the index showed on the pick (RequestResult.PredictedTokens)
+	credited   int      // predicted plus what the router vouched for there (route.Candidate.Vouched): what the closed loop checks
 	hashes     []uint64 // the prompt's block hashes relevance predicted
 	truncated  bool
 	reason     string
@@ -314,6 +316,10 @@ type replica struct {
 	scraped  engine.Stats
 	scrapeAt time.Duration
 	scrapeOK bool
+	// gapAt is when a batch of this replica's with stores in it was last
+	// lost; gapped says one was at all (see simState.ViewGaps).
+	gapAt  time.Duration
+	gapped bool
 }
 
 type sim struct {
@@ -548,11 +554,13 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	bs := s.cfg.Engine.BlockSize
 	matched := dec.MatchedBlocks()
 	predicted := min(matched*bs, (len(prompt)-1)/bs*bs)
+	credited := min((matched+dec.VouchedBlocks())*bs, (len(prompt)-1)/bs*bs)
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
 		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(out)),
 		predicted: predicted,
+		credited:  credited,
 		hashes:    blockHashes,
 		truncated: truncated,
 		reason:    dec.Reason,
@@ -693,7 +701,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			s.rel.served(lv.hashes, f.Hashes)
 		}
 		if s.fid != nil {
-			s.fid.Observe(r.id, lv.predicted, f.CachedTokens)
+			s.fid.Observe(r.id, lv.credited, f.CachedTokens)
 		}
 		s.run.Requests = append(s.run.Requests, RequestResult{
 			Session: lv.sess, Turn: lv.turn, Replica: ri, Arrival: f.Arrival,
@@ -720,6 +728,9 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		switch {
 		case s.cfg.EventLoss > 0 && s.loss.Float64() < s.cfg.EventLoss:
 			s.run.EventsLost++
+			if slices.ContainsFunc(res.Events, func(e engine.Event) bool { return e.Kind == engine.BlockStored }) {
+				r.gapAt, r.gapped = s.now, true
+			}
 			r.eng.Recycle(res.Events)
 		case s.cfg.EventDelay == 0:
 			s.apply(ri, res.Events)
@@ -882,6 +893,24 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 		KVBlocks:            float64(r.scraped.NumGPUBlocks),
 		Healthy:             true,
 	}
+}
+
+// ViewGaps implements route.ViewGaps: a batch of the replica's with
+// stores in it was lost within index.GapHold. A live router learns of a
+// lost batch from the sequence gap and replays it; the simulator's loss is
+// a replay that failed, and the view misses those stores from then on.
+// (The events manager marks a view at the first store below a missing
+// parent instead: the only sign left once a failed replay's view has been
+// cleared and relearned. The simulator cannot: which stores reach its
+// index depends on the relevance filter, which must change nothing.)
+func (st *simState) ViewGaps(id index.ReplicaID) bool {
+	s := (*sim)(st)
+	i, ok := s.ids[id]
+	if !ok {
+		return false
+	}
+	r := s.reps[i]
+	return r.gapped && s.now-r.gapAt < index.GapHold
 }
 
 func (st *simState) Trust(id index.ReplicaID) float64 {

@@ -9,6 +9,7 @@
 //	_ = m.SetSources(srcs)  // any time, also before Run; diffed by ID and settings
 //	go m.Run(ctx)           // owns every goroutine and socket; returns after joining them
 //	m.Credit(id)            // 0 while the replica's view is incomplete, else 1 (hot path, never blocks)
+//	m.ViewGaps(id)          // a store below a parent the view did not hold came within index.GapHold (hot path)
 //	m.Matcher()             // the index's Match, hybrid replicas' matches cut to their sliding windows
 //	m.NoteRouted(id, now)   // the router routed a request there (feeds the silence check)
 //	m.Status(id)            // state, last sequence, last event, silent flag, bound endpoint
@@ -175,6 +176,14 @@
 // withdraws the replica's credit at once (the worker does it), then clears
 // the replica and restarts the quiet window (replaying it would fetch the
 // same bytes).
+//
+// A caught-up view can still miss blocks the engine holds: a batch lost
+// past a replay that was truncated, or blocks the engine kept through a
+// clear of the view and goes on extending (a cached prefix is not stored
+// again). The first sign is a store whose parent the view does not hold
+// (not indexed, counted in unknown_parent_blocks_total); ViewGaps reports
+// such a store within index.GapHold, and the router then credits a
+// session's replica with the prompts it sent there (route.ViewGaps).
 //
 // Socket failures (bind errors, poll errors) reopen the session after a
 // capped exponential backoff with jitter (BackoffMin..BackoffMax); TCP

@@ -193,6 +193,7 @@ type replica struct {
 	rankLogged   atomic.Bool
 	decodeLogged atomic.Bool
 	lastEventNs  atomic.Int64
+	orphanNs     atomic.Int64 // when a store whose parent the index did not hold was last applied; 0 if never (ViewGaps)
 	engineBlock  atomic.Int32 // block size of the last store
 	lookahead    atomic.Int32 // lookahead tokens per block of the last store with them
 	routedNs     atomic.Int64 // first request routed since the last event; 0 if none
@@ -284,6 +285,21 @@ func (m *Manager) Credit(id index.ReplicaID) float64 {
 		return 1
 	}
 	return 0
+}
+
+// ViewGaps reports whether the replica's view is known to miss blocks the
+// engine holds: a store whose parent the index did not hold was applied
+// within index.GapHold (a batch lost without replay below it, or stores
+// resumed on blocks the engine kept through a clear of the view). It
+// implements route.ViewGaps for the router (through fleet.Set). Cheap and
+// non-blocking.
+func (m *Manager) ViewGaps(id index.ReplicaID) bool {
+	r := m.lookup(id)
+	if r == nil {
+		return false
+	}
+	ns := r.orphanNs.Load()
+	return ns != 0 && m.cfg.Now().UnixNano()-ns < int64(index.GapHold)
 }
 
 // Warm reports whether every source has settled its first warm-up attempt
@@ -662,6 +678,7 @@ func (w *worker) handle(it item) {
 	}
 	if st.UnknownParentBlocks > 0 {
 		rm.unknownParent.Add(float64(st.UnknownParentBlocks))
+		r.orphanNs.Store(w.m.cfg.Now().UnixNano())
 	}
 	if st.BadShape > 0 {
 		rm.badShape.Add(float64(st.BadShape))

@@ -381,3 +381,39 @@ func gatherLabel(t *testing.T, reg *prometheus.Registry, name, label, value stri
 	}
 	return total
 }
+
+// A store whose parent the view does not hold marks the replica's view as
+// missing stores (ViewGaps) for index.GapHold; a store chained to a known
+// parent does not, and the mark is per replica.
+func TestViewGapsAfterUnknownParent(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	m := NewManager(index.New(index.Config{}), Config{Now: clk.Now}, nil, nil)
+	if err := m.SetSources([]Source{{ID: "r", Model: "m", Endpoint: "tcp://127.0.0.1:1", BlockSize: 4},
+		{ID: "q", Model: "m", Endpoint: "tcp://127.0.0.1:2", BlockSize: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	rep := m.lookup("r")
+	w := &worker{m: m, ap: NewApplier(m.idx)}
+	store := func(hash uint64, parent any, tok int) {
+		ev := map[string]any{"type": "BlockStored", "block_hashes": []uint64{hash}, "parent_block_hash": parent,
+			"token_ids": []int{tok, tok + 1, tok + 2, tok + 3}, "block_size": 4, "medium": "GPU"}
+		w.handle(item{rep: rep, kind: itemBatch, epoch: rep.epoch.Load(), payload: enc(t, []any{ts, []any{ev}, 0})})
+	}
+	store(1, nil, 10)
+	store(2, uint64(1), 20) // chained to a block the view holds
+	if m.ViewGaps("r") {
+		t.Fatal("gaps after stores chained to known parents")
+	}
+	store(4, uint64(3), 40) // block 3's store never arrived
+	if !m.ViewGaps("r") || m.ViewGaps("q") || m.ViewGaps("unknown") {
+		t.Fatalf("after an unknown parent: r %v q %v unknown %v, want r only", m.ViewGaps("r"), m.ViewGaps("q"), m.ViewGaps("unknown"))
+	}
+	clk.Add(index.GapHold - time.Second)
+	if !m.ViewGaps("r") {
+		t.Fatal("gap forgotten before index.GapHold")
+	}
+	clk.Add(time.Second)
+	if m.ViewGaps("r") {
+		t.Fatal("gap still reported index.GapHold after the last unknown parent")
+	}
+}

@@ -197,3 +197,30 @@ func TestDecisionMetrics(t *testing.T) {
 		t.Errorf("tokenize duration samples = %v, want 2", v)
 	}
 }
+
+// Blocks the router vouched for at the pick (route.ViewGaps) are part of
+// the prediction the closed loop checks, and the decision is counted.
+func TestLifecycleVouchedBlocksArePredicted(t *testing.T) {
+	tr, fid := newTrackerFidelity(t)
+	dec := decision()
+	dec.Candidates[0].Vouched = 1 // r1: 3 matched + 1 vouched of 5 blocks
+	h := newHarness(t, Config{
+		Decider: &fakeDecider{dec: dec}, Tracker: tr, Fidelity: fid,
+		BlockSize: func(index.ReplicaID) int { return 16 },
+	})
+	body := `{"choices":[{"text":"x"}],"usage":{"prompt_tokens":80,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":32}}}`
+	h.exchange(
+		withMode(reqHeaders(false, ":path", "/v1/completions"), buffered, streamed),
+		reqBody(`{"model":"m","prompt":"x"}`, true),
+		respHeaders(false, ":status", "200", "content-type", "application/json"),
+		respBody(body, true),
+	)
+	// Predicted: (3 + 1) blocks x 16 = 64 tokens; served 32 -> credit 1/2
+	// (without the vouched block 32/48).
+	if c := fid.Credit("r1"); c != 0.5 {
+		t.Errorf("credit = %v, want 32/64", c)
+	}
+	if v, ok := metricValue(t, h.reg, "kvroute_decisions_vouched_total", map[string]string{"replica": "r1"}); !ok || v != 1 {
+		t.Errorf("vouched decisions %v (%v), want 1", v, ok)
+	}
+}

@@ -18,6 +18,7 @@ type metrics struct {
 	unobserved prometheus.Counter
 	observed   *prometheus.CounterVec
 	detached   prometheus.Counter
+	vouched    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -68,9 +69,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_extproc_observed_to_first_token_total",
 			Help: "Streamed responses observed only to their first token (not sampled for usage: routing.usage_sample_every); their end came from the router stream.",
 		}),
+		vouched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_decisions_vouched_total",
+			Help: "Decisions whose pick was credited blocks its event view did not show: the view was known to miss stores, and the router had sent it the prompt's longest earlier prompt (route.ViewGaps).",
+		}, []string{"replica"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits, m.flights, m.unobserved, m.observed, m.detached} {
+		for _, c := range []prometheus.Collector{m.decisions, m.decideDur, m.tokenize, m.rejections, m.streamErrs, m.active, m.slotWaits, m.flights, m.unobserved, m.observed, m.detached, m.vouched} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

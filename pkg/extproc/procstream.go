@@ -415,6 +415,9 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 
 	replica := string(dec.Replica)
 	st.s.metrics.decisions.WithLabelValues(replica, dec.Policy, dec.Reason, dec.Degraded).Inc()
+	if v := dec.VouchedBlocks(); v > 0 {
+		st.s.metrics.vouched.WithLabelValues(replica).Inc()
+	}
 	st.span.SetAttributes(attribute.String("kvroute.replica", replica), attribute.String("kvroute.endpoint", dec.Address))
 	var life *load.Handle
 	switch {
@@ -769,7 +772,10 @@ func (st *procStream) predictedCachedTokens(promptTokens int) int {
 	if bs <= 0 {
 		return 0
 	}
-	predicted := dec.MatchedBlocks() * bs
+	// Vouched blocks are predicted too (route.ViewGaps): where a replica
+	// no longer holds what the router sent it, served hits fall short and
+	// the closed loop lowers its credit.
+	predicted := (dec.MatchedBlocks() + dec.VouchedBlocks()) * bs
 	if promptTokens > 0 {
 		predicted = min(predicted, (promptTokens-1)/bs*bs)
 	}

@@ -36,6 +36,7 @@ func annotate(span trace.Span, dec route.Decision, elapsed time.Duration) {
 		attribute.Int("kvroute.prompt_blocks", dec.PromptBlocks),
 		attribute.Int("kvroute.matched_blocks.best", best),
 		attribute.Int("kvroute.matched_blocks.chosen", dec.MatchedBlocks()),
+		attribute.Int("kvroute.vouched_blocks.chosen", dec.VouchedBlocks()),
 		attribute.String("kvroute.tokenize.source", dec.TokenSource),
 		attribute.Float64("kvroute.tokenize.ms", float64(dec.TokenizeTime)/float64(time.Millisecond)),
 		attribute.Float64("kvroute.decide.ms", float64(dec.DecideTime)/float64(time.Millisecond)),

@@ -24,6 +24,18 @@ type Creditor interface {
 	Credit(id index.ReplicaID) float64
 }
 
+// Gaps is an optional interface of a Creditor: whether a stream's view is
+// known to miss blocks its engine holds (events.Manager.ViewGaps).
+type Gaps interface {
+	ViewGaps(id index.ReplicaID) bool
+}
+
+var (
+	_ Gaps             = (*events.Manager)(nil)
+	_ route.ViewGaps   = (*Set)(nil)
+	_ route.EventFeeds = (*Set)(nil)
+)
+
 // Fidelity is the served-vs-predicted cache credit per stream, its reset
 // when a replica leaves, and the cumulative totals (load.Fidelity).
 type Fidelity interface {
@@ -171,6 +183,14 @@ func (s *Set) Trust(id index.ReplicaID) float64 {
 		c = min(c, s.cfg.Fidelity.Credit(string(id)))
 	}
 	return c
+}
+
+// ViewGaps implements route.ViewGaps: the stream's view is known to miss
+// blocks its engine holds (events.Manager.ViewGaps), when the events side
+// reports it (Gaps).
+func (s *Set) ViewGaps(id index.ReplicaID) bool {
+	g, ok := s.cfg.Events.(Gaps)
+	return ok && g.ViewGaps(id)
 }
 
 // EventFed implements route.EventFeeds: whether the stream's replica has an

@@ -125,3 +125,23 @@ func TestScrapeTarget(t *testing.T) {
 		}
 	}
 }
+
+// gapCredit is a Creditor that also reports view gaps (events.Manager).
+type gapCredit struct {
+	fakeCredit
+	gaps map[index.ReplicaID]bool
+}
+
+func (g gapCredit) ViewGaps(id index.ReplicaID) bool { return g.gaps[id] }
+
+// The Set passes the events side's view gaps through to the router, and
+// reports none when the events side does not tell them.
+func TestSetViewGaps(t *testing.T) {
+	s := NewSet(SetConfig{Loads: &load.View{}, Events: gapCredit{fakeCredit{"a": 1, "b": 1}, map[index.ReplicaID]bool{"a": true}}})
+	if !s.ViewGaps("a") || s.ViewGaps("b") {
+		t.Fatalf("gaps a %v b %v, want a only", s.ViewGaps("a"), s.ViewGaps("b"))
+	}
+	if NewSet(SetConfig{Loads: &load.View{}, Events: fakeCredit{"a": 1}}).ViewGaps("a") {
+		t.Fatal("gaps from an events side that reports none")
+	}
+}

@@ -2,6 +2,7 @@ package index
 
 import (
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/kvblock"
 )
@@ -74,6 +75,14 @@ type Removed struct {
 	Hashes  []uint64
 	Tier    Tier
 }
+
+// GapHold is how long a replica's view counts as missing blocks the
+// replica holds after a store whose parent it did not hold
+// (StoreResult.UnknownParent): the store's chain is missing below it, from
+// a lost batch or from before the view was cleared. A session whose
+// history lost its chain stores each later turn's new blocks below an
+// unknown parent again, which keeps the mark while such sessions live.
+const GapHold = 2 * time.Minute
 
 // StoreResult says what one Stored event did.
 type StoreResult struct {

@@ -142,3 +142,64 @@ func BenchmarkDecideOverhead(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecideViewGaps is BenchmarkDecide with the router's Pending on
+// (as kvroute runs) and a State that does not report view gaps ("off",
+// no prompt book), that does but has none ("book": each decision records
+// its prompt), and that has one on every replica ("gapped": each decision
+// also probes the book, a look-up per prompt block).
+func BenchmarkDecideViewGaps(b *testing.B) {
+	for _, blocks := range []int{256, benchMaxBlocks} {
+		for _, mode := range []string{"off", "book", "gapped"} {
+			b.Run(fmt.Sprintf("blocks=%d/%s", blocks, mode), func(b *testing.B) {
+				benchSetup(b)
+				f := &benchFixture
+				p, err := policy.New(policy.NameBlended, policy.Config{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var st State = f.st
+				if mode != "off" {
+					gs := &gapState{fakeState: f.st, gaps: map[index.ReplicaID]bool{}}
+					if mode == "gapped" {
+						for _, r := range f.st.reps {
+							gs.gaps[r.ID] = true
+						}
+					}
+					st = gs
+				}
+				rt := New(Options{Matcher: f.ix, State: st, Policy: p, Seed: 1, Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})})
+				req := Request{Model: model, Tokens: f.prompt[:blocks*benchBlock], MaxTokens: 512}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if _, err := rt.Decide(b.Context(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPromptBookProbe is the prompt book's worst case: a prompt none
+// of whose prefixes was sent, probed at every block down to 0, in a book
+// holding DefaultSessionMemory/2 prompts.
+func BenchmarkPromptBookProbe(b *testing.B) {
+	for _, blocks := range []int{256, benchMaxBlocks} {
+		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
+			book := newPromptBook(DefaultSessionMemory)
+			root := kvblock.Root(model, "")
+			for i := range DefaultSessionMemory/2 - 1 {
+				book.set(kvblock.Keys(nil, root, seq(benchBlock, uint32(i)*benchBlock+1<<30), benchBlock, kvblock.Options{})[0], "r", 1)
+			}
+			keys := kvblock.Keys(nil, root, seq(blocks*benchBlock, 7), benchBlock, kvblock.Options{})
+			b.ResetTimer()
+			for b.Loop() {
+				if _, ok := book.longest(keys, 0); ok {
+					b.Fatal("found")
+				}
+			}
+		})
+	}
+}

@@ -42,6 +42,25 @@
 // charges a move away from it and never applies its load bound there),
 // never a pin. Decide records the pick as the new home; Explain does not.
 //
+// Views known to miss stores: a State may report, per replica, that its
+// event-fed view misses blocks the engine holds (the optional ViewGaps:
+// the events manager's mark after a store whose parent the index did not
+// hold, from a batch lost without replay or stores resumed after the view
+// was cleared). Such a view undercounts what the replica holds, and a
+// load-aware policy would then move a session off the history it left
+// there. With a State that reports gaps the Router keeps a prompt book
+// (promptbook.go): per prompt it sent, the router key of its last full
+// block -> replica and length, bounded like the homes. A request that
+// resends an earlier prompt finds the longest such one (a probe per block,
+// only while some candidate's view has gaps), and if that prompt's replica
+// reports gaps, shows less of it in its index, has trust above 0 and has
+// none of it in flight (Pending), the missing blocks are credited on its
+// GPU tier: policy.Candidate.Matched includes them, the Decision's
+// Candidate.Vouched counts them apart from the index's Matched. They are
+// part of the prediction the closed loop checks, so a replica that no
+// longer holds what it was sent loses trust. Explain reads the book; only
+// Decide records.
+//
 // Prefixes: the Router also remembers, per prefix that draws a request
 // (the longest indexed match any candidate has, keyed by its deepest
 // block; bounded like the homes), how its recent placements spread over

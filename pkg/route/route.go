@@ -139,6 +139,7 @@ type Router struct {
 	mu       sync.Mutex // Decide's section from the loads to the pick's charge
 	opts     Options
 	homes    *homes
+	prompts  *promptBook // where recent prompts went; only with a State reporting ViewGaps (vouch)
 	shares   *prefixShares
 	book     *sessionBook
 	work     workMeter         // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
@@ -221,6 +222,9 @@ func New(opts Options) *Router {
 		book:   newSessionBook(opts.SessionMemory, opts.SessionHorizon),
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 		future: pricesFuture(opts.Policy),
+	}
+	if _, ok := opts.State.(ViewGaps); ok {
+		r.prompts = newPromptBook(opts.SessionMemory)
 	}
 	if policy.ReadsReleases(opts.Policy) {
 		r.releases = opts.Releases
@@ -440,6 +444,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
+	if r.prompts != nil && hasIDs && toks.Exact {
+		r.vouch(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, raw)
+	}
 	r.fillReleases(sc, d.PromptBlocks)
 	placements := 0.0
 	if drawn {
@@ -607,6 +614,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
+		if r.prompts != nil && hasIDs && toks.Exact && d.PromptBlocks > 0 {
+			r.prompts.set(r.ownKeys(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, d.PromptBlocks, primary)[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
+		}
 		if drawn {
 			r.shares.record(drawKey, d.Replica, start)
 		}
@@ -870,6 +880,54 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 			}
 		}
 	}
+}
+
+// vouch credits the replica the router last sent the longest earlier
+// prompt this one resends (Router.prompts), when that replica's view is
+// known to miss stores (ViewGaps) and its index shows less of that prompt,
+// with the blocks the index does not show there (Candidate.Vouched).
+func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, raw []Candidate) {
+	gaps := r.opts.State.(ViewGaps)
+	n := kvblock.NumBlocks(len(tokens), primary)
+	// Only a prompt longer than some gapped candidate's indexed match can
+	// add credit: the book is probed down to the least such match.
+	least := n
+	for k := range sc.cands {
+		if c := &sc.cands[k]; sc.src[k] == srcEvents && c.Trust > 0 && gaps.ViewGaps(c.Replica) {
+			least = min(least, c.MatchedBlocks())
+		}
+	}
+	if least >= n {
+		return
+	}
+	sent, ok := r.prompts.longest(r.ownKeys(sc, root, opts, tokens, n, primary), least)
+	if !ok {
+		return
+	}
+	for k := range sc.cands {
+		c := &sc.cands[k]
+		if c.Replica != sent.replica {
+			continue
+		}
+		// A prompt still in flight there (Pending) is the pending credit's
+		// to weigh: its blocks are being computed, not held.
+		if have := c.MatchedBlocks(); sc.src[k] == srcEvents && c.Trust > 0 && c.Pending == 0 && have < sent.blocks && gaps.ViewGaps(c.Replica) {
+			c.Matched[index.TierGPU] += sent.blocks - have
+			raw[k].Vouched = sent.blocks - have
+		}
+		return
+	}
+}
+
+// ownKeys returns the router keys of the first n blocks of tokens at the
+// primary block size: sc.own when Decide hashed them for Pending, else
+// hashed into sc.keys.
+func (r *Router) ownKeys(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, n, primary int) []kvblock.Key {
+	if len(sc.own) >= n {
+		return sc.own[:n]
+	}
+	sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:n*primary], primary, opts)
+	return sc.keys
 }
 
 // matchPending sets each event-fed candidate's Pending to the blocks

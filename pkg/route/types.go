@@ -137,6 +137,24 @@ type EventFeeds interface {
 	EventFed(id index.ReplicaID) bool
 }
 
+// ViewGaps is an optional interface of a State: whether a replica's
+// event-fed view is known to miss blocks the replica holds. The events
+// manager reports it for index.GapHold after a store whose parent the index
+// did not hold (a batch lost without replay; stores resumed after the view
+// was cleared): the chain of that store is missing below it. A State
+// without this method reports no gaps.
+//
+// At such a replica, a session's home is credited with the prompt the
+// router last sent it there when the new prompt resends it and the index
+// shows less of it (Candidate.Vouched): the engine computed those blocks,
+// and the view that would say whether it still holds them is the one known
+// to have lost stores. The closed-loop trust (Trust) still scales the
+// credit, so a replica whose vouched blocks turn out evicted loses credit
+// as for any over-prediction.
+type ViewGaps interface {
+	ViewGaps(id index.ReplicaID) bool
+}
+
 // Candidate is one replica's part in a decision.
 type Candidate struct {
 	Replica  index.ReplicaID
@@ -154,6 +172,11 @@ type Candidate struct {
 	// Approximate is set when Matched and Trust come from the
 	// dispatch-learned index (Options.Approx), not from engine events.
 	Approximate bool
+	// Vouched counts the blocks, in the router's primary block size,
+	// credited on the GPU tier beyond Matched at the session's home
+	// because its view is known to miss stores (see ViewGaps): the
+	// policy saw Matched plus Vouched there.
+	Vouched int
 }
 
 // Decision is the outcome of Decide: the pick and everything needed to
@@ -246,6 +269,17 @@ func (d Decision) MatchedBlocks() int {
 	for _, c := range d.Candidates {
 		if c.Replica == d.Replica {
 			return c.Matched[0] + c.Matched[1] + c.Matched[2]
+		}
+	}
+	return 0
+}
+
+// VouchedBlocks returns the blocks credited at the chosen replica beyond
+// its match because its view is known to miss stores (Candidate.Vouched).
+func (d Decision) VouchedBlocks() int {
+	for _, c := range d.Candidates {
+		if c.Replica == d.Replica {
+			return c.Vouched
 		}
 	}
 	return 0

@@ -300,6 +300,10 @@ type Candidate struct {
 	// The request's blocks beyond matched that are in flight to the
 	// replica (sent, not yet reported stored by its events).
 	PendingBlocks int64 `protobuf:"varint,11,opt,name=pending_blocks,json=pendingBlocks,proto3" json:"pending_blocks,omitempty"`
+	// Blocks beyond matched credited at the replica because its event view
+	// is known to miss stores and the router itself sent it this prompt's
+	// longest earlier prompt (route.Candidate.Vouched).
+	VouchedBlocks int64 `protobuf:"varint,12,opt,name=vouched_blocks,json=vouchedBlocks,proto3" json:"vouched_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,6 +411,13 @@ func (x *Candidate) GetHome() bool {
 func (x *Candidate) GetPendingBlocks() int64 {
 	if x != nil {
 		return x.PendingBlocks
+	}
+	return 0
+}
+
+func (x *Candidate) GetVouchedBlocks() int64 {
+	if x != nil {
+		return x.VouchedBlocks
 	}
 	return 0
 }
@@ -1100,7 +1111,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\ahealthy\x18\x06 \x01(\bR\ahealthy\x12\x1b\n" +
 	"\tkv_blocks\x18\a \x01(\x01R\bkvBlocks\x129\n" +
 	"\x19prefill_tokens_per_second\x18\b \x01(\x01R\x16prefillTokensPerSecond\x12,\n" +
-	"\x12decode_step_micros\x18\t \x01(\x03R\x10decodeStepMicros\"\xd4\x02\n" +
+	"\x12decode_step_micros\x18\t \x01(\x03R\x10decodeStepMicros\"\xfb\x02\n" +
 	"\tCandidate\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x120\n" +
@@ -1113,7 +1124,8 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\vapproximate\x18\t \x01(\bR\vapproximate\x12\x12\n" +
 	"\x04home\x18\n" +
 	" \x01(\bR\x04home\x12%\n" +
-	"\x0epending_blocks\x18\v \x01(\x03R\rpendingBlocks\"\xe0\x03\n" +
+	"\x0epending_blocks\x18\v \x01(\x03R\rpendingBlocks\x12%\n" +
+	"\x0evouched_blocks\x18\f \x01(\x03R\rvouchedBlocks\"\xe0\x03\n" +
 	"\x0fExplainResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1c\n" +

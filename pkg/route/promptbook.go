@@ -1,0 +1,69 @@
+package route
+
+import (
+	"sync"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+)
+
+// promptBook remembers where the router sent recent prompts: the router
+// key of a prompt's last full block (at the primary block size; keys
+// chain, so it names the whole prompt) -> the replica and the prompt's
+// blocks. A later request that resends an earlier prompt (a conversation's
+// or a trajectory's next turn, a sibling of a GRPO group) finds the
+// longest such prompt by probing its own keys from the longest prefix
+// down. It is what Router.vouch credits where a replica's view is known
+// to miss stores (ViewGaps): a record of the router's own dispatches,
+// needing no event, at one entry per request.
+//
+// Bounded like the homes: two generations of at most max/2 prompts each;
+// when the current one fills it becomes the old one and the older is
+// dropped. Safe for concurrent use (one mutex).
+type promptBook struct {
+	mu       sync.Mutex
+	max      int
+	cur, old map[kvblock.Key]sentPrompt
+}
+
+// sentPrompt is where one prompt went and how long it was, in blocks.
+type sentPrompt struct {
+	replica index.ReplicaID
+	blocks  int
+}
+
+func newPromptBook(max int) *promptBook {
+	if max <= 0 {
+		return nil
+	}
+	return &promptBook{max: max, cur: make(map[kvblock.Key]sentPrompt)}
+}
+
+// set records that the prompt whose last full block has key last, blocks
+// long, was sent to replica.
+func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cur[last] = sentPrompt{replica: replica, blocks: blocks}
+	if len(b.cur) >= max(1, b.max/2) {
+		b.old, b.cur = b.cur, make(map[kvblock.Key]sentPrompt)
+	}
+}
+
+// longest returns the longest recorded prompt, of more than above blocks,
+// that keys (a prompt's block keys, in order) begins with. A record's
+// length is checked against its position, so a key recorded for another
+// prompt length never matches.
+func (b *promptBook) longest(keys []kvblock.Key, above int) (sentPrompt, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := len(keys) - 1; i >= max(above, 0); i-- {
+		if s, ok := b.cur[keys[i]]; ok && s.blocks == i+1 {
+			return s, true
+		}
+		if s, ok := b.old[keys[i]]; ok && s.blocks == i+1 {
+			return s, true
+		}
+	}
+	return sentPrompt{}, false
+}

@@ -1,0 +1,157 @@
+package route
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/kvblock"
+	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/policy"
+)
+
+// gapState is a fakeState whose replicas' views may be known to miss
+// stores (ViewGaps).
+type gapState struct {
+	*fakeState
+	gaps map[index.ReplicaID]bool
+}
+
+func (s *gapState) ViewGaps(id index.ReplicaID) bool { return s.gaps[id] }
+
+// A trajectory's next turn resends the prompt the router sent r0, whose
+// stores the index never got. Only once r0's view is known to miss stores
+// is r0 credited with that prompt (Vouched), and then it keeps the turn
+// although it is the busiest; the credit is withheld for a prompt still in
+// flight there (the pending credit's), for a prompt not resent, beyond
+// what the index shows, and for a replica whose view is being relearned.
+func TestVouchCreditsSentPromptOnGappedView(t *testing.T) {
+	st := &gapState{fakeState: fleet(3), gaps: map[index.ReplicaID]bool{}}
+	ix := index.New(index.Config{})
+	now := time.Unix(1000, 0)
+	p, err := policy.New(policy.NameKVRoute, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := New(Options{Matcher: ix, State: st, Policy: p, Seed: 1,
+		Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL}), Now: func() time.Time { return now }})
+	cand := func(d Decision, id index.ReplicaID) Candidate {
+		t.Helper()
+		for _, c := range d.Candidates {
+			if c.Replica == id {
+				return c
+			}
+		}
+		t.Fatalf("no candidate %s", id)
+		return Candidate{}
+	}
+	explain := func(toks []uint32) Decision {
+		t.Helper()
+		d, err := rt.Explain(t.Context(), Request{Model: model, Tokens: toks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+
+	turn1 := seq(30*16, 100)
+	d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: turn1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Replica != "r0" {
+		t.Fatalf("first turn went to %s, want the least loaded r0", d.Replica)
+	}
+	turn2 := append(append([]uint32(nil), turn1...), seq(4*16, 5000)...)
+	st.gaps["r0"] = true
+
+	// Still in flight: the pending credit weighs it, nothing is vouched.
+	if c := cand(explain(turn2), "r0"); c.Vouched != 0 || c.Pending != 30 {
+		t.Fatalf("in flight: r0 vouched %d pending %d, want 0 and 30", c.Vouched, c.Pending)
+	}
+
+	now = now.Add(DefaultPendingTTL + time.Second)
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 40}
+	st.gaps["r0"] = false
+	if e := explain(turn2); cand(e, "r0").Vouched != 0 || e.Replica == "r0" {
+		t.Fatalf("no gaps: r0 vouched %d, pick %s; want nothing vouched and the turn on a less loaded replica", cand(e, "r0").Vouched, e.Replica)
+	}
+
+	st.gaps["r0"] = true
+	e := explain(turn2)
+	if c := cand(e, "r0"); c.Vouched != 30 || c.Matched != ([index.NumTiers]int{}) {
+		t.Fatalf("gaps: r0 vouched %d matched %v, want the 30 blocks sent there and the index's own match (none) apart", c.Vouched, c.Matched)
+	}
+	if e.Replica != "r0" || e.VouchedBlocks() != 30 {
+		t.Fatalf("gaps: pick %s vouched %d, want r0 with its 30 vouched blocks", e.Replica, e.VouchedBlocks())
+	}
+	if c := cand(e, "r1"); c.Vouched != 0 {
+		t.Fatalf("r1 vouched %d: nothing was sent there", c.Vouched)
+	}
+
+	// A prompt that does not resend turn 1 (it differs in block 0).
+	other := append(seq(16, 9000), turn2[16:]...)
+	if c := cand(explain(other), "r0"); c.Vouched != 0 {
+		t.Fatalf("other prompt: r0 vouched %d, want 0", c.Vouched)
+	}
+
+	// The index showing part of the prompt: only the rest is vouched;
+	// showing all of it, nothing.
+	store(t, ix, "r0", model, turn1[:12*16], 16)
+	if c := cand(explain(turn2), "r0"); c.Vouched != 18 || c.Matched[index.TierGPU] != 12 {
+		t.Fatalf("partial index: r0 vouched %d matched %v, want 18 beyond the indexed 12", c.Vouched, c.Matched)
+	}
+	ix.Cleared("r0")
+	store(t, ix, "r0", model, turn1, 16)
+	if c := cand(explain(turn2), "r0"); c.Vouched != 0 || c.Matched[index.TierGPU] != 30 {
+		t.Fatalf("full index: r0 vouched %d matched %v, want 0 and 30", c.Vouched, c.Matched)
+	}
+
+	// A view being relearned (trust 0) is credited nothing.
+	ix.Cleared("r0")
+	st.trust["r0"] = 0
+	if c := cand(explain(turn2), "r0"); c.Vouched != 0 {
+		t.Fatalf("resyncing: r0 vouched %d, want 0", c.Vouched)
+	}
+}
+
+// Without a State reporting view gaps the router keeps no prompt book.
+func TestVouchNeedsViewGaps(t *testing.T) {
+	rt := newRouter(t, fleet(2), index.New(index.Config{}), nil)
+	if rt.prompts != nil {
+		t.Fatal("a prompt book without ViewGaps")
+	}
+}
+
+// The prompt book finds the longest recorded prompt a prompt begins with,
+// checks a record's length against its position, and forgets after two
+// generations.
+func TestPromptBook(t *testing.T) {
+	b := newPromptBook(4)
+	keys := kvblock.Keys(nil, kvblock.Root(model, ""), seq(6*16, 1), 16, kvblock.Options{})
+	b.set(keys[1], "r1", 2)
+	b.set(keys[3], "r3", 4)
+	if s, ok := b.longest(keys, 0); !ok || s != (sentPrompt{"r3", 4}) {
+		t.Fatalf("longest %+v %v, want r3's 4 blocks", s, ok)
+	}
+	if s, ok := b.longest(keys[:3], 0); !ok || s != (sentPrompt{"r1", 2}) {
+		t.Fatalf("3 blocks: %+v %v, want r1's 2", s, ok)
+	}
+	// Two records filled the first generation, now the old one. keys[4]
+	// recorded with the wrong length never matches at position 4.
+	b.set(keys[4], "r4", 2)
+	if s, _ := b.longest(keys, 0); s.replica != "r3" {
+		t.Fatalf("mislabelled record matched: %+v", s)
+	}
+	b.set(keys[0], "r0", 1) // fills the generation again: r1's and r3's records are gone
+	b.set(keys[2], "r2", 3)
+	if s, ok := b.longest(keys, 0); !ok || s != (sentPrompt{"r2", 3}) {
+		t.Fatalf("after two rotations %+v %v, want r2's 3", s, ok)
+	}
+	if _, ok := b.longest(keys, 3); ok {
+		t.Fatal("r2's 3 blocks found when asked for more than 3")
+	}
+	if newPromptBook(0) != nil {
+		t.Fatal("a book of size 0")
+	}
+}
