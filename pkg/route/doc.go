@@ -53,13 +53,16 @@
 // block -> replica and length, bounded like the homes. A request that
 // resends an earlier prompt finds the longest such one (a probe per block,
 // only while some candidate's view has gaps), and if that prompt's replica
-// reports gaps, shows less of it in its index, has trust above 0 and has
-// none of it in flight (Pending), the missing blocks are credited on its
-// GPU tier: policy.Candidate.Matched includes them, the Decision's
-// Candidate.Vouched counts them apart from the index's Matched. They are
-// part of the prediction the closed loop checks, so a replica that no
-// longer holds what it was sent loses trust. Explain reads the book; only
-// Decide records.
+// reports gaps, shows less of it in its index and has none of it in
+// flight (Pending), the missing blocks are credited on its GPU tier:
+// policy.Candidate.Matched includes them, the Decision's Candidate.Vouched
+// counts them apart from the index's Matched. A view being relearned
+// (trust 0, its matches worth nothing) gets Options.ApproxTrust and
+// nothing of its index, so the vouched prompt (or a prompt's pending
+// credit) counts there, as the approximate mode credits dispatches where
+// no events come. Vouched blocks are part of the prediction the closed loop
+// checks, so a replica that no longer holds what it was sent loses trust.
+// Explain reads the book; only Decide records.
 //
 // Prefixes: the Router also remembers, per prefix that draws a request
 // (the longest indexed match any candidate has, keyed by its deepest

@@ -885,15 +885,23 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 // vouch credits the replica the router last sent the longest earlier
 // prompt this one resends (Router.prompts), when that replica's view is
 // known to miss stores (ViewGaps) and its index shows less of that prompt,
-// with the blocks the index does not show there (Candidate.Vouched).
+// with the blocks the index does not show there (Candidate.Vouched). A
+// view being relearned (Trust 0: its matches count for nothing) is
+// credited the whole prompt at the approximate mode's trust
+// (Options.ApproxTrust), as the router's own dispatches are credited where
+// no events come.
 func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, raw []Candidate) {
 	gaps := r.opts.State.(ViewGaps)
 	n := kvblock.NumBlocks(len(tokens), primary)
-	// Only a prompt longer than some gapped candidate's indexed match can
+	// Only a prompt longer than some gapped candidate's credited match can
 	// add credit: the book is probed down to the least such match.
 	least := n
 	for k := range sc.cands {
-		if c := &sc.cands[k]; sc.src[k] == srcEvents && c.Trust > 0 && gaps.ViewGaps(c.Replica) {
+		if c := &sc.cands[k]; sc.src[k] == srcEvents && gaps.ViewGaps(c.Replica) {
+			if c.Trust == 0 {
+				least = 0
+				break
+			}
 			least = min(least, c.MatchedBlocks())
 		}
 	}
@@ -909,9 +917,17 @@ func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 		if c.Replica != sent.replica {
 			continue
 		}
+		if sc.src[k] != srcEvents || !gaps.ViewGaps(c.Replica) {
+			return
+		}
+		if c.Trust == 0 {
+			// The router's own records stand in for the view: its
+			// matches count for nothing, what it sent there does.
+			c.Matched, c.Trust = [index.NumTiers]int{}, r.opts.ApproxTrust
+		}
 		// A prompt still in flight there (Pending) is the pending credit's
 		// to weigh: its blocks are being computed, not held.
-		if have := c.MatchedBlocks(); sc.src[k] == srcEvents && c.Trust > 0 && c.Pending == 0 && have < sent.blocks && gaps.ViewGaps(c.Replica) {
+		if have := c.MatchedBlocks(); c.Pending == 0 && have < sent.blocks {
 			c.Matched[index.TierGPU] += sent.blocks - have
 			raw[k].Vouched = sent.blocks - have
 		}

@@ -144,13 +144,16 @@ type EventFeeds interface {
 // was cleared): the chain of that store is missing below it. A State
 // without this method reports no gaps.
 //
-// At such a replica, a session's home is credited with the prompt the
-// router last sent it there when the new prompt resends it and the index
-// shows less of it (Candidate.Vouched): the engine computed those blocks,
-// and the view that would say whether it still holds them is the one known
-// to have lost stores. The closed-loop trust (Trust) still scales the
-// credit, so a replica whose vouched blocks turn out evicted loses credit
-// as for any over-prediction.
+// At such a replica, the longest earlier prompt the router sent there
+// that the new prompt resends is credited where the index shows less of it
+// (Candidate.Vouched): the engine computed those blocks, and the view that
+// would say whether it still holds them is the one known to have lost
+// stores. The closed-loop trust (Trust) still scales the credit, and the
+// vouched blocks are part of the prediction it checks, so a replica whose
+// vouched blocks turn out evicted loses credit as for any over-prediction.
+// A view being relearned (Trust 0) gets the approximate mode's trust
+// instead, its own matches still counting for nothing: the vouched prompt,
+// or the pending credit of one in flight, is what counts there.
 type ViewGaps interface {
 	ViewGaps(id index.ReplicaID) bool
 }
@@ -173,9 +176,11 @@ type Candidate struct {
 	// dispatch-learned index (Options.Approx), not from engine events.
 	Approximate bool
 	// Vouched counts the blocks, in the router's primary block size,
-	// credited on the GPU tier beyond Matched at the session's home
-	// because its view is known to miss stores (see ViewGaps): the
-	// policy saw Matched plus Vouched there.
+	// credited on the GPU tier beyond Matched because the replica's view
+	// is known to miss stores and the router sent it this prompt's
+	// longest earlier prompt (see ViewGaps): the policy saw Matched plus
+	// Vouched there, or, for a view being relearned (trust 0), Vouched
+	// alone at the Trust reported (Options.ApproxTrust).
 	Vouched int
 }
 

@@ -24,7 +24,8 @@ func (s *gapState) ViewGaps(id index.ReplicaID) bool { return s.gaps[id] }
 // is r0 credited with that prompt (Vouched), and then it keeps the turn
 // although it is the busiest; the credit is withheld for a prompt still in
 // flight there (the pending credit's), for a prompt not resent, beyond
-// what the index shows, and for a replica whose view is being relearned.
+// what the index shows; a replica whose view is being relearned (trust 0)
+// is credited the whole prompt at the approximate mode's trust.
 func TestVouchCreditsSentPromptOnGappedView(t *testing.T) {
 	st := &gapState{fakeState: fleet(3), gaps: map[index.ReplicaID]bool{}}
 	ix := index.New(index.Config{})
@@ -107,11 +108,29 @@ func TestVouchCreditsSentPromptOnGappedView(t *testing.T) {
 		t.Fatalf("full index: r0 vouched %d matched %v, want 0 and 30", c.Vouched, c.Matched)
 	}
 
-	// A view being relearned (trust 0) is credited nothing.
-	ix.Cleared("r0")
+	// A view being relearned (trust 0) counts for nothing, not even the
+	// part it still shows: the whole prompt is vouched for, at the
+	// approximate mode's trust. Without gaps it stays cold.
 	st.trust["r0"] = 0
-	if c := cand(explain(turn2), "r0"); c.Vouched != 0 {
-		t.Fatalf("resyncing: r0 vouched %d, want 0", c.Vouched)
+	e = explain(turn2)
+	if c := cand(e, "r0"); c.Vouched != 30 || c.Trust != DefaultApproxTrust || c.Matched[index.TierGPU] != 30 {
+		t.Fatalf("resyncing: r0 vouched %d trust %v matched %v, want 30 at trust %v beside the index's 30", c.Vouched, c.Trust, c.Matched, DefaultApproxTrust)
+	}
+	if e.Replica != "r0" {
+		t.Fatalf("resyncing: pick %s, want r0", e.Replica)
+	}
+	// Sent again (its view now empty): in flight there, it is the pending
+	// credit's (which the restored trust lets count), not vouched for.
+	ix.Cleared("r0")
+	if d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: turn2}); err != nil || d.Replica != "r0" {
+		t.Fatalf("resyncing: decided %s, %v; want r0", d.Replica, err)
+	}
+	if c := cand(explain(turn2), "r0"); c.Vouched != 0 || c.Pending == 0 || c.Trust != DefaultApproxTrust {
+		t.Fatalf("resyncing, in flight: r0 vouched %d pending %d trust %v, want 0, >0, %v", c.Vouched, c.Pending, c.Trust, DefaultApproxTrust)
+	}
+	st.gaps["r0"] = false
+	if c := cand(explain(turn2), "r0"); c.Vouched != 0 || c.Trust != 0 {
+		t.Fatalf("resyncing, no gaps: r0 vouched %d trust %v, want 0 and 0", c.Vouched, c.Trust)
 	}
 }
 
