@@ -290,9 +290,10 @@ func (m *Manager) Credit(id index.ReplicaID) float64 {
 // ViewGaps reports whether the replica's view is known to miss blocks the
 // engine holds: a store whose parent the index did not hold was applied
 // within index.GapHold (a batch lost without replay below it, or stores
-// resumed on blocks the engine kept through a clear of the view). It
-// implements route.ViewGaps for the router (through fleet.Set). Cheap and
-// non-blocking.
+// resumed on blocks the engine kept through a clear of the view). An
+// engine restart or AllBlocksCleared ends the mark: the engine then holds
+// nothing the view misses. It implements route.ViewGaps for the router
+// (through fleet.Set). Cheap and non-blocking.
 func (m *Manager) ViewGaps(id index.ReplicaID) bool {
 	r := m.lookup(id)
 	if r == nil {
@@ -675,6 +676,7 @@ func (w *worker) handle(it item) {
 	}
 	if st.Cleared > 0 {
 		rm.cleared.Add(float64(st.Cleared))
+		r.orphanNs.Store(0) // the engine emptied its cache: it holds nothing the view misses
 	}
 	if st.UnknownParentBlocks > 0 {
 		rm.unknownParent.Add(float64(st.UnknownParentBlocks))

@@ -326,6 +326,10 @@ func TestRestartClearsAndRelearns(t *testing.T) {
 	}
 	h.synced(e, w, "r1")
 	restarts := h.counter("kvroute_events_resyncs_total", "reason", "restart")
+	h.m.lookup("r1").orphanNs.Store(time.Now().UnixNano()) // as after a store below an unknown parent
+	if !h.m.ViewGaps("r1") {
+		t.Fatal("no view gaps after an unknown parent")
+	}
 	e.restart()
 	w.reset()
 	for range 5 {
@@ -334,6 +338,9 @@ func TestRestartClearsAndRelearns(t *testing.T) {
 	h.synced(e, w, "r1")
 	if got := h.counter("kvroute_events_resyncs_total", "reason", "restart"); got != restarts+1 {
 		t.Errorf("restart resyncs = %v, want %v", got, restarts+1)
+	}
+	if h.m.ViewGaps("r1") {
+		t.Error("view gaps reported after the engine restarted (its cache is empty)")
 	}
 }
 
@@ -349,11 +356,15 @@ func TestAllBlocksCleared(t *testing.T) {
 	if h.idx.Stats().Engine == 0 {
 		t.Fatal("nothing indexed")
 	}
+	h.m.lookup("r1").orphanNs.Store(time.Now().UnixNano()) // as after a store below an unknown parent
 	e.publish(readHex(t, "cleared_map.hex"), false)
 	w.reset()
 	h.synced(e, w, "r1")
 	if n := h.idx.Stats().Engine; n != 0 {
 		t.Errorf("%d engine hashes after AllBlocksCleared", n)
+	}
+	if h.m.ViewGaps("r1") {
+		t.Error("view gaps reported after AllBlocksCleared (the engine's cache is empty)")
 	}
 }
 

@@ -327,6 +327,10 @@ func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
 				s.rep.met.replayed.Inc()
 			}
 		case actClear:
+			if a.reason == "restart" {
+				// A restarted engine holds nothing the view misses.
+				s.rep.orphanNs.Store(0)
+			}
 			e := s.rep.epoch.Add(1)
 			s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
 			if s.rep.caughtUp.Swap(false) && a.reason != "" {
