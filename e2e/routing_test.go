@@ -17,21 +17,43 @@ import (
 )
 
 // TestMultiTurnSessionsStick: under light load, later turns of a session
-// land on the replica holding its history, and the engine confirms the hit.
+// land on the replica holding their history, and the engine confirms the hit.
 func TestMultiTurnSessionsStick(t *testing.T) {
 	c := newCluster(t, clusterOpts{})
+	// 11 sessions: not a multiple of the replica count, so round robin
+	// cannot pass by accident.
+	later, stuck, confirmed := stickSessions(t, c, "agent", 11, 5, false)
+	t.Logf("later turns: %d, on the history's replica: %d, cache hit confirmed: %d", later, stuck, confirmed)
+	if stuck*10 < later*9 {
+		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", stuck, later)
+	}
+	if confirmed*10 < later*9 {
+		t.Errorf("cached_tokens confirmed the history hit for only %d of %d later turns", confirmed, later)
+	}
+}
+
+// stickSessions drives sessions chat sessions of turns turns through c, one
+// turn of each session in turn, each turn appending a user message and the
+// answer (keyed: with an x-session-id header per session). It counts the
+// later turns, those that landed on their previous turn's replica, and of
+// those the ones whose cached tokens confirm the history hit (all of the
+// previous prompt but its last partial block).
+func stickSessions(t *testing.T, c *cluster, name string, sessions, turns int, keyed bool) (later, stuck, confirmed int) {
+	t.Helper()
 	ctx := t.Context()
-	const sessions, turns = 11, 5 // 11: not a multiple of the replica count, so round robin cannot pass by accident
 	hist := make([][]message, sessions)
 	last := make([]result, sessions)
 	for s := range sessions {
-		hist[s] = []message{{Role: "system", Content: prompt(fmt.Sprintf("agent%d", s), 40)}}
+		hist[s] = []message{{Role: "system", Content: prompt(fmt.Sprintf("%s%d", name, s), 40)}}
 	}
-	var later, stuck, confirmed int
 	for turn := range turns {
 		for s := range sessions {
-			hist[s] = append(hist[s], message{Role: "user", Content: prompt(fmt.Sprintf("s%d-t%d", s, turn), 25)})
-			r := c.chat(ctx, hist[s], 8, nil)
+			hist[s] = append(hist[s], message{Role: "user", Content: prompt(fmt.Sprintf("%s%d-t%d", name, s, turn), 25)})
+			var hdr map[string]string
+			if keyed {
+				hdr = map[string]string{"x-session-id": fmt.Sprint(name, "-", s)}
+			}
+			r := c.chat(ctx, hist[s], 8, hdr)
 			if r.err != nil || r.status != 200 {
 				t.Fatalf("session %d turn %d: %d %v %s", s, turn, r.status, r.err, r.body)
 			}
@@ -39,8 +61,6 @@ func TestMultiTurnSessionsStick(t *testing.T) {
 				later++
 				if r.upstream == last[s].upstream {
 					stuck++
-					// The previous turn's whole prompt is a prefix of this one:
-					// all but its last partial block should be served from cache.
 					if r.cached >= last[s].prompt-16 && r.cached > 0 {
 						confirmed++
 					}
@@ -50,13 +70,7 @@ func TestMultiTurnSessionsStick(t *testing.T) {
 			hist[s] = append(hist[s], message{Role: "assistant", Content: r.text})
 		}
 	}
-	t.Logf("later turns: %d, on the history's replica: %d, cache hit confirmed: %d", later, stuck, confirmed)
-	if stuck*10 < later*9 {
-		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", stuck, later)
-	}
-	if confirmed*10 < later*9 {
-		t.Errorf("cached_tokens confirmed the history hit for only %d of %d later turns", confirmed, later)
-	}
+	return later, stuck, confirmed
 }
 
 // TestSharedSystemPromptDoesNotHerd: one long system prompt shared by every

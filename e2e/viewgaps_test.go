@@ -2,10 +2,7 @@
 
 package e2e
 
-import (
-	"fmt"
-	"testing"
-)
+import "testing"
 
 // TestViewGapsKeepSessionsHome: the engines drop 30 % of their KV-event
 // batches and answer no replay, so kvroute clears and relearns their views
@@ -25,33 +22,7 @@ func TestViewGapsKeepSessionsHome(t *testing.T) {
 		kvExtra: "events:\n  replay_timeout: 200ms\n  resync_quiet: 300ms\nrouting:\n  pending_ttl: 100ms\n",
 	})
 	ctx := t.Context()
-	const sessions, turns = 11, 5
-	hist := make([][]message, sessions)
-	last := make([]result, sessions)
-	for s := range sessions {
-		hist[s] = []message{{Role: "system", Content: prompt(fmt.Sprintf("gapped%d", s), 40)}}
-	}
-	var later, stuck, confirmed int
-	for turn := range turns {
-		for s := range sessions {
-			hist[s] = append(hist[s], message{Role: "user", Content: prompt(fmt.Sprintf("g%d-t%d", s, turn), 25)})
-			r := c.chat(ctx, hist[s], 8, map[string]string{"x-session-id": fmt.Sprint("gapped-", s)})
-			if r.err != nil || r.status != 200 {
-				t.Fatalf("session %d turn %d: %d %v %s", s, turn, r.status, r.err, r.body)
-			}
-			if turn > 0 {
-				later++
-				if r.upstream == last[s].upstream {
-					stuck++
-					if r.cached >= last[s].prompt-16 && r.cached > 0 {
-						confirmed++
-					}
-				}
-			}
-			last[s] = r
-			hist[s] = append(hist[s], message{Role: "assistant", Content: r.text})
-		}
-	}
+	later, stuck, confirmed := stickSessions(t, c, "gapped", 11, 5, true)
 	url := c.kv.MetricsURL("/metrics")
 	orphans, err := metricSum(ctx, url, "kvroute_events_unknown_parent_blocks_total", "")
 	if err != nil {
