@@ -563,7 +563,7 @@ func (q *sequencer) live(msg liveMsg, allowReplay bool) {
 			return
 		}
 		q.emit(action{kind: actRestart, msg: msg, from: q.next})
-		q.warmWith("restart", []liveMsg{msg})
+		q.warmWith(reasonRestart, []liveMsg{msg})
 	}
 }
 
@@ -619,6 +619,10 @@ func (q *sequencer) fallback(reason string) {
 	q.clear(reason)
 	q.startQuiet()
 }
+
+// reasonRestart is the resync reason of an engine restart (a sequence
+// number that went back): the engine's cache is empty.
+const reasonRestart = "restart"
 
 // warmWith clears the replica and relearns it from the oldest batch the
 // engine still buffers (connect, reconnect, restart, overflow), then

@@ -327,7 +327,7 @@ func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
 				s.rep.met.replayed.Inc()
 			}
 		case actClear:
-			if a.reason == "restart" {
+			if a.reason == reasonRestart {
 				// A restarted engine holds nothing the view misses.
 				s.rep.orphanNs.Store(0)
 			}
