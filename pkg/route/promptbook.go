@@ -17,13 +17,11 @@ import (
 // to miss stores (ViewGaps): a record of the router's own dispatches,
 // needing no event, at one entry per request.
 //
-// Bounded like the homes: two generations of at most max/2 prompts each;
-// when the current one fills it becomes the old one and the older is
-// dropped. Safe for concurrent use (one mutex).
+// Bounded like the homes (generations of at most max prompts). Safe for
+// concurrent use (one mutex).
 type promptBook struct {
-	mu       sync.Mutex
-	max      int
-	cur, old map[kvblock.Key]sentPrompt
+	mu  sync.Mutex
+	gen generations[kvblock.Key, sentPrompt]
 }
 
 // sentPrompt is where one prompt went and how long it was, in blocks.
@@ -36,7 +34,7 @@ func newPromptBook(max int) *promptBook {
 	if max <= 0 {
 		return nil
 	}
-	return &promptBook{max: max, cur: make(map[kvblock.Key]sentPrompt)}
+	return &promptBook{gen: newGenerations[kvblock.Key, sentPrompt](max)}
 }
 
 // set records that the prompt whose last full block has key last, blocks
@@ -44,10 +42,7 @@ func newPromptBook(max int) *promptBook {
 func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.cur[last] = sentPrompt{replica: replica, blocks: blocks}
-	if len(b.cur) >= max(1, b.max/2) {
-		b.old, b.cur = b.cur, make(map[kvblock.Key]sentPrompt)
-	}
+	b.gen.set(last, sentPrompt{replica: replica, blocks: blocks})
 }
 
 // longest returns the longest recorded prompt, of more than above blocks,
@@ -58,10 +53,7 @@ func (b *promptBook) longest(keys []kvblock.Key, above int) (sentPrompt, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for i := len(keys) - 1; i >= max(above, 0); i-- {
-		if s, ok := b.cur[keys[i]]; ok && s.blocks == i+1 {
-			return s, true
-		}
-		if s, ok := b.old[keys[i]]; ok && s.blocks == i+1 {
+		if s, ok := b.gen.get(keys[i]); ok && s.blocks == i+1 {
 			return s, true
 		}
 	}

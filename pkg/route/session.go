@@ -228,23 +228,47 @@ func skipValue(b []byte, i int) int {
 	return -1
 }
 
-// homes remembers, per session key, the replica that served the session's
-// last request: two generations of at most max/2 keys each; when the
-// current one fills, it becomes the old one and the older is dropped, so
-// memory is bounded and a session seen within the last max/2 to max
-// decisions is remembered. Safe for concurrent use (one mutex; a lookup and
-// an update per decision).
-type homes struct {
-	mu       sync.Mutex
+// generations is a map bounded by forgetting: two generations of at most
+// max/2 keys each; when the current one fills, it becomes the old one and
+// the older is dropped, so a key set within the last max/2 to max sets is
+// remembered. Not safe for concurrent use: its owner locks.
+type generations[K comparable, V any] struct {
 	max      int
-	cur, old map[string]index.ReplicaID
+	cur, old map[K]V
+}
+
+func newGenerations[K comparable, V any](max int) generations[K, V] {
+	return generations[K, V]{max: max, cur: make(map[K]V)}
+}
+
+func (g *generations[K, V]) get(k K) (V, bool) {
+	if v, ok := g.cur[k]; ok {
+		return v, true
+	}
+	v, ok := g.old[k]
+	return v, ok
+}
+
+func (g *generations[K, V]) set(k K, v V) {
+	g.cur[k] = v
+	if len(g.cur) >= max(1, g.max/2) {
+		g.old, g.cur = g.cur, make(map[K]V)
+	}
+}
+
+// homes remembers, per session key, the replica that served the session's
+// last request (generations of at most max keys). Safe for concurrent use
+// (one mutex; a lookup and an update per decision).
+type homes struct {
+	mu  sync.Mutex
+	gen generations[string, index.ReplicaID]
 }
 
 func newHomes(max int) *homes {
 	if max <= 0 {
 		return nil
 	}
-	return &homes{max: max, cur: make(map[string]index.ReplicaID)}
+	return &homes{gen: newGenerations[string, index.ReplicaID](max)}
 }
 
 func (h *homes) get(key string) (index.ReplicaID, bool) {
@@ -253,11 +277,7 @@ func (h *homes) get(key string) (index.ReplicaID, bool) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if id, ok := h.cur[key]; ok {
-		return id, true
-	}
-	id, ok := h.old[key]
-	return id, ok
+	return h.gen.get(key)
 }
 
 func (h *homes) set(key string, id index.ReplicaID) {
@@ -266,8 +286,5 @@ func (h *homes) set(key string, id index.ReplicaID) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.cur[key] = id
-	if len(h.cur) >= max(1, h.max/2) {
-		h.old, h.cur = h.cur, make(map[string]index.ReplicaID)
-	}
+	h.gen.set(key, id)
 }

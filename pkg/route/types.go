@@ -271,21 +271,20 @@ func (r *records) commit() {
 
 // MatchedBlocks returns the picked replica's matched blocks over all tiers.
 func (d Decision) MatchedBlocks() int {
-	for _, c := range d.Candidates {
-		if c.Replica == d.Replica {
-			return c.Matched[0] + c.Matched[1] + c.Matched[2]
-		}
-	}
-	return 0
+	c := d.chosen()
+	return c.Matched[0] + c.Matched[1] + c.Matched[2]
 }
 
 // VouchedBlocks returns the blocks credited at the chosen replica beyond
 // its match because its view is known to miss stores (Candidate.Vouched).
-func (d Decision) VouchedBlocks() int {
+func (d Decision) VouchedBlocks() int { return d.chosen().Vouched }
+
+// chosen is the chosen replica's candidate (zero when there is none).
+func (d Decision) chosen() Candidate {
 	for _, c := range d.Candidates {
 		if c.Replica == d.Replica {
-			return c.Vouched
+			return c
 		}
 	}
-	return 0
+	return Candidate{}
 }
