@@ -24,10 +24,27 @@ type promptBook struct {
 	gen generations[kvblock.Key, sentPrompt]
 }
 
-// sentPrompt is where one prompt went and how long it was, in blocks.
+// bookSenders is how many replicas one prompt's entry names. A prompt sent
+// to several (a GRPO group's task, a fan-out's siblings) is held by each;
+// naming only the last would send every resend of it there.
+const bookSenders = 4
+
+// sentPrompt is how long one prompt was, in blocks, and the replicas it was
+// sent to, the most recent first (unused slots "").
 type sentPrompt struct {
-	replica index.ReplicaID
-	blocks  int
+	blocks int
+	to     [bookSenders]index.ReplicaID
+}
+
+// sentTo reports whether the prompt was sent to id (among the last
+// bookSenders replicas it went to).
+func (s *sentPrompt) sentTo(id index.ReplicaID) bool {
+	for _, r := range s.to {
+		if r == id {
+			return r != ""
+		}
+	}
+	return false
 }
 
 func newPromptBook(max int) *promptBook {
@@ -38,11 +55,25 @@ func newPromptBook(max int) *promptBook {
 }
 
 // set records that the prompt whose last full block has key last, blocks
-// long, was sent to replica.
+// long, was sent to replica: first among its senders, the oldest of
+// bookSenders others forgotten.
 func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.gen.set(last, sentPrompt{replica: replica, blocks: blocks})
+	s, ok := b.gen.get(last)
+	if !ok || s.blocks != blocks {
+		s = sentPrompt{blocks: blocks}
+	}
+	j := len(s.to) - 1
+	for i, r := range s.to {
+		if r == replica {
+			j = i
+			break
+		}
+	}
+	copy(s.to[1:j+1], s.to[:j])
+	s.to[0] = replica
+	b.gen.set(last, s)
 }
 
 // longest returns the longest recorded prompt, of more than above blocks,

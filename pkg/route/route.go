@@ -882,10 +882,13 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	}
 }
 
-// vouch credits the replica the router last sent the longest earlier
-// prompt this one resends (Router.prompts), when that replica's view is
-// known to miss stores (ViewGaps) and its index shows less of that prompt,
-// with the blocks the index does not show there (Candidate.Vouched). A
+// vouch credits the replicas the router sent the longest earlier prompt
+// this one resends (Router.prompts: the last bookSenders of them), where a
+// replica's view is known to miss stores (ViewGaps) and its index shows
+// less of that prompt, with the blocks the index does not show there
+// (Candidate.Vouched). Every sender is credited, not the last: siblings
+// that sent one task prompt to several replicas each hold it there, and
+// crediting only the last sender would draw all their next turns to it. A
 // view being relearned (Trust 0: its matches count for nothing) is
 // credited the whole prompt at the approximate mode's trust
 // (Options.ApproxTrust), as the router's own dispatches are credited where
@@ -914,11 +917,8 @@ func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	}
 	for k := range sc.cands {
 		c := &sc.cands[k]
-		if c.Replica != sent.replica {
+		if !sent.sentTo(c.Replica) || sc.src[k] != srcEvents || !gaps.ViewGaps(c.Replica) {
 			continue
-		}
-		if sc.src[k] != srcEvents || !gaps.ViewGaps(c.Replica) {
-			return
 		}
 		if c.Trust == 0 {
 			// The router's own records stand in for the view: its
@@ -931,7 +931,6 @@ func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 			c.Matched[index.TierGPU] += sent.blocks - have
 			raw[k].Vouched = sent.blocks - have
 		}
-		return
 	}
 }
 

@@ -134,6 +134,60 @@ func TestVouchCreditsSentPromptOnGappedView(t *testing.T) {
 	}
 }
 
+// GRPO siblings send one task prompt to several replicas. A sibling's next
+// turn, resending it, is credited with it at every gapped replica it went
+// to, not only at the last: each holds it, and naming the last alone would
+// draw every sibling's next turn there.
+func TestVouchCreditsEverySender(t *testing.T) {
+	st := &gapState{fakeState: fleet(3), gaps: map[index.ReplicaID]bool{"r0": true, "r1": true, "r2": true}}
+	ix := index.New(index.Config{})
+	now := time.Unix(1000, 0)
+	p, err := policy.New(policy.NameKVRoute, policy.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := New(Options{Matcher: ix, State: st, Policy: p, Seed: 1, Now: func() time.Time { return now }})
+	task := seq(20*16, 100)
+	for _, id := range []index.ReplicaID{"r0", "r1"} {
+		// The other replicas busy: the task goes to the idle one.
+		for _, o := range []index.ReplicaID{"r0", "r1", "r2"} {
+			st.loads[o] = load.Load{Healthy: true, ActivePrefillBlocks: 200}
+		}
+		st.loads[id] = load.Load{Healthy: true}
+		d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: task})
+		if err != nil || d.Replica != id {
+			t.Fatalf("task sent to %s (%v), want %s", d.Replica, err, id)
+		}
+	}
+	for _, o := range []index.ReplicaID{"r0", "r1", "r2"} {
+		st.loads[o] = load.Load{Healthy: true}
+	}
+	next := append(append([]uint32(nil), task...), seq(3*16, 7000)...)
+	d, err := rt.Explain(t.Context(), Request{Model: model, Tokens: next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range d.Candidates {
+		want := 20
+		if c.Replica == "r2" {
+			want = 0
+		}
+		if c.Vouched != want {
+			t.Fatalf("%s vouched %d, want %d", c.Replica, c.Vouched, want)
+		}
+	}
+	// r1's view without gaps: only r0 is credited.
+	st.gaps["r1"] = false
+	if d, err = rt.Explain(t.Context(), Request{Model: model, Tokens: next}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range d.Candidates {
+		if want := map[index.ReplicaID]int{"r0": 20}[c.Replica]; c.Vouched != want {
+			t.Fatalf("r1 without gaps: %s vouched %d, want %d", c.Replica, c.Vouched, want)
+		}
+	}
+}
+
 // Without a State reporting view gaps the router keeps no prompt book.
 func TestVouchNeedsViewGaps(t *testing.T) {
 	rt := newRouter(t, fleet(2), index.New(index.Config{}), nil)
@@ -143,32 +197,56 @@ func TestVouchNeedsViewGaps(t *testing.T) {
 }
 
 // The prompt book finds the longest recorded prompt a prompt begins with,
-// checks a record's length against its position, and forgets after two
-// generations.
+// checks a record's length against its position, keeps the last
+// bookSenders replicas a prompt went to (most recent first, each once), and
+// forgets after two generations.
 func TestPromptBook(t *testing.T) {
+	sent := func(blocks int, to ...index.ReplicaID) sentPrompt {
+		s := sentPrompt{blocks: blocks}
+		copy(s.to[:], to)
+		return s
+	}
 	b := newPromptBook(4)
 	keys := kvblock.Keys(nil, kvblock.Root(model, ""), seq(6*16, 1), 16, kvblock.Options{})
 	b.set(keys[1], "r1", 2)
 	b.set(keys[3], "r3", 4)
-	if s, ok := b.longest(keys, 0); !ok || s != (sentPrompt{"r3", 4}) {
+	if s, ok := b.longest(keys, 0); !ok || s != sent(4, "r3") {
 		t.Fatalf("longest %+v %v, want r3's 4 blocks", s, ok)
 	}
-	if s, ok := b.longest(keys[:3], 0); !ok || s != (sentPrompt{"r1", 2}) {
+	if s, ok := b.longest(keys[:3], 0); !ok || s != sent(2, "r1") {
 		t.Fatalf("3 blocks: %+v %v, want r1's 2", s, ok)
 	}
 	// Two records filled the first generation, now the old one. keys[4]
 	// recorded with the wrong length never matches at position 4.
 	b.set(keys[4], "r4", 2)
-	if s, _ := b.longest(keys, 0); s.replica != "r3" {
+	if s, _ := b.longest(keys, 0); s != sent(4, "r3") {
 		t.Fatalf("mislabelled record matched: %+v", s)
 	}
 	b.set(keys[0], "r0", 1) // fills the generation again: r1's and r3's records are gone
 	b.set(keys[2], "r2", 3)
-	if s, ok := b.longest(keys, 0); !ok || s != (sentPrompt{"r2", 3}) {
+	if s, ok := b.longest(keys, 0); !ok || s != sent(3, "r2") {
 		t.Fatalf("after two rotations %+v %v, want r2's 3", s, ok)
 	}
 	if _, ok := b.longest(keys, 3); ok {
 		t.Fatal("r2's 3 blocks found when asked for more than 3")
+	}
+
+	// One prompt sent to several replicas: each named once, the latest
+	// first, the oldest dropped past bookSenders; another length starts over.
+	b = newPromptBook(64)
+	for _, id := range []index.ReplicaID{"a", "b", "a", "c", "d", "e"} {
+		b.set(keys[2], id, 3)
+	}
+	s, ok := b.longest(keys, 0)
+	if !ok || s != sent(3, "e", "d", "c", "a") {
+		t.Fatalf("senders %+v %v, want e d c a", s, ok)
+	}
+	if s.sentTo("b") || !s.sentTo("a") || s.sentTo("") {
+		t.Fatalf("sentTo: b %v a %v empty %v", s.sentTo("b"), s.sentTo("a"), s.sentTo(""))
+	}
+	b.set(keys[2], "f", 2) // replaces the senders; mislabelled, it never matches
+	if s, ok := b.longest(keys, 0); ok {
+		t.Fatalf("a record of another length kept or matched: %+v", s)
 	}
 	if newPromptBook(0) != nil {
 		t.Fatal("a book of size 0")
