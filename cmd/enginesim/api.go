@@ -64,6 +64,8 @@ type genRequest struct {
 	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
 	N                    *int            `json:"n"`
+	Temperature          *float64        `json:"temperature"`
+	Seed                 *int64          `json:"seed"`
 	Stream               bool            `json:"stream"`
 	StreamOptions        *streamOptions  `json:"stream_options"`
 	CacheSalt            *string         `json:"cache_salt"`

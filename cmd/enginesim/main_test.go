@@ -159,6 +159,30 @@ func tokenCount(t *testing.T, s *sim, body string) int {
 	return r.Count
 }
 
+// Sampled (vLLM's default temperature of 1), one prompt gets an answer of
+// its own each time, unless the request repeats a seed; at temperature 0
+// the answer repeats.
+func TestSampling(t *testing.T) {
+	s := startSim(t)
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 5)
+	text := func(extra string) string {
+		t.Helper()
+		return s.complete(t, fmt.Sprintf(`{"model": "sim-model", "prompt": %q, "max_tokens": 32%s}`, prompt, extra)).Choices[0].Text
+	}
+	if a, b := text(""), text(""); a == b {
+		t.Errorf("two sampled answers are one: %q", a)
+	}
+	if a, b := text(`, "temperature": 0.8, "seed": 42`), text(`, "temperature": 0.8, "seed": 42`); a != b {
+		t.Errorf("one seed, two answers: %q vs %q", a, b)
+	}
+	if a, b := text(`, "seed": 42`), text(`, "seed": 43`); a == b {
+		t.Errorf("seeds 42 and 43, one answer: %q", a)
+	}
+	if a, b := text(`, "temperature": 0`), text(`, "temperature": 0`); a != b {
+		t.Errorf("greedy, two answers: %q vs %q", a, b)
+	}
+}
+
 // A second identical request is served from the cache: full blocks × 16.
 func TestCachedTokensOnRepeat(t *testing.T) {
 	s := startSim(t, "--enable-prompt-tokens-details")
@@ -167,7 +191,7 @@ func TestCachedTokensOnRepeat(t *testing.T) {
 	if n != len(prompt)+1 {
 		t.Fatalf("tokenize count %d, want %d (bytes + BOS)", n, len(prompt)+1)
 	}
-	body := fmt.Sprintf(`{"model": "sim-model", "prompt": %q, "max_tokens": 7}`, prompt)
+	body := fmt.Sprintf(`{"model": "sim-model", "prompt": %q, "max_tokens": 7, "temperature": 0}`, prompt)
 	first := s.complete(t, body)
 	second := s.complete(t, body)
 	// vLLM omits the details (null) when nothing was cached.
@@ -181,7 +205,7 @@ func TestCachedTokensOnRepeat(t *testing.T) {
 		t.Errorf("usage %+v", second.Usage)
 	}
 	if first.Choices[0].Text != second.Choices[0].Text || len(first.Choices[0].Text) != 7 {
-		t.Errorf("generated text not deterministic or wrong length: %q vs %q", first.Choices[0].Text, second.Choices[0].Text)
+		t.Errorf("greedy text not deterministic or wrong length: %q vs %q", first.Choices[0].Text, second.Choices[0].Text)
 	}
 	// Pre-tokenized: the same tokens hit the same blocks.
 	ids := make([]string, 0, n)

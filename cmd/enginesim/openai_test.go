@@ -85,7 +85,8 @@ func TestOpenAIPythonClient(t *testing.T) {
 	if got.Completion.Object != "text_completion" || got.Chat.Role != "assistant" {
 		t.Errorf("object %q role %q", got.Completion.Object, got.Chat.Role)
 	}
-	// Same prompt, same seed: streaming and non-streaming generate the same.
+	// Same prompt, same request seed: streaming and non-streaming generate
+	// the same.
 	if got.Completion.Text != got.CompletionStream.Text || got.Chat.Text != got.ChatStream.Text {
 		t.Errorf("streamed text differs: %q/%q, %q/%q", got.Completion.Text, got.CompletionStream.Text, got.Chat.Text, got.ChatStream.Text)
 	}

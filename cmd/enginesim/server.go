@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
@@ -149,7 +150,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	reqs := make([]engine.Request, len(prompts))
 	total := 0
 	for i, p := range prompts {
-		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(&req, chat, len(p))}
+		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(&req, chat, len(p)), Sample: sampling(&req, i)}
 		if req.CacheSalt != nil {
 			reqs[i].CacheSalt = *req.CacheSalt
 		}
@@ -186,6 +187,24 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !done {
 		s.d.abort(ids)
 	}
+}
+
+// sampling is the engine's sampling seed for the request's i-th prompt
+// (engine.Request.Sample): greedy (0) at temperature 0; repeatable from the
+// request's seed; else drawn at random, as vLLM samples at its default
+// temperature of 1 (when neither the request nor the model's generation
+// config sets one), so that two requests sending one prompt get two
+// answers.
+func sampling(req *genRequest, i int) uint64 {
+	switch {
+	case req.Temperature != nil && *req.Temperature == 0:
+		return 0
+	case req.Seed != nil:
+		return 1<<63 | (uint64(*req.Seed)+uint64(i))&(1<<63-1)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return 1<<63 | binary.LittleEndian.Uint64(b[:])
 }
 
 func (s *server) maxTokens(req *genRequest, chat bool, promptLen int) int {

@@ -299,9 +299,11 @@ type live struct {
 	reason     string
 	key        string
 	// opener is the first request of its conversation (promptHash: its
-	// prompt's hash); its answer opens the conversation.
+	// prompt's hash, sample: its sampling seed); its answer opens the
+	// conversation.
 	opener     bool
 	promptHash uint64
+	sample     uint64
 	// queued are the uncached tokens the router estimated were queued
 	// ahead of it (route.Decision.QueuedTokens).
 	queued int
@@ -415,7 +417,8 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 	for i := range cfg.Replicas {
 		// Every replica shares one engine seed, as a fleet started with a
 		// fixed PYTHONHASHSEED does: generated text then depends only on
-		// the prompt, so every policy sees the same conversations.
+		// the prompt and the request's sampling seed (requestSample), so
+		// every policy sees the same conversations.
 		e, err := engine.New(cfg.replicaEngine(i), 1)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSim, err)
@@ -547,7 +550,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	}
 	ri := s.ids[dec.Replica]
 	r := s.reps[ri]
-	id, err := r.eng.Submit(s.now, engine.Request{Prompt: prompt, MaxTokens: out})
+	id, err := r.eng.Submit(s.now, engine.Request{Prompt: prompt, MaxTokens: out, Sample: requestSample(sess, turn)})
 	if err != nil {
 		return fmt.Errorf("%w: session %d turn %d: %w", ErrSim, sess, turn, err)
 	}
@@ -571,7 +574,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		lv.prompt = prompt // the next turn resends it
 	}
 	if c := s.conv[sess]; !s.opened[c] {
-		s.opened[c], lv.opener, lv.promptHash = true, true, hashTokens(prompt)
+		s.opened[c], lv.opener, lv.promptHash, lv.sample = true, true, hashTokens(prompt), requestSample(sess, turn)
 	}
 	s.live[ri][id] = lv
 	r.res.Requests++
@@ -715,7 +718,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.opener {
-			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, f.OutputTokens)
+			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, lv.sample, f.OutputTokens)
 		}
 		if lv.keepOut {
 			hist := append(lv.prompt, lv.outputs...)
@@ -754,22 +757,35 @@ func (s *sim) expecting(out int) load.Output {
 	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize)}
 }
 
+// requestSample is the sampling seed of a session's turn
+// (engine.Request.Sample): every simulated request samples its output, as
+// the OpenAI API does by default (temperature 1), each with a seed of its
+// own, so that requests sending one prompt (a GRPO group's samples of a
+// task) answer it differently, while a run repeats exactly.
+func requestSample(sess, turn int) uint64 {
+	return 1<<63 | uint64(sess)<<24 | uint64(turn)&(1<<24-1)
+}
+
 // openingMessages is what a chat client resends at the start of every
 // later request of a conversation, as the OpenAI messages array: the first
 // request's prompt (its system and user messages, here one user message)
 // and the answer to it. The simulator has token ids, not text, so the
 // prompt's content is a hash of its tokens, and the answer's names the
-// engine's output for that prompt (which depends only on the prompt, every
-// replica sharing one engine seed) by the prompt's hash and the output's
-// length. route.SessionKey derives the conversation's key from it exactly
-// as from a live request's body (a conversation's first request carries
-// none: it has no assistant message yet), so the simulated router sees the
-// identities a live one would.
-func openingMessages(promptHash uint64, outputTokens int) []byte {
-	b := append(make([]byte, 0, 96), `[{"role":"user","content":"`...)
+// engine's output for that prompt (which depends only on the prompt and
+// the request's sampling seed, every replica sharing one engine seed) by
+// the prompt's hash, the sampling seed and the output's length.
+// route.SessionKey derives the conversation's key from it exactly as from
+// a live request's body (a conversation's first request carries none: it
+// has no assistant message yet), so the simulated router sees the
+// identities a live one would: two samples of one task prompt open two
+// conversations.
+func openingMessages(promptHash, sample uint64, outputTokens int) []byte {
+	b := append(make([]byte, 0, 112), `[{"role":"user","content":"`...)
 	b = strconv.AppendUint(b, promptHash, 16)
 	b = append(b, `"},{"role":"assistant","content":"answer to `...)
 	b = strconv.AppendUint(b, promptHash, 16)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, sample, 16)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(outputTokens), 10)
 	return append(b, `"}]`...)

@@ -157,26 +157,34 @@ func TestSimulateEventLoss(t *testing.T) {
 // engines hold, but a session's next turn still finds the history the
 // router sent its replica: the view is known to miss stores (unknown
 // parents), so the router vouches for its own dispatches there
-// (route.ViewGaps). Served hits stay within 5 % of the lossless run's
-// (without the vouching: agentic 0.81 and rl 0.86 of it).
+// (route.ViewGaps). Served hits stay within 5 % of the lossless run's on
+// each of five generator and fleet seeds (without the vouching, agentic's
+// fell to 0.75–0.93 of it; with only the last sender of a GRPO group's
+// task prompt vouched for, rl's fell to 0.75 on seed 4, every trajectory
+// drawn onto one replica).
 func TestSimulateEventLossKeepsHistory(t *testing.T) {
 	for _, g := range []string{GenAgentic, GenRL} {
-		w := mustGen(t, g, 0.05)
-		run := func(loss float64) Summary {
-			cfg := smallFleet()
-			cfg.EventLoss = loss
-			r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		for seed := uint64(1); seed <= 5; seed++ {
+			w, err := Generate(g, GenOptions{Seed: seed, SizeScale: 0.05})
 			if err != nil {
 				t.Fatal(err)
 			}
-			return Summarize(r)
-		}
-		clean, lossy := run(0), run(0.5)
-		if lossy.PredictedHitRate > 0.5*clean.PredictedHitRate {
-			t.Fatalf("%s: the index predicted %v of %v with half the batches lost: no loss to recover from", g, lossy.PredictedHitRate, clean.PredictedHitRate)
-		}
-		if lossy.HitRate < 0.95*clean.HitRate {
-			t.Errorf("%s: served hit rate %v with half the batches lost, %v without", g, lossy.HitRate, clean.HitRate)
+			run := func(loss float64) Summary {
+				cfg := smallFleet()
+				cfg.Seed, cfg.EventLoss = seed, loss
+				r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return Summarize(r)
+			}
+			clean, lossy := run(0), run(0.5)
+			if lossy.PredictedHitRate > 0.5*clean.PredictedHitRate {
+				t.Fatalf("%s seed %d: the index predicted %v of %v with half the batches lost: no loss to recover from", g, seed, lossy.PredictedHitRate, clean.PredictedHitRate)
+			}
+			if lossy.HitRate < 0.95*clean.HitRate {
+				t.Errorf("%s seed %d: served hit rate %v with half the batches lost, %v without", g, seed, lossy.HitRate, clean.HitRate)
+			}
 		}
 	}
 }

@@ -81,7 +81,10 @@
 // none of them again (SGLang holds such a request back a step and then
 // finds them; vLLM's V0 engine cached a block only once computed). A
 // request finishes after MaxTokens tokens; generated text comes from
-// package simtok's generator, seeded by the engine seed and the prompt.
+// package simtok's generator, seeded by the engine seed, the prompt and
+// the request's sampling seed (Request.Sample: 0 is greedy, the same
+// answer for the same prompt; any other value samples an answer of its
+// own, as at a temperature above 0).
 //
 // Stats reports what a vLLM engine exports on /metrics — running and
 // waiting requests, KV usage and free blocks, prefix-cache queries and

@@ -27,6 +27,14 @@ type Request struct {
 	LoRAID   int
 	// CacheSalt is folded into block 0's hash (vLLM's cache_salt).
 	CacheSalt string
+	// Sample is the request's sampling seed. 0 decodes greedily, as at
+	// temperature 0: the output depends on the engine's seed and the prompt
+	// alone, so two requests sending one prompt get one answer. Any other
+	// value draws an output of its own, as sampling at a temperature above
+	// 0 does (a GRPO group's samples of one task prompt answer it
+	// differently); a request repeating a Sample repeats its output, as a
+	// request with vLLM's per-request `seed` does.
+	Sample uint64
 }
 
 // Errors returned by Submit; all wrap ErrInvalidRequest.
@@ -244,7 +252,7 @@ func (e *Engine) Submit(now time.Duration, r Request) (ReqID, error) {
 		id:      e.nextID,
 		req:     r,
 		tokens:  append(make([]uint32, 0, total), r.Prompt...),
-		gen:     simtok.NewGenerator(e.seed, r.Prompt),
+		gen:     simtok.NewGenerator(sampleSeed(e.seed, r.Sample), r.Prompt),
 		blocks:  make([]int32, 0, ceilDiv(total, e.cfg.BlockSize)),
 		hashes:  make([]uint64, 0, total/e.cfg.BlockSize),
 		cached:  -1,
@@ -338,15 +346,26 @@ func (e *Engine) ExtendHashes(prefix []uint64, r Request) []uint64 {
 	return q.hashes
 }
 
-// Generated returns the n tokens the engine generates for prompt (they
-// depend only on the seed and the prompt).
-func (e *Engine) Generated(prompt []uint32, n int) []uint32 {
-	g := simtok.NewGenerator(e.seed, prompt)
+// Generated returns the n tokens the engine generates for prompt at the
+// sampling seed sample (Request.Sample; they depend only on the engine's
+// seed, sample and the prompt).
+func (e *Engine) Generated(prompt []uint32, sample uint64, n int) []uint32 {
+	g := simtok.NewGenerator(sampleSeed(e.seed, sample), prompt)
 	out := make([]uint32, n)
 	for i := range out {
 		out[i] = g.Next()
 	}
 	return out
+}
+
+// sampleSeed is the output generator's seed for a request with sampling
+// seed sample: the engine's own for a greedy request (0), else mixed with
+// sample.
+func sampleSeed(seed, sample uint64) uint64 {
+	if sample == 0 {
+		return seed
+	}
+	return seed ^ xxh3.HashSeed([]byte("sample"), sample)
 }
 
 // CachedPrefix returns how many leading full blocks of r's prompt the engine

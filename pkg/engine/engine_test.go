@@ -591,7 +591,8 @@ func TestStatsReported(t *testing.T) {
 
 // ExtendHashes continues a conversation's hashes (a fresh slice, the
 // prefix untouched, a shorter prompt cut) as BlockHashes computes them
-// whole; Generated is what the engine generates for a prompt.
+// whole; Generated is what the engine generates for a prompt, greedily or
+// at a sampling seed.
 func TestExtendHashesAndGenerated(t *testing.T) {
 	e, err := New(Config{BlockSize: 16, NumGPUBlocks: 256}, 3)
 	if err != nil {
@@ -626,8 +627,32 @@ func TestExtendHashesAndGenerated(t *testing.T) {
 			}
 		}
 	}
-	if want := e.Generated(long, 7); !slices.Equal(out, want) {
+	if want := e.Generated(long, 0, 7); !slices.Equal(out, want) {
 		t.Fatalf("generated %v, engine %v", want, out)
+	}
+	// Sampled requests of one prompt answer it differently; one sampling
+	// seed repeats its answer, and the engine generates what Generated says.
+	a, b := e.Generated(long, 1, 64), e.Generated(long, 2, 64)
+	if slices.Equal(a, b) || slices.Equal(a, e.Generated(long, 0, 64)) {
+		t.Fatal("sampling seeds 0, 1 and 2 gave one answer")
+	}
+	if !slices.Equal(a, e.Generated(long, 1, 64)) {
+		t.Fatal("sampling seed 1 gave two answers")
+	}
+	id, err = e.Submit(0, Request{Prompt: long, MaxTokens: 64, Sample: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = out[:0]
+	for _, r := range drain(t, e) {
+		for _, tk := range r.Tokens {
+			if tk.ID == id {
+				out = append(out, tk.Token)
+			}
+		}
+	}
+	if !slices.Equal(out, b) {
+		t.Fatalf("sampled: generated %v, engine %v", b, out)
 	}
 }
 

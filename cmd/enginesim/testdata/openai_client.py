@@ -21,12 +21,12 @@ def usage(u):
             "total": u.total_tokens, "cached": cached}
 
 
-r = client.completions.create(model="sim-model", prompt=prompt, max_tokens=6)
+r = client.completions.create(model="sim-model", prompt=prompt, max_tokens=6, seed=7)
 out["completion"] = {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
                      "usage": usage(r.usage), "object": r.object}
 
 text, finish, u, n = "", None, None, 0
-for chunk in client.completions.create(model="sim-model", prompt=prompt, max_tokens=6,
+for chunk in client.completions.create(model="sim-model", prompt=prompt, max_tokens=6, seed=7,
                                        stream=True, stream_options={"include_usage": True}):
     n += 1
     if chunk.choices:
@@ -37,12 +37,12 @@ for chunk in client.completions.create(model="sim-model", prompt=prompt, max_tok
 out["completion_stream"] = {"text": text, "finish": finish, "usage": u, "chunks": n}
 
 messages = [{"role": "user", "content": prompt}]
-r = client.chat.completions.create(model="sim-model", messages=messages, max_tokens=5)
+r = client.chat.completions.create(model="sim-model", messages=messages, max_tokens=5, seed=7)
 out["chat"] = {"text": r.choices[0].message.content, "role": r.choices[0].message.role,
                "finish": r.choices[0].finish_reason, "usage": usage(r.usage)}
 
 text, finish, u, roles = "", None, None, []
-for chunk in client.chat.completions.create(model="sim-model", messages=messages, max_tokens=5,
+for chunk in client.chat.completions.create(model="sim-model", messages=messages, max_tokens=5, seed=7,
                                             stream=True, stream_options={"include_usage": True}):
     if chunk.choices:
         d = chunk.choices[0].delta
