@@ -50,11 +50,13 @@
 // load-aware policy would then move a session off the history it left
 // there. With a State that reports gaps the Router keeps a prompt book
 // (promptbook.go): per prompt it sent, the router key of its last full
-// block -> replica and length, bounded like the homes. A request that
+// block -> length and the last four replicas it went to (a GRPO group's
+// task prompt goes to several), bounded like the homes. A request that
 // resends an earlier prompt finds the longest such one (a probe per block,
-// only while some candidate's view has gaps), and if that prompt's replica
-// reports gaps, shows less of it in its index and has none of it in
-// flight (Pending), the missing blocks are credited on its GPU tier:
+// only while some candidate's view has gaps), and at each of that prompt's
+// replicas that reports gaps, shows less of it in its index and has none
+// of it in flight (Pending), the missing blocks are credited on its GPU
+// tier:
 // policy.Candidate.Matched includes them, the Decision's Candidate.Vouched
 // counts them apart from the index's Matched. A view being relearned
 // (trust 0, its matches worth nothing) gets Options.ApproxTrust and
