@@ -304,13 +304,15 @@ func TestQuantileAndCV(t *testing.T) {
 // between conversations); else the OpenAI user field; nothing for a first
 // request without header or user. The chat generator's conversations are
 // sessions of several turns; the trace's are single-request sessions
-// sharing a conversation id.
+// sharing a conversation id. The rl generator's samples of one task send
+// one first prompt and, answers being sampled, open different
+// conversations.
 func TestSimulateSessionKeysAsLive(t *testing.T) {
 	tr, err := ReadTraceFile(traceForTest(t), TraceOptions{Limit: 400})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []*Workload{mustGen(t, GenChat, 0.3), tr} {
+	for _, w := range []*Workload{mustGen(t, GenChat, 0.3), mustGen(t, GenRL, 0.1), tr} {
 		t.Run(w.Name, func(t *testing.T) {
 			r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameSession), smallFleet())
 			if err != nil {
