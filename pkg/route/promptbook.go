@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/index"
@@ -39,12 +40,7 @@ type sentPrompt struct {
 // sentTo reports whether the prompt was sent to id (among the last
 // bookSenders replicas it went to).
 func (s *sentPrompt) sentTo(id index.ReplicaID) bool {
-	for _, r := range s.to {
-		if r == id {
-			return r != ""
-		}
-	}
-	return false
+	return id != "" && slices.Contains(s.to[:], id)
 }
 
 func newPromptBook(max int) *promptBook {
@@ -64,12 +60,9 @@ func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int) 
 	if !ok || s.blocks != blocks {
 		s = sentPrompt{blocks: blocks}
 	}
-	j := len(s.to) - 1
-	for i, r := range s.to {
-		if r == replica {
-			j = i
-			break
-		}
+	j := slices.Index(s.to[:], replica) // its earlier place, else the oldest's
+	if j < 0 {
+		j = len(s.to) - 1
 	}
 	copy(s.to[1:j+1], s.to[:j])
 	s.to[0] = replica
