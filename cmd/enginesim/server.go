@@ -2,10 +2,10 @@ package main
 
 import (
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net/http"
 	"time"
 
@@ -202,9 +202,7 @@ func sampling(req *genRequest, i int) uint64 {
 	case req.Seed != nil:
 		return 1<<63 | (uint64(*req.Seed)+uint64(i))&(1<<63-1)
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return 1<<63 | binary.LittleEndian.Uint64(b[:])
+	return 1<<63 | mrand.Uint64()
 }
 
 func (s *server) maxTokens(req *genRequest, chat bool, promptLen int) int {
