@@ -299,11 +299,9 @@ type live struct {
 	reason     string
 	key        string
 	// opener is the first request of its conversation (promptHash: its
-	// prompt's hash, sample: its sampling seed); its answer opens the
-	// conversation.
+	// prompt's hash); its answer opens the conversation.
 	opener     bool
 	promptHash uint64
-	sample     uint64
 	// queued are the uncached tokens the router estimated were queued
 	// ahead of it (route.Decision.QueuedTokens).
 	queued int
@@ -574,7 +572,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		lv.prompt = prompt // the next turn resends it
 	}
 	if c := s.conv[sess]; !s.opened[c] {
-		s.opened[c], lv.opener, lv.promptHash, lv.sample = true, true, hashTokens(prompt), requestSample(sess, turn)
+		s.opened[c], lv.opener, lv.promptHash = true, true, hashTokens(prompt)
 	}
 	s.live[ri][id] = lv
 	r.res.Requests++
@@ -718,7 +716,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.opener {
-			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, lv.sample, f.OutputTokens)
+			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, requestSample(lv.sess, lv.turn), f.OutputTokens)
 		}
 		if lv.keepOut {
 			hist := append(lv.prompt, lv.outputs...)
