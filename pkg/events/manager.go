@@ -193,7 +193,7 @@ type replica struct {
 	rankLogged   atomic.Bool
 	decodeLogged atomic.Bool
 	lastEventNs  atomic.Int64
-	orphanNs     atomic.Int64 // when a store whose parent the index did not hold was last applied; 0 if never (ViewGaps)
+	orphanNs     atomic.Int64 // when a store whose parent the index did not hold was last applied; 0 if never or since the engine emptied its cache (ViewGaps); written by its worker only
 	engineBlock  atomic.Int32 // block size of the last store
 	lookahead    atomic.Int32 // lookahead tokens per block of the last store with them
 	routedNs     atomic.Int64 // first request routed since the last event; 0 if none
@@ -467,6 +467,9 @@ type item struct {
 	kind    itemKind
 	epoch   uint64
 	payload []byte
+	// empty is set on a reset for an engine that restarted: its cache is
+	// empty, so the view misses nothing it holds (ViewGaps ends).
+	empty bool
 }
 
 // running is a started stream goroutine.
@@ -626,6 +629,9 @@ func (w *worker) handle(it item) {
 		w.ap.Forget(r.src.ID)
 		return
 	case itemReset:
+		if it.empty {
+			r.orphanNs.Store(0) // the engine's cache is empty, whatever epoch follows
+		}
 		if it.epoch == r.epoch.Load() {
 			w.m.idx.Cleared(r.src.ID)
 			w.ap.Reset(r.src.ID)

@@ -327,12 +327,8 @@ func (s *zmqSubscriber) exec(ctx context.Context, acts []action) {
 				s.rep.met.replayed.Inc()
 			}
 		case actClear:
-			if a.reason == reasonRestart {
-				// A restarted engine holds nothing the view misses.
-				s.rep.orphanNs.Store(0)
-			}
 			e := s.rep.epoch.Add(1)
-			s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e})
+			s.send(ctx, item{rep: s.rep, kind: itemReset, epoch: e, empty: a.reason == reasonRestart})
 			if s.rep.caughtUp.Swap(false) && a.reason != "" {
 				s.log.Info("replica resyncing", slog.String("reason", a.reason))
 			}
