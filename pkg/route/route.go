@@ -389,11 +389,12 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// The prefix that draws the request: its longest indexed match on any
 	// candidate (see prefixShares).
 	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs)
-	// The keys Options.Pending matches and records, hashed before the
-	// lock below: on a long prompt hashing is most of that work.
+	// The keys Options.Pending matches and records and the prompt book
+	// probes and records, hashed before the lock below: on a long prompt
+	// hashing is most of that work.
 	usePending := hasIDs && toks.Exact && r.opts.Pending != nil
 	sc.own = sc.own[:0]
-	if usePending {
+	if usePending || (r.prompts != nil && hasIDs && toks.Exact) {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
 	}
 	// Records are written after the lock is released (deferred before the
@@ -445,7 +446,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
 	if r.prompts != nil && hasIDs && toks.Exact {
-		r.vouch(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, raw)
+		r.vouch(sc, raw)
 	}
 	r.fillReleases(sc, d.PromptBlocks)
 	placements := 0.0
@@ -615,7 +616,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn {
 		r.homes.set(d.Session, d.Replica)
 		if r.prompts != nil && hasIDs && toks.Exact && d.PromptBlocks > 0 {
-			r.prompts.set(r.ownKeys(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, d.PromptBlocks, primary)[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
+			r.prompts.set(sc.own[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
 		}
 		if drawn {
 			r.shares.record(drawKey, d.Replica, start)
@@ -893,9 +894,9 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 // credited the whole prompt at the approximate mode's trust
 // (Options.ApproxTrust), as the router's own dispatches are credited where
 // no events come.
-func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, raw []Candidate) {
+func (r *Router) vouch(sc *scratch, raw []Candidate) {
 	gaps := r.opts.State.(ViewGaps)
-	n := kvblock.NumBlocks(len(tokens), primary)
+	n := len(sc.own) // the prompt's full blocks, hashed by Decide
 	// Only a prompt longer than some gapped candidate's credited match can
 	// add credit: the book is probed down to the least such match.
 	least := n
@@ -911,7 +912,7 @@ func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	if least >= n {
 		return
 	}
-	sent, ok := r.prompts.longest(r.ownKeys(sc, root, opts, tokens, n, primary), least)
+	sent, ok := r.prompts.longest(sc.own, least)
 	if !ok {
 		return
 	}
@@ -932,17 +933,6 @@ func (r *Router) vouch(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 			raw[k].Vouched = sent.blocks - have
 		}
 	}
-}
-
-// ownKeys returns the router keys of the first n blocks of tokens at the
-// primary block size: sc.own when Decide hashed them for Pending, else
-// hashed into sc.keys.
-func (r *Router) ownKeys(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, n, primary int) []kvblock.Key {
-	if len(sc.own) >= n {
-		return sc.own[:n]
-	}
-	sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:n*primary], primary, opts)
-	return sc.keys
 }
 
 // matchPending sets each event-fed candidate's Pending to the blocks
