@@ -182,8 +182,10 @@
 // clear of the view and goes on extending (a cached prefix is not stored
 // again). The first sign is a store whose parent the view does not hold
 // (not indexed, counted in unknown_parent_blocks_total); ViewGaps reports
-// such a store within index.GapHold, and the router then credits a
-// session's replica with the prompts it sent there (route.ViewGaps).
+// such a store within index.GapHold, and the router then credits the
+// replicas it sent a resent prompt to (route.ViewGaps). An engine restart
+// (its reset, applied by the replica's worker, the mark's one writer) or an
+// AllBlocksCleared ends the mark: the engine's cache is then empty.
 //
 // Socket failures (bind errors, poll errors) reopen the session after a
 // capped exponential backoff with jitter (BackoffMin..BackoffMax); TCP
