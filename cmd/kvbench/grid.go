@@ -146,19 +146,7 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 	var w *bench.Workload
 	if name == "trace" {
 		if c.trace == nil {
-			path := c.sf.trace
-			if path == "" {
-				wd, err := os.Getwd()
-				if err != nil {
-					return nil, err
-				}
-				root := bench.RepoRoot(wd)
-				if root == "" {
-					return nil, fmt.Errorf("%w: no repository root above %s: pass -trace", errUsage, wd)
-				}
-				path = bench.DefaultTracePath(root)
-			}
-			t, err := bench.ReadTraceFile(path, bench.TraceOptions{Limit: c.sf.limit, Repeat: c.sf.repeat})
+			t, err := c.sf.readTrace(1)
 			if err != nil {
 				return nil, err
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/bench"
+	"github.com/kvroute/kvroute/pkg/kvblock"
 	"github.com/kvroute/kvroute/pkg/policy"
 	"github.com/kvroute/kvroute/pkg/route"
 )
@@ -24,6 +25,7 @@ type simFlags struct {
 	trace      string
 	rate       float64
 	limit      int
+	traceBlock int
 	repeat     int
 	size       float64
 	replicas   int
@@ -52,6 +54,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 func (f *simFlags) registerSource(fs *flag.FlagSet) {
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format trace (default shared/traces/synthetic_trace.jsonl in the nearest directory above the repository root that has it)")
 	fs.IntVar(&f.limit, "limit", 0, "use only the trace's first N requests (0 = all)")
+	fs.IntVar(&f.traceBlock, "trace-block", 0, "tokens per hash id of the trace (0: Mooncake's 512 when every line fits it, otherwise the block size the lines fit)")
 	fs.IntVar(&f.repeat, "repeat", 1, "replay the trace this many times back to back, each copy with its own block ids (3 gives 11,979 requests)")
 	fs.Float64Var(&f.size, "size", 1, "generator size scale (number of sessions)")
 }
@@ -111,6 +114,33 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	}
 }
 
+// readTrace reads the trace (-trace, or the shared one above the
+// repository root) at the given rate scale. A block size found from the
+// lines other than Mooncake's 512 is said on stderr, so that a trace cut
+// at a size nobody meant is not replayed unnoticed.
+func (f *simFlags) readTrace(rate float64) (*bench.Workload, error) {
+	path := f.trace
+	if path == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, err
+		}
+		root := bench.RepoRoot(wd)
+		if root == "" {
+			return nil, fmt.Errorf("%w: no repository root above %s: pass -trace", errUsage, wd)
+		}
+		path = bench.DefaultTracePath(root)
+	}
+	w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: rate, Limit: f.limit, Repeat: f.repeat, BlockTokens: f.traceBlock})
+	if err != nil {
+		return nil, err
+	}
+	if b := w.Sessions[0].Turns[0].TraceBlock; f.traceBlock == 0 && b != kvblock.TraceBlockTokens {
+		fmt.Fprintf(os.Stderr, "%s: %d tokens a hash id, the block size every line fits (-trace-block sets it)\n", path, b)
+	}
+	return w, nil
+}
+
 // load builds the named workloads.
 func (f *simFlags) load() ([]*bench.Workload, error) {
 	names := strings.Split(f.workloads, ",")
@@ -121,19 +151,7 @@ func (f *simFlags) load() ([]*bench.Workload, error) {
 	for _, n := range names {
 		n = strings.TrimSpace(n)
 		if n == "trace" {
-			path := f.trace
-			if path == "" {
-				wd, err := os.Getwd()
-				if err != nil {
-					return nil, err
-				}
-				root := bench.RepoRoot(wd)
-				if root == "" {
-					return nil, fmt.Errorf("%w: no repository root above %s: pass --trace", errUsage, wd)
-				}
-				path = bench.DefaultTracePath(root)
-			}
-			w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: f.rate, Limit: f.limit, Repeat: f.repeat})
+			w, err := f.readTrace(f.rate)
 			if err != nil {
 				return nil, err
 			}

@@ -10,8 +10,9 @@
 // one after another (the next turn arrives its think time after the
 // previous one finished, with the previous prompt and the tokens the engine
 // generated prepended). ReadTrace turns a Mooncake-format trace into
-// single-turn sessions, expanding its 512-token hash ids with
-// kvblock.ExpandTrace; a bad line is an ErrTrace error naming the line.
+// single-turn sessions, expanding its hash ids (512 tokens each in
+// Mooncake's traces; other block sizes are found from the lines or given)
+// with kvblock.ExpandTrace; a bad line is an ErrTrace error naming the line.
 // Generate builds the synthetic workloads (chat, agentic, rl, herding,
 // fanout) from a seed: the same options give the same workload.
 //

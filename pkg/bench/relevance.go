@@ -62,7 +62,7 @@ func prepare(w *Workload, cfg engine.Config) (*prepared, error) {
 		for k, t := range ss.Turns {
 			var prompt []uint32
 			if t.TraceIDs != nil {
-				prompt = kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, kvblock.TraceBlockTokens)
+				prompt = kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, t.TraceBlock)
 			} else {
 				prompt = Expand(hist, t.Append)
 			}

@@ -505,7 +505,7 @@ func (s *sim) push(ev event) {
 func (s *sim) prompt(sess, turn int) []uint32 {
 	t := s.w.Sessions[sess].Turns[turn]
 	if t.TraceIDs != nil {
-		return kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, kvblock.TraceBlockTokens)
+		return kvblock.ExpandTrace(t.TraceIDs, t.TraceLen, t.TraceBlock)
 	}
 	p := s.history[sess]
 	s.history[sess] = nil

@@ -38,10 +38,12 @@ type Turn struct {
 	// the engine generated for it, then Append.
 	Append []Segment
 	// TraceIDs and TraceLen, when TraceIDs is not nil, give the prompt as a
-	// Mooncake trace line does (512-token hash ids, expanded with
-	// kvblock.ExpandTrace) instead of Append.
-	TraceIDs []int64
-	TraceLen int
+	// Mooncake trace line does (hash ids of TraceBlock tokens each, expanded
+	// with kvblock.ExpandTrace) instead of Append. TraceBlock 0 means
+	// Mooncake's 512.
+	TraceIDs   []int64
+	TraceLen   int
+	TraceBlock int
 	// Output is the number of tokens to generate (max_tokens).
 	Output int
 }
@@ -143,6 +145,11 @@ type TraceOptions struct {
 	RateScale float64
 	// Limit keeps only the first Limit requests; 0 keeps all.
 	Limit int
+	// BlockTokens is the number of tokens a hash id stands for. 0 finds it:
+	// Mooncake's 512 when every line fits it, otherwise the one block size
+	// every line's hash_ids count fits (traces cut at 16-, 32- or 64-token
+	// blocks, as other trace tools write them).
+	BlockTokens int
 	// Repeat replays the (limited) trace Repeat times back to back; 0 or 1
 	// reads it once. Copy k starts one mean inter-arrival gap after copy
 	// k-1's last request and has its hash ids shifted past every id of the
@@ -173,7 +180,8 @@ type traceReq struct {
 
 // ReadTrace parses a Mooncake-format trace: one JSON object a line with
 // timestamp (ms, non-decreasing), input_length, output_length and hash_ids
-// (512-token prefix block ids, ceil(input_length/512) of them). Blank lines
+// (prefix block ids, ceil(input_length/B) of them for a block size of B
+// tokens: 512 in Mooncake's traces; see TraceOptions.BlockTokens). Blank lines
 // are skipped; unknown fields are ignored. A bad line is an error wrapping
 // ErrTrace that names the line number and the field.
 //
@@ -187,7 +195,7 @@ type traceReq struct {
 // system prompt or document, not one conversation's history) and no other
 // request continued that one already; otherwise it starts a conversation.
 // The ambiguity left: requests whose full blocks are exactly a shared
-// prefix (a system prompt followed by less than one 512-token block) are
+// prefix (a system prompt followed by less than one block) are
 // indistinguishable from one conversation's turns, and are joined into the
 // conversation of the first of them.
 // The conversation's id (its first request's index) is the session's ID,
@@ -203,7 +211,11 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	if opt.Repeat < 0 || opt.Limit < 0 {
 		return nil, fmt.Errorf("%w: limit %d and repeat %d must not be negative", ErrTrace, opt.Limit, opt.Repeat)
 	}
+	if opt.BlockTokens < 0 {
+		return nil, fmt.Errorf("%w: block size %d must not be negative", ErrTrace, opt.BlockTokens)
+	}
 	var reqs []traceReq
+	fit := blockFit{lo: 1, hi: math.MaxInt}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
 	line := 0
@@ -237,10 +249,13 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 			return nil, bad("input_length %d must be positive", *tl.InputLength)
 		case *tl.OutputLength <= 0:
 			return nil, bad("output_length %d must be positive", *tl.OutputLength)
-		case len(tl.HashIDs) != (*tl.InputLength+kvblock.TraceBlockTokens-1)/kvblock.TraceBlockTokens:
+		case opt.BlockTokens > 0 && len(tl.HashIDs) != (*tl.InputLength+opt.BlockTokens-1)/opt.BlockTokens:
 			return nil, bad("%d hash_ids for input_length %d (want ceil(%d/%d) = %d)",
-				len(tl.HashIDs), *tl.InputLength, *tl.InputLength, kvblock.TraceBlockTokens,
-				(*tl.InputLength+kvblock.TraceBlockTokens-1)/kvblock.TraceBlockTokens)
+				len(tl.HashIDs), *tl.InputLength, *tl.InputLength, opt.BlockTokens,
+				(*tl.InputLength+opt.BlockTokens-1)/opt.BlockTokens)
+		case opt.BlockTokens <= 0 && !fit.narrow(len(tl.HashIDs), *tl.InputLength):
+			return nil, bad("%d hash_ids for input_length %d fit no block size that the lines before fit (%s)",
+				len(tl.HashIDs), *tl.InputLength, fit)
 		}
 		for _, id := range tl.HashIDs {
 			if id < 0 {
@@ -266,6 +281,9 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 			gap = (reqs[n-1].at - reqs[0].at) / float64(n-1)
 		}
 		period := reqs[n-1].at - reqs[0].at + gap
+		if maxID >= math.MaxInt64/int64(opt.Repeat) {
+			return nil, fmt.Errorf("%w: hash ids up to %d leave no room for %d copies", ErrTrace, maxID, opt.Repeat)
+		}
 		for k := 1; k < opt.Repeat; k++ {
 			shift := int64(k) * (maxID + 1)
 			for _, q := range reqs[:n] {
@@ -277,12 +295,16 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 			}
 		}
 	}
+	block := opt.BlockTokens
+	if block <= 0 {
+		block = fit.pick()
+	}
 	w := &Workload{Name: "trace"}
-	conv := traceConversations(reqs)
+	conv := traceConversations(reqs, block)
 	for i, q := range reqs {
 		s := Session{
 			Start: time.Duration(q.at / scale * float64(time.Millisecond)),
-			Turns: []Turn{{TraceIDs: q.ids, TraceLen: q.input, Output: q.outpt}},
+			Turns: []Turn{{TraceIDs: q.ids, TraceLen: q.input, TraceBlock: block, Output: q.outpt}},
 		}
 		s.identify("conv-" + strconv.Itoa(conv[i]))
 		w.Sessions = append(w.Sessions, s)
@@ -290,9 +312,54 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	return w, nil
 }
 
+// blockFit is the range of block sizes, in tokens, that every trace line
+// read so far fits: n hash ids for an input of L tokens fit a block size B
+// when ceil(L/B) = n, that is ceil(L/n) <= B <= floor((L-1)/(n-1)).
+type blockFit struct{ lo, hi int }
+
+// narrow keeps the block sizes that a line of n hash ids for input tokens
+// also fits and reports true, or reports false and keeps f when none is
+// left.
+func (f *blockFit) narrow(n, input int) bool {
+	if n <= 0 {
+		return false
+	}
+	g := blockFit{lo: max(f.lo, (input+n-1)/n), hi: f.hi}
+	if n > 1 {
+		g.hi = min(g.hi, (input-1)/(n-1))
+	}
+	if g.lo > g.hi {
+		return false
+	}
+	*f = g
+	return true
+}
+
+// pick is the block size taken for the trace: Mooncake's 512 when it fits,
+// otherwise the smallest power of two that fits (block sizes are powers of
+// two in every engine), otherwise the smallest that fits.
+func (f blockFit) pick() int {
+	if f.lo <= kvblock.TraceBlockTokens && kvblock.TraceBlockTokens <= f.hi {
+		return kvblock.TraceBlockTokens
+	}
+	for b := 1; b > 0 && b <= f.hi; b *= 2 {
+		if b >= f.lo {
+			return b
+		}
+	}
+	return f.lo
+}
+
+func (f blockFit) String() string {
+	if f.hi == math.MaxInt {
+		return fmt.Sprintf("at least %d tokens", f.lo)
+	}
+	return fmt.Sprintf("%d to %d tokens", f.lo, f.hi)
+}
+
 // traceConversations assigns each request the index of its conversation's
-// first request (see ReadTrace).
-func traceConversations(reqs []traceReq) []int {
+// first request (see ReadTrace); block is the trace's block size in tokens.
+func traceConversations(reqs []traceReq, block int) []int {
 	conv := make([]int, len(reqs))
 	// ends maps the hash id of a request's last full block (which names its
 	// whole full-block prefix) to the latest such request not yet continued.
@@ -310,7 +377,7 @@ func traceConversations(reqs []traceReq) []int {
 				break
 			}
 		}
-		full := q.input / kvblock.TraceBlockTokens
+		full := q.input / block
 		for _, n := range q.ids[:full] {
 			if c, ok := holder[n]; !ok {
 				holder[n] = conv[j]

@@ -20,8 +20,8 @@ func TestReadTrace(t *testing.T) {
 	// The second request extends the first one's full block 7: the same
 	// conversation.
 	want := []Session{
-		{ID: "conv-0", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 8}, TraceLen: 600, Output: 5}}},
-		{ID: "conv-0", Start: 750 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7}, TraceLen: 512, Output: 1}}},
+		{ID: "conv-0", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 8}, TraceLen: 600, TraceBlock: 512, Output: 5}}},
+		{ID: "conv-0", Start: 750 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7}, TraceLen: 512, TraceBlock: 512, Output: 1}}},
 	}
 	for i := range want {
 		want[i].identify(want[i].ID)
@@ -111,10 +111,65 @@ func TestReadTraceRepeat(t *testing.T) {
 	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{Repeat: -1}); !errors.Is(err, ErrTrace) {
 		t.Errorf("negative repeat: %v", err)
 	}
+	huge := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, 9223372036854775800]}`
+	if _, err := ReadTrace(strings.NewReader(huge), TraceOptions{Repeat: 2}); !errors.Is(err, ErrTrace) {
+		t.Errorf("copies past the largest id: %v", err)
+	}
+}
+
+// A trace cut at other than Mooncake's 512 tokens a hash id is read at the
+// one block size its lines fit, or at the size given; a line that fits no
+// size the others fit is an error naming it.
+func TestReadTraceBlockSize(t *testing.T) {
+	lines := []string{
+		// 40 tokens in 3 ids fit 14 to 19 tokens a block; 50 in 4 fit 13 to
+		// 16; 16 is the power of two in both.
+		`{"timestamp": 0, "input_length": 40, "output_length": 5, "hash_ids": [1, 2, 3]}`,
+		// Extends the first request's two full 16-token blocks: the same
+		// conversation (at 512 tokens a block neither has a full block).
+		`{"timestamp": 10, "input_length": 50, "output_length": 5, "hash_ids": [1, 2, 4, 5]}`,
+		// Its own conversation: its full blocks [1 6] extend no earlier one.
+		`{"timestamp": 20, "input_length": 33, "output_length": 5, "hash_ids": [1, 6, 7]}`,
+	}
+	in := strings.Join(lines, "\n")
+	for _, opt := range []TraceOptions{{}, {BlockTokens: 16}} {
+		w, err := ReadTrace(strings.NewReader(in), opt)
+		if err != nil {
+			t.Fatalf("block tokens %d: %v", opt.BlockTokens, err)
+		}
+		var ids []string
+		for i, s := range w.Sessions {
+			if b := s.Turns[0].TraceBlock; b != 16 {
+				t.Errorf("block tokens %d: request %d read at %d tokens a hash id, want 16", opt.BlockTokens, i, b)
+			}
+			ids = append(ids, s.ID)
+		}
+		if want := []string{"conv-0", "conv-0", "conv-2"}; !reflect.DeepEqual(ids, want) {
+			t.Errorf("block tokens %d: conversations %v, want %v", opt.BlockTokens, ids, want)
+		}
+	}
+	// Given as Mooncake's 512, the first line has two ids too many.
+	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{BlockTokens: 512}); !errors.Is(err, ErrTrace) ||
+		!strings.Contains(err.Error(), "line 1: 3 hash_ids for input_length 40 (want ceil(40/512) = 1)") {
+		t.Errorf("at 512 tokens: %v", err)
+	}
+	// 20 tokens in 3 ids fit 7 to 9 tokens: none of the first line's.
+	bad := lines[0] + "\n" + `{"timestamp": 5, "input_length": 20, "output_length": 5, "hash_ids": [1, 9, 10]}`
+	if _, err := ReadTrace(strings.NewReader(bad), TraceOptions{}); !errors.Is(err, ErrTrace) ||
+		!strings.Contains(err.Error(), "line 2: 3 hash_ids for input_length 20 fit no block size that the lines before fit (14 to 19 tokens)") {
+		t.Errorf("no common size: %v", err)
+	}
+	// 5 tokens cannot be 4 blocks of any size.
+	if _, err := ReadTrace(strings.NewReader(`{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1, 2, 3, 4]}`), TraceOptions{}); !errors.Is(err, ErrTrace) {
+		t.Errorf("5 tokens in 4 blocks: %v", err)
+	}
+	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{BlockTokens: -1}); !errors.Is(err, ErrTrace) {
+		t.Errorf("negative block size: %v", err)
+	}
 }
 
 func TestReadTraceBadLines(t *testing.T) {
-	good := `{"timestamp": 10, "input_length": 100, "output_length": 5, "hash_ids": [1]}` + "\n"
+	good := `{"timestamp": 10, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}` + "\n"
 	tests := []struct {
 		name, line string
 		want       string // substring of the error

@@ -261,7 +261,7 @@ func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
 func (r *runner) text(tu bench.Turn) []byte {
 	var toks []uint32
 	if tu.TraceIDs != nil {
-		toks = kvblock.ExpandTrace(tu.TraceIDs, tu.TraceLen, kvblock.TraceBlockTokens)
+		toks = kvblock.ExpandTrace(tu.TraceIDs, tu.TraceLen, tu.TraceBlock)
 	} else {
 		toks = bench.Expand(nil, tu.Append)
 	}
