@@ -41,7 +41,8 @@ type Candidate struct {
 	// PrefixShare is the replica's share of the router's recent
 	// placements of requests drawn by the same prefix as this one (the
 	// longest indexed match any candidate has for it; route's prefix
-	// memory), in [0, 1]; 0 without one. Only kvroute reads it, with
+	// memory), each weighed by its prompt's blocks, in [0, 1]; 0 without
+	// one. Only kvroute reads it, with
 	// Request.PrefixPlacements (see KVRoute's prefix share bound).
 	PrefixShare float64
 	// Sessions is the replica's committed session load: the sessions

@@ -20,7 +20,15 @@ const DefaultPrefixMemory = 1 << 14
 const PrefixShareHalfLife = time.Second
 
 // prefixShares remembers, per prefix, how the router's recent placements
-// of requests drawn by that prefix were spread over replicas. The prefix
+// of requests drawn by that prefix were spread over replicas, each
+// placement weighed by its prompt's blocks: a replica's share is its share
+// of the burst's prompt work, cached or not. Counted by requests, a
+// replica that took a few of a conversation trace's 70-120k-token prompts
+// had the least share of a burst over the fleet-wide system prompt, and
+// the bound then sent it the burst's next requests behind 50-120k tokens
+// of queue (Mooncake's conversation trace, 4 replicas, 0.8). Among
+// requests of one size (a burst of one prompt length) weight and count
+// agree. The prefix
 // that draws a request is the longest indexed match any candidate has for
 // it (its deepest matched block's key): the shared system prompt of a
 // burst of new requests, the history of a session's next turn. The policy
@@ -33,11 +41,13 @@ type prefixShares struct {
 	cur, old map[kvblock.Key]*shareEntry
 }
 
-// shareEntry is one prefix's decayed placement counts.
+// shareEntry is one prefix's decayed placements: their count, their
+// prompt blocks in all and by replica.
 type shareEntry struct {
-	at    time.Time // when the counts were last decayed
-	total float64
-	by    map[index.ReplicaID]float64
+	at     time.Time // when the counts were last decayed
+	count  float64
+	blocks float64
+	by     map[index.ReplicaID]float64
 }
 
 // decay brings the entry's counts to now.
@@ -46,7 +56,8 @@ func (e *shareEntry) decay(now time.Time) {
 	if !ok {
 		return
 	}
-	e.total *= d
+	e.count *= d
+	e.blocks *= d
 	for r, v := range e.by {
 		if v *= d; v < 1e-3 {
 			delete(e.by, r)
@@ -68,8 +79,9 @@ func (p *prefixShares) lookup(k kvblock.Key) *shareEntry {
 	return p.old[k]
 }
 
-// get returns the prefix's placement count at now (decayed) in total and
-// calls each for every replica it was placed on, with that replica's.
+// get returns the prefix's placement count at now (decayed) and calls
+// each for every replica it was placed on with that replica's share of
+// the placements' prompt blocks, in [0, 1].
 func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.ReplicaID, float64)) float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -81,15 +93,18 @@ func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.Replica
 	if dt := now.Sub(e.at); dt > 0 {
 		d = math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
 	}
-	for r, v := range e.by {
-		each(r, v*d)
+	if e.blocks > 0 {
+		for r, v := range e.by {
+			each(r, v/e.blocks)
+		}
 	}
-	return e.total * d
+	return e.count * d
 }
 
-// record counts a placement at now of a request drawn by prefix k on
-// replica, the earlier ones decayed (PrefixShareHalfLife).
-func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, now time.Time) {
+// record counts a placement at now, of a request of blocks prompt blocks
+// (at least 1 counted) drawn by prefix k, on replica, the earlier ones
+// decayed (PrefixShareHalfLife).
+func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, blocks int, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e, ok := p.cur[k]
@@ -105,8 +120,10 @@ func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, now time.T
 		}
 	}
 	e.decay(now)
-	e.total++
-	e.by[replica]++
+	w := float64(max(1, blocks))
+	e.count++
+	e.blocks += w
+	e.by[replica] += w
 }
 
 // decayFactor moves *at to now and returns the factor counts kept since

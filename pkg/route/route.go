@@ -451,18 +451,13 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	r.fillReleases(sc, d.PromptBlocks)
 	placements := 0.0
 	if drawn {
-		placements = r.shares.get(drawKey, start, func(id index.ReplicaID, v float64) {
+		placements = r.shares.get(drawKey, start, func(id index.ReplicaID, share float64) {
 			for k := range sc.cands {
 				if sc.cands[k].Replica == id {
-					sc.cands[k].PrefixShare = v
+					sc.cands[k].PrefixShare = share
 				}
 			}
 		})
-		for k := range sc.cands {
-			if placements > 0 {
-				sc.cands[k].PrefixShare /= placements
-			}
-		}
 	}
 
 	continued := upgraded != "" && learn && r.book.rekey(upgraded, d.Session)
@@ -619,7 +614,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.prompts.set(sc.own[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
 		}
 		if drawn {
-			r.shares.record(drawKey, d.Replica, start)
+			r.shares.record(drawKey, d.Replica, d.PromptBlocks, start)
 		}
 		r.book.record(start, d.Session, hasHome || continued, drawKey, drawn, d.Replica, float64(d.PromptBlocks-d.MatchedBlocks()))
 		if res.Spread && placed == 1 {
