@@ -361,8 +361,11 @@ import (
 // (prefix_share_bound c, default 1.25; 0
 // turns it off) passes over a candidate that took c times its fair share
 // or more of the router's recent placements of requests drawn by the same
-// prefix (Candidate.PrefixShare: the longest indexed match any candidate
-// has for the request, placements counted with a one-second half-life, so
+// prefix, each weighed by its prompt's blocks (Candidate.PrefixShare: the
+// longest indexed match any candidate has for the request, placements
+// counted with a one-second half-life; weighed, a replica that took a few
+// long prompts is not the least loaded with the burst, as it was counted
+// by requests; docs/benchmarks.md, "A burst's share in prompt blocks"), so
 // only a burst of 2N or more within about a second,
 // Request.PrefixPlacements, arms it), while any eligible candidate is not
 // over it. A fair share is the candidate's share of the eligible
@@ -1118,7 +1121,7 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 // (Candidate.PrefixShare) has had at least 2N recent placements, N the
 // eligible candidates, and the candidate took prefix_share_bound times its
 // share of the eligible candidates' prefill speed (1/N on identical
-// replicas) or more of them, each speed as Pace prices it (a candidate
+// replicas) or more of their prompt blocks, each speed as Pace prices it (a candidate
 // that has learned none counts at f.PrefillRate, else at prefill_rate).
 // It is false for every candidate when the bound is off.
 func (k *KVRoute) Herding(req Request, cands []Candidate, f Fleet) func(Candidate) bool {
