@@ -69,8 +69,10 @@
 // Prefixes: the Router also remembers, per prefix that draws a request
 // (the longest indexed match any candidate has, keyed by its deepest
 // block; bounded like the homes), how its recent placements spread over
-// replicas, each halved per PrefixShareHalfLife of age, and reports them
-// as policy.Candidate.PrefixShare and policy.Request.PrefixPlacements
+// replicas, each weighed by its prompt's blocks and halved per
+// PrefixShareHalfLife of age, and reports them as
+// policy.Candidate.PrefixShare (a share of the blocks) and
+// policy.Request.PrefixPlacements (a count of requests)
 // (kvroute's prefix share bound). Decide records its pick there; Explain
 // does not.
 //
