@@ -177,7 +177,14 @@ func TestKVRouteFleetPressure(t *testing.T) {
 		{"half busy", []Candidate{busy(cand("a", 0, 0, 0)), cand("b", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 1}},
 		{"waiting requests make a replica busy", []Candidate{waiting(cand("a", 0, 0, 0)), cand("b", 0, 0, 0), cand("c", 0, 0, 0), cand("d", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 1.0 / 3}},
 		{"all busy: the cap", []Candidate{busy(cand("a", 0, 0, 0)), busy(cand("b", 0, 0, 0))}, Fleet{HomeOwn: math.Inf(1), Pressure: DefaultKVRouteMovePressureMax}},
-		{"7 of 8 busy: the cap", append([]Candidate{cand("h", 0, 0, 0)}, busy(cand("a", 0, 0, 0)), busy(cand("b", 0, 0, 0)), busy(cand("c", 0, 0, 0)), busy(cand("d", 0, 0, 0)), busy(cand("e", 0, 0, 0)), busy(cand("f", 0, 0, 0)), busy(cand("g", 0, 0, 0))), Fleet{HomeOwn: math.Inf(1), Pressure: 4}},
+		{"7 of 8 busy", append([]Candidate{cand("h", 0, 0, 0)}, busy(cand("a", 0, 0, 0)), busy(cand("b", 0, 0, 0)), busy(cand("c", 0, 0, 0)), busy(cand("d", 0, 0, 0)), busy(cand("e", 0, 0, 0)), busy(cand("f", 0, 0, 0)), busy(cand("g", 0, 0, 0))), Fleet{HomeOwn: math.Inf(1), Pressure: 7}},
+		{"15 of 16 busy: the cap", func() []Candidate {
+			cs := []Candidate{cand("idle", 0, 0, 0)}
+			for i := range 15 {
+				cs = append(cs, busy(cand(fmt.Sprint("b", i), 0, 0, 0)))
+			}
+			return cs
+		}(), Fleet{HomeOwn: math.Inf(1), Pressure: 12}},
 		{"the unhealthy are not counted", []Candidate{unhealthy(busy(cand("a", 9, 0, 0))), cand("b", 0, 0, 0)}, Fleet{HomeOwn: math.Inf(1), Pressure: 0}},
 	}
 	for _, tt := range tests {
