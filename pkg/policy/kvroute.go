@@ -373,7 +373,7 @@ import (
 // longest indexed match any candidate has for the request, placements
 // counted with a one-second half-life; weighed, a replica that took a few
 // long prompts is not the least loaded with the burst, as it was counted
-// by requests; docs/benchmarks.md, "A burst's share in prompt blocks"), so
+// by requests; docs/benchmarks.md, "An unseen trace"), so
 // only a burst of 2N or more within about a second,
 // Request.PrefixPlacements, arms it), while any eligible candidate is not
 // over it. A fair share is the candidate's share of the eligible
