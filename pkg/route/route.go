@@ -393,8 +393,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// probes and records, hashed before the lock below: on a long prompt
 	// hashing is most of that work.
 	usePending := hasIDs && toks.Exact && r.opts.Pending != nil
+	useBook := hasIDs && toks.Exact && r.prompts != nil
 	sc.own = sc.own[:0]
-	if usePending || (r.prompts != nil && hasIDs && toks.Exact) {
+	if usePending || useBook {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
 	}
 	// Records are written after the lock is released (deferred before the
@@ -445,7 +446,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
-	if r.prompts != nil && hasIDs && toks.Exact {
+	if useBook {
 		r.vouch(sc, raw)
 	}
 	r.fillReleases(sc, d.PromptBlocks)
@@ -610,7 +611,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if learn {
 		r.homes.set(d.Session, d.Replica)
-		if r.prompts != nil && hasIDs && toks.Exact && d.PromptBlocks > 0 {
+		if useBook && d.PromptBlocks > 0 {
 			r.prompts.set(sc.own[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
 		}
 		if drawn {
