@@ -20,11 +20,12 @@ const (
 	GenAgents  = "agents"
 	GenGRPO    = "grpo"
 	GenMixed   = "mixed"
+	GenGroups  = "groups"
 )
 
 // Generators lists the synthetic workloads Generate builds.
 func Generators() []string {
-	return []string{GenChat, GenAgentic, GenRL, GenHerding, GenFanout, GenAgents, GenGRPO, GenMixed}
+	return []string{GenChat, GenAgentic, GenRL, GenHerding, GenFanout, GenAgents, GenGRPO, GenMixed, GenGroups}
 }
 
 // GenOptions parameterise a generator. The zero value is each generator's
@@ -91,6 +92,14 @@ var ErrGenerator = fmt.Errorf("generator")
 //     and one-shot documents (60 single requests of a unique
 //     20–100K-token document, 100–500 output tokens), chats and documents
 //     starting as Poisson processes over the span of the agents' starts.
+//   - groups: shared-prefix groups (the shape of SGLang's
+//     generated-shared-prefix benchmark, with a skew): 4000 single
+//     requests at 10/s, each one of 128 long prefixes (a system prompt or
+//     document of 1–6K tokens, log-uniform) followed by a unique 64–1,024
+//     token question, generating 64–512 tokens. Prefixes are picked by
+//     Zipf popularity (exponent 1.1): the hottest takes about 23 % of the
+//     requests, half the groups under 0.25 % each. A router has to keep
+//     each group where it is cached and still spread the hot ones.
 func Generate(name string, opt GenOptions) (*Workload, error) {
 	rs, ss := opt.RateScale, opt.SizeScale
 	if rs == 0 {
@@ -125,6 +134,8 @@ func Generate(name string, opt GenOptions) (*Workload, error) {
 		g.grpo(w)
 	case GenMixed:
 		g.mixed(w)
+	case GenGroups:
+		g.groups(w)
 	default:
 		return nil, fmt.Errorf("%w: %q: unknown (want one of %v)", ErrGenerator, name, Generators())
 	}
@@ -392,6 +403,29 @@ func (g *gen) mixed(w *Workload) {
 		w.Sessions = append(w.Sessions, s)
 	}
 	sortSessions(w)
+}
+
+func (g *gen) groups(w *Workload) {
+	const n, exponent = 128, 1.1
+	prefixes := make([]Segment, n)
+	cum := make([]float64, n) // cumulative Zipf weights by popularity rank
+	total := 0.0
+	for i := range prefixes {
+		prefixes[i] = g.seg(g.logUniform(1024, 6144))
+		total += math.Pow(float64(i+1), -exponent)
+		cum[i] = total
+	}
+	t := time.Duration(0)
+	for i := range g.n(4000) {
+		t = g.poisson(t, 10)
+		k, _ := slices.BinarySearch(cum, g.rng.Float64()*total)
+		s := Session{Start: t, Turns: []Turn{{
+			Append: []Segment{prefixes[min(k, n-1)], g.seg(g.uniform(64, 1024))},
+			Output: g.uniform(64, 512),
+		}}}
+		s.identify(key("group-", i))
+		w.Sessions = append(w.Sessions, s)
+	}
 }
 
 // sortSessions orders sessions by start time (stable: equal starts keep

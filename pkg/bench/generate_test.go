@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -168,5 +169,47 @@ func TestSessionIdentityMix(t *testing.T) {
 	n := float64(len(w.Sessions))
 	if math.Abs(float64(key)/n-0.4) > 0.08 || math.Abs(float64(user)/n-0.3) > 0.08 || math.Abs(float64(none)/n-0.3) > 0.08 {
 		t.Fatalf("header %d, user %d, none %d of %v", key, user, none, n)
+	}
+}
+
+// Groups: single requests over a fixed set of long prefixes, picked with a
+// skew, each with its own question.
+func TestGenerateGroupsShape(t *testing.T) {
+	w, err := Generate(GenGroups, GenOptions{Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 4000 {
+		t.Fatalf("%d requests, want 4000", len(w.Sessions))
+	}
+	count := map[Segment]int{}
+	questions := map[uint64]bool{}
+	for i, s := range w.Sessions {
+		if i > 0 && s.Start < w.Sessions[i-1].Start {
+			t.Fatalf("request %d starts before the one before it", i)
+		}
+		if len(s.Turns) != 1 || len(s.Turns[0].Append) != 2 {
+			t.Fatalf("request %s is not one turn of prefix and question", s.ID)
+		}
+		p, q := s.Turns[0].Append[0], s.Turns[0].Append[1]
+		if p.Len < 1024 || p.Len > 6144 || q.Len < 64 || q.Len > 1024 {
+			t.Fatalf("prefix %d and question %d tokens", p.Len, q.Len)
+		}
+		if questions[q.ID] {
+			t.Fatalf("question %x sent twice", q.ID)
+		}
+		questions[q.ID] = true
+		count[p]++
+	}
+	counts := make([]int, 0, len(count))
+	for _, c := range count {
+		counts = append(counts, c)
+	}
+	slices.Sort(counts)
+	hot, median := counts[len(counts)-1], counts[len(counts)/2]
+	// Zipf 1.1 over 128 ranks: the hottest about 23 % (900 of 4000), the
+	// median rank about 0.25 % (9).
+	if len(count) < 100 || len(count) > 128 || hot < 700 || hot > 1100 || median > 30 {
+		t.Fatalf("%d groups, hottest %d requests, median %d: not a Zipf(1.1) skew over 128", len(count), hot, median)
 	}
 }
