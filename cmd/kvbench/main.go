@@ -39,6 +39,7 @@ var commands = []command{
 	{name: "bar", summary: "issue 17's bar exactly: matrix -bar (every policy at utilization <= 0.95, the default and round robin above it)", run: runBar},
 	{name: "live", summary: "drive a running Envoy + kvroute + engines stack over HTTP (streaming TTFT, ITL, E2E), optionally side by side with plain round robin", run: runLive},
 	{name: "overhead", summary: "start Envoy + kvroute and plain Envoy round robin over fast simulated engines; added latency, throughput and kvroute CPU per request, side by side", run: runOverhead},
+	{name: "extproc-floor", summary: "serve the floor ext_proc processor (round robin, no decision; what overhead -floor compares kvroute with) until interrupted", run: runFloor},
 	{name: "tune", summary: "search a policy's knobs on a simulated workload for an objective, with per-knob sensitivity", run: runTune},
 }
 

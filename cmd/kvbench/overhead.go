@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	asJSON := fs.Bool("json", false, "print JSON")
 	kvYAML := fs.String("kvroute-yaml", "", "YAML appended to kvroute's config (e.g. 'routing: {usage_sample_every: 8}')")
 	kvEnv := fs.String("kvroute-env", "", "NAME=VALUE variables, comma-separated, for kvroute's environment alone (e.g. GOMAXPROCS=1)")
+	floor := fs.Bool("floor", false, "also measure a third Envoy with kvroute's envoy.yaml whose ext_proc is the floor processor (kvbench extproc-floor: round robin with no decision), so kvroute's CPU and latency can be read above the protocol's own")
 	prof := fs.String("profile", "", "directory to write CPU, allocation, mutex and block profiles of kvroute per kvroute phase into (<workload>-run<N>.<kind>.pprof)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -45,7 +47,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	rep, err := overhead.Run(ctx, overhead.Options{
 		Bin: *bin, Workloads: ws, Duration: *dur, Runs: *runs, Tokenizer: *tok, Events: *events, ProfileDir: *prof,
-		KVRouteYAML: *kvYAML, KVRouteEnv: env, Log: stderr,
+		KVRouteYAML: *kvYAML, KVRouteEnv: env, Floor: *floor, Log: stderr,
 	})
 	if err != nil {
 		return err
@@ -57,4 +59,25 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	rep.Print(stdout)
 	return nil
+}
+
+// runFloor serves overhead.FloorProcessor (the harness's -floor target
+// starts it as a process of its own, so its CPU is measured apart).
+func runFloor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("extproc-floor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
+	endpoints := fs.String("endpoints", "", "engine addresses ip:port, comma-separated, picked in turn")
+	if err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if *endpoints == "" {
+		return fmt.Errorf("%w: -endpoints is required", errUsage)
+	}
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "extproc-floor listening on %s\n", lis.Addr())
+	return overhead.ServeFloor(ctx, lis, strings.Split(*endpoints, ","))
 }

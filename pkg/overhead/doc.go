@@ -20,6 +20,13 @@
 // prefill effectively free and one output token per millisecond, so both
 // targets see the same upstream and the difference is the router's.
 //
+// With Options.Floor a third target runs beside them: an Envoy with
+// kvroute's own configuration whose ext_proc server is FloorProcessor, a
+// process of its own (kvbench extproc-floor) that answers the same
+// messages with round-robin picks and decides nothing. Its CPU per
+// request is the ext_proc protocol's floor on this machine: what any
+// processor pays for the two streams per request before its own work.
+//
 // Run owns every process and goroutine it starts and returns after
 // stopping and joining all of them.
 package overhead

@@ -63,6 +63,15 @@ type Options struct {
 	// KVRouteEnv are NAME=VALUE variables added to kvroute's environment
 	// alone (e.g. GOMAXPROCS=1), not the engines' or this process's.
 	KVRouteEnv []string
+	// Floor adds a third target: an Envoy with kvroute's configuration
+	// whose ext_proc is FloorProcessor in a process of its own (this
+	// binary's extproc-floor subcommand; FloorBin), measured like kvroute:
+	// what the protocol costs before kvroute decides anything.
+	Floor bool
+	// FloorBin is the program serving the floor, run as `FloorBin
+	// extproc-floor -listen ADDR -endpoints A,B,...`; default this
+	// process's own executable (kvbench).
+	FloorBin string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -83,7 +92,7 @@ func DefaultWorkloads() []Workload {
 // Phase is one target's measurement of one workload in one run.
 type Phase struct {
 	Workload Workload
-	Target   string // "kvroute" or "round-robin"
+	Target   string // "kvroute", "round-robin" or "floor"
 	Run      int
 	Stats    Stats
 }
@@ -98,6 +107,10 @@ type Row struct {
 	AddedE2Ep99     time.Duration
 	AddedITLp50     time.Duration
 	ThroughputRatio float64 // kvroute / round robin
+	// Floor is the floor target's medians (Options.Floor; else zero), and
+	// FloorAddedE2Ep50/p99 its end-to-end latency over round robin's.
+	Floor                              Stats
+	FloorAddedE2Ep50, FloorAddedE2Ep99 time.Duration
 }
 
 // Report is a whole run.
@@ -152,6 +165,13 @@ func (o *Options) defaults() error {
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
+	}
+	if o.Floor && o.FloorBin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("floor: %w", err)
+		}
+		o.FloorBin = exe
 	}
 	switch o.Tokenizer {
 	case TokenizerLocal, TokenizerRemote:
@@ -245,15 +265,27 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Log, "kvroute pid %d; Envoy via kvroute %s, plain Envoy %s\n", st.KV.Proc.Pid(), st.Envoy.URL(), plain.URL())
+	var floor *floorTarget
+	if o.Floor {
+		if floor, err = startFloor(ctx, g, o, st, so); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.Log, "floor processor pid %d; Envoy via the floor %s\n", floor.proc.Pid(), floor.envoy.URL())
+	}
 	client := &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true,
 	}}
 	defer client.CloseIdleConnections()
-	targets := []struct {
+	type target struct {
 		name  string
 		url   string
 		envoy int // pid
-	}{{"kvroute", st.Envoy.URL(), st.Envoy.Proc.Pid()}, {"round-robin", plain.URL(), plain.Proc.Pid()}}
+		proc  int // the ext_proc server's pid (0: none)
+	}
+	targets := []target{{"kvroute", st.Envoy.URL(), st.Envoy.Proc.Pid(), st.KV.Proc.Pid()}, {"round-robin", plain.URL(), plain.Proc.Pid(), 0}}
+	if floor != nil {
+		targets = append(targets, target{"floor", floor.envoy.URL(), floor.envoy.Proc.Pid(), floor.proc.Pid()})
+	}
 
 	rep := &Report{}
 	for _, w := range o.Workloads {
@@ -269,7 +301,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				if ctx.Err() != nil {
 					return rep, ctx.Err()
 				}
-				cpu0, _ := procCPU(st.KV.Proc.Pid())
+				cpu0, _ := procCPU(t.proc)
 				cpuAt := time.Now()
 				ecpu0, eerr := procCPU(t.envoy)
 				dec0, _ := decisions(ctx, st.KV)
@@ -292,16 +324,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 						fmt.Fprintf(o.Log, "profile: %v\n", err)
 					}
 				}
-				if t.name == "kvroute" {
-					cpu1, err := procCPU(st.KV.Proc.Pid())
+				if t.proc != 0 {
+					cpu1, err := procCPU(t.proc)
 					if wall := time.Since(cpuAt); err == nil && wall > 0 {
 						s.CPUCores = float64(cpu1-cpu0) / float64(wall)
 					}
+					if err == nil && s.Requests > 0 {
+						s.CPUPerRequest = (cpu1 - cpu0) / time.Duration(s.Requests)
+					}
+				}
+				if t.name == "kvroute" {
 					dec1, _ := decisions(ctx, st.KV)
 					fb1, _ := fallbacks(ctx, st.KV)
 					s.Fallbacks = int(fb1 - fb0)
-					if err == nil && s.Requests > 0 {
-						s.CPUPerRequest = (cpu1 - cpu0) / time.Duration(s.Requests)
+					if s.Requests > 0 {
 						s.Routed = (dec1 - dec0) / float64(s.Requests)
 					}
 				}
@@ -346,6 +382,10 @@ func row(w Workload, phases []Phase) Row {
 	}
 	if rr.Throughput > 0 {
 		r.ThroughputRatio = kv.Throughput / rr.Throughput
+	}
+	if fl := pick("floor"); len(fl) > 0 {
+		r.Floor = medianStats(fl)
+		r.FloorAddedE2Ep50, r.FloorAddedE2Ep99 = r.Floor.E2Ep50-rr.E2Ep50, r.Floor.E2Ep99-rr.E2Ep99
 	}
 	return r
 }
@@ -402,6 +442,19 @@ func (r *Report) Print(w io.Writer) {
 			row.KVRoute.Fallbacks, row.KVRoute.Errors, row.RR.Errors)
 	}
 	_ = tw.Flush()
+	if !slices.ContainsFunc(r.Rows, func(row Row) bool { return row.Floor.Requests > 0 }) {
+		return
+	}
+	fmt.Fprintln(w, "\nThe floor (Envoy with kvroute's configuration, ext_proc answered by the floor processor: round robin, no decision):")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "workload\tadded p50 kvroute/floor\tadded p99 kvroute/floor\treq/s kvroute/floor/RR\tprocessor CPU/req kvroute/floor\tEnvoy CPU/req kvroute/floor/RR\terrors floor\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%s / %s\t%s / %s\t%.1f / %.1f / %.1f\t%s / %s\t%s / %s / %s\t%d\t\n",
+			row.Workload, ms(row.AddedE2Ep50), ms(row.FloorAddedE2Ep50), ms(row.AddedE2Ep99), ms(row.FloorAddedE2Ep99),
+			row.KVRoute.Throughput, row.Floor.Throughput, row.RR.Throughput, us(row.KVRoute.CPUPerRequest), us(row.Floor.CPUPerRequest),
+			us(row.KVRoute.EnvoyCPUPerRequest), us(row.Floor.EnvoyCPUPerRequest), us(row.RR.EnvoyCPUPerRequest), row.Floor.Errors)
+	}
+	_ = tw.Flush()
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + " ms" }
@@ -440,6 +493,40 @@ func profile(ctx context.Context, kv *testbed.KVRoute, kind string, d time.Durat
 		}()
 	}()
 	return done
+}
+
+// floorTarget is the floor processor's process and the Envoy in front
+// of it.
+type floorTarget struct {
+	proc  *testbed.Proc
+	envoy *testbed.Envoy
+}
+
+// startFloor starts the floor processor over the stack's engines and an
+// Envoy with kvroute's template pointing at it.
+func startFloor(ctx context.Context, g *testbed.Group, o Options, st *testbed.Stack, so testbed.StackOptions) (*floorTarget, error) {
+	port, err := testbed.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	var eps []string
+	for _, p := range st.EnginePorts() {
+		eps = append(eps, "127.0.0.1:"+strconv.Itoa(p))
+	}
+	proc, err := g.Start("extproc-floor", nil, o.FloorBin, "extproc-floor",
+		"-listen", "127.0.0.1:"+strconv.Itoa(port), "-endpoints", strings.Join(eps, ","))
+	if err != nil {
+		return nil, err
+	}
+	e := &testbed.Envoy{
+		Name:        "envoy-floor",
+		Config:      testbed.EnvoyConfig{ExtProc: []int{port}, Engines: st.EnginePorts(), UpstreamHeader: so.UpstreamHeader},
+		Concurrency: so.EnvoyConcurrency,
+	}
+	if err := e.Start(ctx, g, so.Bin.Envoy, so.Envoy); err != nil {
+		return nil, fmt.Errorf("envoy in front of the floor: %w (floor: %s)", err, proc.Tail(500))
+	}
+	return &floorTarget{proc: proc, envoy: e}, nil
 }
 
 // procCPU is a process's user plus system CPU time from /proc.

@@ -236,3 +236,136 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// newFloorBench serves a FloorProcessor the way newStreamBench serves
+// kvroute.
+func newFloorBench(tb testing.TB, opts []grpc.ServerOption) *streamBench {
+	f, err := NewFloorProcessor([]string{"127.0.0.1:8001", "127.0.0.1:8002"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g := grpc.NewServer(opts...)
+	extprocv3.RegisterExternalProcessorServer(g, f)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &streamBench{client: extprocv3.NewExternalProcessorClient(conn), stop: func() { conn.Close(); g.Stop(); <-done }}
+}
+
+// exchangeObserved runs one request the way Envoy does with
+// envoy/envoy.yaml: the router filter's stream (request headers and a
+// BUFFERED body, each answered) and the observer filter's
+// observability-mode stream (the decision id in its request headers, the
+// response headers and every chunk, none answered), which Envoy feeds
+// without waiting. The observer sends every chunk whatever the server
+// does: a server that stops reading early still has the frames already
+// sent to read, as with an engine streaming faster than the round trip.
+func (sb *streamBench) exchangeObserved(tb testing.TB, body []byte, chunks [][]byte) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	router, err := sb.client.Process(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_NONE}
+	if err := router.Send(&extprocv3.ProcessingRequest{ProtocolConfig: pc, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/chat/completions", ":method", "POST", "content-type", "application/json")}}}); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := router.Recv(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := router.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		tb.Fatal(err)
+	}
+	r, err := router.Recv()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id := ""
+	for _, h := range r.GetRequestBody().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == extproc.DecisionHeader {
+			id = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if id == "" {
+		tb.Fatalf("not routed: %v", r)
+	}
+
+	obs, err := sb.client.Process(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	opc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}
+	msgs := []*extprocv3.ProcessingRequest{
+		{ProtocolConfig: opc, ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(extproc.DecisionHeader, id)}}},
+		{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":status", "200", "content-type", "text/event-stream")}}},
+	}
+	for i, c := range chunks {
+		msgs = append(msgs, &extprocv3.ProcessingRequest{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(chunks)-1}}})
+	}
+	for _, m := range msgs {
+		if obs.Send(m) != nil {
+			break // the server ended the stream
+		}
+	}
+	_ = obs.CloseSend()
+	_, _ = obs.Recv() // the server's end of the stream
+	// The response is over: Envoy ends the router stream.
+	_ = router.CloseSend()
+	_, _ = router.Recv()
+}
+
+// BenchmarkExchangeFloor runs envoy/envoy.yaml's two streams per request
+// in parallel against kvroute (the real decision path, as BenchmarkStream)
+// and against FloorProcessor, side by side: kvroute's cpu-µs/op less the
+// floor's is what kvroute does beyond gRPC and protobuf. Both ends run in
+// this process, so each figure includes the client's (Envoy's) share.
+//
+//	go test -run '^$' -bench BenchmarkExchangeFloor -count 5 ./pkg/overhead/
+func BenchmarkExchangeFloor(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		size   int
+		turns  int
+		chunks int
+	}{{"small", 1000, 2, 64}, {"229KB", 229_000, 16, 64}} {
+		for _, server := range []string{"kvroute", "floor"} {
+			b.Run(c.name+"/"+server, func(b *testing.B) {
+				// kvroute's own server options (its codec, windows and
+				// stream workers) for both.
+				opts := extproc.Config{}.ServerOptions()
+				sb := newFloorBench(b, opts)
+				if server == "kvroute" {
+					sb.stop()
+					sb = newStreamBench(b, opts)
+				}
+				defer sb.stop()
+				body := chatBody(c.size, c.turns)
+				chunks := sseChunks(c.chunks)
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				var seq atomic.Uint64
+				t0 := cpuTime()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						sb.exchangeObserved(b, stamp(body, seq.Add(1)), chunks)
+					}
+				})
+				b.ReportMetric(float64((cpuTime()-t0).Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
+	}
+}
