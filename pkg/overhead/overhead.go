@@ -206,8 +206,9 @@ func (o *Options) kvrouteExtra() string {
 	return b.String()
 }
 
-// Run starts the stack, measures every workload on both targets and
-// stops everything it started.
+// Run starts the stack, measures every workload on every target (kvroute,
+// round robin and, with Options.Floor, the floor) and stops everything it
+// started.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
@@ -301,7 +302,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				if ctx.Err() != nil {
 					return rep, ctx.Err()
 				}
-				cpu0, _ := procCPU(t.proc)
+				var cpu0 time.Duration
+				if t.proc != 0 {
+					cpu0, _ = procCPU(t.proc)
+				}
 				cpuAt := time.Now()
 				ecpu0, eerr := procCPU(t.envoy)
 				dec0, _ := decisions(ctx, st.KV)
