@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/overhead"
 )
 
@@ -61,7 +62,7 @@ func runOverhead(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-// runFloor serves overhead.FloorProcessor (the harness's -floor target
+// runFloor serves extproc.FloorProcessor (the harness's -floor target
 // starts it as a process of its own, so its CPU is measured apart).
 func runFloor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("extproc-floor", flag.ContinueOnError)
@@ -79,5 +80,5 @@ func runFloor(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "extproc-floor listening on %s\n", lis.Addr())
-	return overhead.ServeFloor(ctx, lis, strings.Split(*endpoints, ","))
+	return extproc.ServeFloor(ctx, lis, strings.Split(*endpoints, ","))
 }

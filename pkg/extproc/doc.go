@@ -177,4 +177,9 @@
 //
 // Health: NewHealth serves the gRPC health protocol with the three service
 // names liveness, readiness and envoy.service.ext_proc.v3.ExternalProcessor.
+//
+// FloorProcessor (and ServeFloor) is for measuring, never routing: it
+// answers the same messages as Server with round-robin picks and decides
+// nothing, so that what the protocol itself costs can be read beside
+// kvroute (kvbench overhead -floor).
 package extproc

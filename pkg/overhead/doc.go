@@ -21,7 +21,7 @@
 // targets see the same upstream and the difference is the router's.
 //
 // With Options.Floor a third target runs beside them: an Envoy with
-// kvroute's own configuration whose ext_proc server is FloorProcessor, a
+// kvroute's own configuration whose ext_proc server is extproc.FloorProcessor, a
 // process of its own (kvbench extproc-floor) that answers the same
 // messages with round-robin picks and decides nothing. Its CPU per
 // request is the ext_proc protocol's floor on this machine: what any

@@ -64,7 +64,7 @@ type Options struct {
 	// alone (e.g. GOMAXPROCS=1), not the engines' or this process's.
 	KVRouteEnv []string
 	// Floor adds a third target: an Envoy with kvroute's configuration
-	// whose ext_proc is FloorProcessor in a process of its own (this
+	// whose ext_proc is extproc.FloorProcessor in a process of its own (this
 	// binary's extproc-floor subcommand; FloorBin), measured like kvroute:
 	// what the protocol costs before kvroute decides anything.
 	Floor bool

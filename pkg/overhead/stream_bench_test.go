@@ -237,10 +237,10 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// newFloorBench serves a FloorProcessor the way newStreamBench serves
+// newFloorBench serves an extproc.FloorProcessor the way newStreamBench serves
 // kvroute.
 func newFloorBench(tb testing.TB, opts []grpc.ServerOption) *streamBench {
-	f, err := NewFloorProcessor([]string{"127.0.0.1:8001", "127.0.0.1:8002"})
+	f, err := extproc.NewFloorProcessor([]string{"127.0.0.1:8001", "127.0.0.1:8002"})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func (sb *streamBench) exchangeObserved(tb testing.TB, body []byte, chunks [][]b
 
 // BenchmarkExchangeFloor runs envoy/envoy.yaml's two streams per request
 // in parallel against kvroute (the real decision path, as BenchmarkStream)
-// and against FloorProcessor, side by side: kvroute's cpu-µs/op less the
+// and against extproc.FloorProcessor, side by side: kvroute's cpu-µs/op less the
 // floor's is what kvroute does beyond gRPC and protobuf. Both ends run in
 // this process, so each figure includes the client's (Envoy's) share.
 //

@@ -1,8 +1,9 @@
-package overhead
+package extproc
 
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -13,8 +14,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/kvroute/kvroute/pkg/extproc"
 )
 
 // FloorProcessor is the least an ext_proc server can do with the messages
@@ -26,7 +25,9 @@ import (
 // (what timing a first token needs) and then ends the stream, as kvroute
 // does for a response it does not follow to its end. It parses no body,
 // tokenizes, matches and accounts nothing: its cost per request is gRPC's
-// and protobuf's, the floor under kvroute's own on the same protocol.
+// and protobuf's, the floor under kvroute's own on the same protocol. It
+// is for measuring (kvbench overhead -floor, the overhead package's
+// benchmarks), never for routing.
 type FloorProcessor struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	endpoints []string
@@ -45,8 +46,11 @@ func NewFloorProcessor(endpoints []string) (*FloorProcessor, error) {
 func (f *FloorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
 	for {
 		req, err := s.Recv()
-		if err != nil {
+		if errors.Is(err, io.EOF) {
 			return nil // the proxy ended the stream
+		}
+		if err != nil {
+			return err
 		}
 		if req.GetObservabilityMode() {
 			if req.GetResponseBody() != nil {
@@ -68,7 +72,7 @@ func (f *FloorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) er
 			continue // a response phase this filter was not configured to send
 		}
 		if err := s.Send(resp); err != nil {
-			return nil
+			return err
 		}
 	}
 }
@@ -82,25 +86,25 @@ func (f *FloorProcessor) pick() *extprocv3.ProcessingResponse {
 		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 			Response: &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: &extprocv3.HeaderMutation{
 				SetHeaders: []*corev3.HeaderValueOption{
-					{Header: &corev3.HeaderValue{Key: extproc.DefaultDestinationHeader, RawValue: []byte(dest)}},
-					{Header: &corev3.HeaderValue{Key: extproc.DecisionHeader, RawValue: []byte(id)}},
+					{Header: &corev3.HeaderValue{Key: DefaultDestinationHeader, RawValue: []byte(dest)}},
+					{Header: &corev3.HeaderValue{Key: DecisionHeader, RawValue: []byte(id)}},
 				}}}}},
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-			extproc.MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				extproc.MetadataDestinationKey: structpb.NewStringValue(dest)}})}},
+			MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				MetadataDestinationKey: structpb.NewStringValue(dest)}})}},
 	}
 }
 
 // ServeFloor serves a FloorProcessor on lis, with kvroute's own gRPC
-// server options (extproc.Config.ServerOptions: its codec, windows and
-// stream workers) and the gRPC health service Envoy's health check asks,
+// server options (Config.ServerOptions: its codec, windows and stream
+// workers) and the gRPC health service Envoy's health check asks,
 // until ctx ends; it then stops the server and returns.
 func ServeFloor(ctx context.Context, lis net.Listener, endpoints []string) error {
 	f, err := NewFloorProcessor(endpoints)
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(extproc.Config{}.ServerOptions()...)
+	g := grpc.NewServer(Config{}.ServerOptions()...)
 	extprocv3.RegisterExternalProcessorServer(g, f)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -111,8 +115,7 @@ func ServeFloor(ctx context.Context, lis net.Listener, endpoints []string) error
 	select {
 	case <-ctx.Done():
 		g.Stop()
-		<-done
-		return nil
+		return <-done
 	case err := <-done:
 		return err
 	}

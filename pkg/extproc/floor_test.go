@@ -1,7 +1,8 @@
-package overhead
+package extproc
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -12,8 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
-	"github.com/kvroute/kvroute/pkg/extproc"
 )
 
 // The floor processor answers Envoy's router stream as kvroute answers a
@@ -57,7 +56,7 @@ func TestFloorProcessor(t *testing.T) {
 		}
 		pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}
 		if err := s.Send(&extprocv3.ProcessingRequest{ProtocolConfig: pc, Request: &extprocv3.ProcessingRequest_RequestHeaders{
-			RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/chat/completions")}}}); err != nil {
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: headerMap(":path", "/v1/chat/completions")}}}); err != nil {
 			t.Fatal(err)
 		}
 		if r, err := s.Recv(); err != nil || r.GetRequestHeaders() == nil {
@@ -75,8 +74,8 @@ func TestFloorProcessor(t *testing.T) {
 		for _, h := range r.GetRequestBody().GetResponse().GetHeaderMutation().GetSetHeaders() {
 			hm[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
 		}
-		md := r.GetDynamicMetadata().GetFields()[extproc.MetadataNamespace].GetStructValue().GetFields()[extproc.MetadataDestinationKey].GetStringValue()
-		if hm[extproc.DefaultDestinationHeader] == "" || md != hm[extproc.DefaultDestinationHeader] || hm[extproc.DecisionHeader] == "" {
+		md := r.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()[MetadataDestinationKey].GetStringValue()
+		if hm[DefaultDestinationHeader] == "" || md != hm[DefaultDestinationHeader] || hm[DecisionHeader] == "" {
 			t.Fatalf("body answer does not name a destination the way kvroute does: %v", r)
 		}
 		dests = append(dests, md)
@@ -101,7 +100,7 @@ func TestFloorProcessor(t *testing.T) {
 	}
 	// No answer on the observer stream: the server ends it after the
 	// first chunk (io.EOF), without waiting for the client's end.
-	if r, err := obs.Recv(); err != io.EOF {
+	if r, err := obs.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("observer stream: answer %v, error %v; want its end", r, err)
 	}
 }
