@@ -91,8 +91,14 @@ func newStreamBench(tb testing.TB, opts []grpc.ServerOption) *streamBench {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return serveBench(tb, opts, srv)
+}
+
+// serveBench serves srv over TCP loopback, one client connection, as
+// Envoy has one per worker.
+func serveBench(tb testing.TB, opts []grpc.ServerOption, srv extprocv3.ExternalProcessorServer) *streamBench {
 	g := grpc.NewServer(opts...)
-	srv.Register(g)
+	extprocv3.RegisterExternalProcessorServer(g, srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -158,8 +164,10 @@ func sseChunks(n int) [][]byte {
 	return out
 }
 
-// exchange runs one request the way Envoy does with envoy/envoy.yaml:
-// BUFFERED request body, FULL_DUPLEX_STREAMED response.
+// exchange runs one request on a single stream: BUFFERED request body,
+// FULL_DUPLEX_STREAMED response answered chunk by chunk (a proxy that
+// sends the response on the router stream; envoy/envoy.yaml's own pattern,
+// with the observer filter, is exchangeObserved).
 func (sb *streamBench) exchange(tb testing.TB, body []byte, chunks [][]byte) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -198,36 +206,43 @@ func (sb *streamBench) exchange(tb testing.TB, body []byte, chunks [][]byte) {
 	_, _ = s.Recv()
 }
 
+// exchangeCases are the request sizes the exchange benchmarks run: a chat
+// body of size bytes in turns messages, answered in chunks streamed
+// chunks.
+var exchangeCases = []struct {
+	name                string
+	size, turns, chunks int
+}{{"small", 1000, 2, 64}, {"229KB", 229_000, 16, 64}, {"533KB", 533_000, 16, 64}}
+
 // BenchmarkStream runs whole ext_proc exchanges in parallel against the
 // real decision path: profile it with -cpuprofile / -memprofile.
 //
 //	go test -run '^$' -bench BenchmarkStream -cpuprofile cpu.out ./pkg/overhead/
 func BenchmarkStream(b *testing.B) {
-	for _, c := range []struct {
-		name   string
-		size   int
-		turns  int
-		chunks int
-	}{{"small", 1000, 2, 64}, {"229KB", 229_000, 16, 64}, {"533KB", 533_000, 16, 64}} {
+	for _, c := range exchangeCases {
 		b.Run(c.name, func(b *testing.B) {
 			sb := newStreamBench(b, []grpc.ServerOption{grpc.MaxRecvMsgSize(32 << 20)})
 			defer sb.stop()
-			body := chatBody(c.size, c.turns)
-			chunks := sseChunks(c.chunks)
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			var seq atomic.Uint64
-			t0 := cpuTime()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					sb.exchange(b, stamp(body, seq.Add(1)), chunks)
-				}
-			})
-			// Both ends run in this process: the client's share (marshal
-			// and send the body, read the answers) is included.
-			b.ReportMetric(float64((cpuTime()-t0).Microseconds())/float64(b.N), "cpu-µs/op")
+			benchExchanges(b, chatBody(c.size, c.turns), sseChunks(c.chunks), sb.exchange)
 		})
 	}
+}
+
+// benchExchanges runs exchange in parallel, each on body made unique
+// (stamp), and reports the process's CPU per exchange. Both ends run in
+// this process: the client's share (marshal and send the body, read the
+// answers) is included.
+func benchExchanges(b *testing.B, body []byte, chunks [][]byte, exchange func(testing.TB, []byte, [][]byte)) {
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var seq atomic.Uint64
+	t0 := cpuTime()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			exchange(b, stamp(body, seq.Add(1)), chunks)
+		}
+	})
+	b.ReportMetric(float64((cpuTime()-t0).Microseconds())/float64(b.N), "cpu-µs/op")
 }
 
 // cpuTime is the process's user and system CPU time so far.
@@ -237,27 +252,14 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// newFloorBench serves an extproc.FloorProcessor the way newStreamBench serves
-// kvroute.
+// newFloorBench serves an extproc.FloorProcessor the way newStreamBench
+// serves kvroute.
 func newFloorBench(tb testing.TB, opts []grpc.ServerOption) *streamBench {
 	f, err := extproc.NewFloorProcessor([]string{"127.0.0.1:8001", "127.0.0.1:8002"})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g := grpc.NewServer(opts...)
-	extprocv3.RegisterExternalProcessorServer(g, f)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20)))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &streamBench{client: extprocv3.NewExternalProcessorClient(conn), stop: func() { conn.Close(); g.Stop(); <-done }}
+	return serveBench(tb, opts, f)
 }
 
 // exchangeObserved runs one request the way Envoy does with
@@ -336,35 +338,20 @@ func (sb *streamBench) exchangeObserved(tb testing.TB, body []byte, chunks [][]b
 //
 //	go test -run '^$' -bench BenchmarkExchangeFloor -count 5 ./pkg/overhead/
 func BenchmarkExchangeFloor(b *testing.B) {
-	for _, c := range []struct {
-		name   string
-		size   int
-		turns  int
-		chunks int
-	}{{"small", 1000, 2, 64}, {"229KB", 229_000, 16, 64}} {
+	for _, c := range exchangeCases[:2] {
 		for _, server := range []string{"kvroute", "floor"} {
 			b.Run(c.name+"/"+server, func(b *testing.B) {
 				// kvroute's own server options (its codec, windows and
 				// stream workers) for both.
 				opts := extproc.Config{}.ServerOptions()
-				sb := newFloorBench(b, opts)
+				var sb *streamBench
 				if server == "kvroute" {
-					sb.stop()
 					sb = newStreamBench(b, opts)
+				} else {
+					sb = newFloorBench(b, opts)
 				}
 				defer sb.stop()
-				body := chatBody(c.size, c.turns)
-				chunks := sseChunks(c.chunks)
-				b.SetBytes(int64(len(body)))
-				b.ReportAllocs()
-				var seq atomic.Uint64
-				t0 := cpuTime()
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						sb.exchangeObserved(b, stamp(body, seq.Add(1)), chunks)
-					}
-				})
-				b.ReportMetric(float64((cpuTime()-t0).Microseconds())/float64(b.N), "cpu-µs/op")
+				benchExchanges(b, chatBody(c.size, c.turns), sseChunks(c.chunks), sb.exchangeObserved)
 			})
 		}
 	}
