@@ -27,6 +27,7 @@ func Knobs(name string) []Knob {
 		return []Knob{
 			{"move_weight", []float64{0, 0.25, 0.5, 1, 2}, func(c *policy.Config, v float64) { c.KVRoute.MoveWeight = f(v) }},
 			{"move_pressure_max", []float64{1, 2, 4, 8, 12, 16}, func(c *policy.Config, v float64) { c.KVRoute.MovePressureMax = f(v) }},
+			{"move_fill", []float64{0, 0.5, 1, 2}, func(c *policy.Config, v float64) { c.KVRoute.MoveFill = f(v) }},
 			{"memory_weight", []float64{0, 1, 2, 4}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWeight = f(v) }},
 			{"memory_wait", []float64{0, 0.5, 1}, func(c *policy.Config, v float64) { c.KVRoute.MemoryWait = f(v) }},
 			{"memory_reserve", []float64{0, 0.05, 0.1, 0.2}, func(c *policy.Config, v float64) { c.KVRoute.MemoryReserve = f(v) }},

@@ -30,7 +30,10 @@ import (
 //	          min(active_prefill_blocks, FluidWait)      (a fresh queue, see below)
 //	extra   = own - own at the session's home          history this placement re-prefills (0 at home, or without one;
 //	          a sibling in a burst: own - own at a holder of its whole prompt, 0 at a holder)
-//	move    = move_weight * fleet_pressure * extra     what that extra work makes everyone else wait
+//	move    = move_weight * pressure * extra          what that extra work makes everyone else wait;
+//	          pressure = fleet_pressure, or with move_fill > 0 (off by default)
+//	          max(fleet_pressure, move_fill*(u - least u)/(1 - u)), u a KV cache's
+//	          reported fill, capped at move_pressure_max (MovePressure)
 //	memory  = memory_weight * overflow                 KV blocks the placement would make the engine preempt;
 //	          with memory_wait w > 0, where the KV cache is short and no step of prefill is
 //	          queued, at least w*(MemoryWait - b*wait)     (seconds) decodes running there take to free the blocks
@@ -132,7 +135,15 @@ import (
 // kept full: mean time to first token 17.8 s against hardswitch's 9.4 s,
 // 11.0 s at 12 (p99 39.2 -> 24.4 s); the bar and its off-grid variants
 // pass as many cases either way (docs/benchmarks.md, "The move charge's
-// cap").
+// cap"). With move_fill > 0 (off by default; for fleets of mixed
+// speeds), a candidate whose KV cache is fuller than the fleet's emptiest
+// charges a move at that excess over its own room, (u - least u)/(1 - u),
+// where that exceeds the fleet's pressure (MovePressure): a history
+// re-prefilled into a nearly full cache while another replica has room
+// displaces the replica's own sessions and is soon displaced itself, so
+// the session would only move again. On a fleet whose fast half is full
+// and slow half idle, the fleet's pressure alone let turns hop between the
+// full fast replicas.
 // A request without a home (a new session, or no session key) pays no move
 // charge, a burst's sibling and a continuation aside (below): prefilling a
 // shared prefix (a system prompt, a task prompt) on one more replica is a
@@ -414,7 +425,7 @@ import (
 type KVRoute struct {
 	backlogWeight, decodeWeight, requestWeight float64
 	runningWeight                              float64
-	moveWeight, movePressureMax                float64
+	moveWeight, movePressureMax, moveFill      float64
 	memoryWeight, memoryReserve, memoryWait    float64
 	loadBound, loadBoundMin                    float64
 	prefixShareBound                           float64
@@ -433,6 +444,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		runningWeight:    orDefault(c.RunningWeight, DefaultKVRouteRunningWeight),
 		moveWeight:       orDefault(c.MoveWeight, DefaultKVRouteMoveWeight),
 		movePressureMax:  orDefault(c.MovePressureMax, DefaultKVRouteMovePressureMax),
+		moveFill:         orDefault(c.MoveFill, DefaultKVRouteMoveFill),
 		memoryWeight:     orDefault(c.MemoryWeight, DefaultKVRouteMemoryWeight),
 		memoryReserve:    orDefault(c.MemoryReserve, DefaultKVRouteMemoryReserve),
 		memoryWait:       orDefault(c.MemoryWait, DefaultKVRouteMemoryWait),
@@ -452,6 +464,7 @@ func (c KVRouteConfig) resolve() (*KVRoute, error) {
 		knob{"kvroute.running_weight", k.runningWeight},
 		knob{"kvroute.move_weight", k.moveWeight},
 		knob{"kvroute.move_pressure_max", k.movePressureMax},
+		knob{"kvroute.move_fill", k.moveFill},
 		knob{"kvroute.memory_weight", k.memoryWeight},
 		knob{"kvroute.memory_wait", k.memoryWait},
 		knob{"kvroute.future_weight", k.futureWeight},
@@ -600,6 +613,9 @@ type Fleet struct {
 	// as a system prompt every replica has cached, keeps the request on
 	// none of them.
 	CommonBlocks float64
+	// MinFill is the least reported KV cache fill (Load.KVUsage) of the
+	// eligible candidates (0 without reports): the room the fleet has.
+	MinFill float64
 	// Sibling is set when HomeOwn is not a home's but a holder's: the
 	// request has no home and a candidate holds its whole prompt, part of
 	// it in flight (a sibling of a request just sent there), and it is
@@ -710,12 +726,14 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 		f.PrefillRate = r
 	}
 	f.CommonBlocks = math.Inf(1)
+	f.MinFill = math.Inf(1)
 	for _, c := range cands {
 		if !eligible(c) {
 			continue
 		}
 		n++
 		f.CommonBlocks = math.Min(f.CommonBlocks, float64(c.MatchedBlocks()))
+		f.MinFill = math.Min(f.MinFill, math.Max(0, c.Load.KVUsage))
 		if d := c.Load.DecodeStep.Seconds(); d > 0 {
 			stepSum += d
 			stepN++
@@ -735,7 +753,7 @@ func (k *KVRoute) FleetOf(req Request, cands []Candidate, credited func(Candidat
 		f.DecodeStep = stepSum / float64(stepN)
 	}
 	if n == 0 {
-		f.CommonBlocks = 0
+		f.CommonBlocks, f.MinFill = 0, 0
 		return f
 	}
 	keyless := req.SessionKey == ""
@@ -883,6 +901,33 @@ func blockTokens(req Request) float64 {
 	return 16
 }
 
+// MovePressure is the pressure a move onto c is charged at: the fleet's
+// (Fleet.Pressure) or, with move_fill > 0 and where it is higher, how much
+// fuller c's KV cache is than the fleet's emptiest, in units of the room c
+// has left, times move_fill: move_fill*(u-min)/(1-u), u its reported usage
+// (Load.KVUsage) and min Fleet.MinFill, capped at move_pressure_max. A
+// history re-prefilled into a nearly full cache while another replica has
+// room displaces what the replica's own sessions keep there and is
+// displaced in turn: the move buys one turn, not a new home, and the
+// session's next turns move again. Where every cache is as full there is
+// no room to move to and the fleet's pressure alone prices the move. With
+// the fast half of a mixed fleet full and the slow half idle, the fleet's
+// pressure alone priced moves between the full fast replicas at a tenth of
+// their re-prefill; move_fill 1 halves rl's p99 there, but costs some
+// p99s with half the KV cache or lost events, so it is off by default
+// (docs/benchmarks.md, "A move into a full cache").
+func (k *KVRoute) MovePressure(c Candidate, f Fleet) float64 {
+	u := c.Load.KVUsage
+	if !(u > f.MinFill) || k.moveFill == 0 {
+		return f.Pressure
+	}
+	fill := k.movePressureMax
+	if u < 1 {
+		fill = math.Min(fill, k.moveFill*(u-f.MinFill)/(1-u))
+	}
+	return math.Max(f.Pressure, fill)
+}
+
 // Predict is the candidate's cost for the request, term by term, in
 // seconds, with its cache credit (hit blocks) as given.
 func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Prediction {
@@ -910,7 +955,7 @@ func (k *KVRoute) Predict(req Request, c Candidate, hit float64, f Fleet) Predic
 	p := Prediction{
 		Wait:     pc.BlockSecs * wait,
 		Own:      pc.BlockSecs * o,
-		Move:     pc.BlockSecs * k.moveWeight * f.Pressure * extra,
+		Move:     pc.BlockSecs * k.moveWeight * k.MovePressure(c, f) * extra,
 		Decode:   pc.BlockSecs * k.decodeWeight * c.Load.ActiveDecodeBlocks,
 		Step:     pc.StepSecs,
 		Requests: pc.StepSecs * (k.requestWeight*float64(c.Load.WaitingRequests) + k.runningWeight*float64(c.Load.ActiveRequests)),
@@ -1220,6 +1265,12 @@ type KVRouteConfig struct {
 	MoveWeight *float64 `yaml:"move_weight"`
 	// MovePressureMax caps the fleet pressure busy/(1-busy) (default 12).
 	MovePressureMax *float64 `yaml:"move_pressure_max"`
+	// MoveFill scales a destination's KV cache fill beyond the fleet's
+	// emptiest, (u - least u)/(1 - u), as the pressure a move onto it is
+	// charged at where that exceeds the fleet's (default 0: off, the
+	// fleet's pressure alone; 1 for fleets of mixed speeds; see
+	// MovePressure).
+	MoveFill *float64 `yaml:"move_fill"`
 	// MemoryWeight charges blocks per KV block of predicted overflow
 	// (default 1; 0 ignores memory headroom).
 	MemoryWeight *float64 `yaml:"memory_weight"`
@@ -1288,6 +1339,7 @@ const (
 	DefaultKVRouteRunningWeight    = 0.02
 	DefaultKVRouteMoveWeight       = 1.0
 	DefaultKVRouteMovePressureMax  = 12.0
+	DefaultKVRouteMoveFill         = 0.0
 	DefaultKVRouteMemoryWeight     = 1.0
 	DefaultKVRouteMemoryReserve    = 0.05
 	DefaultKVRouteMemoryWait       = 0.0

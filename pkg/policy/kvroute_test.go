@@ -1374,3 +1374,61 @@ func TestKVRouteContinuationPaysMoveCharge(t *testing.T) {
 		})
 	}
 }
+
+// With move_fill 1, a move onto a candidate whose KV cache is fuller than
+// the fleet's emptiest is charged at that excess over the room it has
+// left, (u-min)/(1-u), when the fleet's pressure is lower: a move into a
+// full cache while another replica has room. With every cache as full,
+// or with move_fill off (the default), the fleet's pressure prices it.
+func TestKVRouteMovePressureOfAFullCache(t *testing.T) {
+	k, err := NewKVRoute(KVRouteConfig{MoveFill: Float(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withFill := func(name string, u float64) Candidate {
+		c := cand(name, 0, 0, 0)
+		c.Load.KVUsage, c.Load.KVBlocks = u, 1000
+		return c
+	}
+	for _, tt := range []struct {
+		name           string
+		c              Candidate
+		fleet, minFill float64
+		want           float64
+	}{
+		{"full while another has room", withFill("full", 0.9), 0, 0.1, 8},
+		{"the emptiest itself", withFill("empty", 0.1), 0, 0.1, 0},
+		{"the fleet's pressure is higher", withFill("full", 0.9), 12, 0.1, 12},
+		{"completely full: the cap", withFill("overfull", 1), 0, 0.1, DefaultKVRouteMovePressureMax},
+		{"every cache as full: the fleet's", withFill("full", 0.92), 0.5, 0.9, 0.5},
+		{"no report: the fleet's", cand("none", 0, 0, 0), 0.5, 0, 0.5},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := k.MovePressure(tt.c, Fleet{Pressure: tt.fleet, MinFill: tt.minFill}); math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("MovePressure = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	off, _ := NewKVRoute(KVRouteConfig{})
+	if got := off.MovePressure(withFill("full", 0.9), Fleet{Pressure: 0.5, MinFill: 0.1}); got != 0.5 {
+		t.Errorf("move_fill off (the default): MovePressure = %v, want the fleet's 0.5", got)
+	}
+	// In the cost: a session's next turn whose home is busy and full is
+	// priced away from a replica as full as its home, not from one with
+	// room; an unhealthy replica's empty cache is no room.
+	req := Request{PromptBlocks: 200, ExpectedOutputBlocks: 8}
+	home := withReqs(withFill("home", 0.97), 4, 0)
+	home.Home, home.Matched[index.TierGPU], home.Load.ActivePrefillBlocks = true, 190, 40
+	full, empty := withFill("full", 0.9), withFill("empty", 0.1)
+	f := k.FleetOf(req, []Candidate{home, full, empty, unhealthy(withFill("down", 0))}, nil)
+	if math.Abs(f.Pressure-0.5) > 1e-9 || f.MinFill != 0.1 {
+		t.Fatalf("fleet pressure %v, least fill %v: want 0.5 (one of three busy) and 0.1", f.Pressure, f.MinFill)
+	}
+	hf, he := k.Predict(req, full, 0, f), k.Predict(req, empty, 0, f)
+	if he.Move <= 0 || math.Abs(hf.Move/he.Move-8/0.5) > 1e-9 {
+		t.Fatalf("move charge onto a 90 %% full cache %v, onto a 10 %% full one %v: want 8 against the fleet's 0.5", hf.Move, he.Move)
+	}
+	if !(hf.Total() > he.Total()) {
+		t.Fatalf("the full cache costs %v, the one with room %v", hf.Total(), he.Total())
+	}
+}
