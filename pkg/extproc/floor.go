@@ -11,9 +11,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // FloorProcessor is the least an ext_proc server can do with the messages
@@ -61,13 +58,11 @@ func (f *FloorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) er
 		var resp *extprocv3.ProcessingResponse
 		switch req.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
-			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-				RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
+			resp = requestHeadersResponse(&pick{})
 		case *extprocv3.ProcessingRequest_RequestBody:
 			resp = f.pick()
 		case *extprocv3.ProcessingRequest_RequestTrailers:
-			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
-				RequestTrailers: &extprocv3.TrailersResponse{}}}
+			resp = reqTrailersContinue
 		default:
 			continue // a response phase this filter was not configured to send
 		}
@@ -77,22 +72,15 @@ func (f *FloorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) er
 	}
 }
 
-// pick answers a buffered request body with the next endpoint.
+// pick answers a buffered request body with the next endpoint, built as
+// Server builds a pick's answer.
 func (f *FloorProcessor) pick() *extprocv3.ProcessingResponse {
 	n := f.seq.Add(1)
 	dest := f.endpoints[n%uint64(len(f.endpoints))]
-	id := "floor." + strconv.FormatUint(n, 36)
-	return &extprocv3.ProcessingResponse{
-		Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-			Response: &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: &extprocv3.HeaderMutation{
-				SetHeaders: []*corev3.HeaderValueOption{
-					{Header: &corev3.HeaderValue{Key: DefaultDestinationHeader, RawValue: []byte(dest)}},
-					{Header: &corev3.HeaderValue{Key: DecisionHeader, RawValue: []byte(id)}},
-				}}}}},
-		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-			MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				MetadataDestinationKey: structpb.NewStringValue(dest)}})}},
-	}
+	return requestBodyResponse(&pick{
+		set:      []*corev3.HeaderValueOption{setHeader(DefaultDestinationHeader, dest), setHeader(DecisionHeader, "floor."+strconv.FormatUint(n, 36))},
+		metadata: destinationMetadata(dest),
+	})
 }
 
 // ServeFloor serves a FloorProcessor on lis, with kvroute's own gRPC
@@ -106,10 +94,9 @@ func ServeFloor(ctx context.Context, lis net.Listener, endpoints []string) error
 	}
 	g := grpc.NewServer(Config{}.ServerOptions()...)
 	extprocv3.RegisterExternalProcessorServer(g, f)
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(g, hs)
+	hs := NewHealth()
+	hs.SetReady(true)
+	hs.Register(g)
 	done := make(chan error, 1)
 	go func() { done <- g.Serve(lis) }()
 	select {
