@@ -917,15 +917,18 @@ func blockTokens(req Request) float64 {
 // p99s with half the KV cache or lost events, so it is off by default
 // (docs/benchmarks.md, "A move into a full cache").
 func (k *KVRoute) MovePressure(c Candidate, f Fleet) float64 {
-	u := c.Load.KVUsage
-	if !(u > f.MinFill) || k.moveFill == 0 {
+	if k.moveFill == 0 {
 		return f.Pressure
 	}
-	fill := k.movePressureMax
-	if u < 1 {
-		fill = math.Min(fill, k.moveFill*(u-f.MinFill)/(1-u))
+	u := c.Load.KVUsage
+	if !(u > f.MinFill) {
+		return f.Pressure
 	}
-	return math.Max(f.Pressure, fill)
+	fill := math.Inf(1) // a full cache: no room left at all
+	if u < 1 {
+		fill = k.moveFill * (u - f.MinFill) / (1 - u)
+	}
+	return math.Max(f.Pressure, math.Min(k.movePressureMax, fill))
 }
 
 // Predict is the candidate's cost for the request, term by term, in

@@ -1409,6 +1409,16 @@ func TestKVRouteMovePressureOfAFullCache(t *testing.T) {
 			}
 		})
 	}
+	half, err := NewKVRoute(KVRouteConfig{MoveFill: Float(0.5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := half.MovePressure(withFill("full", 0.9), Fleet{MinFill: 0.1}); math.Abs(got-4) > 1e-9 {
+		t.Errorf("move_fill 0.5: MovePressure = %v, want 4", got)
+	}
+	if got := half.MovePressure(withFill("overfull", 1), Fleet{MinFill: 0.1}); got != DefaultKVRouteMovePressureMax {
+		t.Errorf("move_fill 0.5, a full cache: MovePressure = %v, want the cap", got)
+	}
 	off, _ := NewKVRoute(KVRouteConfig{})
 	if got := off.MovePressure(withFill("full", 0.9), Fleet{Pressure: 0.5, MinFill: 0.1}); got != 0.5 {
 		t.Errorf("move_fill off (the default): MovePressure = %v, want the fleet's 0.5", got)
