@@ -308,8 +308,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				}
 				cpuAt := time.Now()
 				ecpu0, eerr := procCPU(t.envoy)
-				dec0, _ := decisions(ctx, st.KV)
-				fb0, _ := fallbacks(ctx, st.KV)
+				var dec0, fb0 float64
+				if t.name == "kvroute" { // its metrics, read around its own phases only
+					dec0, _ = decisions(ctx, st.KV)
+					fb0, _ = fallbacks(ctx, st.KV)
+				}
 				var profs []<-chan error
 				if t.name == "kvroute" && o.ProfileDir != "" {
 					for _, kind := range []string{"cpu", "allocs", "mutex", "block"} {
