@@ -164,6 +164,37 @@ func sseChunks(n int) [][]byte {
 	return out
 }
 
+// route opens a router stream on ctx and sends it a chat's request
+// headers and BUFFERED body, as Envoy does (respMode the response body
+// mode the stream announces); it returns the stream and the body's
+// answer, failing tb unless the request was routed.
+func (sb *streamBench) route(ctx context.Context, tb testing.TB, body []byte, respMode filterv3.ProcessingMode_BodySendMode) (extprocv3.ExternalProcessor_ProcessClient, *extprocv3.ProcessingResponse) {
+	s, err := sb.client.Process(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: respMode}
+	if err := s.Send(&extprocv3.ProcessingRequest{ProtocolConfig: pc, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/chat/completions", ":method", "POST", "content-type", "application/json")}}}); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		tb.Fatal(err)
+	}
+	r, err := s.Recv()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if r.GetImmediateResponse() != nil || r.GetRequestBody() == nil {
+		tb.Fatalf("not routed: %v", r)
+	}
+	return s, r
+}
+
 // exchange runs one request on a single stream: BUFFERED request body,
 // FULL_DUPLEX_STREAMED response answered chunk by chunk (a proxy that
 // sends the response on the router stream; envoy/envoy.yaml's own pattern,
@@ -171,11 +202,7 @@ func sseChunks(n int) [][]byte {
 func (sb *streamBench) exchange(tb testing.TB, body []byte, chunks [][]byte) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := sb.client.Process(ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	s, _ := sb.route(ctx, tb, body, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
 	send := func(r *extprocv3.ProcessingRequest) {
 		if err := s.Send(r); err != nil {
 			tb.Fatal(err)
@@ -187,13 +214,6 @@ func (sb *streamBench) exchange(tb testing.TB, body []byte, chunks [][]byte) {
 			tb.Fatal(err)
 		}
 		return r
-	}
-	send(&extprocv3.ProcessingRequest{ProtocolConfig: pc, Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/chat/completions", ":method", "POST", "content-type", "application/json")}}})
-	recv()
-	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}})
-	if r := recv(); r.GetImmediateResponse() != nil || r.GetRequestBody() == nil {
-		tb.Fatalf("not routed: %v", r)
 	}
 	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":status", "200", "content-type", "text/event-stream")}}})
@@ -273,26 +293,7 @@ func newFloorBench(tb testing.TB, opts []grpc.ServerOption) *streamBench {
 func (sb *streamBench) exchangeObserved(tb testing.TB, body []byte, chunks [][]byte) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	router, err := sb.client.Process(ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_NONE}
-	if err := router.Send(&extprocv3.ProcessingRequest{ProtocolConfig: pc, Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/chat/completions", ":method", "POST", "content-type", "application/json")}}}); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := router.Recv(); err != nil {
-		tb.Fatal(err)
-	}
-	if err := router.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
-		tb.Fatal(err)
-	}
-	r, err := router.Recv()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	router, r := sb.route(ctx, tb, body, filterv3.ProcessingMode_NONE)
 	id := ""
 	for _, h := range r.GetRequestBody().GetResponse().GetHeaderMutation().GetSetHeaders() {
 		if h.GetHeader().GetKey() == extproc.DecisionHeader {
@@ -300,7 +301,7 @@ func (sb *streamBench) exchangeObserved(tb testing.TB, body []byte, chunks [][]b
 		}
 	}
 	if id == "" {
-		tb.Fatalf("not routed: %v", r)
+		tb.Fatalf("routed without a decision id: %v", r)
 	}
 
 	obs, err := sb.client.Process(ctx)
