@@ -173,14 +173,21 @@ func TestSessionIdentityMix(t *testing.T) {
 }
 
 // Groups: single requests over a fixed set of long prefixes, picked with a
-// skew, each with its own question.
+// skew, each with its own question; on several seeds, not one.
 func TestGenerateGroupsShape(t *testing.T) {
-	w, err := Generate(GenGroups, GenOptions{Seed: 5})
-	if err != nil {
-		t.Fatal(err)
+	for _, seed := range []uint64{1, 5, 9, 1234} {
+		w, err := Generate(GenGroups, GenOptions{Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkGroupsShape(t, seed, w)
 	}
+}
+
+func checkGroupsShape(t *testing.T, seed uint64, w *Workload) {
+	t.Helper()
 	if len(w.Sessions) != 4000 {
-		t.Fatalf("%d requests, want 4000", len(w.Sessions))
+		t.Fatalf("seed %d: %d requests, want 4000", seed, len(w.Sessions))
 	}
 	count := map[Segment]int{}
 	questions := map[uint64]bool{}
@@ -210,6 +217,6 @@ func TestGenerateGroupsShape(t *testing.T) {
 	// Zipf 1.1 over 128 ranks: the hottest about 23 % (900 of 4000), the
 	// median rank about 0.25 % (9).
 	if len(count) < 100 || len(count) > 128 || hot < 700 || hot > 1100 || median > 30 {
-		t.Fatalf("%d groups, hottest %d requests, median %d: not a Zipf(1.1) skew over 128", len(count), hot, median)
+		t.Fatalf("seed %d: %d groups, hottest %d requests, median %d: not a Zipf(1.1) skew over 128", seed, len(count), hot, median)
 	}
 }
