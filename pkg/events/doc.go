@@ -169,8 +169,13 @@
 // a hole; the live stream was observed from sequence 0 (a fresh engine);
 // or, when replay is not configured, fails, or starts later than asked (the
 // engine's buffer moved on), ResyncQuiet has passed since the replica was
-// cleared without another gap. Until then it is "resyncing": Credit 0, the
-// router treats it as cold. Clearing is ordered with the batches through
+// cleared without another gap, and no replay is outstanding (live batches
+// wait unapplied in a replay's buffer: whether they follow on without a
+// hole is known when it merges them). A replay that goes on after the
+// view was cleared mid-way (a batch lost to decoding) brings the replica
+// forward but no longer catches it up: what it applied before the clear
+// is gone. Until then it is "resyncing": Credit 0, the router treats it as
+// cold. Clearing is ordered with the batches through
 // the worker queue (a new epoch; batches of the old epoch are skipped).
 // A batch that cannot be decoded, or an event with a malformed field,
 // withdraws the replica's credit at once (the worker does it), then clears

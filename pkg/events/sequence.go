@@ -270,12 +270,13 @@ func (q *sequencer) DecodeError(now time.Time) []action {
 
 // NextTimer is when Tick next has something to do (the connection
 // deadline of the first warm-up, the end of the quiet window); ok is false
-// while no timer runs.
+// while no timer runs. The quiet window does not end while a replay is
+// outstanding (see Tick): its timer waits for the replay.
 func (q *sequencer) NextTimer() (at time.Time, ok bool) {
 	if q.awaiting && !q.settled {
 		at, ok = q.awaitDeadline, true
 	}
-	if !q.quietSince.IsZero() {
+	if !q.quietSince.IsZero() && q.rp == nil {
 		if end := q.quietSince.Add(q.cfg.resyncQuiet); !ok || end.Before(at) {
 			at, ok = end, true
 		}
@@ -284,7 +285,10 @@ func (q *sequencer) NextTimer() (at time.Time, ok bool) {
 }
 
 // Tick runs the timers: the connection deadline of the first warm-up and
-// the quiet window.
+// the quiet window. The quiet window catches the replica up only with no
+// replay outstanding: the live batches of its span wait in the replay's
+// buffer, unapplied, and whether they follow on without a hole is known
+// only when the replay ends and merges them.
 func (q *sequencer) Tick(now time.Time) []action {
 	q.begin(now)
 	if q.awaiting && !q.settled && !now.Before(q.awaitDeadline) {
@@ -293,7 +297,7 @@ func (q *sequencer) Tick(now time.Time) []action {
 		q.settled = true
 		q.emit(action{kind: actUnreachable})
 	}
-	if !q.quietSince.IsZero() && now.Sub(q.quietSince) >= q.cfg.resyncQuiet {
+	if !q.quietSince.IsZero() && q.rp == nil && now.Sub(q.quietSince) >= q.cfg.resyncQuiet {
 		q.caughtUpVia("quiet_window")
 	}
 	return q.done()
@@ -567,10 +571,13 @@ func (q *sequencer) live(msg liveMsg, allowReplay bool) {
 	}
 }
 
+// enqueue queues msg in the current epoch: the sequence expected next is
+// the one after it, whether or not the epoch had one (a replay going on
+// after a clear continues the epoch the clear began).
 func (q *sequencer) enqueue(msg liveMsg, live bool) {
 	q.emit(action{kind: actEnqueue, msg: msg, live: live})
 	q.ring[msg.seq%ringSize] = ringEntry{seq: msg.seq, fp: fingerprint(msg.payload), ok: true}
-	q.next = msg.seq + 1
+	q.have, q.next = true, msg.seq+1
 	q.hasSeq, q.lastSeq = true, msg.seq
 }
 
@@ -590,8 +597,14 @@ func (q *sequencer) reset() {
 	q.caughtUp = false
 }
 
-// clear starts a new epoch: the view is incomplete until caught up.
+// clear starts a new epoch: the view is incomplete until caught up. A
+// catch-up going on (a replay) goes on into the new epoch, but what it
+// brings is no longer everything the engine buffered since the view was
+// empty: its success no longer catches the replica up.
 func (q *sequencer) clear(reason string) {
+	if q.rp != nil {
+		q.rp.full = false
+	}
 	q.emit(action{kind: actClear, reason: reason})
 	q.have = false
 	q.quietSince = time.Time{}

@@ -161,6 +161,33 @@ func TestSequencerTransitions(t *testing.T) {
 		}},
 		{"warm start on an engine that published nothing", withReplay(), append(slices.Clone(connected),
 			seqStep{in: "live", seq: 0, want: []string{"enqueue 0 live"}, state: "live caught settled"})},
+		// A batch lost to decoding mid-replay empties the view: the replay
+		// goes on, but what it brings is no longer the whole buffer, so the
+		// replica catches up by the quiet window, not by the replay; and a
+		// buffered live batch older than what the replay applied is not
+		// queued after it.
+		{"a decode error during the warm replay: caught up by the quiet window, not the replay", withReplay(), []seqStep{
+			{in: "start", want: []string{"clear"}},
+			{in: "connect", want: []string{"clear connect", "replay 0"}},
+			{in: "rbatch", seq: 0, want: []string{"enqueue 0"}},
+			{in: "rbatch", seq: 1, want: []string{"enqueue 1"}},
+			{in: "decode", want: []string{"clear decode_error"}, state: "resyncing quiet"},
+			{in: "rbatch", seq: 2, want: []string{"enqueue 2"}},
+			{in: "live", seq: 1, want: nil}, // the live twin of replayed 1
+			{in: "rend", at: time.Second, want: []string{"done ok"}, state: "resyncing settled quiet"},
+			{in: "live", seq: 3, at: 2 * time.Second, want: []string{"enqueue 3 live"}, state: "resyncing settled quiet"},
+			{in: "tick", at: 31 * time.Second, want: []string{"caughtup quiet_window"}, state: "live caught settled"},
+		}},
+		// The quiet window does not end while a replay is outstanding: the
+		// live batches of its span wait unapplied in the replay's buffer.
+		{"the quiet window waits for a replay outstanding", withReplay(), append(append(slices.Clone(connected), liveTo(0, 1)...),
+			seqStep{in: "live", seq: 3, want: []string{"gap", "replay 2"}, state: "replaying caught settled"},
+			seqStep{in: "decode", at: time.Second, want: []string{"clear decode_error"}, state: "resyncing settled quiet"},
+			seqStep{in: "tick", at: 40 * time.Second, want: nil, state: "resyncing settled quiet"},
+			seqStep{in: "rbatch", seq: 2, at: 41 * time.Second, want: []string{"enqueue 2"}},
+			seqStep{in: "rend", at: 41 * time.Second, want: []string{"done ok", "enqueue 3"}, state: "resyncing settled quiet"},
+			seqStep{in: "tick", at: 41 * time.Second, want: []string{"caughtup quiet_window"}, state: "live caught settled"},
+		)},
 		{"warm replay that starts later than asked is truncated, then the quiet window", withReplay(), []seqStep{
 			{in: "start", want: []string{"clear"}},
 			{in: "connect", want: []string{"clear connect", "replay 0"}},
@@ -452,4 +479,25 @@ func FuzzSequencer(f *testing.F) {
 			}
 		}
 	})
+}
+
+// While a replay is outstanding the quiet window's timer does not run (the
+// subscriber would otherwise wake every millisecond on a window that
+// cannot end); once the replay ends it runs again from where it started.
+func TestSequencerQuietTimerWaitsForReplay(t *testing.T) {
+	q := newSequencer(withReplay())
+	runSeq(t, q, append(append(slices.Clone(connected), liveTo(0, 1)...),
+		seqStep{in: "live", seq: 3, want: []string{"gap", "replay 2"}},
+		seqStep{in: "decode", at: time.Second, want: []string{"clear decode_error"}},
+	))
+	if at, ok := q.NextTimer(); ok {
+		t.Fatalf("timer at %v while the replay is outstanding", at.Sub(t0))
+	}
+	runSeq(t, q, []seqStep{
+		{in: "rbatch", seq: 2, at: 2 * time.Second, want: []string{"enqueue 2"}},
+		{in: "rend", at: 2 * time.Second, want: []string{"done ok", "enqueue 3"}},
+	})
+	if at, ok := q.NextTimer(); !ok || at.Sub(t0) != 31*time.Second {
+		t.Fatalf("timer at %v (%v), want the quiet window's end at 31s", at.Sub(t0), ok)
+	}
 }
