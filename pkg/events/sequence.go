@@ -322,10 +322,9 @@ func (q *sequencer) ReplayBatch(now time.Time, msg liveMsg) []action {
 		return q.done() // already applied
 	case msg.seq > q.next && (first || rp.applied == 0):
 		// The engine no longer buffers what was asked for: the view has
-		// a hole.
+		// a hole. The new epoch starts at this batch (enqueue below).
 		rp.truncated = true
 		q.clear("replay_truncated")
-		q.have, q.next = true, msg.seq
 	case msg.seq > q.next:
 		// A reply went missing after this round had delivered from
 		// where it was asked: the engine still buffers the rest, so
@@ -382,8 +381,9 @@ func (q *sequencer) ReplayEnd(now time.Time) []action {
 	}
 	q.emit(action{kind: actReplayDone, result: res, from: rp.start})
 	if res == replayTruncated {
+		// Every truncation cleared the view (clear: no longer a full
+		// catch-up).
 		q.startQuiet()
-		rp.full = false
 	}
 	q.merge()
 	return q.done()
