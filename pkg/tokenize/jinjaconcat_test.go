@@ -211,7 +211,7 @@ func FuzzSplitConcat(f *testing.F) {
 		}
 		x, err := jsonValue(json.RawMessage(v))
 		if err != nil {
-			f.Fatal(err)
+			tb.Fatal(err)
 		}
 		return map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
 			"add_generation_prompt": jinja.NewBool(true), "tools": jinja.None(), "bos_token": jinja.NewString("<s>")}
