@@ -313,3 +313,15 @@ func TestBarRunsOnlyWhatTheBarJudges(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSpeedChange(t *testing.T) {
+	ch, err := parseSpeedChange("2@20s:0.33")
+	if err != nil || ch != (bench.SpeedChange{Replica: 2, At: 20 * time.Second, Speed: 0.33}) {
+		t.Fatalf("2@20s:0.33 = %+v, %v", ch, err)
+	}
+	for _, bad := range []string{"", "2", "2@20s", "x@20s:1", "-1@20s:1", "2@soon:1", "2@-5s:1", "2@20s:fast", "2@20s:0", "2@20s:200"} {
+		if _, err := parseSpeedChange(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

@@ -38,6 +38,7 @@ type simFlags struct {
 	cpuBlocks  int
 	prefillTPS float64
 	speeds     []float64
+	changes    []bench.SpeedChange
 	noFidelity bool
 }
 
@@ -86,7 +87,42 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.Func("speed-change", "change replicas' speeds during the run, comma-separated replica@time:speed (e.g. 0@20s:0.33: replica 0 runs at a third of its speed from 20 s after the first request on, as a throttled GPU would; the speed multiplies the engine's as -speeds does; utilization still counts the starting speeds)", func(v string) error {
+		f.changes = f.changes[:0]
+		for _, x := range splitList(v) {
+			ch, err := parseSpeedChange(x)
+			if err != nil {
+				return err
+			}
+			f.changes = append(f.changes, ch)
+		}
+		if len(f.changes) == 0 {
+			return errors.New("at least one change")
+		}
+		return nil
+	})
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
+}
+
+// parseSpeedChange parses one replica@time:speed.
+func parseSpeedChange(x string) (bench.SpeedChange, error) {
+	rep, rest, ok1 := strings.Cut(x, "@")
+	at, sp, ok2 := strings.Cut(rest, ":")
+	if !ok1 || !ok2 {
+		return bench.SpeedChange{}, fmt.Errorf("%q is not replica@time:speed", x)
+	}
+	var ch bench.SpeedChange
+	var err error
+	if ch.Replica, err = strconv.Atoi(rep); err != nil || ch.Replica < 0 {
+		return ch, fmt.Errorf("%q: replica %q is not a replica number", x, rep)
+	}
+	if ch.At, err = time.ParseDuration(at); err != nil || ch.At < 0 {
+		return ch, fmt.Errorf("%q: time %q is not a non-negative duration", x, at)
+	}
+	if ch.Speed, err = strconv.ParseFloat(sp, 64); err != nil {
+		return ch, fmt.Errorf("%q: speed %q is not a number", x, sp)
+	}
+	return ch, bench.CheckSpeed(ch.Speed)
 }
 
 func (f *simFlags) fleet() bench.FleetConfig {
@@ -110,7 +146,7 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	}
 	return bench.FleetConfig{
 		Replicas: f.replicas, Engine: e, EventDelay: f.delay, EventLoss: f.loss, PendingTTL: f.pending,
-		Seed: f.seed, NoFidelity: f.noFidelity, Speeds: f.speeds,
+		Seed: f.seed, NoFidelity: f.noFidelity, Speeds: f.speeds, SpeedChanges: f.changes,
 	}
 }
 

@@ -20,9 +20,11 @@
 //
 // Simulate runs a workload through FleetConfig.Replicas engines (of one
 // configuration, or at per-replica speeds with FleetConfig.Speeds: a mixed
-// fleet of GPU generations with the same KV memory) in simulated time: an
-// event queue orders step completions, index
-// deliveries, arrivals and step starts (in that order at equal times), so
+// fleet of GPU generations with the same KV memory; FleetConfig.SpeedChanges
+// changes a replica's speed during the run, as a GPU that throttles) in
+// simulated time: an event queue orders speed changes, step completions,
+// index deliveries, arrivals and step starts (in that order at equal
+// times), so
 // a run is deterministic for a given workload, freshly built policy and
 // config. Decisions go through route.Decide over a State fed by a
 // load.Tracker (the router's in-flight view), engine figures scraped at

@@ -88,6 +88,21 @@ type FleetConfig struct {
 	// older GPU generation serving the same model would (nil: every
 	// replica at Engine's speed). Memory is the same on every replica.
 	Speeds []float64
+	// SpeedChanges change replicas' speeds during the run (a GPU that
+	// throttles, a neighbour that takes a share of it): each sets its
+	// replica's speed multiplier, as Speeds does, from its time on. The
+	// workload's utilization is still counted on the fleet's starting
+	// speeds, so a replica slowed adds load the fleet did not plan for.
+	SpeedChanges []SpeedChange
+}
+
+// SpeedChange sets Replica's speed multiplier (in (0, 100], see
+// FleetConfig.Speeds) to Speed from At after the workload's first arrival
+// on: the steps that start from then on run at it.
+type SpeedChange struct {
+	Replica int
+	At      time.Duration
+	Speed   float64
 }
 
 // CheckSpeed reports the first of speeds that is not a replica speed
@@ -159,6 +174,14 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 	}
 	if err := CheckSpeed(c.Speeds...); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrSim, err)
+	}
+	for _, ch := range c.SpeedChanges {
+		if ch.Replica < 0 || ch.Replica >= c.Replicas || ch.At < 0 {
+			return c, fmt.Errorf("%w: speed change of replica %d at %v: no such replica or a negative time", ErrSim, ch.Replica, ch.At)
+		}
+		if err := CheckSpeed(ch.Speed); err != nil {
+			return c, fmt.Errorf("%w: %w", ErrSim, err)
+		}
 	}
 	if err := c.Engine.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrSim, err)
@@ -242,11 +265,12 @@ type Run struct {
 
 type evKind uint8
 
-// Same-time order: a step's results, then index deliveries, then arrivals
+// Same-time order: speed changes, a step's results, then index deliveries, then arrivals
 // (so a decision sees everything that happened at that instant), then new
 // steps (which see the arrivals).
 const (
-	evDone evKind = iota
+	evRetime evKind = iota // a replica's speed changes (FleetConfig.SpeedChanges)
+	evDone
 	evDeliver
 	evArrival
 	evStep
@@ -260,6 +284,7 @@ type event struct {
 	res     *engine.StepResult
 	sess    int
 	turn    int
+	speed   float64 // evRetime's new speed multiplier
 }
 
 type evHeap []*event
@@ -444,11 +469,19 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		Pending:   pending,
 		Releases:  s.tracker,
 	})
+	first := time.Duration(-1) // the first arrival
 	for i, ss := range w.Sessions {
 		if len(ss.Turns) == 0 {
 			continue
 		}
-		s.push(event{at: ss.Start + ss.Turns[0].Gap, kind: evArrival, sess: i})
+		at := ss.Start + ss.Turns[0].Gap
+		s.push(event{at: at, kind: evArrival, sess: i})
+		if first < 0 || at < first {
+			first = at
+		}
+	}
+	for _, ch := range cfg.SpeedChanges {
+		s.push(event{at: max(first, 0) + ch.At, kind: evRetime, replica: ch.Replica, speed: ch.Speed})
 	}
 	steps := 0
 	for s.q.Len() > 0 {
@@ -469,6 +502,10 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 			s.done(ev.replica, ev.res)
 		case evDeliver:
 			s.apply(ev.replica, ev.res.Events)
+		case evRetime:
+			if err := s.reps[ev.replica].eng.Retime(atSpeed(cfg.Engine, ev.speed)); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrSim, err)
+			}
 		}
 		*ev = event{}
 		s.spare = append(s.spare, ev)
@@ -542,6 +579,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,
+		Streams:    true,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: session %d turn %d: %w", ErrSim, sess, turn, err)
@@ -749,10 +787,12 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 // its output, for a policy that reads the decoding ledger; nothing (no
 // ledger entry) otherwise.
 func (s *sim) expecting(out int) load.Output {
+	// Every simulated response streams: the router sees each first token
+	// when it is generated.
 	if !s.ledger {
-		return load.Output{}
+		return load.Output{Streams: true}
 	}
-	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize)}
+	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize), Streams: true}
 }
 
 // requestSample is the sampling seed of a session's turn
@@ -905,6 +945,8 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 		WaitingRequests:     r.scraped.Waiting,
 		KVUsage:             r.scraped.KVUsage,
 		KVBlocks:            float64(r.scraped.NumGPUBlocks),
+		OldestPrefillWait:   local.OldestWait,
+		OldestPrefillBlocks: float64(local.OldestBlocks),
 		Healthy:             true,
 	}
 }

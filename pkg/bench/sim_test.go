@@ -250,6 +250,99 @@ func TestSimulateMixedSpeeds(t *testing.T) {
 	}
 }
 
+// A replica slowed during the run: under round robin, whose placements do
+// not depend on speed, only the slowed replica's requests from the change
+// on are slower; everything else is the same to the request.
+func TestSimulateSpeedChange(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.3) // 450 requests over 22 s
+	cfg := smallFleet()
+	plain, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRoundRobin), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := firstArrival(plain)
+	const after = 5 * time.Second
+	cfg.SpeedChanges = []SpeedChange{{Replica: 0, At: after, Speed: 0.25}}
+	slowed, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRoundRobin), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(q RequestResult) [2]int { return [2]int{q.Session, q.Turn} }
+	was := make(map[[2]int]RequestResult)
+	for _, q := range plain.Requests {
+		was[key(q)] = q
+	}
+	if len(slowed.Requests) != len(plain.Requests) {
+		t.Fatalf("%d requests, want %d", len(slowed.Requests), len(plain.Requests))
+	}
+	changed, slower := 0, 0
+	for _, q := range slowed.Requests {
+		p, ok := was[key(q)]
+		switch {
+		case !ok || p.Replica != q.Replica:
+			t.Fatalf("session %d turn %d placed on %d, %d without the change", q.Session, q.Turn, q.Replica, p.Replica)
+		case q.Replica != 0 || p.Arrival+p.E2E < first+after:
+			if q.TTFT != p.TTFT || q.E2E != p.E2E {
+				t.Fatalf("session %d turn %d on replica %d changed: TTFT %v -> %v", q.Session, q.Turn, q.Replica, p.TTFT, q.TTFT)
+			}
+		case q.Arrival >= first+after:
+			changed++
+			if q.TTFT >= 3*p.TTFT {
+				slower++
+			}
+		}
+	}
+	t.Logf("%d of %d requests on the slowed replica after the change took at least 3x as long", slower, changed)
+	if changed < 10 || slower < changed*9/10 {
+		t.Fatalf("of %d requests on the slowed replica after the change, %d took at least 3x as long to a first token", changed, slower)
+	}
+}
+
+// kvroute sees a replica slow down before its slow first tokens come back
+// (route.provenRate): far fewer of the requests arriving after the change
+// go there than in the same run without it.
+func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.3)
+	cfg := smallFleet()
+	share := func(cfg FleetConfig) float64 {
+		run, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := firstArrival(run)
+		on, all := 0, 0
+		for _, q := range run.Requests {
+			if q.Arrival >= first+8*time.Second {
+				all++
+				if q.Replica == 0 {
+					on++
+				}
+			}
+		}
+		if all < 50 {
+			t.Fatalf("only %d requests after the change", all)
+		}
+		return float64(on) / float64(all)
+	}
+	before := share(cfg)
+	cfg.SpeedChanges = []SpeedChange{{Replica: 0, At: 5 * time.Second, Speed: 0.1}}
+	after := share(cfg)
+	t.Logf("replica 0's share after the change: %.3f slowed, %.3f not", after, before)
+	if !(after < before/2) {
+		t.Fatalf("replica 0's share of the requests after the change: %.3f slowed, %.3f not", after, before)
+	}
+}
+
+// firstArrival is the run's first request's arrival (SpeedChange.At
+// counts from it).
+func firstArrival(run *Run) time.Duration {
+	first := run.Requests[0].Arrival
+	for _, q := range run.Requests {
+		first = min(first, q.Arrival)
+	}
+	return first
+}
+
 func median(xs []float64) float64 {
 	ys := slices.Clone(xs)
 	slices.Sort(ys)
@@ -265,6 +358,9 @@ func TestSimulateBadConfig(t *testing.T) {
 		{Engine: engine.Config{NumGPUBlocks: 1, MaxModelLen: 4096}},
 		{Speeds: []float64{1, 0}},
 		{Speeds: []float64{-2}},
+		{Replicas: 4, SpeedChanges: []SpeedChange{{Replica: 4, Speed: 0.5}}},
+		{Replicas: 4, SpeedChanges: []SpeedChange{{Replica: 1, At: -time.Second, Speed: 0.5}}},
+		{Replicas: 4, SpeedChanges: []SpeedChange{{Replica: 1, Speed: 0}}},
 	}
 	for i, cfg := range bad {
 		if _, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameRandom), cfg); !errors.Is(err, ErrSim) {

@@ -232,6 +232,26 @@ func New(cfg Config, seed uint64) (*Engine, error) {
 // Config returns the engine's defaulted configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
+// Retime gives the engine cfg's speeds (PrefillTokensPerSec,
+// ReloadTokensPerSec, StepTime, StepTimePerSeq) from its next step on, as
+// a GPU that throttles, or a neighbour that takes a share of it, changes
+// a replica's speed while its cache and queues stay. cfg (defaulted) must
+// be valid and equal to the engine's configuration in every other field.
+func (e *Engine) Retime(cfg Config) error {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	same := e.cfg
+	same.PrefillTokensPerSec, same.ReloadTokensPerSec = cfg.PrefillTokensPerSec, cfg.ReloadTokensPerSec
+	same.StepTime, same.StepTimePerSeq = cfg.StepTime, cfg.StepTimePerSeq
+	if same != cfg {
+		return fmt.Errorf("%w: Retime changes only the speeds", ErrConfig)
+	}
+	e.cfg = cfg
+	return nil
+}
+
 // Submit queues a request arriving at simulated time now.
 func (e *Engine) Submit(now time.Duration, r Request) (ReqID, error) {
 	switch n := len(r.Prompt); {

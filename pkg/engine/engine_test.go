@@ -411,6 +411,48 @@ func TestChunkedPrefillAndTiming(t *testing.T) {
 	}
 }
 
+// Retime changes the speed of the steps that start after it, cache and
+// queue kept, and refuses a configuration that changes anything else.
+func TestRetime(t *testing.T) {
+	cfg := Config{BlockSize: 16, NumGPUBlocks: 512, MaxModelLen: 4096, MaxNumBatchedTokens: 512,
+		PrefillTokensPerSec: 1000, StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}
+	e := mustNew(t, cfg, 1)
+	id, _ := e.Submit(0, Request{Prompt: prompt(1024, 1), MaxTokens: 3})
+	first := e.Step(0) // 512 tokens at the old speed
+	if d := first.End - first.Start; d != 11*time.Millisecond+512*time.Millisecond {
+		t.Fatalf("first step %v", d)
+	}
+	slow := cfg
+	slow.PrefillTokensPerSec, slow.StepTime, slow.StepTimePerSeq = 250, 40*time.Millisecond, 4*time.Millisecond
+	if err := e.Retime(slow); err != nil {
+		t.Fatal(err)
+	}
+	res := drain(t, e)
+	if d := res[0].End - res[0].Start; d != 44*time.Millisecond+2048*time.Millisecond {
+		t.Errorf("second prefill step after Retime %v, want 44 ms + 512 tokens at 250/s", d)
+	}
+	f := finishedOf(res)[id]
+	if f.Finish != f.FirstToken+2*44*time.Millisecond {
+		t.Errorf("decode steps after Retime: finish %v, first token %v", f.Finish, f.FirstToken)
+	}
+	if e.Config() != slow.Defaults() {
+		t.Errorf("Config after Retime = %+v", e.Config())
+	}
+	bigger := slow
+	bigger.NumGPUBlocks = 1024
+	if err := e.Retime(bigger); !errors.Is(err, ErrConfig) {
+		t.Errorf("Retime changing the cache: %v, want ErrConfig", err)
+	}
+	stopped := slow
+	stopped.PrefillTokensPerSec = -1
+	if err := e.Retime(stopped); !errors.Is(err, ErrConfig) {
+		t.Errorf("Retime to a negative speed: %v, want ErrConfig", err)
+	}
+	if e.Config() != slow.Defaults() {
+		t.Errorf("a refused Retime changed the config: %+v", e.Config())
+	}
+}
+
 func TestDecodeStepGrowsWithBatch(t *testing.T) {
 	cfg := Config{StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond}
 	step := func(n int) time.Duration {
