@@ -25,9 +25,10 @@ type InFlight struct {
 	// without a first token has waited (Output.Streams; 0: none waits),
 	// and OldestBlocks the prefill blocks that were ahead of it when it
 	// started plus its own. Every request started before it has had its
-	// first token, so in OldestWait the replica has prefilled fewer than
-	// OldestBlocks blocks: an upper bound on its prefill speed that holds
-	// before any sample of it comes back.
+	// first token, so in OldestWait the replica has prefilled about
+	// OldestBlocks blocks at most (the blocks are what Start was given,
+	// not what the engine computed): a bound on its prefill speed known
+	// before any first token of it comes back.
 	OldestWait   time.Duration
 	OldestBlocks int
 }

@@ -83,10 +83,11 @@ import (
 // stale, not the samples, and it restarts at the best of them; likewise
 // the decode step restarts at the least of RateShiftSteps inter-token
 // times in a row that all read above the step over RateShiftRatio. Kept
-// to the gradual weights, a replica slowed to a third of its speed was
-// still believed at 12,300-15,600 tokens/s after 400 requests (kvbench
-// sim -speed-change), and it drew the prompts the prediction thought it
-// would prefill soonest. On identical replicas under kvroute's routing,
+// to the gradual weights, a replica slowed to a third of its speed
+// (5,300 tokens/s) was still believed at 12,300-15,100 tokens/s 400-700
+// requests later (kvbench sim -speed-change, agents and the trace at 4
+// replicas), and it drew the prompts the prediction thought it would
+// prefill soonest. On identical replicas under kvroute's routing,
 // no run of 16 prefill samples read below half the estimate (one below
 // 0.6) at 4, 8 or 16 replicas (every workload, utilization 0.5-1.1, seeds
 // 1-3), and runs of 32 inter-token times above twice the step came 1-6
