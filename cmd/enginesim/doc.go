@@ -37,6 +37,9 @@
 // their group, and prefix hits need the window as in vLLM 0.33.
 // --kv-events-drop-rate withholds batches (their sequence
 // numbers are consumed and they stay replayable) to exercise gap handling.
+// --slow-after with --slow-to slows the engine from a simulated time on
+// (prefill speed times the factor, step times divided by it), as a GPU that
+// throttles, to exercise a router's view of replica speeds.
 //
 // Goroutines: run owns them all — the HTTP server (Serve), the driver loop
 // that steps the engine (the engine itself is guarded by the driver's

@@ -36,6 +36,11 @@ type driver struct {
 	publish func([]engine.Event)
 	// onFinish, if set before run starts, sees every finished request.
 	onFinish func(engine.Finished)
+	// slow, if set before run starts, is the configuration the engine is
+	// retimed to at the first step from simulated time slowAt on
+	// (--slow-after); run clears it then.
+	slowAt time.Duration
+	slow   *engine.Config
 
 	mu   sync.Mutex
 	eng  *engine.Engine
@@ -147,7 +152,12 @@ func (d *driver) run(ctx context.Context) {
 			return
 		}
 		d.mu.Lock()
-		res := d.eng.Step(max(d.simNow(), at))
+		now := max(d.simNow(), at)
+		if d.slow != nil && now >= d.slowAt {
+			_ = d.eng.Retime(*d.slow) // validated against the engine at startup
+			d.slow = nil
+		}
+		res := d.eng.Step(now)
 		d.mu.Unlock()
 		if !d.sleepUntil(ctx, res.End) {
 			return

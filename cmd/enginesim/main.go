@@ -47,6 +47,8 @@ type options struct {
 	pub                  pubConfig
 	format, hashMode     string
 	speed                float64
+	slowAfter            time.Duration // fault injection: slow to slowTo from this simulated time on (0: never)
+	slowTo               float64
 	seed                 uint64
 	seedSet              bool
 	stepMs, stepPerSeqMs float64
@@ -100,6 +102,8 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.Float64Var(&o.stepMs, "decode-step-ms", 10, "time of one scheduler step with a batch of one")
 	fs.Float64Var(&o.stepPerSeqMs, "decode-step-per-seq-ms", 0.1, "added step time per sequence in the batch")
 	fs.Float64Var(&o.speed, "speed", 1, "time multiplier: 10 runs the simulation ten times faster than real time")
+	fs.DurationVar(&o.slowAfter, "slow-after", 0, "fault injection: after this much simulated time the engine runs at --slow-to of its speed (prefill speed times it, step times divided by it), as a GPU that throttles; 0: never")
+	fs.Float64Var(&o.slowTo, "slow-to", 1, "fault injection: the speed factor --slow-after applies, in (0, 1]")
 	seed := fs.Uint64("seed", 0, "seed for block hashes, generated text and drops (default: random per process)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.tokenizerDir, "tokenizer-dir", "", "directory with a HuggingFace tokenizer.json (and tokenizer_config.json for chat) that POST /tokenize and the engine's text prompts use instead of the simulator's byte tokens; generated tokens then go out as one-token words (\" q\")")
@@ -136,6 +140,8 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	switch {
 	case o.speed <= 0:
 		return nil, fmt.Errorf("--speed must be positive, got %v", o.speed)
+	case o.slowAfter < 0 || !(o.slowTo > 0 && o.slowTo <= 1):
+		return nil, fmt.Errorf("--slow-after must not be negative and --slow-to must be in (0, 1], got %v and %v", o.slowAfter, o.slowTo)
 	case o.pub.dropRate < 0 || o.pub.dropRate > 1:
 		return nil, fmt.Errorf("--kv-events-drop-rate must be in [0, 1], got %v", o.pub.dropRate)
 	case o.pub.bufferSteps < 1:
@@ -195,6 +201,16 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 		publish = pub.Publish
 	}
 	d := newDriver(eng, o.speed, publish)
+	if o.slowAfter > 0 && o.slowTo < 1 {
+		slow := eng.Config()
+		slow.PrefillTokensPerSec *= o.slowTo
+		slow.StepTime = time.Duration(float64(slow.StepTime) / o.slowTo)
+		slow.StepTimePerSeq = time.Duration(float64(slow.StepTimePerSeq) / o.slowTo)
+		if err := slow.Validate(); err != nil {
+			return fmt.Errorf("--slow-to: %w", err)
+		}
+		d.slowAt, d.slow = o.slowAfter, &slow
+	}
 	reg := prometheus.NewRegistry()
 	if err := newMetrics(reg, o.model, eng.Config(), d, pub); err != nil {
 		return fmt.Errorf("metrics: %w", err)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -866,12 +867,46 @@ func TestEventsDisabled(t *testing.T) {
 	}
 }
 
+// --slow-after and --slow-to slow the engine from a simulated time on:
+// the same uncached prompt takes about ten times as long to its first
+// token (in simulated time, as the engine's own histogram has it).
+func TestSlowAfter(t *testing.T) {
+	ttft := func(s *sim) float64 {
+		body := fmt.Sprintf(`{"model": "sim-model", "prompt": %q, "max_tokens": 2}`, strings.Repeat("slow engines, ", 200))
+		s.complete(t, body)
+		for _, line := range strings.Split(s.get(t, "/metrics"), "\n") {
+			if strings.HasPrefix(line, "vllm:time_to_first_token_seconds_sum") {
+				f := strings.Fields(line)
+				v, err := strconv.ParseFloat(f[len(f)-1], 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+		t.Fatal("no time_to_first_token_seconds_sum")
+		return 0
+	}
+	plain := ttft(startSim(t))
+	slowed := ttft(startSim(t, "--slow-after", "1ms", "--slow-to", "0.1"))
+	if !(slowed > 5*plain) {
+		t.Fatalf("time to first token %.4f s slowed, %.4f s not: want about ten times", slowed, plain)
+	}
+	later := ttft(startSim(t, "--slow-after", "1h", "--slow-to", "0.1"))
+	if !(later < 2*plain) {
+		t.Fatalf("time to first token %.4f s an hour before the slowdown, %.4f s without one", later, plain)
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	cases := map[string][]string{
 		"bad format":    {"--kv-events-format", "json"},
 		"bad hash":      {"--kv-events-hash", "hex"},
 		"bad speed":     {"--speed", "0"},
 		"bad drop rate": {"--kv-events-drop-rate", "2"},
+		"slow to zero":  {"--slow-after", "1s", "--slow-to", "0"},
+		"slow to more":  {"--slow-after", "1s", "--slow-to", "1.5"},
+		"slow before":   {"--slow-after", "-1s", "--slow-to", "0.5"},
 		"bad lora":      {"--lora-modules", "noequals"},
 		"stray arg":     {"extra"},
 		"small cache":   {"--num-gpu-blocks", "1", "--port", "0", "--kv-events-disable"},
