@@ -92,7 +92,9 @@ type FleetConfig struct {
 	// throttles, a neighbour that takes a share of it): each sets its
 	// replica's speed multiplier, as Speeds does, from its time on. The
 	// workload's utilization is still counted on the fleet's starting
-	// speeds, so a replica slowed adds load the fleet did not plan for.
+	// speeds, so a replica slowed adds load the fleet did not plan for. A
+	// request that finishes after its replica's change has its IdealTTFT
+	// at the new speed.
 	SpeedChanges []SpeedChange
 }
 
@@ -265,9 +267,9 @@ type Run struct {
 
 type evKind uint8
 
-// Same-time order: speed changes, a step's results, then index deliveries, then arrivals
-// (so a decision sees everything that happened at that instant), then new
-// steps (which see the arrivals).
+// Same-time order: speed changes, a step's results, then index
+// deliveries, then arrivals (so a decision sees everything that happened
+// at that instant), then new steps (which see the arrivals and speeds).
 const (
 	evRetime evKind = iota // a replica's speed changes (FleetConfig.SpeedChanges)
 	evDone
