@@ -202,10 +202,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	}
 	d := newDriver(eng, o.speed, publish)
 	if o.slowAfter > 0 && o.slowTo < 1 {
-		slow := eng.Config()
-		slow.PrefillTokensPerSec *= o.slowTo
-		slow.StepTime = time.Duration(float64(slow.StepTime) / o.slowTo)
-		slow.StepTimePerSeq = time.Duration(float64(slow.StepTimePerSeq) / o.slowTo)
+		slow := eng.Config().AtSpeed(o.slowTo)
 		if err := slow.Validate(); err != nil {
 			return fmt.Errorf("--slow-to: %w", err)
 		}

@@ -137,19 +137,7 @@ func (c FleetConfig) meanSpeed() float64 {
 
 // replicaEngine is replica i's engine configuration: Engine at its speed.
 func (c FleetConfig) replicaEngine(i int) engine.Config {
-	return atSpeed(c.Engine, c.speed(i))
-}
-
-// atSpeed is e on hardware sp times as fast: prefill tokens per second
-// multiplied by sp, decode step times divided by it.
-func atSpeed(e engine.Config, sp float64) engine.Config {
-	if sp == 1 {
-		return e
-	}
-	e.PrefillTokensPerSec *= sp
-	e.StepTime = time.Duration(float64(e.StepTime) / sp)
-	e.StepTimePerSeq = time.Duration(float64(e.StepTimePerSeq) / sp)
-	return e
+	return c.Engine.AtSpeed(c.speed(i))
 }
 
 func (c FleetConfig) withDefaults() (FleetConfig, error) {
@@ -505,7 +493,7 @@ func simulate(ctx context.Context, w *Workload, pol policy.Policy, cfg FleetConf
 		case evDeliver:
 			s.apply(ev.replica, ev.res.Events)
 		case evRetime:
-			if err := s.reps[ev.replica].eng.Retime(atSpeed(cfg.Engine, ev.speed)); err != nil {
+			if err := s.reps[ev.replica].eng.Retime(cfg.Engine.AtSpeed(ev.speed)); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrSim, err)
 			}
 		}

@@ -127,7 +127,7 @@ func (w *Workload) Arrivals(fleet FleetConfig) (at []time.Duration, lens []int) 
 	if err != nil {
 		return nil, nil
 	}
-	e := atSpeed(d.Engine, d.meanSpeed()) // a mixed fleet timed as one of its mean speed
+	e := d.Engine.AtSpeed(d.meanSpeed()) // a mixed fleet timed as one of its mean speed
 	capacity := float64(d.Replicas) * e.PrefillTokensPerSec
 	batch, share := 1.0, 0.0
 	for range 4 {

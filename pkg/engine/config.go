@@ -77,6 +77,20 @@ func (c Config) Defaults() Config {
 // ErrConfig classifies configuration errors.
 var ErrConfig = errors.New("engine: invalid config")
 
+// AtSpeed is c on hardware sp times as fast: prefill tokens per second
+// multiplied by sp, decode step times divided by it (a newer or older GPU
+// generation, or one that throttles, serving the same model; memory and
+// limits stay).
+func (c Config) AtSpeed(sp float64) Config {
+	if sp == 1 {
+		return c
+	}
+	c.PrefillTokensPerSec *= sp
+	c.StepTime = time.Duration(float64(c.StepTime) / sp)
+	c.StepTimePerSeq = time.Duration(float64(c.StepTimePerSeq) / sp)
+	return c
+}
+
 // Validate reports the first invalid field of a defaulted config.
 func (c Config) Validate() error {
 	bad := func(field string, format string, args ...any) error {

@@ -738,3 +738,16 @@ func TestPrefetchChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigAtSpeed(t *testing.T) {
+	c := Config{PrefillTokensPerSec: 1000, StepTime: 10 * time.Millisecond, StepTimePerSeq: time.Millisecond, NumGPUBlocks: 64}
+	if got := c.AtSpeed(1); got != c {
+		t.Errorf("AtSpeed(1) = %+v", got)
+	}
+	got := c.AtSpeed(0.25)
+	want := c
+	want.PrefillTokensPerSec, want.StepTime, want.StepTimePerSeq = 250, 40*time.Millisecond, 4*time.Millisecond
+	if got != want {
+		t.Errorf("AtSpeed(0.25) = %+v, want %+v", got, want)
+	}
+}
