@@ -249,15 +249,17 @@ func (s *Server) IndexStats(context.Context, *kvroutev1.IndexStatsRequest) (*kvr
 
 func loadProto(l load.Load) *kvroutev1.Load {
 	return &kvroutev1.Load{
-		ActivePrefillBlocks:    l.ActivePrefillBlocks,
-		ActiveDecodeBlocks:     l.ActiveDecodeBlocks,
-		ActiveRequests:         int64(l.ActiveRequests),
-		WaitingRequests:        int64(l.WaitingRequests),
-		KvUsage:                l.KVUsage,
-		Healthy:                l.Healthy,
-		KvBlocks:               l.KVBlocks,
-		PrefillTokensPerSecond: l.PrefillRate,
-		DecodeStepMicros:       l.DecodeStep.Microseconds(),
+		ActivePrefillBlocks:     l.ActivePrefillBlocks,
+		ActiveDecodeBlocks:      l.ActiveDecodeBlocks,
+		ActiveRequests:          int64(l.ActiveRequests),
+		WaitingRequests:         int64(l.WaitingRequests),
+		KvUsage:                 l.KVUsage,
+		Healthy:                 l.Healthy,
+		KvBlocks:                l.KVBlocks,
+		PrefillTokensPerSecond:  l.PrefillRate,
+		DecodeStepMicros:        l.DecodeStep.Microseconds(),
+		OldestPrefillWaitMicros: l.OldestPrefillWait.Microseconds(),
+		OldestPrefillBlocks:     l.OldestPrefillBlocks,
 	}
 }
 

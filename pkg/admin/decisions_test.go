@@ -48,6 +48,7 @@ func TestDecisionsGRPC(t *testing.T) {
 	d.Session, d.QueuedTokens = "conv:7", 4096
 	d.Candidates[1].Home, d.Candidates[1].Pending = true, 3
 	d.Candidates[1].Load.PrefillRate, d.Candidates[1].Load.DecodeStep = 16000, 9*time.Millisecond
+	d.Candidates[1].Load.OldestPrefillWait, d.Candidates[1].Load.OldestPrefillBlocks = 2500*time.Millisecond, 70
 	at := time.Unix(1700000000, 5)
 	h := &fakeHistory{recs: []RecordedDecision{{At: at.Add(-time.Second), Decision: decision()}, {At: at, Decision: d}}, total: 9}
 	c := dial(t, historyServer(t, h))
@@ -64,7 +65,8 @@ func TestDecisionsGRPC(t *testing.T) {
 		t.Fatalf("decision %v", r)
 	}
 	c1 := got.GetCandidates()[1]
-	if !c1.GetHome() || c1.GetPendingBlocks() != 3 || c1.GetLoad().GetPrefillTokensPerSecond() != 16000 || c1.GetLoad().GetDecodeStepMicros() != 9000 || !c1.GetPicked() {
+	if !c1.GetHome() || c1.GetPendingBlocks() != 3 || c1.GetLoad().GetPrefillTokensPerSecond() != 16000 || c1.GetLoad().GetDecodeStepMicros() != 9000 || !c1.GetPicked() ||
+		c1.GetLoad().GetOldestPrefillWaitMicros() != 2_500_000 || c1.GetLoad().GetOldestPrefillBlocks() != 70 {
 		t.Fatalf("candidate r1 = %v", c1)
 	}
 	if got.GetCandidates()[0].GetHome() {

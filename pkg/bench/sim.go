@@ -569,6 +569,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,
+		Streams:    true,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: session %d turn %d: %w", ErrSim, sess, turn, err)
@@ -776,10 +777,12 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 // its output, for a policy that reads the decoding ledger; nothing (no
 // ledger entry) otherwise.
 func (s *sim) expecting(out int) load.Output {
+	// Every simulated response streams: the router sees each first token
+	// when it is generated.
 	if !s.ledger {
-		return load.Output{}
+		return load.Output{Streams: true}
 	}
-	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize)}
+	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize), Streams: true}
 }
 
 // requestSample is the sampling seed of a session's turn
@@ -932,6 +935,8 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 		WaitingRequests:     r.scraped.Waiting,
 		KVUsage:             r.scraped.KVUsage,
 		KVBlocks:            float64(r.scraped.NumGPUBlocks),
+		OldestPrefillWait:   local.OldestWait,
+		OldestPrefillBlocks: float64(local.OldestBlocks),
 		Healthy:             true,
 	}
 }

@@ -298,6 +298,41 @@ func TestSimulateSpeedChange(t *testing.T) {
 	}
 }
 
+// kvroute sees a replica slow down before its slow first tokens come back
+// (route.provenRate): far fewer of the requests arriving after the change
+// go there than in the same run without it.
+func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
+	w := mustGen(t, GenHerding, 0.3)
+	cfg := smallFleet()
+	share := func(cfg FleetConfig) float64 {
+		run, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := firstArrival(run)
+		on, all := 0, 0
+		for _, q := range run.Requests {
+			if q.Arrival >= first+8*time.Second {
+				all++
+				if q.Replica == 0 {
+					on++
+				}
+			}
+		}
+		if all < 50 {
+			t.Fatalf("only %d requests after the change", all)
+		}
+		return float64(on) / float64(all)
+	}
+	before := share(cfg)
+	cfg.SpeedChanges = []SpeedChange{{Replica: 0, At: 5 * time.Second, Speed: 0.1}}
+	after := share(cfg)
+	t.Logf("replica 0's share after the change: %.3f slowed, %.3f not", after, before)
+	if !(after < before/2) {
+		t.Fatalf("replica 0's share of the requests after the change: %.3f slowed, %.3f not", after, before)
+	}
+}
+
 // firstArrival is the run's first request's arrival (SpeedChange.At
 // counts from it).
 func firstArrival(run *Run) time.Duration {

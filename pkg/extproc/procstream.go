@@ -461,7 +461,7 @@ func (st *procStream) decideError(err error, req route.Request) *rejection {
 // explain reproduces real decisions. Batched prompts route by their first
 // element.
 func FillRequest(req *route.Request, p openai.Request) {
-	req.Model, req.CacheSalt, req.MaxTokens = p.Model, p.CacheSalt, p.MaxTokens
+	req.Model, req.CacheSalt, req.MaxTokens, req.Streams = p.Model, p.CacheSalt, p.MaxTokens, p.Stream
 	switch p.Kind {
 	case openai.KindChat:
 		req.Input = route.TokenizeInput{

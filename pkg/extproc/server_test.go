@@ -134,7 +134,7 @@ func TestRequestTranscripts(t *testing.T) {
 			},
 			want: []*extprocv3.ProcessingResponse{wantPickHeaders(), wantChunk(chatBody, true)},
 			wantReqs: []route.Request{{
-				Model: "llama", CacheSalt: "s", MaxTokens: 32, SessionKey: "sess-1",
+				Model: "llama", CacheSalt: "s", MaxTokens: 32, Streams: true, SessionKey: "sess-1",
 				Input: route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"hi"}]`), AddGenerationPrompt: true,
 					ChatMessages: []route.ChatMessage{{Role: "user", Content: "hi", Raw: json.RawMessage(`{"role":"user","content":"hi"}`)}}},
 			}},

@@ -17,7 +17,13 @@
 //     copies it out (each request's blocks, expected output and time since
 //     its first token, on the tracker's clock, SetClock), for kvroute's
 //     memory wait. The ledger is a map behind a per-replica mutex, taken
-//     only by expecting requests' FirstToken and Done and by Releases.
+//     only by expecting requests' FirstToken and Done and by Releases. A
+//     request whose response streams (Output.Streams) waits in a
+//     per-replica list, under the same mutex, until its first token: the
+//     oldest one's wait and the prefill blocks that were ahead of it plus
+//     its own (InFlight.OldestWait, OldestBlocks; copied to atomics, so
+//     Get still never waits) bound how fast the replica is prefilling
+//     before any slow first token comes back.
 //   - Scraper: polls each target's /metrics (Prometheus text format, parsed
 //     with expfmt; vLLM vllm:num_requests_running, vllm:num_requests_waiting,
 //     vllm:kv_cache_usage_perc falling back to vllm:gpu_cache_usage_perc;

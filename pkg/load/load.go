@@ -34,6 +34,14 @@ type Load struct {
 	// tokens on the replica, steps lengthened by other requests' prefill
 	// chunks included (route.Rates); 0 when not known yet.
 	TokenInterval time.Duration
+	// OldestPrefillWait is how long the router's oldest streamed request
+	// on the replica still without a first token has waited, and
+	// OldestPrefillBlocks the prefill blocks ahead of it at its start
+	// plus its own (Tracker: InFlight.OldestWait, OldestBlocks); 0 when
+	// none waits. The replica has prefilled fewer blocks than that in
+	// that time: a bound on its speed before any slow sample returns.
+	OldestPrefillWait   time.Duration
+	OldestPrefillBlocks float64
 	// Healthy is false when the replica failed its health checks or is not
 	// ready; unhealthy replicas are never picked.
 	Healthy bool

@@ -62,7 +62,7 @@ func TestTrackerLifecycle(t *testing.T) {
 // alongside writers, for a plain handle and for one in the decoding
 // ledger (StartExpecting): neither the counters nor the ledger leak.
 func TestTrackerConcurrentNeverLeaks(t *testing.T) {
-	for _, out := range []Output{{}, {Tokens: 100, Blocks: 2}} {
+	for _, out := range []Output{{}, {Tokens: 100, Blocks: 2}, {Streams: true}, {Tokens: 100, Blocks: 2, Streams: true}} {
 		tr, _ := NewTracker(nil)
 		var wg sync.WaitGroup
 		for g := range 8 {
@@ -88,6 +88,55 @@ func TestTrackerConcurrentNeverLeaks(t *testing.T) {
 		if got := tr.Get("r"); got != (InFlight{}) {
 			t.Fatalf("output %+v: counters leaked: %+v", out, got)
 		}
+	}
+}
+
+// The oldest streamed request still waiting for its first token, and the
+// prefill blocks that were ahead of it plus its own: it moves to the next
+// one as the oldest gets its token or ends, in any order; requests that
+// do not stream never count.
+func TestTrackerOldestWaiting(t *testing.T) {
+	tr, _ := NewTracker(nil)
+	now := time.Unix(100, 0)
+	tr.SetClock(func() time.Time { return now })
+	oldest := func() (time.Duration, int) {
+		f := tr.Get("r")
+		return f.OldestWait, f.OldestBlocks
+	}
+	plain := tr.Start("r", 50, 60) // not streamed: ahead of the others, never the oldest
+	now = now.Add(time.Second)
+	a := tr.StartExpecting("r", 4, 10, Output{Streams: true})
+	now = now.Add(time.Second)
+	b := tr.StartExpecting("r", 6, 10, Output{Tokens: 32, Blocks: 1, Streams: true})
+	now = now.Add(time.Second)
+	c := tr.StartExpecting("r", 3, 10, Output{Streams: true})
+	now = now.Add(500 * time.Millisecond)
+	if w, n := oldest(); w != 2500*time.Millisecond || n != 50+4 {
+		t.Fatalf("oldest a: waited %v with %d blocks, want 2.5s and 54", w, n)
+	}
+	b.FirstToken() // out of the middle: a stays the oldest
+	if w, n := oldest(); w != 2500*time.Millisecond || n != 54 {
+		t.Fatalf("after b's first token: %v, %d", w, n)
+	}
+	a.Done() // ended before its first token (a client gone)
+	if w, n := oldest(); w != 500*time.Millisecond || n != 50+4+6+3 {
+		t.Fatalf("oldest c: waited %v with %d blocks, want 0.5s and 63", w, n)
+	}
+	c.FirstToken()
+	c.FirstToken() // idempotent
+	if w, n := oldest(); w != 0 || n != 0 {
+		t.Fatalf("none waiting: %v, %d", w, n)
+	}
+	d := tr.StartExpecting("r", 2, 2, Output{Streams: true})
+	now = now.Add(time.Second)
+	if w, n := oldest(); w != time.Second || n != 50+2 {
+		t.Fatalf("oldest d: %v, %d, want 1s and 52 (b's and c's prefill done)", w, n)
+	}
+	for _, h := range []*Handle{plain, b, c, d, a} {
+		h.Done()
+	}
+	if got := tr.Get("r"); got != (InFlight{}) {
+		t.Fatalf("counters leaked: %+v", got)
 	}
 }
 

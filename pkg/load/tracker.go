@@ -21,14 +21,25 @@ type InFlight struct {
 	DecodeBlocks int
 	// Requests are requests in flight.
 	Requests int
+	// OldestWait is how long the replica's oldest streamed request still
+	// without a first token has waited (Output.Streams; 0: none waits),
+	// and OldestBlocks the prefill blocks that were ahead of it when it
+	// started plus its own. Every request started before it has had its
+	// first token, so in OldestWait the replica has prefilled about
+	// OldestBlocks blocks at most (the blocks are what Start was given,
+	// not what the engine computed): a bound on its prefill speed known
+	// before any first token of it comes back.
+	OldestWait   time.Duration
+	OldestBlocks int
 }
 
 // Tracker counts in-flight work per replica from the request lifecycle.
 //
-// Writers (Start, Handle.FirstToken, Handle.Done) and readers (Get,
-// Snapshot) touch only per-replica atomics: a reader never waits for a
-// writer. Each figure is individually exact; a reader racing a writer may
-// see one figure updated before another.
+// Readers (Get, Snapshot) touch only per-replica atomics, and so do writers
+// (Start, Handle.FirstToken, Handle.Done) but for the ledger and the
+// waiting list below: a reader never waits for a writer. Each figure is
+// individually exact; a reader racing a writer may see one figure updated
+// before another.
 //
 // The tracker also keeps the mean size of the requests it starts, per
 // replica (MeanRequest): View uses it to put a size on requests other
@@ -37,9 +48,14 @@ type InFlight struct {
 // A request started with an expected output (StartExpecting) joins its
 // replica's decoding ledger at its first token and leaves it when done:
 // Releases lists them, for the router to predict when the engine will
-// free their KV blocks. The ledger is the one part behind a lock (one per
-// replica, held for a map insert or delete, or for the copy Releases
-// makes); requests without an expected output never take it.
+// free their KV blocks. A request whose response streams (Output.Streams)
+// is in its replica's waiting list from its start to its first token (or
+// its end): the oldest of them, with the prefill blocks that were ahead of
+// it, is InFlight.OldestWait and OldestBlocks. The ledger and the waiting
+// list are the parts behind a lock (one per replica, held for a map or
+// list insert or delete, or for the copy Releases makes); readers of the
+// oldest read two atomics the writers set under it, and requests that
+// neither expect an output nor stream never take it.
 type Tracker struct {
 	replicas sync.Map // string -> *inflight
 	starts   atomic.Int64
@@ -50,16 +66,28 @@ type inflight struct {
 	prefill, decode, requests atomic.Int64
 	meanPrefill, meanDecode   ewma
 	now                       func() time.Time // the tracker's clock (SetClock)
+	// The head of waiting, copied for readers: its start (Unix
+	// nanoseconds on the tracker's clock; 0: none waits) and blocks
+	// (ahead of it plus its own).
+	oldestSince, oldestBlocks atomic.Int64
 
-	mu       sync.Mutex           // guards decoding and expecting handles' state changes
+	mu       sync.Mutex           // guards decoding, waiting and their handles' state changes
 	decoding map[*Handle]struct{} // started with an expected output and past their first token
+	// waiting are the streamed handles without a first token, oldest
+	// first (a list through Handle.prev and Handle.next).
+	waiting struct{ head, tail *Handle }
 }
 
 // Output is what a request is expected to generate: its output tokens (the
-// request's max_tokens) and the KV blocks they take.
+// request's max_tokens) and the KV blocks they take, and whether its
+// response streams them (its first token is seen when it is generated,
+// not with the whole answer; such requests bound their replica's prefill
+// speed while they wait, InFlight.OldestWait). A request with no tokens
+// expected stays out of the decoding ledger, streamed or not.
 type Output struct {
-	Tokens int
-	Blocks float64
+	Tokens  int
+	Blocks  float64
+	Streams bool
 }
 
 // Release is one decoding request on a replica, as the tracker's ledger
@@ -163,7 +191,15 @@ func (t *Tracker) StartExpecting(replica string, prefillBlocks, decodeBlocks int
 	c := t.counters(replica)
 	h := &Handle{c: c, prefill: int64(max(prefillBlocks, 0)), decode: int64(max(decodeBlocks, 0))}
 	if out.Tokens > 0 && out.Blocks >= 0 {
-		h.out = out
+		h.out = Output{Tokens: out.Tokens, Blocks: out.Blocks}
+	}
+	if out.Streams {
+		h.timed = true
+		c.mu.Lock()
+		h.since = c.now()
+		h.ahead = c.prefill.Load()
+		c.push(h)
+		c.mu.Unlock()
 	}
 	c.prefill.Add(h.prefill)
 	c.decode.Add(h.decode)
@@ -237,11 +273,61 @@ func (t *Tracker) Get(replica string) InFlight {
 		return InFlight{}
 	}
 	c := v.(*inflight)
-	return InFlight{
+	f := InFlight{
 		PrefillBlocks: int(c.prefill.Load()),
 		DecodeBlocks:  int(c.decode.Load()),
 		Requests:      int(c.requests.Load()),
 	}
+	if since := c.oldestSince.Load(); since != 0 {
+		f.OldestWait = max(c.now().Sub(time.Unix(0, since)), 0)
+		f.OldestBlocks = int(c.oldestBlocks.Load())
+	}
+	return f
+}
+
+// push appends h to c's waiting list (c.mu held).
+func (c *inflight) push(h *Handle) {
+	h.prev, h.next = c.waiting.tail, nil
+	if c.waiting.tail != nil {
+		c.waiting.tail.next = h
+	} else {
+		c.waiting.head = h
+		c.setOldest()
+	}
+	c.waiting.tail = h
+}
+
+// unlink takes h out of c's waiting list if it is in it (c.mu held).
+func (c *inflight) unlink(h *Handle) {
+	if !h.timed || (h.prev == nil && c.waiting.head != h) {
+		return // never listed, or already out
+	}
+	head := h.prev == nil
+	if h.prev != nil {
+		h.prev.next = h.next
+	} else {
+		c.waiting.head = h.next
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	} else {
+		c.waiting.tail = h.prev
+	}
+	h.prev, h.next = nil, nil
+	if head {
+		c.setOldest()
+	}
+}
+
+// setOldest copies the waiting list's head for readers (c.mu held).
+func (c *inflight) setOldest() {
+	h := c.waiting.head
+	if h == nil {
+		c.oldestSince.Store(0)
+		return
+	}
+	c.oldestBlocks.Store(h.ahead + h.prefill)
+	c.oldestSince.Store(max(h.since.UnixNano(), 1))
 }
 
 // Snapshot returns every replica the tracker has seen, by name.
@@ -266,6 +352,13 @@ type Handle struct {
 	// its first token's time; its state changes under c.mu.
 	out   Output
 	first time.Time
+	// A timed handle (Output.Streams) is in c.waiting until its first
+	// token, under c.mu: its start, the prefill blocks ahead of it then,
+	// and its neighbours in the list.
+	timed      bool
+	since      time.Time
+	ahead      int64
+	prev, next *Handle
 }
 
 const (
@@ -280,11 +373,12 @@ func (h *Handle) FirstToken() {
 	if h == nil {
 		return
 	}
-	if h.expecting() {
+	if h.expecting() || h.timed {
 		h.c.mu.Lock()
 		defer h.c.mu.Unlock()
 	}
 	if h.state.CompareAndSwap(handleStarted, handleDecoding) {
+		h.c.unlink(h)
 		h.c.prefill.Add(-h.prefill)
 		if h.expecting() {
 			h.first = h.c.now()
@@ -301,10 +395,11 @@ func (h *Handle) Done() {
 	if h == nil {
 		return
 	}
-	if h.expecting() {
+	if h.expecting() || h.timed {
 		h.c.mu.Lock()
 		defer h.c.mu.Unlock()
 		delete(h.c.decoding, h)
+		h.c.unlink(h)
 	}
 	for {
 		s := h.state.Load()

@@ -77,6 +77,8 @@ func (v *View) Load(replica string) Load {
 		ActivePrefillBlocks: float64(local.PrefillBlocks),
 		ActiveDecodeBlocks:  float64(local.DecodeBlocks),
 		ActiveRequests:      local.Requests,
+		OldestPrefillWait:   local.OldestWait,
+		OldestPrefillBlocks: float64(local.OldestBlocks),
 		Healthy:             true,
 	}
 	if v.Scraper == nil {

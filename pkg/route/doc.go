@@ -126,6 +126,15 @@
 // chat session, whose short turns add less than the system prompt it
 // would leave, stays with the prompt.
 //
+// Speeds: each candidate's Load.PrefillRate and DecodeStep are the
+// State's, else Options.Rates' learned ones (see Rates: a much slower
+// replica restarts the estimate after a run of samples), then held to
+// what the candidate's oldest streamed request still waiting for a first
+// token proves (Load.OldestPrefillWait; Request.Streams marks such
+// requests for the tracker): a replica that slowed is seen before its
+// slow first tokens come back, once the proof is below RateShiftRatio of
+// the learned speed.
+//
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the
 // session load committed there) is dropped at the first decision that no

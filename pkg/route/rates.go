@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
+	"github.com/kvroute/kvroute/pkg/load"
 )
 
 // Rates learns, per replica, how fast it prefills and how long its decode
@@ -73,9 +74,25 @@ import (
 //     replica's step; a slower replica's samples it only lowers.
 //
 // Either way a replica that truly gets faster is followed within a few
-// requests and one that gets slower within a few hundred (the slow weight
-// halves the gap every 88 samples), and a burst of queueing or
-// interference moves the estimate little.
+// requests and one that gets a little slower within a few hundred (the
+// slow weight halves the gap every 88 samples), and a burst of queueing or
+// interference moves the estimate little. A replica that gets much
+// slower (a GPU that throttles, a neighbour that takes a share of it) is
+// followed at once instead: when RateShiftSamples prefill samples in a
+// row all read below RateShiftRatio of the estimate, the estimate is
+// stale, not the samples, and it restarts at the best of them; likewise
+// the decode step restarts at the least of RateShiftSteps inter-token
+// times in a row that all read above the step over RateShiftRatio. Kept
+// to the gradual weights, a replica slowed to a third of its speed
+// (5,300 tokens/s) was still believed at 12,300-15,100 tokens/s 400-700
+// requests later (kvbench sim -speed-change, agents and the trace at 4
+// replicas), and it drew the prompts the prediction thought it would
+// prefill soonest. On identical replicas under kvroute's routing,
+// no run of 16 prefill samples read below half the estimate (one below
+// 0.6) at 4, 8 or 16 replicas (every workload, utilization 0.5-1.1, seeds
+// 1-3), and runs of 32 inter-token times above twice the step came 1-6
+// times a grid, at overload, where the batch really does lengthen the
+// step.
 //
 // A Rates is safe for concurrent use (one mutex, held for a few float
 // operations). It starts no goroutine.
@@ -93,6 +110,10 @@ const (
 	RateMinPrefillTokens = 1024
 	RateStepOutlier      = 0.5
 	RateMeanWeight       = 1.0 / 16
+	RateShiftRatio       = 0.5
+	RateShiftSamples     = 16
+	RateShiftSteps       = 32
+	RateProofWait        = 2 * time.Second
 )
 
 type rateState struct {
@@ -102,6 +123,51 @@ type rateState struct {
 	// The prefill sample that last raised prefill: its work (uncached
 	// plus queued tokens) and time to first token.
 	raiseWork, raiseTTFT float64
+	// The run of prefill samples in a row below RateShiftRatio of prefill
+	// (its length and its best sample: speed, work, time to first token),
+	// and of inter-token times in a row above step over RateShiftRatio
+	// (its length and least).
+	lowRun                    int
+	lowBest, lowWork, lowTTFT float64
+	slowRun                   int
+	slowLeast                 float64
+}
+
+// shiftPrefill counts a prefill sample x (work tokens over ttft seconds)
+// against the run of samples far below the estimate, and restarts the
+// estimate at the run's best when the run is RateShiftSamples long. It
+// reports whether it did.
+func (st *rateState) shiftPrefill(x, work, ttft float64) bool {
+	if x >= RateShiftRatio*st.prefill {
+		st.lowRun = 0
+		return false
+	}
+	if st.lowRun == 0 || x > st.lowBest {
+		st.lowBest, st.lowWork, st.lowTTFT = x, work, ttft
+	}
+	if st.lowRun++; st.lowRun < RateShiftSamples {
+		return false
+	}
+	st.prefill, st.raiseWork, st.raiseTTFT = st.lowBest, st.lowWork, st.lowTTFT
+	st.lowRun = 0
+	return true
+}
+
+// shiftStep is shiftPrefill for the decode step: inter-token times far
+// above it, RateShiftSteps in a row, restart it at their least.
+func (st *rateState) shiftStep(itl float64) bool {
+	if itl*RateShiftRatio <= st.step {
+		st.slowRun = 0
+		return false
+	}
+	if st.slowRun == 0 || itl < st.slowLeast {
+		st.slowLeast = itl
+	}
+	if st.slowRun++; st.slowRun < RateShiftSteps {
+		return false
+	}
+	st.step, st.slowRun = st.slowLeast, 0
+	return true
 }
 
 // capPrefill holds st's prefill speed to what the sample that last raised
@@ -178,6 +244,7 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 		switch {
 		case st.step == 0:
 			st.step = itl
+		case st.shiftStep(itl):
 		case itl < st.step:
 			st.step += RateFastWeight * (itl - st.step)
 		default:
@@ -195,6 +262,8 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	switch {
 	case st.prefill == 0:
 		st.prefill = x
+	case st.shiftPrefill(x, float64(s.Uncached+s.Queued), s.TTFT.Seconds()):
+		return
 	case x > st.prefill:
 		st.prefill += RateFastWeight * (x - st.prefill)
 	default:
@@ -234,4 +303,40 @@ func (r *Rates) Observed() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.observed
+}
+
+// provenRate is l's prefill speed held to what its oldest streamed request
+// still waiting for a first token proves (load.Load.OldestPrefillWait):
+// every request sent there before it has had its first token, so in its
+// wait the replica prefilled fewer tokens than the blocks ahead of it at
+// its start and its own (at least one block) hold, but for the step under
+// way when it came and the step that samples its token (two of the
+// replica's token intervals, steps with their prefill chunks, are taken
+// off the wait). Rates learns from first tokens, which a replica that
+// slows sends back late: a GPU slowed to a third drew requests at its old
+// speed until 16 of its slow first tokens had come back, 20-30 s each by
+// then on a busy trace. The bound replaces the learned speed only when
+// below RateShiftRatio of it, and only once the request has waited
+// RateProofWait: the blocks ahead are the router's charges, not the
+// engine's work (other requests' chunks share the steps, a preempted
+// request is computed again), and across the bar's grid on identical
+// replicas (4 and 16 replicas, every workload, utilization 0.5-1.1, seeds
+// 1-2) the bound read below half the learned speed 1,333 times with waits
+// up to 1.8 s. Past 2 s it did so 60 times in seeds 1-3 at 4, 8 and 16
+// replicas, each on a replica whose KV cache was 81-99 % full: a long
+// prompt waiting for memory, not prefilling, as the bound says. A speed
+// not learned yet (0) stays unknown.
+func provenRate(l load.Load, blockTokens int) float64 {
+	step := l.TokenInterval
+	if step <= 0 {
+		step = l.DecodeStep
+	}
+	d := (l.OldestPrefillWait - 2*step).Seconds()
+	if !(l.PrefillRate > 0) || l.OldestPrefillWait < RateProofWait || !(d > 0) {
+		return l.PrefillRate
+	}
+	if bound := math.Max(l.OldestPrefillBlocks, 1) * float64(blockTokens) / d; bound < RateShiftRatio*l.PrefillRate {
+		return bound
+	}
+	return l.PrefillRate
 }

@@ -258,3 +258,145 @@ func TestRatesTokenIntervalIsTheMean(t *testing.T) {
 		t.Errorf("decode step %v, want near the lower envelope's 10ms", got.DecodeStep)
 	}
 }
+
+// A replica that becomes three times slower (a GPU that throttles) is
+// followed within RateShiftSamples prefill samples and RateShiftSteps
+// inter-token times, not hundreds: each sample reads it far below the
+// estimate.
+func TestRatesFollowASharpSlowdown(t *testing.T) {
+	r := NewRates()
+	for range 50 {
+		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	before, _ := r.Get("a")
+	if before.PrefillTokensPerSec < 14000 || before.DecodeStep > 9*time.Millisecond {
+		t.Fatalf("before: %+v, want about 15000 tokens/s and 8 ms", before)
+	}
+	// Requests of alternating size, so that the run's best sample is
+	// the one the estimate restarts at.
+	for i := range RateShiftSamples - 1 {
+		r.Observe("a", replicaSample(5000, 24*time.Millisecond, 2000+1000*(i%2), 40, 0))
+	}
+	mid, _ := r.Get("a")
+	if mid.PrefillTokensPerSec < 0.9*before.PrefillTokensPerSec {
+		t.Fatalf("after %d slow samples the estimate moved to %.0f: the run of %d restarts it, no fewer", RateShiftSamples-1, mid.PrefillTokensPerSec, RateShiftSamples)
+	}
+	r.Observe("a", replicaSample(5000, 24*time.Millisecond, 3000, 40, 0))
+	got, _ := r.Get("a")
+	if got.PrefillTokensPerSec > 5000*1.05 || got.PrefillTokensPerSec < 5000*0.9 {
+		t.Fatalf("after %d slow samples the prefill rate is %.0f, want about 5000", RateShiftSamples, got.PrefillTokensPerSec)
+	}
+	// Each request above also gave a decode sample: 16 of the 32 the step
+	// needs.
+	if got.DecodeStep > 12*time.Millisecond {
+		t.Fatalf("after %d slow steps the decode step is %v: too early a restart", RateShiftSamples, got.DecodeStep)
+	}
+	for range RateShiftSteps - RateShiftSamples {
+		r.Observe("a", replicaSample(5000, 24*time.Millisecond, 500, 40, 0)) // decode samples only
+	}
+	got, _ = r.Get("a")
+	if d := got.DecodeStep - 24*time.Millisecond; d > time.Millisecond || d < -time.Millisecond {
+		t.Fatalf("after %d slow steps the decode step is %v, want 24 ms", RateShiftSteps, got.DecodeStep)
+	}
+	// Faster again: the envelope rises within a few samples, as before.
+	for range 12 {
+		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	got, _ = r.Get("a")
+	if got.PrefillTokensPerSec < 14000 || got.DecodeStep > 9*time.Millisecond {
+		t.Fatalf("restored: %+v, want about 15000 tokens/s and 8 ms again", got)
+	}
+}
+
+// A run of slow samples that one sample near the estimate interrupts is
+// queueing, not a slower replica: the estimate keeps its slow weight.
+func TestRatesShiftNeedsAnUnbrokenRun(t *testing.T) {
+	r := NewRates()
+	for range 50 {
+		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	for i := range 10 * RateShiftSamples {
+		if i%(RateShiftSamples-1) == 0 {
+			r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+		} else {
+			// Queued 1.5 s behind work the router did not see: 1,760
+			// tokens/s.
+			r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 1500*time.Millisecond))
+		}
+		if got, _ := r.Get("a"); got.PrefillTokensPerSec < 0.3*15000 {
+			t.Fatalf("sample %d: interrupted runs restarted the estimate: %.0f tokens/s", i, got.PrefillTokensPerSec)
+		}
+	}
+	got, _ := r.Get("a")
+	// The slow weight alone: 150 low samples move it part of the way.
+	if got.PrefillTokensPerSec > 14000 {
+		t.Fatalf("the low samples did not move the estimate at all: %.0f", got.PrefillTokensPerSec)
+	}
+}
+
+// provenRate holds a replica's speed to what its oldest streamed request
+// still waiting for a first token proves, once that is below
+// RateShiftRatio of the learned speed, and leaves unknown speeds unknown.
+func TestProvenRate(t *testing.T) {
+	base := load.Load{PrefillRate: 16000, DecodeStep: 10 * time.Millisecond}
+	for _, tt := range []struct {
+		name   string
+		wait   time.Duration
+		blocks float64
+		want   float64
+	}{
+		{"nothing waits", 0, 0, 16000},
+		{"above half", 2020 * time.Millisecond, 320, 16000},          // 320 blocks of 64 tokens in 2 s: 10,240 tokens/s
+		{"below half", 2020 * time.Millisecond, 100, 100 * 64 / 2.0}, // 3,200
+		{"waiting on nothing", 4020 * time.Millisecond, 0, 16},       // one block in 4 s
+		{"a short wait", 1900 * time.Millisecond, 1, 16000},          // below RateProofWait: proves nothing
+	} {
+		l := base
+		l.OldestPrefillWait, l.OldestPrefillBlocks = tt.wait, tt.blocks
+		if got := provenRate(l, 64); math.Abs(got-tt.want) > 1e-6*tt.want {
+			t.Errorf("%s: %.1f, want %.1f", tt.name, got, tt.want)
+		}
+	}
+	// The token interval, steps with their prefill chunks, is what two
+	// steps take off the wait when it is known.
+	l := base
+	l.TokenInterval, l.OldestPrefillWait, l.OldestPrefillBlocks = 50*time.Millisecond, 2100*time.Millisecond, 100
+	if got := provenRate(l, 64); math.Abs(got-3200) > 1e-6 {
+		t.Errorf("with a 50 ms token interval: %.1f, want 3200", got)
+	}
+	unknown := load.Load{OldestPrefillWait: time.Minute, OldestPrefillBlocks: 1}
+	if got := provenRate(unknown, 64); got != 0 {
+		t.Errorf("a speed not learned yet became %.1f", got)
+	}
+}
+
+// A replica whose oldest streamed request has waited far longer than its
+// learned speed allows loses the pick to an equal replica before any of its
+// slow first tokens comes back.
+func TestDecideAvoidsAReplicaItsWaitsProveSlow(t *testing.T) {
+	st := fleet(2)
+	for _, r := range st.reps {
+		st.loads[r.ID] = load.Load{Healthy: true, ActivePrefillBlocks: 20}
+	}
+	rt := New(Options{State: st, Seed: 1})
+	for range 20 {
+		rt.Rates().Observe("r0", replicaSample(16000, 10*time.Millisecond, 4000, 50, 0))
+		rt.Rates().Observe("r1", replicaSample(15000, 10*time.Millisecond, 4000, 50, 0))
+	}
+	req := Request{Model: model, Tokens: seq(64*16, 7)}
+	d, err := rt.Decide(t.Context(), req)
+	if err != nil || d.Replica != "r0" {
+		t.Fatalf("picked %s (%v), want the faster r0", d.Replica, err)
+	}
+	// r0's oldest request, 20 blocks ahead of it and 20 its own, has
+	// waited 5 s: r0 prefills at most 40×16 tokens in 5 s, less two
+	// 10 ms steps.
+	st.loads["r0"] = load.Load{Healthy: true, ActivePrefillBlocks: 20, OldestPrefillWait: 5 * time.Second, OldestPrefillBlocks: 40}
+	d, err = rt.Decide(t.Context(), req)
+	if err != nil || d.Replica != "r1" {
+		t.Fatalf("picked %s (%v), want r1: r0's waiting request proves it slow; candidates %+v", d.Replica, err, d.Candidates)
+	}
+	if l := d.Candidates[0].Load; l.PrefillRate > 200 {
+		t.Fatalf("r0's prefill rate in the decision is %.0f, want the proven bound (about 128)", l.PrefillRate)
+	}
+}

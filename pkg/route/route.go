@@ -438,6 +438,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 				}
 			}
 		}
+		c.Load.PrefillRate = provenRate(c.Load, primary)
 		healthy = healthy || c.Load.Healthy
 	}
 	if !healthy {
@@ -622,9 +623,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 			r.book.spreadBurst(d.Session)
 		}
 		if r.opts.Tracker != nil {
-			var out load.Output // the ledger is kept only for a policy that reads it
-			if r.releases != nil {
-				out = load.Output{Tokens: req.MaxTokens, Blocks: expectedOutputBlocks(req.MaxTokens, primary)}
+			out := load.Output{Streams: req.Streams}
+			if r.releases != nil { // the ledger is kept only for a policy that reads it
+				out.Tokens, out.Blocks = req.MaxTokens, expectedOutputBlocks(req.MaxTokens, primary)
 			}
 			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks, out)
 		}

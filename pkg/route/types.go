@@ -59,6 +59,11 @@ type Request struct {
 	User string
 	// MaxTokens is the request's output limit, 0 when absent.
 	MaxTokens int
+	// Streams reports that the response streams its tokens (OpenAI
+	// stream: true), so that its first token is seen when the engine
+	// generates it: such a request, while it waits for one, bounds its
+	// replica's prefill speed (load.Output.Streams).
+	Streams bool
 	// Subset, when not nil, restricts the pick to these addresses (the
 	// ext_proc subset hint). An empty non-nil subset admits nothing.
 	Subset []string

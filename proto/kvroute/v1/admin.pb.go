@@ -181,10 +181,17 @@ type Load struct {
 	KvBlocks float64 `protobuf:"fixed64,7,opt,name=kv_blocks,json=kvBlocks,proto3" json:"kv_blocks,omitempty"`
 	// Learned prefill speed of uncached prompt tokens (tokens/s) and decode
 	// step (µs); 0 until learned. Set in decisions, not in the replica list.
+	// The speed is the one the decision used: held to what the oldest
+	// streamed request still waiting there proves (below).
 	PrefillTokensPerSecond float64 `protobuf:"fixed64,8,opt,name=prefill_tokens_per_second,json=prefillTokensPerSecond,proto3" json:"prefill_tokens_per_second,omitempty"`
 	DecodeStepMicros       int64   `protobuf:"varint,9,opt,name=decode_step_micros,json=decodeStepMicros,proto3" json:"decode_step_micros,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The router's oldest streamed request on the replica still without a
+	// first token: how long it has waited (µs; 0 when none waits) and the
+	// prefill blocks that were ahead of it plus its own.
+	OldestPrefillWaitMicros int64   `protobuf:"varint,10,opt,name=oldest_prefill_wait_micros,json=oldestPrefillWaitMicros,proto3" json:"oldest_prefill_wait_micros,omitempty"`
+	OldestPrefillBlocks     float64 `protobuf:"fixed64,11,opt,name=oldest_prefill_blocks,json=oldestPrefillBlocks,proto3" json:"oldest_prefill_blocks,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *Load) Reset() {
@@ -276,6 +283,20 @@ func (x *Load) GetPrefillTokensPerSecond() float64 {
 func (x *Load) GetDecodeStepMicros() int64 {
 	if x != nil {
 		return x.DecodeStepMicros
+	}
+	return 0
+}
+
+func (x *Load) GetOldestPrefillWaitMicros() int64 {
+	if x != nil {
+		return x.OldestPrefillWaitMicros
+	}
+	return 0
+}
+
+func (x *Load) GetOldestPrefillBlocks() float64 {
+	if x != nil {
+		return x.OldestPrefillBlocks
 	}
 	return 0
 }
@@ -1101,7 +1122,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"TierBlocks\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x03R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x03R\x03cpu\x12\x12\n" +
-	"\x04disk\x18\x03 \x01(\x03R\x04disk\"\xfb\x02\n" +
+	"\x04disk\x18\x03 \x01(\x03R\x04disk\"\xec\x03\n" +
 	"\x04Load\x122\n" +
 	"\x15active_prefill_blocks\x18\x01 \x01(\x01R\x13activePrefillBlocks\x120\n" +
 	"\x14active_decode_blocks\x18\x02 \x01(\x01R\x12activeDecodeBlocks\x12'\n" +
@@ -1111,7 +1132,10 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\ahealthy\x18\x06 \x01(\bR\ahealthy\x12\x1b\n" +
 	"\tkv_blocks\x18\a \x01(\x01R\bkvBlocks\x129\n" +
 	"\x19prefill_tokens_per_second\x18\b \x01(\x01R\x16prefillTokensPerSecond\x12,\n" +
-	"\x12decode_step_micros\x18\t \x01(\x03R\x10decodeStepMicros\"\xfb\x02\n" +
+	"\x12decode_step_micros\x18\t \x01(\x03R\x10decodeStepMicros\x12;\n" +
+	"\x1aoldest_prefill_wait_micros\x18\n" +
+	" \x01(\x03R\x17oldestPrefillWaitMicros\x122\n" +
+	"\x15oldest_prefill_blocks\x18\v \x01(\x01R\x13oldestPrefillBlocks\"\xfb\x02\n" +
 	"\tCandidate\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x120\n" +
