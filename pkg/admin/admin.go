@@ -260,6 +260,8 @@ func loadProto(l load.Load) *kvroutev1.Load {
 		DecodeStepMicros:        l.DecodeStep.Microseconds(),
 		OldestPrefillWaitMicros: l.OldestPrefillWait.Microseconds(),
 		OldestPrefillBlocks:     l.OldestPrefillBlocks,
+		Preempting:              l.Preempting,
+		MemoryBound:             l.MemoryBound(),
 	}
 }
 

@@ -207,6 +207,9 @@ type RequestResult struct {
 	// (route.Decision.QueuedTokens), as a live router feeds its rate
 	// learner.
 	QueuedTokens int
+	// SentMemoryBound is the picked replica's load.Load.MemoryBound() at
+	// the decision (route.RateSample.MemoryBound).
+	SentMemoryBound bool
 	// IdealTTFT is the request's TTFT alone on an idle replica with the
 	// same cached tokens: its uncached tokens prefilled in budget-sized
 	// chunks, one step each (no queueing, no batch).
@@ -320,6 +323,8 @@ type live struct {
 	// queued are the uncached tokens the router estimated were queued
 	// ahead of it (route.Decision.QueuedTokens).
 	queued int
+	// memBound is the picked replica's load.Load.MemoryBound() then.
+	memBound bool
 }
 
 type replica struct {
@@ -331,6 +336,10 @@ type replica struct {
 	scraped  engine.Stats
 	scrapeAt time.Duration
 	scrapeOK bool
+	// preemptAt is the scrape that first saw the engine's preemption
+	// count higher than the scrape before; preempted says one did.
+	preemptAt time.Duration
+	preempted bool
 	// gapAt is when a batch of this replica's with stores in it was last
 	// lost; gapped says one was at all (see simState.ViewGaps).
 	gapAt  time.Duration
@@ -594,6 +603,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		truncated: truncated,
 		reason:    dec.Reason,
 		queued:    dec.QueuedTokens,
+		memBound:  dec.Picked().Load.MemoryBound(),
 		key:       dec.Session,
 	}
 	if lv.keepOut {
@@ -740,7 +750,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
 			IdealTTFT: idealTTFT(r.eng.Config(), f.PromptTokens-f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
-			QueuedTokens: lv.queued,
+			QueuedTokens: lv.queued, SentMemoryBound: lv.memBound,
 		})
 		s.run.Makespan = max(s.run.Makespan, f.Finish)
 		if lv.opener {
@@ -910,7 +920,7 @@ func (st *simState) Replicas() []route.Replica {
 	for _, r := range s.run.Requests[min(rates.Observed(), len(s.run.Requests)):] {
 		rates.Observe(index.ReplicaID(s.reps[r.Replica].id), route.RateSample{
 			Uncached: r.PromptTokens - r.CachedTokens, Queued: r.QueuedTokens,
-			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens,
+			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens, MemoryBound: r.SentMemoryBound,
 		})
 	}
 	return st.routes
@@ -924,7 +934,11 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 	}
 	r := s.reps[i]
 	if !r.scrapeOK || s.now-r.scrapeAt >= s.cfg.ScrapeInterval {
+		prev := r.scraped.Preemptions
 		r.scraped, r.scrapeAt, r.scrapeOK = r.eng.Stats(), s.now, true
+		if r.scraped.Preemptions > prev {
+			r.preemptAt, r.preempted = s.now, true
+		}
 	}
 	local := s.tracker.Get(r.id)
 	reqs := max(local.Requests, r.scraped.Running+r.scraped.Waiting)
@@ -935,6 +949,7 @@ func (st *simState) Load(id index.ReplicaID) load.Load {
 		WaitingRequests:     r.scraped.Waiting,
 		KVUsage:             r.scraped.KVUsage,
 		KVBlocks:            float64(r.scraped.NumGPUBlocks),
+		Preempting:          r.preempted && s.now-r.preemptAt < load.PreemptionHold,
 		OldestPrefillWait:   local.OldestWait,
 		OldestPrefillBlocks: float64(local.OldestBlocks),
 		Healthy:             true,

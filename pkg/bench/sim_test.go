@@ -298,12 +298,15 @@ func TestSimulateSpeedChange(t *testing.T) {
 	}
 }
 
-// kvroute sees a replica slow down before its slow first tokens come back
-// (route.provenRate): far fewer of the requests arriving after the change
-// go there than in the same run without it.
+// kvroute sees a replica slow down (route.Rates' restart, route.provenRate):
+// far fewer of the requests arriving after the change go there than in the
+// same run without it. The bar's engines (coding agents, 4 replicas): a
+// replica slowed to a tenth keeps its cache below load.MemoryBoundUsage,
+// so its late first tokens say it computes slower (with the small test
+// fleet's caches it fills, and they prove nothing).
 func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
-	w := mustGen(t, GenHerding, 0.3)
-	cfg := smallFleet()
+	w := mustGen(t, GenAgents, 0.3)
+	cfg := FleetConfig{Replicas: 4, Engine: DefaultEngine(), Seed: 9}
 	share := func(cfg FleetConfig) float64 {
 		run, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
 		if err != nil {
@@ -319,7 +322,7 @@ func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
 				}
 			}
 		}
-		if all < 50 {
+		if all < 200 {
 			t.Fatalf("only %d requests after the change", all)
 		}
 		return float64(on) / float64(all)
@@ -330,6 +333,47 @@ func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
 	t.Logf("replica 0's share after the change: %.3f slowed, %.3f not", after, before)
 	if !(after < before/2) {
 		t.Fatalf("replica 0's share of the requests after the change: %.3f slowed, %.3f not", after, before)
+	}
+}
+
+// The router sees a replica's memory bind as a live router scrapes it
+// (load.Load.MemoryBound: preemptions within load.PreemptionHold of a
+// scrape that read the engine's count higher, or a cache at least
+// load.MemoryBoundUsage full): decisions in a run whose engines preempt
+// carry it (RequestResult.SentMemoryBound), and none in a light run with
+// room to spare.
+func TestSimulateMemoryBoundSeen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		w      *Workload
+		blocks int
+	}{{"room", mustGen(t, GenHerding, 0.04), 16384}, {"tight", mustGen(t, GenRL, 0.3), 2048}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := smallFleet()
+			cfg.Engine.NumGPUBlocks = tc.blocks
+			cfg.Engine.MaxModelLen = tc.blocks * cfg.Engine.BlockSize
+			run, err := Simulate(context.Background(), tc.w, mustPolicy(t, policy.NameRoundRobin), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var preempted int64
+			for _, r := range run.Replicas {
+				preempted += r.Preemptions
+			}
+			sent := 0
+			for _, q := range run.Requests {
+				if q.SentMemoryBound {
+					sent++
+				}
+			}
+			t.Logf("%d preemptions, %d of %d requests sent to a replica whose memory binds", preempted, sent, len(run.Requests))
+			switch {
+			case tc.name == "room" && (preempted != 0 || sent != 0):
+				t.Fatalf("light run with room: %d preemptions, %d requests sent memory bound", preempted, sent)
+			case tc.name == "tight" && (preempted == 0 || sent == 0):
+				t.Fatalf("tight run: %d preemptions, %d requests sent memory bound", preempted, sent)
+			}
+		})
 	}
 }
 

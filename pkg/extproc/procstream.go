@@ -719,6 +719,8 @@ func (st *procStream) observeRates(u openai.Usage, predicted int) {
 		TTFT:     ttft,
 		E2E:      e2e,
 		Output:   u.CompletionTokens,
+		// A late first token may be a wait for memory.
+		MemoryBound: st.fl.decision.Picked().Load.MemoryBound(),
 	})
 }
 
@@ -738,10 +740,11 @@ func (st *procStream) observePrefill() {
 	}
 	ttft := st.firstAt.Sub(st.fl.pickedAt)
 	st.s.cfg.Rates.Observe(dec.Replica, route.RateSample{
-		Uncached: max(dec.PromptTokens-st.predictedCachedTokens(dec.PromptTokens), 0),
-		Queued:   dec.QueuedTokens,
-		TTFT:     ttft,
-		E2E:      ttft,
+		Uncached:    max(dec.PromptTokens-st.predictedCachedTokens(dec.PromptTokens), 0),
+		Queued:      dec.QueuedTokens,
+		TTFT:        ttft,
+		E2E:         ttft,
+		MemoryBound: dec.Picked().Load.MemoryBound(),
 	})
 }
 

@@ -28,7 +28,10 @@
 //     with expfmt; vLLM vllm:num_requests_running, vllm:num_requests_waiting,
 //     vllm:kv_cache_usage_perc falling back to vllm:gpu_cache_usage_perc;
 //     SGLang sglang:num_running_reqs, sglang:num_queue_reqs,
-//     sglang:token_usage) and /health every 200ms by default. A replica is
+//     sglang:token_usage; the preemption counters
+//     vllm:num_preemptions_total and sglang:num_retracted_requests_total,
+//     of which it keeps the probe that first read them higher,
+//     Scraped.PreemptedAt) and /health every 200ms by default. A replica is
 //     unhealthy until its first good probe, after two failed probes in a
 //     row, and is readmitted by the next good one. NewScraper has no side
 //     effects; Run(ctx) owns one goroutine per target, starts and stops them
@@ -44,7 +47,10 @@
 //   - View: combines the three into Load; its comment gives the formula,
 //     including the estimate of other routers' load (exact for this
 //     router's own requests, one scrape old and sized by this router's mean
-//     request for the others').
+//     request for the others'). Load.MemoryBound says the replica's KV
+//     memory binds (preempting within PreemptionHold, or a cache at least
+//     MemoryBoundUsage full): its requests may wait for blocks, so the
+//     router does not read their late first tokens as a slower replica.
 //
 // Metrics are registered on the prometheus.Registerer each constructor is
 // given (nil: none). Only the Scraper logs, and only on health changes.

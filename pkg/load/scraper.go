@@ -44,6 +44,13 @@ type Scraped struct {
 	// engines report), 0 when not exposed.
 	KVBlocks  int
 	MetricsAt time.Time
+	// Preemptions is the engine's cumulative preemption count (vLLM's
+	// num_preemptions_total, SGLang's num_retracted_requests_total), and
+	// PreemptedAt the probe that first read it higher than the probe
+	// before (zero: never seen to rise; a count that fell, the engine
+	// restarted, is taken as the new base).
+	Preemptions float64
+	PreemptedAt time.Time
 	// LocalRequests is the router's own in-flight request count to the
 	// replica (Tracker) around the scrape that produced Running and
 	// Waiting: the larger of the counts just before the request and just
@@ -288,6 +295,7 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 		bufs      scrapeBuffers
 		starts    = int64(-1) // Tracker.Starts at the previous tick
 		lastOK    bool        // the last probe was healthy and read metrics
+		preempts  bool        // cur.Preemptions was read from the engine
 	)
 	tick := time.NewTicker(s.cfg.Interval)
 	defer tick.Stop()
@@ -311,6 +319,12 @@ func (s *Scraper) scrapeLoop(ctx context.Context, t Target, st *atomic.Pointer[S
 		if mErr == nil {
 			cur.Engine, cur.Running, cur.Waiting, cur.KVUsage = m.engine, m.running, m.waiting, m.kvUsage
 			cur.KVBlocks = m.kvBlocks
+			if m.hasPreemptions {
+				if preempts && m.preemptions > cur.Preemptions {
+					cur.PreemptedAt = cur.ProbedAt
+				}
+				cur.Preemptions, preempts = m.preemptions, true
+			}
 			cur.LocalRequests, cur.LocalKnown = m.local, m.localKnown
 			cur.MetricsAt = cur.ProbedAt
 		}
@@ -355,6 +369,8 @@ type engineMetrics struct {
 	running, waiting int
 	kvUsage          float64
 	kvBlocks         int
+	preemptions      float64 // cumulative; valid with hasPreemptions
+	hasPreemptions   bool
 	local            int // Tracker's in-flight requests around the scrape
 	localKnown       bool
 }
@@ -472,7 +488,7 @@ type scrapeBuffers struct {
 var wantedFamilies = func() map[string]bool {
 	m := map[string]bool{"vllm:cache_config_info": true}
 	for _, e := range engines {
-		m[e.running], m[e.waiting] = true, true
+		m[e.running], m[e.waiting], m[e.preemptions] = true, true, true
 		for _, k := range e.kvUsage {
 			m[k] = true
 		}
@@ -548,9 +564,10 @@ func (s *Scraper) parseWith(bufs *scrapeBuffers, r io.Reader) (engineMetrics, er
 var engines = []struct {
 	name, running, waiting string
 	kvUsage                []string // first present wins
+	preemptions            string   // the cumulative preemption counter
 }{
-	{"vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
-	{"sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", []string{"sglang:token_usage"}},
+	{"vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}, "vllm:num_preemptions_total"},
+	{"sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", []string{"sglang:token_usage"}, "sglang:num_retracted_requests_total"},
 }
 
 var errNoEngineMetrics = errors.New("load: no vLLM or SGLang load metrics in exposition")
@@ -568,6 +585,9 @@ func engineFigures(fams map[string]*dto.MetricFamily) (engineMetrics, error) {
 				m.kvUsage = min(max(maxValue(f), 0), 1)
 				break
 			}
+		}
+		if f, ok := fams[e.preemptions]; ok {
+			m.preemptions, m.hasPreemptions = sum(f), true
 		}
 		return m, nil
 	}
@@ -622,8 +642,8 @@ func maxValue(f *dto.MetricFamily) float64 {
 }
 
 type scrapeCollector struct {
-	s                                  *Scraper
-	healthy, running, waiting, kvUsage *prometheus.Desc
+	s                                              *Scraper
+	healthy, running, waiting, kvUsage, preempting *prometheus.Desc
 }
 
 func newScrapeCollector(s *Scraper) *scrapeCollector {
@@ -634,6 +654,8 @@ func newScrapeCollector(s *Scraper) *scrapeCollector {
 		running: prometheus.NewDesc("kvroute_replica_engine_running_requests", "Running requests the engine last reported.", l, nil),
 		waiting: prometheus.NewDesc("kvroute_replica_engine_waiting_requests", "Queued requests the engine last reported.", l, nil),
 		kvUsage: prometheus.NewDesc("kvroute_replica_kv_usage", "KV cache usage in [0, 1] the engine last reported.", l, nil),
+		preempting: prometheus.NewDesc("kvroute_replica_preempting",
+			"1 when the engine's preemption counter rose in the last 10s (the router then reads its waits as memory, not speed).", l, nil),
 	}
 }
 
@@ -642,6 +664,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.running
 	ch <- c.waiting
 	ch <- c.kvUsage
+	ch <- c.preempting
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -663,6 +686,11 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(v.Running), r)
 			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(v.Waiting), r)
 			ch <- prometheus.MustNewConstMetric(c.kvUsage, prometheus.GaugeValue, v.KVUsage, r)
+			p := 0.0
+			if !v.PreemptedAt.IsZero() && time.Since(v.PreemptedAt) < PreemptionHold {
+				p = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.preempting, prometheus.GaugeValue, p, r)
 		}
 	}
 }

@@ -48,8 +48,12 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1234
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="24576"} 1
 vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="bad"} 1
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 7.0
+vllm:num_preemptions_total{engine="1",model_name="m"} 2.0
 `,
-			want: engineMetrics{engine: "vllm", running: 5, waiting: 4, kvUsage: 0.5, kvBlocks: 24576},
+			want: engineMetrics{engine: "vllm", running: 5, waiting: 4, kvUsage: 0.5, kvBlocks: 24576, preemptions: 9, hasPreemptions: true},
 		},
 		{
 			name: "old vllm falls back to gpu_cache_usage_perc",
@@ -67,8 +71,12 @@ sglang:num_running_reqs{model_name="m"} 7
 sglang:num_queue_reqs{model_name="m"} 2
 # TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="m"} 0.75
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{model_name="m",pid="1"} 1
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{model_name="m"} 48
 `,
-			want: engineMetrics{engine: "sglang", running: 7, waiting: 2, kvUsage: 0.75},
+			want: engineMetrics{engine: "sglang", running: 7, waiting: 2, kvUsage: 0.75, preemptions: 48, hasPreemptions: true},
 		},
 		{
 			name: "usage clamped to [0,1]",
@@ -103,6 +111,7 @@ type engine struct {
 	mu      sync.Mutex
 	srv     *httptest.Server
 	running atomic.Int64
+	preempt atomic.Int64 // vllm:num_preemptions_total
 	scrapes atomic.Int64 // /metrics requests answered
 	health  atomic.Int32 // HTTP status of /health
 	// gate, when set, holds every /health answer until it is closed.
@@ -141,6 +150,7 @@ func (e *engine) up(addr string) {
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		e.scrapes.Add(1)
 		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", e.running.Load())
+		fmt.Fprintf(w, "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{model_name=\"m\"} %d\n", e.preempt.Load())
 	})
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Listener = ln
@@ -203,6 +213,50 @@ func runScraper(t *testing.T, cfg ScraperConfig) *Scraper {
 func healthy(s *Scraper, id string) bool {
 	v, ok := s.Get(id)
 	return ok && v.Healthy
+}
+
+// The scraper marks the probe that first reads an engine's preemption
+// counter higher; the count it starts from, and a count that falls (the
+// engine restarted), are no preemption. View reports the replica as
+// preempting for PreemptionHold after that probe.
+func TestScraperSeesPreemptions(t *testing.T) {
+	e := newEngine(t)
+	e.preempt.Store(40) // preempted before the router started
+	s := runScraper(t, ScraperConfig{})
+	s.SetTargets([]Target{{ID: "r", URL: e.url()}})
+	read := func(want float64) Scraped {
+		t.Helper()
+		var v Scraped
+		eventually(t, fmt.Sprintf("preemptions read as %v", want), func() bool {
+			var ok bool
+			v, ok = s.Get("r")
+			return ok && !v.MetricsAt.IsZero() && v.Preemptions == want
+		})
+		return v
+	}
+	if v := read(40); !v.PreemptedAt.IsZero() {
+		t.Fatalf("the starting count was taken for a preemption at %v", v.PreemptedAt)
+	}
+	e.preempt.Store(42)
+	v := read(42)
+	if v.PreemptedAt.IsZero() || v.PreemptedAt.After(v.ProbedAt) {
+		t.Fatalf("a rise to 42 was not marked: PreemptedAt %v, probed %v", v.PreemptedAt, v.ProbedAt)
+	}
+	at := v.PreemptedAt
+	e.preempt.Store(3) // the engine restarted
+	if v = read(3); !v.PreemptedAt.Equal(at) {
+		t.Fatalf("a counter reset moved PreemptedAt from %v to %v", at, v.PreemptedAt)
+	}
+	for _, tc := range []struct {
+		after time.Duration
+		want  bool
+	}{{0, true}, {PreemptionHold - time.Millisecond, true}, {PreemptionHold, false}} {
+		now := at.Add(tc.after)
+		view := &View{Scraper: s, StaleAfter: time.Hour, Now: func() time.Time { return now }}
+		if got := view.Load("r").Preempting; got != tc.want {
+			t.Errorf("%v after the rise: Preempting %v, want %v", tc.after, got, tc.want)
+		}
+	}
 }
 
 func TestScraperHealthDownAndBack(t *testing.T) {

@@ -30,6 +30,7 @@ const DefaultRequestBlocks = 32
 //	ActivePrefillBlocks   = P + U·W/(R+W) · mean prefill blocks
 //	ActiveDecodeBlocks    = D + U·R/(R+W) · mean decode blocks
 //	KVUsage, KVBlocks     = scraped usage and GPU KV block count
+//	Preempting            = the scraped preemption counter rose within PreemptionHold
 //	Healthy               = the prober's verdict; true when r is not a scrape target
 //
 // U is what the engine reported beyond this router's own requests at the
@@ -94,6 +95,7 @@ func (v *View) Load(replica string) Load {
 	}
 	l.KVUsage = s.KVUsage
 	l.KVBlocks = float64(s.KVBlocks)
+	l.Preempting = !s.PreemptedAt.IsZero() && v.now().Sub(s.PreemptedAt) < PreemptionHold
 	base := local.Requests
 	if s.LocalKnown {
 		base = s.LocalRequests

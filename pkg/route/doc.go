@@ -133,7 +133,10 @@
 // token proves (Load.OldestPrefillWait; Request.Streams marks such
 // requests for the tracker): a replica that slowed is seen before its
 // slow first tokens come back, once the proof is below RateShiftRatio of
-// the learned speed.
+// the learned speed. Neither the restart nor the bound reads a replica
+// whose KV memory binds (load.Load.MemoryBound: preempting, or its cache
+// at least load.MemoryBoundUsage full): there a late first token may be
+// a wait for blocks, which the policy's memory term prices.
 //
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the

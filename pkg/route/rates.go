@@ -84,10 +84,16 @@ import (
 // the decode step restarts at the least of RateShiftSteps inter-token
 // times in a row that all read above the step over RateShiftRatio. Kept
 // to the gradual weights, a replica slowed to a third of its speed
-// (5,300 tokens/s) was still believed at 12,300-15,100 tokens/s 400-700
-// requests later (kvbench sim -speed-change, agents and the trace at 4
-// replicas), and it drew the prompts the prediction thought it would
-// prefill soonest. On identical replicas under kvroute's routing,
+// (5,300 tokens/s) was still believed at 14,100-15,000 tokens/s 600
+// requests later and 12,900 after 900 (kvbench sim -speed-change, the
+// trace at 4 replicas, 0.8, seeds 1-3; agents at 0.5: 12,300-13,000 after
+// 300), and it drew the prompts the prediction thought it would prefill
+// soonest. A sample sent to a replica whose KV memory bound
+// (RateSample.MemoryBound) breaks such a run instead: its request may
+// have waited for blocks, and a healthy replica under preemption reads
+// slow as well (with engines twice as fast, grpo at 0.95 on 4 replicas,
+// restarts on such runs raised kvroute's mean time to first token 10-23
+// %). On identical replicas under kvroute's routing,
 // no run of 16 prefill samples read below half the estimate (one below
 // 0.6) at 4, 8 or 16 replicas (every workload, utilization 0.5-1.1, seeds
 // 1-3), and runs of 32 inter-token times above twice the step came 1-6
@@ -192,6 +198,13 @@ type RateSample struct {
 	TTFT, E2E time.Duration
 	// Output is the number of tokens generated.
 	Output int
+	// MemoryBound is the replica's load.Load.MemoryBound when the request
+	// was sent: its engine was preempting or its cache nearly full, so the
+	// request may have waited for KV memory, and a slow first token is no
+	// sign of a slower replica. Such a sample still moves the estimate at
+	// the slow weight, but it breaks a run of far-slower samples
+	// (RateShiftSamples).
+	MemoryBound bool
 }
 
 // NewRates returns a learner that knows nothing yet.
@@ -259,10 +272,13 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 		return
 	}
 	x := float64(s.Uncached+s.Queued) / d
+	if s.MemoryBound {
+		st.lowRun = 0 // a wait for memory, perhaps: not a slower replica
+	}
 	switch {
 	case st.prefill == 0:
 		st.prefill = x
-	case st.shiftPrefill(x, float64(s.Uncached+s.Queued), s.TTFT.Seconds()):
+	case !s.MemoryBound && st.shiftPrefill(x, float64(s.Uncached+s.Queued), s.TTFT.Seconds()):
 		return
 	case x > st.prefill:
 		st.prefill += RateFastWeight * (x - st.prefill)
@@ -324,7 +340,9 @@ func (r *Rates) Observed() int {
 // 1-2) the bound read below half the learned speed 1,333 times with waits
 // up to 1.8 s. Past 2 s it did so 60 times in seeds 1-3 at 4, 8 and 16
 // replicas, each on a replica whose KV cache was 81-99 % full: a long
-// prompt waiting for memory, not prefilling, as the bound says. A speed
+// prompt waiting for memory, not prefilling, as the bound says. So the
+// bound is not used where the replica's memory binds (load.Load.
+// MemoryBound: preempting, or at least MemoryBoundUsage full). A speed
 // not learned yet (0) stays unknown.
 func provenRate(l load.Load, blockTokens int) float64 {
 	step := l.TokenInterval
@@ -332,7 +350,7 @@ func provenRate(l load.Load, blockTokens int) float64 {
 		step = l.DecodeStep
 	}
 	d := (l.OldestPrefillWait - 2*step).Seconds()
-	if !(l.PrefillRate > 0) || l.OldestPrefillWait < RateProofWait || !(d > 0) {
+	if !(l.PrefillRate > 0) || l.MemoryBound() || l.OldestPrefillWait < RateProofWait || !(d > 0) {
 		return l.PrefillRate
 	}
 	if bound := math.Max(l.OldestPrefillBlocks, 1) * float64(blockTokens) / d; bound < RateShiftRatio*l.PrefillRate {

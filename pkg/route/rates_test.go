@@ -334,6 +334,49 @@ func TestRatesShiftNeedsAnUnbrokenRun(t *testing.T) {
 	}
 }
 
+// A replica whose KV memory binds makes its requests wait for blocks: slow
+// first tokens sent while it did (RateSample.MemoryBound) never restart the
+// estimate,
+// and one of them breaks a run of slow samples; they still move it at the
+// slow weight.
+func TestRatesMemoryBoundSamplesNeverRestart(t *testing.T) {
+	r := NewRates()
+	for range 50 {
+		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	before, _ := r.Get("a")
+	for range 4 * RateShiftSamples {
+		s := replicaSample(15000, 8*time.Millisecond, 3000, 40, 1500*time.Millisecond) // 1.5 s waiting for memory
+		s.MemoryBound = true
+		r.Observe("a", s)
+	}
+	got, _ := r.Get("a")
+	if got.PrefillTokensPerSec < RateShiftRatio*before.PrefillTokensPerSec {
+		t.Fatalf("samples sent while memory bound restarted the estimate: %.0f -> %.0f tokens/s", before.PrefillTokensPerSec, got.PrefillTokensPerSec)
+	}
+	if got.PrefillTokensPerSec > 0.95*before.PrefillTokensPerSec {
+		t.Fatalf("samples sent while memory bound did not move the estimate at all: %.0f", got.PrefillTokensPerSec)
+	}
+	// A run one sample short, then one taken while memory bound: the run
+	// starts over.
+	for range RateShiftSamples - 1 {
+		r.Observe("a", replicaSample(3000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	s := replicaSample(3000, 8*time.Millisecond, 3000, 40, 0)
+	s.MemoryBound = true
+	r.Observe("a", s)
+	r.Observe("a", replicaSample(3000, 8*time.Millisecond, 3000, 40, 0))
+	if got, _ = r.Get("a"); got.PrefillTokensPerSec < RateShiftRatio*before.PrefillTokensPerSec {
+		t.Fatalf("a run broken by a memory-bound sample restarted the estimate: %.0f", got.PrefillTokensPerSec)
+	}
+	for range RateShiftSamples - 1 {
+		r.Observe("a", replicaSample(3000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	if got, _ = r.Get("a"); got.PrefillTokensPerSec > 3000*1.05 {
+		t.Fatalf("a whole run not memory bound did not restart the estimate: %.0f, want about 3000", got.PrefillTokensPerSec)
+	}
+}
+
 // provenRate holds a replica's speed to what its oldest streamed request
 // still waiting for a first token proves, once that is below
 // RateShiftRatio of the learned speed, and leaves unknown speeds unknown.
@@ -363,6 +406,22 @@ func TestProvenRate(t *testing.T) {
 	l.TokenInterval, l.OldestPrefillWait, l.OldestPrefillBlocks = 50*time.Millisecond, 2100*time.Millisecond, 100
 	if got := provenRate(l, 64); math.Abs(got-3200) > 1e-6 {
 		t.Errorf("with a 50 ms token interval: %.1f, want 3200", got)
+	}
+	// A replica whose engine preempts, or whose cache is nearly full:
+	// the wait may be for memory, not prefill, and proves nothing of its
+	// speed.
+	for _, bound := range []load.Load{{Preempting: true}, {KVUsage: load.MemoryBoundUsage}} {
+		l = base
+		l.OldestPrefillWait, l.OldestPrefillBlocks = 2020*time.Millisecond, 100
+		l.Preempting, l.KVUsage = bound.Preempting, bound.KVUsage
+		if got := provenRate(l, 64); got != 16000 {
+			t.Errorf("memory bound (%+v): %.1f, want the learned 16000", bound, got)
+		}
+	}
+	l = base
+	l.OldestPrefillWait, l.OldestPrefillBlocks, l.KVUsage = 2020*time.Millisecond, 100, 0.85
+	if got := provenRate(l, 64); got != 3200 {
+		t.Errorf("at 0.85 KV usage, not preempting: %.1f, want the bound 3200", got)
 	}
 	unknown := load.Load{OldestPrefillWait: time.Minute, OldestPrefillBlocks: 1}
 	if got := provenRate(unknown, 64); got != 0 {

@@ -284,6 +284,10 @@ func (d Decision) MatchedBlocks() int {
 // its match because its view is known to miss stores (Candidate.Vouched).
 func (d Decision) VouchedBlocks() int { return d.chosen().Vouched }
 
+// Picked returns the chosen replica's candidate, with the load it was
+// picked at (zero when there is none).
+func (d Decision) Picked() Candidate { return d.chosen() }
+
 // chosen is the chosen replica's candidate (zero when there is none).
 func (d Decision) chosen() Candidate {
 	for _, c := range d.Candidates {

@@ -190,8 +190,14 @@ type Load struct {
 	// prefill blocks that were ahead of it plus its own.
 	OldestPrefillWaitMicros int64   `protobuf:"varint,10,opt,name=oldest_prefill_wait_micros,json=oldestPrefillWaitMicros,proto3" json:"oldest_prefill_wait_micros,omitempty"`
 	OldestPrefillBlocks     float64 `protobuf:"fixed64,11,opt,name=oldest_prefill_blocks,json=oldestPrefillBlocks,proto3" json:"oldest_prefill_blocks,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// The engine's preemption counter rose in the last 10 s (scraped), and
+	// whether the replica's KV memory binds: preempting or at least 0.9
+	// full. A replica whose memory binds keeps its learned prefill speed
+	// however long its requests wait.
+	Preempting    bool `protobuf:"varint,12,opt,name=preempting,proto3" json:"preempting,omitempty"`
+	MemoryBound   bool `protobuf:"varint,13,opt,name=memory_bound,json=memoryBound,proto3" json:"memory_bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Load) Reset() {
@@ -299,6 +305,20 @@ func (x *Load) GetOldestPrefillBlocks() float64 {
 		return x.OldestPrefillBlocks
 	}
 	return 0
+}
+
+func (x *Load) GetPreempting() bool {
+	if x != nil {
+		return x.Preempting
+	}
+	return false
+}
+
+func (x *Load) GetMemoryBound() bool {
+	if x != nil {
+		return x.MemoryBound
+	}
+	return false
 }
 
 type Candidate struct {
@@ -1122,7 +1142,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"TierBlocks\x12\x10\n" +
 	"\x03gpu\x18\x01 \x01(\x03R\x03gpu\x12\x10\n" +
 	"\x03cpu\x18\x02 \x01(\x03R\x03cpu\x12\x12\n" +
-	"\x04disk\x18\x03 \x01(\x03R\x04disk\"\xec\x03\n" +
+	"\x04disk\x18\x03 \x01(\x03R\x04disk\"\xaf\x04\n" +
 	"\x04Load\x122\n" +
 	"\x15active_prefill_blocks\x18\x01 \x01(\x01R\x13activePrefillBlocks\x120\n" +
 	"\x14active_decode_blocks\x18\x02 \x01(\x01R\x12activeDecodeBlocks\x12'\n" +
@@ -1135,7 +1155,11 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\x12decode_step_micros\x18\t \x01(\x03R\x10decodeStepMicros\x12;\n" +
 	"\x1aoldest_prefill_wait_micros\x18\n" +
 	" \x01(\x03R\x17oldestPrefillWaitMicros\x122\n" +
-	"\x15oldest_prefill_blocks\x18\v \x01(\x01R\x13oldestPrefillBlocks\"\xfb\x02\n" +
+	"\x15oldest_prefill_blocks\x18\v \x01(\x01R\x13oldestPrefillBlocks\x12\x1e\n" +
+	"\n" +
+	"preempting\x18\f \x01(\bR\n" +
+	"preempting\x12!\n" +
+	"\fmemory_bound\x18\r \x01(\bR\vmemoryBound\"\xfb\x02\n" +
 	"\tCandidate\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x120\n" +
