@@ -121,6 +121,10 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"tune", "-policy", "roundrobin", "-workload", "herding"}, 2, "no tunable knobs"},
 		{[]string{"tune", "-objective", "nope", "-workload", "herding"}, 2, "objective"},
 		{[]string{"live", "-workload", "herding,chat"}, 2, "one workload"},
+		// A live fleet is real: the simulated fleet's flags are refused,
+		// not accepted and ignored.
+		{[]string{"live", "-workload", "herding", "-speed-change", "1@30s:0.33"}, 2, "-speed-change"},
+		{[]string{"live", "-workload", "herding", "-gpu-blocks", "3072"}, 2, "-gpu-blocks"},
 		{[]string{"sim", "-seeds", "3-1", "-workload", "herding"}, 2, "reversed"},
 		{[]string{"sim", "-util", "0.5,x", "-workload", "herding"}, 2, "not a utilization"},
 	}

@@ -36,7 +36,7 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("live", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var sf simFlags
-	sf.register(fs)
+	sf.registerWorkload(fs)
 	url := fs.String("url", "http://127.0.0.1:10000", "base URL of the stack (Envoy with kvroute)")
 	compare := fs.String("compare-url", "", "base URL of the same stack without kvroute (plain round robin): the same load is sent there after the first run, and the difference reported")
 	model := fs.String("model", "sim-model", "model name")

@@ -43,12 +43,19 @@ type simFlags struct {
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
+	f.registerWorkload(fs)
+	fs.IntVar(&f.replicas, "replicas", 8, "replicas in the fleet")
+	f.registerFleet(fs)
+}
+
+// registerWorkload registers the flags that choose and generate the
+// workloads (load reads only these): a live run's fleet is real, and the
+// simulated fleet's flags would be accepted and ignored there.
+func (f *simFlags) registerWorkload(fs *flag.FlagSet) {
 	fs.StringVar(&f.workloads, "workload", "trace", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all")
 	fs.Float64Var(&f.rate, "rate", 1, "arrival-rate scale (2 = twice as fast)")
-	fs.IntVar(&f.replicas, "replicas", 8, "replicas in the fleet")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed for generators, tie-breaks and event loss")
 	f.registerSource(fs)
-	f.registerFleet(fs)
 }
 
 // registerSource registers the flags that shape the workloads' content.
