@@ -259,15 +259,22 @@ func TestRatesTokenIntervalIsTheMean(t *testing.T) {
 	}
 }
 
+// warmRates is a learner that has seen 50 requests on replica "a", which
+// prefills 15,000 tokens/s and steps every 8 ms.
+func warmRates() *Rates {
+	r := NewRates()
+	for range 50 {
+		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
+	}
+	return r
+}
+
 // A replica that becomes three times slower (a GPU that throttles) is
 // followed within RateShiftSamples prefill samples and RateShiftSteps
 // inter-token times, not hundreds: each sample reads it far below the
 // estimate.
 func TestRatesFollowASharpSlowdown(t *testing.T) {
-	r := NewRates()
-	for range 50 {
-		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
-	}
+	r := warmRates()
 	before, _ := r.Get("a")
 	if before.PrefillTokensPerSec < 14000 || before.DecodeStep > 9*time.Millisecond {
 		t.Fatalf("before: %+v, want about 15000 tokens/s and 8 ms", before)
@@ -311,10 +318,7 @@ func TestRatesFollowASharpSlowdown(t *testing.T) {
 // A run of slow samples that one sample near the estimate interrupts is
 // queueing, not a slower replica: the estimate keeps its slow weight.
 func TestRatesShiftNeedsAnUnbrokenRun(t *testing.T) {
-	r := NewRates()
-	for range 50 {
-		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
-	}
+	r := warmRates()
 	for i := range 10 * RateShiftSamples {
 		if i%(RateShiftSamples-1) == 0 {
 			r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
@@ -336,14 +340,10 @@ func TestRatesShiftNeedsAnUnbrokenRun(t *testing.T) {
 
 // A replica whose KV memory binds makes its requests wait for blocks: slow
 // first tokens sent while it did (RateSample.MemoryBound) never restart the
-// estimate,
-// and one of them breaks a run of slow samples; they still move it at the
-// slow weight.
+// estimate, and one of them breaks a run of slow samples; they still move
+// it at the slow weight.
 func TestRatesMemoryBoundSamplesNeverRestart(t *testing.T) {
-	r := NewRates()
-	for range 50 {
-		r.Observe("a", replicaSample(15000, 8*time.Millisecond, 3000, 40, 0))
-	}
+	r := warmRates()
 	before, _ := r.Get("a")
 	for range 4 * RateShiftSamples {
 		s := replicaSample(15000, 8*time.Millisecond, 3000, 40, 1500*time.Millisecond) // 1.5 s waiting for memory
