@@ -74,31 +74,35 @@ import (
 //     replica's step; a slower replica's samples it only lowers.
 //
 // Either way a replica that truly gets faster is followed within a few
-// requests and one that gets a little slower within a few hundred (the
-// slow weight halves the gap every 88 samples), and a burst of queueing or
-// interference moves the estimate little. A replica that gets much
-// slower (a GPU that throttles, a neighbour that takes a share of it) is
-// followed at once instead: when RateShiftSamples prefill samples in a
-// row all read below RateShiftRatio of the estimate, the estimate is
-// stale, not the samples, and it restarts at the best of them; likewise
-// the decode step restarts at the least of RateShiftSteps inter-token
-// times in a row that all read above the step over RateShiftRatio. Kept
-// to the gradual weights, a replica slowed to a third of its speed
-// (5,300 tokens/s) was still believed at 14,100-15,000 tokens/s 600
-// requests later and 12,900 after 900 (kvbench sim -speed-change, the
-// trace at 4 replicas, 0.8, seeds 1-3; agents at 0.5: 12,300-13,000 after
-// 300), and it drew the prompts the prediction thought it would prefill
-// soonest. A sample sent to a replica whose KV memory bound
-// (RateSample.MemoryBound) breaks such a run instead: its request may
-// have waited for blocks, and a healthy replica under preemption reads
-// slow as well (with engines twice as fast, grpo at 0.95 on 4 replicas,
-// restarts on such runs raised kvroute's mean time to first token 10-23
-// %). On identical replicas under kvroute's routing,
-// no run of 16 prefill samples read below half the estimate (one below
-// 0.6) at 4, 8 or 16 replicas (every workload, utilization 0.5-1.1, seeds
-// 1-3), and runs of 32 inter-token times above twice the step came 1-6
-// times a grid, at overload, where the batch really does lengthen the
-// step.
+// requests and one that gets a little slower within a few hundred (the slow
+// weight halves the gap every 88 samples), and a burst of queueing or
+// interference moves the estimate little. A replica that gets much slower
+// (a GPU that throttles, a neighbour that takes a share of it) is followed
+// at once instead: when RateShiftSamples prefill samples in a row all read
+// below RateShiftRatio of the estimate, the estimate is stale, not the
+// samples, and it restarts at the best of them; likewise the decode step
+// restarts at the least of RateShiftSteps inter-token times in a row that
+// all read above the step over RateShiftRatio. Kept to the gradual weights,
+// a replica slowed to a third of its speed (5,300 tokens/s) was still
+// believed at 14,100-15,000 tokens/s 600 requests later and 12,900 after
+// 900 (kvbench sim -speed-change, the trace at 4 replicas, 0.8, seeds 1-3;
+// agents at 0.5: 12,300-13,000 after 300), and it drew the prompts the
+// prediction thought it would prefill soonest. A sample sent to a replica
+// whose KV memory bound (RateSample.MemoryBound) breaks such a run instead:
+// its request may have waited for blocks, and a healthy replica under
+// preemption reads slow as well (restarts on such runs alone raised
+// kvroute's mean time to first token 15-18% on grpo at 0.95 and 1.1 with
+// engines twice as fast, 4 replicas). On identical replicas under kvroute's routing, with such
+// samples breaking runs, runs of far-slower prefill samples were at most 8
+// long (4, 8 and 16 replicas, the bar's ten workloads, utilization 0.5-1.1,
+// seeds 1-3; likewise with half the KV cache or 16-token blocks at 4 and 8
+// replicas) but for one of 16 with engines twice as fast (8 replicas), and
+// on a fleet of two speeds (-speeds 2,1) runs of 9-16 occurred. So 10 in a
+// row restart the estimate: against 16, that moved no pass count of those
+// grids (seeds 1-5) and cut a slowed replica's damage further (see
+// docs/benchmarks.md). Runs of 32 inter-token times above twice the step
+// came 1-6 times a grid, at overload, where the batch really does lengthen
+// the step.
 //
 // A Rates is safe for concurrent use (one mutex, held for a few float
 // operations). It starts no goroutine.
@@ -117,7 +121,7 @@ const (
 	RateStepOutlier      = 0.5
 	RateMeanWeight       = 1.0 / 16
 	RateShiftRatio       = 0.5
-	RateShiftSamples     = 16
+	RateShiftSamples     = 10
 	RateShiftSteps       = 32
 	RateProofWait        = 2 * time.Second
 )

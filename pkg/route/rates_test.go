@@ -293,8 +293,8 @@ func TestRatesFollowASharpSlowdown(t *testing.T) {
 	if got.PrefillTokensPerSec > 5000*1.05 || got.PrefillTokensPerSec < 5000*0.9 {
 		t.Fatalf("after %d slow samples the prefill rate is %.0f, want about 5000", RateShiftSamples, got.PrefillTokensPerSec)
 	}
-	// Each request above also gave a decode sample: 16 of the 32 the step
-	// needs.
+	// Each request above also gave a decode sample: RateShiftSamples of
+	// the RateShiftSteps the step needs.
 	if got.DecodeStep > 12*time.Millisecond {
 		t.Fatalf("after %d slow steps the decode step is %v: too early a restart", RateShiftSamples, got.DecodeStep)
 	}
