@@ -63,6 +63,12 @@ type Scraped struct {
 	ProbedAt time.Time
 }
 
+// PreemptingAt reports whether the engine's preemption counter rose within
+// PreemptionHold before now (Load.Preempting).
+func (s Scraped) PreemptingAt(now time.Time) bool {
+	return !s.PreemptedAt.IsZero() && now.Sub(s.PreemptedAt) < PreemptionHold
+}
+
 // ScraperConfig configures a Scraper. Zero fields take defaults.
 type ScraperConfig struct {
 	// Interval between scrapes of one replica. Default
@@ -687,7 +693,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(v.Waiting), r)
 			ch <- prometheus.MustNewConstMetric(c.kvUsage, prometheus.GaugeValue, v.KVUsage, r)
 			p := 0.0
-			if !v.PreemptedAt.IsZero() && time.Since(v.PreemptedAt) < PreemptionHold {
+			if v.PreemptingAt(time.Now()) {
 				p = 1
 			}
 			ch <- prometheus.MustNewConstMetric(c.preempting, prometheus.GaugeValue, p, r)

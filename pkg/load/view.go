@@ -95,7 +95,7 @@ func (v *View) Load(replica string) Load {
 	}
 	l.KVUsage = s.KVUsage
 	l.KVBlocks = float64(s.KVBlocks)
-	l.Preempting = !s.PreemptedAt.IsZero() && v.now().Sub(s.PreemptedAt) < PreemptionHold
+	l.Preempting = s.PreemptingAt(v.now())
 	base := local.Requests
 	if s.LocalKnown {
 		base = s.LocalRequests

@@ -276,20 +276,17 @@ func (r *records) commit() {
 
 // MatchedBlocks returns the picked replica's matched blocks over all tiers.
 func (d Decision) MatchedBlocks() int {
-	c := d.chosen()
+	c := d.Picked()
 	return c.Matched[0] + c.Matched[1] + c.Matched[2]
 }
 
 // VouchedBlocks returns the blocks credited at the chosen replica beyond
 // its match because its view is known to miss stores (Candidate.Vouched).
-func (d Decision) VouchedBlocks() int { return d.chosen().Vouched }
+func (d Decision) VouchedBlocks() int { return d.Picked().Vouched }
 
 // Picked returns the chosen replica's candidate, with the load it was
 // picked at (zero when there is none).
-func (d Decision) Picked() Candidate { return d.chosen() }
-
-// chosen is the chosen replica's candidate (zero when there is none).
-func (d Decision) chosen() Candidate {
+func (d Decision) Picked() Candidate {
 	for _, c := range d.Candidates {
 		if c.Replica == d.Replica {
 			return c
