@@ -921,6 +921,7 @@ func (st *simState) Replicas() []route.Replica {
 		rates.Observe(index.ReplicaID(s.reps[r.Replica].id), route.RateSample{
 			Uncached: r.PromptTokens - r.CachedTokens, Queued: r.QueuedTokens,
 			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens, MemoryBound: r.SentMemoryBound,
+			At: time.Unix(0, int64(r.Arrival+r.TTFT)),
 		})
 	}
 	return st.routes

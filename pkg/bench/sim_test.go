@@ -336,6 +336,55 @@ func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
 	}
 }
 
+// A light agentic load (utilization 0.5, 4 replicas) whose replica r runs
+// at a twentieth of its speed from 30 s on, each replica in turn, two
+// seeds: the sessions homed on it leave within a couple of minutes, so
+// that of the requests arriving 150 s or more into the run at most 2.5 %
+// go there (a fair share is 25 %). Such a session sends a sample every
+// turn, 30-60 s apart; with only 10 far-slower samples in a row
+// restarting the learned speed, sessions stayed for the rest of the run
+// and 5.7 % of those requests went there (69 of 1,219); with 3 over a
+// minute restarting it too, 0.9 % (route.RateShiftSpan).
+func TestSimulateSessionsLeaveAGrayReplica(t *testing.T) {
+	late, all := 0, 0
+	for _, seed := range []uint64{2, 4} {
+		w, err := Generate(GenAgentic, GenOptions{Seed: seed, SizeScale: 0.3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := FleetConfig{Replicas: 4, Engine: DefaultEngine(), Seed: seed}
+		if w, err = w.AtUtil(0.5, cfg); err != nil {
+			t.Fatal(err)
+		}
+		for r := range cfg.Replicas {
+			c := cfg
+			c.SpeedChanges = []SpeedChange{{Replica: r, At: 30 * time.Second, Speed: 0.05}}
+			run, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := firstArrival(run)
+			on, n := 0, 0
+			for _, q := range run.Requests {
+				if q.Arrival >= first+150*time.Second {
+					n++
+					if q.Replica == r {
+						on++
+					}
+				}
+			}
+			t.Logf("seed %d, replica %d slowed: %d of %d late requests sent to it", seed, r, on, n)
+			late, all = late+on, all+n
+		}
+	}
+	if all < 800 {
+		t.Fatalf("only %d requests 150 s or more into the runs", all)
+	}
+	if share := float64(late) / float64(all); share > 0.025 {
+		t.Fatalf("%d of %d requests (%.1f %%) 150 s or more into the runs went to the slowed replica, want at most 2.5 %%", late, all, 100*share)
+	}
+}
+
 // The router sees a replica's memory bind as a live router scrapes it
 // (load.Load.MemoryBound: preemptions within load.PreemptionHold of a
 // scrape that read the engine's count higher, or a cache at least

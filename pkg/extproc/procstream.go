@@ -721,6 +721,7 @@ func (st *procStream) observeRates(u openai.Usage, predicted int) {
 		Output:   u.CompletionTokens,
 		// A late first token may be a wait for memory.
 		MemoryBound: st.fl.decision.Picked().Load.MemoryBound(),
+		At:          st.firstAt,
 	})
 }
 
@@ -745,6 +746,7 @@ func (st *procStream) observePrefill() {
 		TTFT:        ttft,
 		E2E:         ttft,
 		MemoryBound: dec.Picked().Load.MemoryBound(),
+		At:          st.firstAt,
 	})
 }
 

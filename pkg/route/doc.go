@@ -128,7 +128,8 @@
 //
 // Speeds: each candidate's Load.PrefillRate and DecodeStep are the
 // State's, else Options.Rates' learned ones (see Rates: a much slower
-// replica restarts the estimate after a run of samples), then held to
+// replica restarts the estimate after a run of samples, or a short run
+// spread over a minute), then held to
 // what the candidate's oldest streamed request still waiting for a first
 // token proves (Load.OldestPrefillWait; Request.Streams marks such
 // requests for the tracker): a replica that slowed is seen before its

@@ -79,7 +79,11 @@ import (
 // interference moves the estimate little. A replica that gets much slower
 // (a GPU that throttles, a neighbour that takes a share of it) is followed
 // at once instead: when RateShiftSamples prefill samples in a row all read
-// below RateShiftRatio of the estimate, the estimate is stale, not the
+// below RateShiftRatio of the estimate, or at least RateShiftMinSamples
+// of them whose first tokens came RateShiftSpan or more apart (a replica
+// at light load, sending a sample a minute: a session homed on a GPU
+// slowed to a twentieth kept going there for 350 s, 11 turns of 1.3-9.2
+// s, because its turns never made 10), the estimate is stale, not the
 // samples, and it restarts at the best of them; likewise the decode step
 // restarts at the least of RateShiftSteps inter-token times in a row that
 // all read above the step over RateShiftRatio. Kept to the gradual weights,
@@ -100,7 +104,13 @@ import (
 // on a fleet of two speeds (-speeds 2,1) runs of 9-16 occurred. So 10 in a
 // row restart the estimate: against 16, that moved no pass count of those
 // grids (seeds 1-5) and cut a slowed replica's damage further (see
-// docs/benchmarks.md). Runs of 32 inter-token times above twice the step
+// docs/benchmarks.md). Such runs are short in time: a healthy replica
+// under the load that makes unseen queueing sends many samples a second,
+// and one of them reads normal. Runs of 3 or more far-slower samples
+// spanned at most 36 s of first tokens there (the same grids with lost
+// events and half the KV cache, seeds 1-3), 20 s for runs of 4 or more,
+// so 3 in a row over a minute restart it too. A sample without a time
+// (RateSample.At zero) counts toward the run's length only. Runs of 32 inter-token times above twice the step
 // came 1-6 times a grid, at overload, where the batch really does lengthen
 // the step.
 //
@@ -122,6 +132,8 @@ const (
 	RateMeanWeight       = 1.0 / 16
 	RateShiftRatio       = 0.5
 	RateShiftSamples     = 10
+	RateShiftMinSamples  = 3
+	RateShiftSpan        = time.Minute
 	RateShiftSteps       = 32
 	RateProofWait        = 2 * time.Second
 )
@@ -139,23 +151,38 @@ type rateState struct {
 	// (its length and least).
 	lowRun                    int
 	lowBest, lowWork, lowTTFT float64
+	lowFirst, lowLast         time.Time // the run's earliest and latest first tokens (zero: none known)
 	slowRun                   int
 	slowLeast                 float64
 }
 
-// shiftPrefill counts a prefill sample x (work tokens over ttft seconds)
-// against the run of samples far below the estimate, and restarts the
-// estimate at the run's best when the run is RateShiftSamples long. It
-// reports whether it did.
-func (st *rateState) shiftPrefill(x, work, ttft float64) bool {
+// shiftPrefill counts a prefill sample x (work tokens over ttft seconds,
+// its first token at at) against the run of samples far below the
+// estimate, and restarts the estimate at the run's best when the run is
+// RateShiftSamples long, or RateShiftMinSamples long over RateShiftSpan.
+// It reports whether it did.
+func (st *rateState) shiftPrefill(x, work, ttft float64, at time.Time) bool {
 	if x >= RateShiftRatio*st.prefill {
 		st.lowRun = 0
 		return false
 	}
+	if st.lowRun == 0 {
+		st.lowFirst, st.lowLast = time.Time{}, time.Time{}
+	}
 	if st.lowRun == 0 || x > st.lowBest {
 		st.lowBest, st.lowWork, st.lowTTFT = x, work, ttft
 	}
-	if st.lowRun++; st.lowRun < RateShiftSamples {
+	if !at.IsZero() {
+		if st.lowFirst.IsZero() || at.Before(st.lowFirst) {
+			st.lowFirst = at
+		}
+		if at.After(st.lowLast) {
+			st.lowLast = at
+		}
+	}
+	st.lowRun++
+	long := st.lowRun >= RateShiftMinSamples && !st.lowFirst.IsZero() && st.lowLast.Sub(st.lowFirst) >= RateShiftSpan
+	if st.lowRun < RateShiftSamples && !long {
 		return false
 	}
 	st.prefill, st.raiseWork, st.raiseTTFT = st.lowBest, st.lowWork, st.lowTTFT
@@ -209,6 +236,10 @@ type RateSample struct {
 	// the slow weight, but it breaks a run of far-slower samples
 	// (RateShiftSamples).
 	MemoryBound bool
+	// At is when the first token came; zero when not known (the sample
+	// then counts toward a run of far-slower samples by number only, not
+	// by its span, RateShiftSpan).
+	At time.Time
 }
 
 // NewRates returns a learner that knows nothing yet.
@@ -282,7 +313,7 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	switch {
 	case st.prefill == 0:
 		st.prefill = x
-	case !s.MemoryBound && st.shiftPrefill(x, float64(s.Uncached+s.Queued), s.TTFT.Seconds()):
+	case !s.MemoryBound && st.shiftPrefill(x, float64(s.Uncached+s.Queued), s.TTFT.Seconds(), s.At):
 		return
 	case x > st.prefill:
 		st.prefill += RateFastWeight * (x - st.prefill)

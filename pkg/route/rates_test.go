@@ -338,6 +338,47 @@ func TestRatesShiftNeedsAnUnbrokenRun(t *testing.T) {
 	}
 }
 
+// A replica at light load sends a sample a minute: RateShiftMinSamples
+// far-slower samples in a row whose first tokens span RateShiftSpan
+// restart the estimate, as RateShiftSamples would. As many within a
+// shorter span do not (a healthy replica's burst of unseen queueing comes
+// back within seconds), nor do samples without a time, nor a run a normal
+// sample broke.
+func TestRatesSparseFarSlowerSamplesRestart(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	slow := func(at time.Duration) RateSample {
+		s := replicaSample(800, 8*time.Millisecond, 3000, 40, 0) // a GPU slowed to a twentieth
+		if at >= 0 {
+			s.At = t0.Add(at)
+		}
+		return s
+	}
+	for _, tt := range []struct {
+		name    string
+		samples []RateSample
+		restart bool
+	}{
+		{"three over a minute", []RateSample{slow(0), slow(35 * time.Second), slow(70 * time.Second)}, true},
+		{"out of order", []RateSample{slow(40 * time.Second), slow(0), slow(65 * time.Second)}, true},
+		{"three within 40 s", []RateSample{slow(0), slow(20 * time.Second), slow(40 * time.Second)}, false},
+		{"two over two minutes", []RateSample{slow(0), slow(2 * time.Minute)}, false},
+		{"no times", []RateSample{slow(-1), slow(-1), slow(-1), slow(-1)}, false},
+		{"broken by a normal sample", []RateSample{slow(0), slow(35 * time.Second),
+			replicaSample(15000, 8*time.Millisecond, 3000, 40, 0), slow(70 * time.Second)}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := warmRates()
+			for _, s := range tt.samples {
+				r.Observe("a", s)
+			}
+			got, _ := r.Get("a")
+			if restarted := got.PrefillTokensPerSec < 1000; restarted != tt.restart {
+				t.Fatalf("learned %.0f tokens/s after the samples: restarted %v, want %v", got.PrefillTokensPerSec, restarted, tt.restart)
+			}
+		})
+	}
+}
+
 // A replica whose KV memory binds makes its requests wait for blocks: slow
 // first tokens sent while it did (RateSample.MemoryBound) never restart the
 // estimate, and one of them breaks a run of slow samples; they still move
