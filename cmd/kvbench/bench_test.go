@@ -125,6 +125,8 @@ func TestSimBadInput(t *testing.T) {
 		// not accepted and ignored.
 		{[]string{"live", "-workload", "herding", "-speed-change", "1@30s:0.33"}, 2, "-speed-change"},
 		{[]string{"live", "-workload", "herding", "-gpu-blocks", "3072"}, 2, "-gpu-blocks"},
+		// A live stack slows its own engines, by enginesim's flags.
+		{[]string{"live", "-stack", "-workload", "herding", "-slow-engine", "1@30s"}, 2, "replica@time:speed"},
 		{[]string{"sim", "-seeds", "3-1", "-workload", "herding"}, 2, "reversed"},
 		{[]string{"sim", "-util", "0.5,x", "-workload", "herding"}, 2, "not a utilization"},
 	}

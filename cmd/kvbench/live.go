@@ -54,6 +54,16 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&bo.EngineSpeed, "engine-speed", 5, "-stack: enginesim --speed")
 	engineArgs := fs.String("engine-args", "--max-model-len 131072 --num-gpu-blocks 24576 --cpu-offload-blocks 131072 --prefill-tokens-per-s 16000",
 		"-stack: further enginesim flags for every engine, space separated")
+	fs.Func("slow-engine", "-stack: slow engines from a time on, comma-separated engine@time:speed (e.g. 1@30s:0.05: engine 1 of each arm prefills at a twentieth of its speed, its steps 20 times longer, from 30 s of its simulated time on, enginesim's --slow-after and --slow-to; -engine-speed 5 makes that 6 s after it started)", func(v string) error {
+		for _, x := range splitList(v) {
+			ch, err := parseSpeedChange(x)
+			if err != nil {
+				return err
+			}
+			bo.Slow = append(bo.Slow, ch)
+		}
+		return nil
+	})
 	fs.IntVar(&bo.Reps, "reps", 3, "-stack: repetitions")
 	fs.StringVar(&bo.Tokenizer, "tokenizer", "", "-stack: local (kvroute's default tokenizer, kind auto, finds the model's files; the default when -tokenizer-dir has them), remote (the engines' /tokenize) or ids (as -token-ids)")
 	fs.StringVar(&bo.TokenizerDir, "tokenizer-dir", "", "-stack: the model's tokenizer.json and tokenizer_config.json, used by the engines and found by kvroute (default $KVROUTE_TOKENIZER_CACHE/qwen3 or .cache/tokenizers/qwen3)")

@@ -108,9 +108,12 @@ import (
 // under the load that makes unseen queueing sends many samples a second,
 // and one of them reads normal. Runs of 3 or more far-slower samples
 // spanned at most 36 s of first tokens there (the same grids with lost
-// events and half the KV cache, seeds 1-3), 20 s for runs of 4 or more,
-// so 3 in a row over a minute restart it too. A sample without a time
-// (RateSample.At zero) counts toward the run's length only. Runs of 32 inter-token times above twice the step
+// events and half the KV cache, seeds 1-3), 21 s for runs of 4 or more,
+// so 3 in a row over a minute restart it too: on those grids nothing
+// changed, and a replica slowed to a twentieth at light load was left
+// within a few turns (docs/benchmarks.md, "a slowed replica at light
+// load"). A sample without a time (RateSample.At zero) counts toward the
+// run's length only. Runs of 32 inter-token times above twice the step
 // came 1-6 times a grid, at overload, where the batch really does lengthen
 // the step.
 //

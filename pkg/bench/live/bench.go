@@ -49,6 +49,12 @@ type BenchOptions struct {
 	Engines     int
 	EngineSpeed float64
 	EngineArgs  []string
+	// Slow slows engines from a time on (enginesim's --slow-after and
+	// --slow-to, in the engine's simulated time since it started): the
+	// engine with the same index in each arm, a GPU that throttles. Both
+	// arms' engines start a few seconds apart, the round-robin arm's
+	// last, so its engine slows that much later.
+	Slow []bench.SpeedChange
 	// Tokenizer is TokenizerLocal (default when TokenizerDir holds the
 	// files), TokenizerRemote or TokenizerIDs.
 	Tokenizer string
@@ -213,7 +219,24 @@ func (o *BenchOptions) defaults() error {
 	if o.Workload == nil {
 		return fmt.Errorf("%w: Workload is required", ErrOptions)
 	}
+	for _, c := range o.Slow {
+		if c.Replica < 0 || c.Replica >= o.Engines || c.At < 0 || !(c.Speed > 0 && c.Speed <= 1) {
+			return fmt.Errorf("%w: slow engine %d@%v:%v: want an engine below %d, a time from 0 and a speed in (0, 1]", ErrOptions, c.Replica, c.At, c.Speed, o.Engines)
+		}
+	}
 	return nil
+}
+
+// engineArgs are engine i's flags (the same in each arm): its seed, the
+// flags every engine gets, and its slowdown (Slow), if any.
+func (o *BenchOptions) engineArgs(i int, common []string) []string {
+	args := append([]string{"--seed", strconv.Itoa(i + 1)}, common...)
+	for _, c := range o.Slow {
+		if c.Replica == i {
+			args = append(args, "--slow-after", c.At.String(), "--slow-to", strconv.FormatFloat(c.Speed, 'f', -1, 64))
+		}
+	}
+	return args
 }
 
 func fileExists(p string) bool {
@@ -300,9 +323,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	engineArgs = append(engineArgs, o.EngineArgs...)
 	so := testbed.StackOptions{
 		Bin: bin, Envoy: tmpl, Engines: o.Engines, Model: benchModel,
-		EngineArgs: func(i int) []string {
-			return append([]string{"--seed", strconv.Itoa(i + 1)}, engineArgs...)
-		},
+		EngineArgs:   func(i int) []string { return o.engineArgs(i, engineArgs) },
 		KVRouteExtra: extra, UpstreamHeader: UpstreamHeader, EnvoyConcurrency: 2,
 	}
 	fmt.Fprintf(o.Log, "starting %d enginesims (speed %g), kvroute (%s tokenizer) behind Envoy, and a round-robin Envoy", o.Engines, o.EngineSpeed, o.Tokenizer)

@@ -377,3 +377,35 @@ func TestKVRouteExtraMergesTheUsersYAML(t *testing.T) {
 		t.Error("malformed extra YAML accepted")
 	}
 }
+
+// A slowed engine gets enginesim's --slow-after and --slow-to (the same
+// engine index in each arm), the others none; an engine out of range, a
+// negative time or a speed outside (0, 1] is refused before anything
+// starts.
+func TestBenchSlowEngines(t *testing.T) {
+	o := &BenchOptions{Root: t.TempDir(), Engines: 4, Tokenizer: TokenizerIDs,
+		Workload: func(int) (*bench.Workload, uint64, error) { return nil, 0, nil },
+		Slow:     []bench.SpeedChange{{Replica: 1, At: 30 * time.Second, Speed: 0.05}}}
+	if err := o.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--prefill-tokens-per-s", "16000"}
+	if got, want := strings.Join(o.engineArgs(1, common), " "), "--seed 2 --prefill-tokens-per-s 16000 --slow-after 30s --slow-to 0.05"; got != want {
+		t.Errorf("engine 1: %q, want %q", got, want)
+	}
+	if got, want := strings.Join(o.engineArgs(0, common), " "), "--seed 1 --prefill-tokens-per-s 16000"; got != want {
+		t.Errorf("engine 0: %q, want %q", got, want)
+	}
+	for _, bad := range []bench.SpeedChange{
+		{Replica: 4, At: time.Second, Speed: 0.5},
+		{Replica: -1, At: time.Second, Speed: 0.5},
+		{Replica: 1, At: -time.Second, Speed: 0.5},
+		{Replica: 1, At: time.Second, Speed: 0},
+		{Replica: 1, At: time.Second, Speed: 1.5},
+	} {
+		o.Slow = []bench.SpeedChange{bad}
+		if err := o.defaults(); !errors.Is(err, ErrOptions) {
+			t.Errorf("slow engine %+v: %v, want ErrOptions", bad, err)
+		}
+	}
+}
