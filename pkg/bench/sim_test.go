@@ -312,16 +312,7 @@ func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := firstArrival(run)
-		on, all := 0, 0
-		for _, q := range run.Requests {
-			if q.Arrival >= first+8*time.Second {
-				all++
-				if q.Replica == 0 {
-					on++
-				}
-			}
-		}
+		on, all := sentAfter(run, 8*time.Second, 0)
 		if all < 200 {
 			t.Fatalf("only %d requests after the change", all)
 		}
@@ -363,16 +354,7 @@ func TestSimulateSessionsLeaveAGrayReplica(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			first := firstArrival(run)
-			on, n := 0, 0
-			for _, q := range run.Requests {
-				if q.Arrival >= first+150*time.Second {
-					n++
-					if q.Replica == r {
-						on++
-					}
-				}
-			}
+			on, n := sentAfter(run, 150*time.Second, r)
 			t.Logf("seed %d, replica %d slowed: %d of %d late requests sent to it", seed, r, on, n)
 			late, all = late+on, all+n
 		}
@@ -428,6 +410,21 @@ func TestSimulateMemoryBoundSeen(t *testing.T) {
 
 // firstArrival is the run's first request's arrival (SpeedChange.At
 // counts from it).
+// sentAfter counts the run's requests arriving after into it (from its
+// first arrival) and how many of them went to replica.
+func sentAfter(run *Run, after time.Duration, replica int) (on, all int) {
+	first := firstArrival(run)
+	for _, q := range run.Requests {
+		if q.Arrival >= first+after {
+			all++
+			if q.Replica == replica {
+				on++
+			}
+		}
+	}
+	return on, all
+}
+
 func firstArrival(run *Run) time.Duration {
 	first := run.Requests[0].Arrival
 	for _, q := range run.Requests {
