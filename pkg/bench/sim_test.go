@@ -408,8 +408,6 @@ func TestSimulateMemoryBoundSeen(t *testing.T) {
 	}
 }
 
-// firstArrival is the run's first request's arrival (SpeedChange.At
-// counts from it).
 // sentAfter counts the run's requests arriving after into it (from its
 // first arrival) and how many of them went to replica.
 func sentAfter(run *Run, after time.Duration, replica int) (on, all int) {
@@ -425,6 +423,8 @@ func sentAfter(run *Run, after time.Duration, replica int) (on, all int) {
 	return on, all
 }
 
+// firstArrival is the run's first request's arrival (SpeedChange.At
+// counts from it).
 func firstArrival(run *Run) time.Duration {
 	first := run.Requests[0].Arrival
 	for _, q := range run.Requests {

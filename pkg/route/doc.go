@@ -129,10 +129,10 @@
 // Speeds: each candidate's Load.PrefillRate and DecodeStep are the
 // State's, else Options.Rates' learned ones (see Rates: a much slower
 // replica restarts the estimate after a run of samples, or a short run
-// spread over a minute), then held to
-// what the candidate's oldest streamed request still waiting for a first
-// token proves (Load.OldestPrefillWait; Request.Streams marks such
-// requests for the tracker): a replica that slowed is seen before its
+// spread over a minute), then held to what the candidate's oldest
+// streamed request still waiting for a first token proves
+// (Load.OldestPrefillWait; Request.Streams marks such requests for the
+// tracker): a replica that slowed is seen before its
 // slow first tokens come back, once the proof is below RateShiftRatio of
 // the learned speed. Neither the restart nor the bound reads a replica
 // whose KV memory binds (load.Load.MemoryBound: preempting, or its cache
