@@ -328,17 +328,18 @@ func TestSimulateKVRouteLeavesASlowedReplica(t *testing.T) {
 }
 
 // A light agentic load (utilization 0.5, 4 replicas) whose replica r runs
-// at a twentieth of its speed from 30 s on, each replica in turn, two
-// seeds: the sessions homed on it leave within a couple of minutes, so
-// that of the requests arriving 150 s or more into the run at most 2.5 %
-// go there (a fair share is 25 %). Such a session sends a sample every
-// turn, 30-60 s apart; with only 10 far-slower samples in a row
-// restarting the learned speed, sessions stayed for the rest of the run
-// and 5.7 % of those requests went there (69 of 1,219); with 3 over a
-// minute restarting it too, 0.9 % (route.RateShiftSpan).
+// at a twentieth of its speed from 30 s on, each replica in turn, seeds
+// 1-5: the sessions homed on it leave within a couple of minutes, so that
+// of the requests arriving 150 s or more into the run at most 2 % go
+// there (a fair share is 25 %). Such a session sends a sample every turn,
+// 30-60 s apart; with only 10 far-slower samples in a row restarting the
+// learned speed, sessions stayed for the rest of the run and 3.2 % of
+// those requests went there (111 of 3,441; up to 18 of 213 in one run);
+// with 3 over a minute restarting it too, 0.84 % (29 of 3,440;
+// route.RateShiftSpan).
 func TestSimulateSessionsLeaveAGrayReplica(t *testing.T) {
 	late, all := 0, 0
-	for _, seed := range []uint64{2, 4} {
+	for _, seed := range []uint64{1, 2, 3, 4, 5} {
 		w, err := Generate(GenAgentic, GenOptions{Seed: seed, SizeScale: 0.3})
 		if err != nil {
 			t.Fatal(err)
@@ -359,11 +360,11 @@ func TestSimulateSessionsLeaveAGrayReplica(t *testing.T) {
 			late, all = late+on, all+n
 		}
 	}
-	if all < 800 {
+	if all < 2000 {
 		t.Fatalf("only %d requests 150 s or more into the runs", all)
 	}
-	if share := float64(late) / float64(all); share > 0.025 {
-		t.Fatalf("%d of %d requests (%.1f %%) 150 s or more into the runs went to the slowed replica, want at most 2.5 %%", late, all, 100*share)
+	if share := float64(late) / float64(all); share > 0.02 {
+		t.Fatalf("%d of %d requests (%.1f %%) 150 s or more into the runs went to the slowed replica, want at most 2 %%", late, all, 100*share)
 	}
 }
 

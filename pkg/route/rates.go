@@ -96,9 +96,9 @@ import (
 // its request may have waited for blocks, and a healthy replica under
 // preemption reads slow as well (restarts on such runs alone raised
 // kvroute's mean time to first token 15-18% on grpo at 0.95 and 1.1 with
-// engines twice as fast, 4 replicas). On identical replicas under kvroute's routing, with such
-// samples breaking runs, runs of far-slower prefill samples were at most 8
-// long (4, 8 and 16 replicas, the bar's ten workloads, utilization 0.5-1.1,
+// engines twice as fast, 4 replicas). On identical replicas under
+// kvroute's routing, with such samples breaking runs, runs of far-slower
+// prefill samples were at most 8 long (4, 8 and 16 replicas, the bar's ten workloads, utilization 0.5-1.1,
 // seeds 1-3; likewise with half the KV cache or 16-token blocks at 4 and 8
 // replicas) but for one of 16 with engines twice as fast (8 replicas), and
 // on a fleet of two speeds (-speeds 2,1) runs of 9-16 occurred. So 10 in a
@@ -170,12 +170,14 @@ func (st *rateState) shiftPrefill(x, work, ttft float64, at time.Time) bool {
 		return false
 	}
 	if st.lowRun == 0 {
-		st.lowFirst, st.lowLast = time.Time{}, time.Time{}
+		st.lowFirst, st.lowLast = at, at
 	}
 	if st.lowRun == 0 || x > st.lowBest {
 		st.lowBest, st.lowWork, st.lowTTFT = x, work, ttft
 	}
 	if !at.IsZero() {
+		// Samples come in the order their requests finish, not their
+		// first tokens'.
 		if st.lowFirst.IsZero() || at.Before(st.lowFirst) {
 			st.lowFirst = at
 		}
