@@ -588,3 +588,38 @@ func TestSimulatePendingOnlyWhereWeighed(t *testing.T) {
 		}
 	}
 }
+
+// Chat's sessions start on the holder of their system prompt, each the
+// cheaper choice there alone; a replica that happens to hold two of the
+// four prompts drew every session of both (here at 0.95 on 4 replicas,
+// seed 3: 1,408 of 2,909 requests on one replica, 48 %). A crowded
+// holder's new sessions now copy its prompt to where the fewest sessions
+// live (route's session_replicate): at most 33 % on any of ten seeds.
+func TestSimulateChatDoesNotCrowdOneHolder(t *testing.T) {
+	worst := 0.0
+	for _, seed := range []uint64{1, 2, 3, 4, 5, 11, 12, 13, 14, 15} {
+		w, err := Generate(GenChat, GenOptions{Seed: seed, SizeScale: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := FleetConfig{Replicas: 4, Engine: DefaultEngine(), Seed: seed}
+		cfg.Engine.BlockSize = 64
+		if w, err = w.AtUtil(0.95, cfg); err != nil {
+			t.Fatal(err)
+		}
+		run, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := make([]int, cfg.Replicas)
+		for _, q := range run.Requests {
+			per[q.Replica]++
+		}
+		share := float64(slices.Max(per)) / float64(len(run.Requests))
+		t.Logf("seed %d: %d requests, per replica %v (largest share %.2f)", seed, len(run.Requests), per, share)
+		worst = max(worst, share)
+	}
+	if worst > 0.40 {
+		t.Errorf("a replica took %.0f %% of a run's requests, want at most 40 %%", 100*worst)
+	}
+}

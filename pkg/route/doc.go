@@ -126,6 +126,18 @@
 // chat session, whose short turns add less than the system prompt it
 // would leave, stays with the prompt.
 //
+// Crowded holders: each such session alone is cheaper on its prompt's
+// holder, so a replica holding popular prompts draws every session of
+// them. When the pick has SessionCrowdRatio times its fair share of the
+// healthy candidates' living sessions (its share of their prefill speed)
+// and SessionCrowdExcess more than the fewest, a new session (header or
+// user key) the balance left with its prefix goes to a replica with the
+// fewest living sessions, busy or idle, by the same rule (reason
+// "session_replicate": the policy's pick among them, taken only within
+// the prefill of the prefix the first pick holds beyond it). That one
+// prefill copies the prefix; the cost then splits its later sessions
+// between the holders.
+//
 // Speeds: each candidate's Load.PrefillRate and DecodeStep are the
 // State's, else Options.Rates' learned ones (see Rates: a much slower
 // replica restarts the estimate after a run of samples, or a short run

@@ -250,3 +250,73 @@ func TestGrowingSessionsBalanceByLivingSessions(t *testing.T) {
 		})
 	}
 }
+
+// A crowded prefix holder's new sessions copy the prefix elsewhere. On a
+// fleet of 4 whose r0 holds a 6,144-token shared prompt, chat-like
+// sessions (ten later turns adding 16 tokens each: far less history than
+// the prompt, so the balance of growing sessions leaves them with it)
+// start one after another and live on. Each alone is cheaper on r0, so
+// without the crowd rule they would all start there. Once r0 has
+// SessionCrowdExcess more living sessions than the fewest (and
+// SessionCrowdRatio times its fair share), the next goes where the fewest
+// live, paying one prefill of the prompt (reason session_replicate); from
+// then on no replica holds more than the crowd allows.
+func TestCrowdedHolderReplicatesItsPrefix(t *testing.T) {
+	g := newColdRig(t, 4, policy.KVRouteConfig{})
+	// One session that came back, so that the kind's sessions have a
+	// prediction (small growth) and no round applies.
+	g.now = g.now.Add(time.Second)
+	if d := g.start(t, "user:chat-0", 0); d.Replica != "r0" {
+		t.Fatalf("first session went to %s, want the holder r0", d.Replica)
+	}
+	toks := append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...)
+	for turn := range 10 {
+		g.now = g.now.Add(2 * time.Second)
+		toks = append(toks, seq(16, uint32(5_000_000+turn*10_000))...)
+		d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: "user:chat-0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Hold.Done()
+		store(t, g.ix, d.Replica, model, toks, 16)
+	}
+
+	living := func() map[index.ReplicaID]int {
+		cs := []policy.Candidate{{Replica: "r0"}, {Replica: "r1"}, {Replica: "r2"}, {Replica: "r3"}}
+		g.rt.book.view(g.now, "", false, 0, false, cs)
+		out := map[index.ReplicaID]int{}
+		for _, c := range cs {
+			out[c.Replica] = c.Sessions.Sessions
+		}
+		return out
+	}
+	replicated := 0
+	for i := 1; i <= 8; i++ {
+		g.now = g.now.Add(200 * time.Millisecond)
+		before := living()
+		d := g.start(t, fmt.Sprint("user:chat-", i), i)
+		t.Logf("session %d: %s (%s), living before %v", i, d.Replica, d.Reason, before)
+		if d.Reason == ReasonSessionBalance || d.Reason == ReasonSessionRound {
+			t.Errorf("session %d placed by %s: the rig no longer isolates the crowd rule", i, d.Reason)
+		}
+		if d.Reason == ReasonSessionReplicate {
+			replicated++
+			if d.Replica == "r0" {
+				t.Errorf("session %d: replicated onto the crowded holder r0", i)
+			}
+		}
+		least := before["r1"]
+		for _, n := range before {
+			least = min(least, n)
+		}
+		if d.Replica == "r0" && before["r0"] >= least+SessionCrowdExcess {
+			t.Errorf("session %d joined r0 with %d living sessions against the fewest's %d: %v", i, before["r0"], least, before)
+		}
+		if i == 1 && d.Replica != "r0" {
+			t.Errorf("session 1 went to %s (%s) with one session on r0, want the prompt's holder r0 by the cost", d.Replica, d.Reason)
+		}
+	}
+	if replicated == 0 {
+		t.Errorf("no session left the crowded holder by %s", ReasonSessionReplicate)
+	}
+}

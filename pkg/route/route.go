@@ -646,6 +646,21 @@ const ReasonSessionRound = "session_round"
 // sessions changed (see Router.sessionRound).
 const ReasonSessionBalance = "session_balance"
 
+// ReasonSessionReplicate marks a decision that started a session away
+// from its crowded prefix holder, copying the prefix to a second replica
+// (see Router.sessionRound).
+const ReasonSessionReplicate = "session_replicate"
+
+// A prefix's holder is crowded (see Router.sessionRound) when its living
+// sessions (policy.Candidate.Sessions) come to SessionCrowdRatio times its
+// fair share of the healthy candidates' living sessions or more (its
+// share of their prefill speed: 1/N on identical replicas), and to at
+// least SessionCrowdExcess more than the fewest any has.
+const (
+	SessionCrowdRatio  = 1.5
+	SessionCrowdExcess = 2
+)
+
 // futurePricer is a policy that can place a new session by what its later
 // turns will cost where it lives (policy.KVRoute, unless its future_weight
 // is 0).
@@ -661,7 +676,7 @@ func pricesFuture(p policy.Policy) bool {
 
 // sessionRound places a request that starts a session (a session key, no
 // home) on a replica that has fewer sessions than the policy's pick, for a
-// policy that prices a new session's future, in two cases:
+// policy that prices a new session's future, in three cases:
 //
 //   - a session of unknown future (sessionBook.round: none of its key
 //     kind's sessions came back yet), kept off the replicas that took more
@@ -671,14 +686,19 @@ func pricesFuture(p policy.Policy) bool {
 //     add more history, Future.Turns times Future.Blocks, than the prefix
 //     the pick holds beyond the alternative), kept off the replicas with
 //     more living sessions (Candidate.Sessions) than the fewest any has
-//     (reason session_balance).
+//     (reason session_balance);
+//   - any other session of those keys whose pick is crowded (living
+//     sessions SessionCrowdRatio times its fair share or more, and
+//     SessionCrowdExcess more than the fewest), kept off the replicas
+//     with more living sessions than the fewest, busy or not (reason
+//     session_replicate).
 //
 // res is the policy's pick among all candidates, kept when it has the
 // fewest, else the policy is asked again among those of them that are idle
-// (nothing running, waiting or queued), and its pick there taken if the
-// policy's cost puts it no further off than the prefill of the prefix the
-// first pick holds beyond it (costs reported are the first pick's, every
-// candidate's).
+// (nothing running, waiting or queued; any of them for session_replicate),
+// and its pick there taken if the policy's cost puts it no further off
+// than the prefill of the prefix the first pick holds beyond it (costs
+// reported are the first pick's, every candidate's).
 //
 // Nothing predicts what a session of unknown future brings, and the
 // policy's cost then sees only the shared prefix it would find on the
@@ -710,6 +730,20 @@ func pricesFuture(p policy.Policy) bool {
 // neither: such a key comes from a history, so its request is a later
 // turn whatever the router saw of its first (let into the balance,
 // agentic at 16 replicas, 0.5, lost 37 % of its p99).
+//
+// A session that stays with its prompt decides alone, and each new one
+// finds the prompt's holder the cheaper start: its own turns queue there a
+// few milliseconds longer, less than a cold prefill of the prompt
+// elsewhere. But every new session drawn by that prompt decides the same,
+// so a holder of two popular prompts takes all their sessions: chat's four
+// system prompts at 4 replicas, 0.95, one seed, put 1,143 of 2,130 requests
+// on one replica (mean time to first token there 0.042 s against 0.032 s
+// elsewhere). Once the holder is crowded, a session starting there goes
+// where the fewest sessions live, busy or idle, within one prefill of the
+// prefix (reason session_replicate): that prefill copies the prompt, and
+// the cost then splits the prompt's later sessions between its two
+// holders (chat at 4 replicas, seeds 1-5: 0.8's p99 0.0726 -> 0.0653 s;
+// docs/benchmarks.md, "A crowded prefix holder").
 func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy.Result, preq policy.Request, primary int) policy.Result {
 	if !r.future {
 		return res
@@ -735,15 +769,50 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 			least = math.Min(least, sc.starts[k])
 		}
 	}
+	out, moved := r.startAway(sc, res, preq, primary, reason, growth, least)
+	if moved || reason != ReasonSessionBalance || !r.crowded(sc, res.Pick, least) {
+		return out
+	}
+	out, _ = r.startAway(sc, res, preq, primary, ReasonSessionReplicate, growth, least)
+	return out
+}
+
+// crowded reports whether candidate p has SessionCrowdRatio times its fair
+// share of the healthy candidates' living sessions (sc.starts) or more,
+// and SessionCrowdExcess more than the fewest (least).
+func (r *Router) crowded(sc *scratch, p int, least float64) bool {
+	if !sc.cands[p].Load.Healthy || sc.starts[p] < least+SessionCrowdExcess {
+		return false
+	}
+	sessions, speed := 0.0, 0.0
+	for k, c := range sc.cands {
+		if c.Load.Healthy {
+			sessions += sc.starts[k]
+			speed += sc.rates[k]
+		}
+	}
+	return speed > 0 && sc.starts[p] >= SessionCrowdRatio*sessions*sc.rates[p]/speed
+}
+
+// startAway is sessionRound's move for reason: res's pick kept when it
+// has the fewest sc.starts (least), else the policy's pick among those
+// with the fewest (idle ones only, but for session_replicate) taken when
+// the prefix res's pick holds beyond it is no more than growth
+// (session_replicate: more than growth, the sessions the balance leaves
+// with their prefix) and its cost is within that prefix's prefill. moved
+// reports whether it changed the pick.
+func (r *Router) startAway(sc *scratch, res policy.Result, preq policy.Request, primary int, reason string, growth, least float64) (policy.Result, bool) {
+	busy := reason == ReasonSessionReplicate
 	// Only an idle replica (nothing running, waiting or queued): the
 	// session invests capacity nobody is using, never queues behind
-	// others.
+	// others. A crowded holder's session goes to the fewest sessions
+	// busy or not: the queue it meets there is in its cost.
 	in := func(k int) bool {
 		l := sc.cands[k].Load
-		return l.Healthy && sc.starts[k] < least+0.5 && l.Requests() == 0 && l.ActivePrefillBlocks == 0
+		return l.Healthy && sc.starts[k] < least+0.5 && (busy || l.Requests() == 0 && l.ActivePrefillBlocks == 0)
 	}
 	if sc.starts[res.Pick] < least+0.5 {
-		return res
+		return res, false
 	}
 	sc.sub, sc.subIdx = sc.sub[:0], sc.subIdx[:0]
 	for k := range sc.cands {
@@ -753,16 +822,16 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 		}
 	}
 	if len(sc.sub) == 0 {
-		return res
+		return res, false
 	}
 	sub := r.opts.Policy.Pick(preq, sc.sub, policy.Env{Rand: r.rand})
 	if sub.Pick < 0 || sub.Pick >= len(sc.sub) {
-		return res
+		return res, false
 	}
 	k := sc.subIdx[sub.Pick]
 	held := float64(sc.cands[res.Pick].MatchedBlocks() - sc.cands[k].MatchedBlocks())
-	if held > growth {
-		return res
+	if held > growth != busy {
+		return res, false
 	}
 	// Only the shared prefix's prefill: a pick the policy's cost puts
 	// further off than the prefix the first pick holds beyond it, at k's
@@ -770,11 +839,11 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 	if res.Costs != nil && sc.rates[k] > 0 {
 		saved := held * float64(primary) / sc.rates[k]
 		if extra := res.Costs[k] - res.Costs[res.Pick]; !(extra <= saved*(1+1e-9)) {
-			return res
+			return res, false
 		}
 	}
 	res.Pick, res.Reason, res.Spread = k, reason, sub.Spread
-	return res
+	return res, true
 }
 
 // drawingPrefix returns the key (at the primary block size) of the
