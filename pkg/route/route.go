@@ -770,7 +770,7 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 		}
 	}
 	out, moved := r.startAway(sc, res, preq, primary, reason, growth, least)
-	if moved || reason != ReasonSessionBalance || !r.crowded(sc, res.Pick, least) {
+	if moved || reason != ReasonSessionBalance || !crowded(sc, res.Pick, least) {
 		return out
 	}
 	out, _ = r.startAway(sc, res, preq, primary, ReasonSessionReplicate, growth, least)
@@ -780,7 +780,7 @@ func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy
 // crowded reports whether candidate p has SessionCrowdRatio times its fair
 // share of the healthy candidates' living sessions (sc.starts) or more,
 // and SessionCrowdExcess more than the fewest (least).
-func (r *Router) crowded(sc *scratch, p int, least float64) bool {
+func crowded(sc *scratch, p int, least float64) bool {
 	if !sc.cands[p].Load.Healthy || sc.starts[p] < least+SessionCrowdExcess {
 		return false
 	}
@@ -830,7 +830,7 @@ func (r *Router) startAway(sc *scratch, res policy.Result, preq policy.Request, 
 	}
 	k := sc.subIdx[sub.Pick]
 	held := float64(sc.cands[res.Pick].MatchedBlocks() - sc.cands[k].MatchedBlocks())
-	if held > growth != busy {
+	if (held > growth) != busy {
 		return res, false
 	}
 	// Only the shared prefix's prefill: a pick the policy's cost puts
