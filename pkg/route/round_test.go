@@ -44,6 +44,31 @@ func (g *coldRig) start(t *testing.T, key string, i int) Decision {
 	return d
 }
 
+// comeBack starts a session under key on the prompt's holder r0 (one
+// second on) and sends its ten later turns, 2 s apart, each adding grow
+// tokens of history; every turn must stay at its home r0.
+func (g *coldRig) comeBack(t *testing.T, key string, grow int) {
+	t.Helper()
+	g.now = g.now.Add(time.Second)
+	if d := g.start(t, key, 0); d.Replica != "r0" {
+		t.Fatalf("first session went to %s, want the holder r0", d.Replica)
+	}
+	toks := append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...)
+	for turn := range 10 {
+		g.now = g.now.Add(2 * time.Second)
+		toks = append(toks, seq(grow, uint32(5_000_000+turn*10_000))...)
+		d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Hold.Done()
+		store(t, g.ix, d.Replica, model, toks, 16)
+		if d.Replica != "r0" {
+			t.Fatalf("%s's turn %d went to %s, want its home r0", key, turn+2, d.Replica)
+		}
+	}
+}
+
 // A router's first sessions: 8 new sessions with session keys start on a
 // fleet of 8 within 2 s, sharing a 6,144-token prompt r0 holds; each
 // finishes before the next starts, so the fleet looks idle at every
@@ -215,24 +240,7 @@ func TestGrowingSessionsBalanceByLivingSessions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newColdRig(t, 4, policy.KVRouteConfig{})
-			g.now = g.now.Add(time.Second)
-			if d := g.start(t, "agent-0", 0); d.Replica != "r0" {
-				t.Fatalf("first session went to %s, want the holder r0", d.Replica)
-			}
-			toks := append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...)
-			for turn := range 10 {
-				g.now = g.now.Add(2 * time.Second)
-				toks = append(toks, seq(tc.grow, uint32(5_000_000+turn*10_000))...)
-				d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: "agent-0"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				d.Hold.Done()
-				store(t, g.ix, d.Replica, model, toks, 16)
-				if d.Replica != "r0" {
-					t.Fatalf("agent-0's turn %d went to %s, want its home r0", turn+2, d.Replica)
-				}
-			}
+			g.comeBack(t, "agent-0", tc.grow)
 
 			g.now = g.now.Add(time.Second)
 			req := Request{Model: model, Tokens: append(append([]uint32(nil), g.sys...), seq(512, 2_000_000)...), SessionKey: "agent-1"}
@@ -265,21 +273,7 @@ func TestCrowdedHolderReplicatesItsPrefix(t *testing.T) {
 	g := newColdRig(t, 4, policy.KVRouteConfig{})
 	// One session that came back, so that the kind's sessions have a
 	// prediction (small growth) and no round applies.
-	g.now = g.now.Add(time.Second)
-	if d := g.start(t, "user:chat-0", 0); d.Replica != "r0" {
-		t.Fatalf("first session went to %s, want the holder r0", d.Replica)
-	}
-	toks := append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...)
-	for turn := range 10 {
-		g.now = g.now.Add(2 * time.Second)
-		toks = append(toks, seq(16, uint32(5_000_000+turn*10_000))...)
-		d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: "user:chat-0"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.Hold.Done()
-		store(t, g.ix, d.Replica, model, toks, 16)
-	}
+	g.comeBack(t, "user:chat-0", 16)
 
 	living := func() map[index.ReplicaID]int {
 		cs := []policy.Candidate{{Replica: "r0"}, {Replica: "r1"}, {Replica: "r2"}, {Replica: "r3"}}
