@@ -74,48 +74,50 @@ import (
 //     replica's step; a slower replica's samples it only lowers.
 //
 // Either way a replica that truly gets faster is followed within a few
-// requests and one that gets a little slower within a few hundred (the slow
-// weight halves the gap every 88 samples), and a burst of queueing or
+// requests and one that gets a little slower within a few hundred (the
+// slow weight halves the gap every 88 samples), and a burst of queueing or
 // interference moves the estimate little. A replica that gets much slower
 // (a GPU that throttles, a neighbour that takes a share of it) is followed
 // at once instead: when RateShiftSamples prefill samples in a row all read
-// below RateShiftRatio of the estimate, or at least RateShiftMinSamples
-// of them whose first tokens came RateShiftSpan or more apart (a replica
-// at light load, sending a sample a minute: a session homed on a GPU
-// slowed to a twentieth kept going there for 350 s, 11 turns of 1.3-9.2
-// s, because its turns never made 10), the estimate is stale, not the
-// samples, and it restarts at the best of them; likewise the decode step
-// restarts at the least of RateShiftSteps inter-token times in a row that
-// all read above the step over RateShiftRatio. Kept to the gradual weights,
-// a replica slowed to a third of its speed (5,300 tokens/s) was still
-// believed at 14,100-15,000 tokens/s 600 requests later and 12,900 after
-// 900 (kvbench sim -speed-change, the trace at 4 replicas, 0.8, seeds 1-3;
-// agents at 0.5: 12,300-13,000 after 300), and it drew the prompts the
-// prediction thought it would prefill soonest. A sample sent to a replica
-// whose KV memory bound (RateSample.MemoryBound) breaks such a run instead:
-// its request may have waited for blocks, and a healthy replica under
-// preemption reads slow as well (restarts on such runs alone raised
-// kvroute's mean time to first token 15-18% on grpo at 0.95 and 1.1 with
-// engines twice as fast, 4 replicas). On identical replicas under
+// below RateShiftRatio of the estimate, or at least RateShiftMinSamples of
+// them whose first tokens came RateShiftSpan or more apart (a replica at
+// light load, sending a sample a minute: a session homed on a GPU slowed
+// to a twentieth kept going there for 350 s, 11 turns of 1.3-9.2 s,
+// because its turns never made 10; agentic at 0.5, 4 replicas, each slowed
+// in turn, seeds 1-5: 3.2 % of the requests 150 s or more into a run went
+// to the slowed replica, 0.84 % with the span), the estimate is stale, not
+// the samples, and it restarts at the best of them; likewise the decode
+// step restarts at the least of RateShiftSteps inter-token times in a row
+// that all read above the step over RateShiftRatio. Kept to the gradual
+// weights, a replica slowed to a third of its speed (5,300 tokens/s) was
+// still believed at 14,100-15,000 tokens/s 600 requests later and 12,900
+// after 900 (kvbench sim -speed-change, the trace at 4 replicas, 0.8,
+// seeds 1-3; agents at 0.5: 12,300-13,000 after 300), and it drew the
+// prompts the prediction thought it would prefill soonest. A sample sent
+// to a replica whose KV memory bound (RateSample.MemoryBound) breaks such
+// a run instead: its request may have waited for blocks, and a healthy
+// replica under preemption reads slow as well (restarts on such runs alone
+// raised kvroute's mean time to first token 15-18% on grpo at 0.95 and 1.1
+// with engines twice as fast, 4 replicas). On identical replicas under
 // kvroute's routing, with such samples breaking runs, runs of far-slower
-// prefill samples were at most 8 long (4, 8 and 16 replicas, the bar's ten workloads, utilization 0.5-1.1,
-// seeds 1-3; likewise with half the KV cache or 16-token blocks at 4 and 8
-// replicas) but for one of 16 with engines twice as fast (8 replicas), and
-// on a fleet of two speeds (-speeds 2,1) runs of 9-16 occurred. So 10 in a
-// row restart the estimate: against 16, that moved no pass count of those
-// grids (seeds 1-5) and cut a slowed replica's damage further (see
-// docs/benchmarks.md). Such runs are short in time: a healthy replica
-// under the load that makes unseen queueing sends many samples a second,
-// and one of them reads normal. Runs of 3 or more far-slower samples
-// spanned at most 36 s of first tokens there (the same grids with lost
-// events and half the KV cache, seeds 1-3), 21 s for runs of 4 or more,
-// so 3 in a row over a minute restart it too: on those grids nothing
-// changed, and a replica slowed to a twentieth at light load was left
-// within a few turns (docs/benchmarks.md, "a slowed replica at light
-// load"). A sample without a time (RateSample.At zero) counts toward the
-// run's length only. Runs of 32 inter-token times above twice the step
-// came 1-6 times a grid, at overload, where the batch really does lengthen
-// the step.
+// prefill samples were at most 8 long (4, 8 and 16 replicas, the bar's ten
+// workloads, utilization 0.5-1.1, seeds 1-3; likewise with half the KV
+// cache or 16-token blocks at 4 and 8 replicas) but for one of 16 with
+// engines twice as fast (8 replicas), and on a fleet of two speeds
+// (-speeds 2,1) runs of 9-16 occurred. So 10 in a row restart the
+// estimate: against 16, that moved no pass count of those grids (seeds
+// 1-5) and cut a slowed replica's damage further (see docs/benchmarks.md).
+// Such runs are short in time: a healthy replica under the load that makes
+// unseen queueing sends many samples a second, and one of them reads
+// normal. Runs of 3 or more far-slower samples spanned at most 36 s of
+// first tokens there (the same grids with lost events and half the KV
+// cache, seeds 1-3), 21 s for runs of 4 or more, so 3 in a row over a
+// minute restart it too: on those grids nothing changed, and a replica
+// slowed to a twentieth at light load was left within a few turns
+// (docs/benchmarks.md, "a slowed replica at light load"). A sample without
+// a time (RateSample.At zero) counts toward the run's length only. Runs of
+// 32 inter-token times above twice the step came 1-6 times a grid, at
+// overload, where the batch really does lengthen the step.
 //
 // A Rates is safe for concurrent use (one mutex, held for a few float
 // operations). It starts no goroutine.
@@ -170,7 +172,7 @@ func (st *rateState) shiftPrefill(x, work, ttft float64, at time.Time) bool {
 		return false
 	}
 	if st.lowRun == 0 {
-		st.lowFirst, st.lowLast = at, at
+		st.lowFirst, st.lowLast = time.Time{}, time.Time{}
 	}
 	if st.lowRun == 0 || x > st.lowBest {
 		st.lowBest, st.lowWork, st.lowTTFT = x, work, ttft
@@ -186,7 +188,7 @@ func (st *rateState) shiftPrefill(x, work, ttft float64, at time.Time) bool {
 		}
 	}
 	st.lowRun++
-	long := st.lowRun >= RateShiftMinSamples && !st.lowFirst.IsZero() && st.lowLast.Sub(st.lowFirst) >= RateShiftSpan
+	long := st.lowRun >= RateShiftMinSamples && st.lowLast.Sub(st.lowFirst) >= RateShiftSpan
 	if st.lowRun < RateShiftSamples && !long {
 		return false
 	}

@@ -738,11 +738,13 @@ func pricesFuture(p policy.Policy) bool {
 // so a holder of two popular prompts takes all their sessions: chat's four
 // system prompts at 4 replicas, 0.95, one seed, put 1,143 of 2,130 requests
 // on one replica (mean time to first token there 0.042 s against 0.032 s
-// elsewhere). Once the holder is crowded, a session starting there goes
-// where the fewest sessions live, busy or idle, within one prefill of the
-// prefix (reason session_replicate): that prefill copies the prompt, and
-// the cost then splits the prompt's later sessions between its two
-// holders (chat at 4 replicas, seeds 1-5: 0.8's p99 0.0726 -> 0.0653 s;
+// elsewhere; on ten seeds the busiest replica took up to 48 % of a run).
+// Once the holder is crowded, a session starting there goes where the
+// fewest sessions live, busy or idle, within one prefill of the prefix
+// (reason session_replicate): that prefill copies the prompt, and the cost
+// then splits the prompt's later sessions between its two holders (33 % at
+// most on those seeds; chat's p99 at 4, 8 and 16 replicas, three sets of
+// five seeds, 0.5-0.95: median 2.5 % lower, lower in 21 of 27 medians;
 // docs/benchmarks.md, "A crowded prefix holder").
 func (r *Router) sessionRound(sc *scratch, now time.Time, key string, res policy.Result, preq policy.Request, primary int) policy.Result {
 	if !r.future {
