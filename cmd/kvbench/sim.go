@@ -21,25 +21,26 @@ import (
 
 // simFlags are the flags shared by sim and tune.
 type simFlags struct {
-	workloads  string
-	trace      string
-	rate       float64
-	limit      int
-	traceBlock int
-	repeat     int
-	size       float64
-	replicas   int
-	seed       uint64
-	delay      time.Duration
-	pending    time.Duration
-	loss       float64
-	gpuBlocks  int
-	blockSize  int
-	cpuBlocks  int
-	prefillTPS float64
-	speeds     []float64
-	changes    []bench.SpeedChange
-	noFidelity bool
+	workloads   string
+	trace       string
+	rate        float64
+	limit       int
+	traceBlock  int
+	repeat      int
+	size        float64
+	replicas    int
+	seed        uint64
+	delay       time.Duration
+	pending     time.Duration
+	loss        float64
+	gpuBlocks   int
+	blockSize   int
+	cpuBlocks   int
+	prefillTPS  float64
+	speeds      []float64
+	changes     []bench.SpeedChange
+	noFidelity  bool
+	completions bool
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -109,6 +110,7 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
+	fs.BoolVar(&f.completions, "completions", false, "clients send /v1/completions prompts, as kvbench live does, not chat messages: sessions without a header or user key get no conversation key")
 }
 
 // parseSpeedChange parses one replica@time:speed.
@@ -153,7 +155,7 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	}
 	return bench.FleetConfig{
 		Replicas: f.replicas, Engine: e, EventDelay: f.delay, EventLoss: f.loss, PendingTTL: f.pending,
-		Seed: f.seed, NoFidelity: f.noFidelity, Speeds: f.speeds, SpeedChanges: f.changes,
+		Seed: f.seed, NoFidelity: f.noFidelity, Completions: f.completions, Speeds: f.speeds, SpeedChanges: f.changes,
 	}
 }
 

@@ -82,6 +82,13 @@ type FleetConfig struct {
 	NoFidelity bool
 	// Seed seeds the router's tie-breaks and the event loss.
 	Seed uint64
+	// Completions has clients send their prompts as /v1/completions
+	// requests, as kvbench live's client does, instead of chat messages:
+	// a session without a header or user key then carries no
+	// conversation key (route.SessionKey derives one from a chat's
+	// opening messages only), and its later turns reach the router
+	// without a home.
+	Completions bool
 	// Speeds makes the fleet mixed: replica i runs at Speeds[i mod
 	// len(Speeds)] times Engine's speed, its prefill tokens per second
 	// multiplied and its decode step times divided by it, as a newer or
@@ -571,10 +578,14 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	if s.rel != nil {
 		blockHashes = s.rel.arrived(sess, turn, prompt)
 	}
+	in := route.TokenizeInput{Chat: true, Messages: s.opening[s.conv[sess]]}
+	if s.cfg.Completions {
+		in = route.TokenizeInput{}
+	}
 	dec, err := s.router.Decide(ctx, route.Request{
 		Model:      s.cfg.Engine.Model,
 		Tokens:     prompt,
-		Input:      route.TokenizeInput{Chat: true, Messages: s.opening[s.conv[sess]]},
+		Input:      in,
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
 		MaxTokens:  out,

@@ -108,6 +108,49 @@ func TestSimulateDeterministic(t *testing.T) {
 	}
 }
 
+// Chat clients give a session without a header a conversation key from
+// its opening messages on its later turns (ahead of the user field);
+// completions clients (FleetConfig.Completions, as kvbench live sends)
+// give none: a keyless session's later turns reach the router without a
+// key, a user's under the user's. A header key is kept either way.
+func TestSimulateCompletionsClientsCarryNoConversationKey(t *testing.T) {
+	w := mustGen(t, GenAgents, 0.1)
+	for _, completions := range []bool{false, true} {
+		cfg := smallFleet()
+		cfg.Completions = completions
+		r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds [3]int // header; user, keyless: later turns
+		for _, q := range r.Requests {
+			s := w.Sessions[q.Session]
+			kind, want := 0, s.Key
+			if s.Key == "" {
+				if q.Turn == 0 {
+					continue // a first turn has no history to key
+				}
+				kind, want = 2, ""
+				if s.User != "" {
+					kind, want = 1, "user:"+s.User
+				}
+				if !completions {
+					want = "conv:"
+				}
+			}
+			kinds[kind]++
+			if got := q.SessionKey; got != want && !(want == "conv:" && strings.HasPrefix(got, want)) {
+				t.Fatalf("completions %v: session %d (key %q, user %q) turn %d routed under %q, want %q", completions, q.Session, s.Key, s.User, q.Turn, got, want)
+			}
+		}
+		for i, n := range kinds {
+			if n == 0 {
+				t.Fatalf("completions %v: no requests of kind %d (header, user, keyless later turn): %v", completions, i, kinds)
+			}
+		}
+	}
+}
+
 // Multi-turn sessions resend their history, engine outputs included: with
 // session affinity most of every later turn is a cache hit.
 func TestSimulateMultiTurnHistory(t *testing.T) {
