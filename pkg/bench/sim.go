@@ -84,10 +84,10 @@ type FleetConfig struct {
 	Seed uint64
 	// Completions has clients send their prompts as /v1/completions
 	// requests, as kvbench live's client does, instead of chat messages:
-	// a session without a header or user key then carries no
-	// conversation key (route.SessionKey derives one from a chat's
-	// opening messages only), and its later turns reach the router
-	// without a home.
+	// no request then carries a conversation key (route.SessionKey
+	// derives one from a chat's opening messages only), so a session
+	// without a header is keyed by its user field, if any, and one with
+	// neither reaches the router without a key on every turn.
 	Completions bool
 	// Speeds makes the fleet mixed: replica i runs at Speeds[i mod
 	// len(Speeds)] times Engine's speed, its prefill tokens per second
