@@ -620,7 +620,10 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	if lv.keepOut {
 		lv.prompt = prompt // the next turn resends it
 	}
-	if c := s.conv[sess]; !s.opened[c] {
+	if c := s.conv[sess]; !s.cfg.Completions && !s.opened[c] {
+		// A chat client's later turns resend the opening messages
+		// (route.SessionKey's conversation key); a completions client's
+		// carry none.
 		s.opened[c], lv.opener, lv.promptHash = true, true, hashTokens(prompt)
 	}
 	s.live[ri][id] = lv
