@@ -111,8 +111,11 @@ func TestSimulateDeterministic(t *testing.T) {
 // Chat clients give a session without a header a conversation key from
 // its opening messages on its later turns (ahead of the user field);
 // completions clients (FleetConfig.Completions, as kvbench live sends)
-// give none: a keyless session's later turns reach the router without a
-// key, a user's under the user's. A header key is kept either way.
+// carry none: a user's later turns reach the router under the user's key,
+// and a keyless session's under the conversation the router finds their
+// prompt continues (route's prompt book: "conv:p", one key for every
+// later turn of a session, none shared by two). A header key is kept
+// either way.
 func TestSimulateCompletionsClientsCarryNoConversationKey(t *testing.T) {
 	w := mustGen(t, GenAgents, 0.1)
 	for _, completions := range []bool{false, true} {
@@ -123,14 +126,27 @@ func TestSimulateCompletionsClientsCarryNoConversationKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		var kinds [3]int // header; user, keyless: later turns
+		keyOf, sessionOf := map[int]string{}, map[string]int{}
+		// A prompt cut to the engine's context length no longer begins
+		// with the one before it: its history is not the one the router
+		// sent, and a keyless session starts over from there.
+		cut := map[int]int{}
 		for _, q := range r.Requests {
+			if t, ok := cut[q.Session]; q.Truncated && (!ok || q.Turn < t) {
+				cut[q.Session] = q.Turn
+			}
+		}
+		for _, q := range r.Requests {
+			if t, ok := cut[q.Session]; ok && q.Turn >= t {
+				continue
+			}
 			s := w.Sessions[q.Session]
 			kind, want := 0, s.Key
 			if s.Key == "" {
 				if q.Turn == 0 {
 					continue // a first turn has no history to key
 				}
-				kind, want = 2, ""
+				kind, want = 2, "conv:p"
 				if s.User != "" {
 					kind, want = 1, "user:"+s.User
 				}
@@ -139,8 +155,19 @@ func TestSimulateCompletionsClientsCarryNoConversationKey(t *testing.T) {
 				}
 			}
 			kinds[kind]++
-			if got := q.SessionKey; got != want && !(want == "conv:" && strings.HasPrefix(got, want)) {
+			got := q.SessionKey
+			prefix := want == "conv:" || want == "conv:p" // derived keys: a kind and a hash
+			if got != want && !(prefix && strings.HasPrefix(got, want)) {
 				t.Fatalf("completions %v: session %d (key %q, user %q) turn %d routed under %q, want %q", completions, q.Session, s.Key, s.User, q.Turn, got, want)
+			}
+			if kind == 2 && completions {
+				if k, ok := keyOf[q.Session]; ok && k != got {
+					t.Fatalf("session %d's turn %d under %q, its earlier turns under %q", q.Session, q.Turn, got, k)
+				}
+				if o, ok := sessionOf[got]; ok && o != q.Session {
+					t.Fatalf("sessions %d and %d share the conversation key %q", o, q.Session, got)
+				}
+				keyOf[q.Session], sessionOf[got] = got, q.Session
 			}
 		}
 		for i, n := range kinds {

@@ -144,10 +144,12 @@ func BenchmarkDecideOverhead(b *testing.B) {
 }
 
 // BenchmarkDecideViewGaps is BenchmarkDecide with the router's Pending on
-// (as kvroute runs) and a State that does not report view gaps ("off",
-// no prompt book), that does but has none ("book": each decision records
-// its prompt), and that has one on every replica ("gapped": each decision
-// also probes the book, a look-up per prompt block).
+// (as kvroute runs) and a State that does not report view gaps ("off":
+// nothing vouched), that does but has none ("book"), and that has one on
+// every replica ("gapped": each decision also probes the book, a look-up
+// per prompt block). Each decision records its prompt in the book; the
+// request, without a key, resends the one prompt, which the book's
+// continuation probe answers at once.
 func BenchmarkDecideViewGaps(b *testing.B) {
 	for _, blocks := range []int{256, benchMaxBlocks} {
 		for _, mode := range []string{"off", "book", "gapped"} {
@@ -183,23 +185,35 @@ func BenchmarkDecideViewGaps(b *testing.B) {
 }
 
 // BenchmarkPromptBookProbe is the prompt book's worst case: a prompt none
-// of whose prefixes was sent, probed at every block down to 0, in a book
-// holding DefaultSessionMemory/2 prompts.
+// of whose prefixes was sent, in a book holding DefaultSessionMemory/2
+// prompts, probed at every block down to 0 (longest: the view-gap vouch)
+// and for the conversation it continues (continues: continueWindow blocks
+// down from the deepest indexed match).
 func BenchmarkPromptBookProbe(b *testing.B) {
 	for _, blocks := range []int{256, benchMaxBlocks} {
 		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
 			book := newPromptBook(DefaultSessionMemory)
 			root := kvblock.Root(model, "")
 			for i := range DefaultSessionMemory/2 - 1 {
-				book.set(kvblock.Keys(nil, root, seq(benchBlock, uint32(i)*benchBlock+1<<30), benchBlock, kvblock.Options{})[0], "r", 1)
+				book.set(kvblock.Keys(nil, root, seq(benchBlock, uint32(i)*benchBlock+1<<30), benchBlock, kvblock.Options{})[0], "r", 1, "")
 			}
 			keys := kvblock.Keys(nil, root, seq(blocks*benchBlock, 7), benchBlock, kvblock.Options{})
-			b.ResetTimer()
-			for b.Loop() {
-				if _, ok := book.longest(keys, 0); ok {
-					b.Fatal("found")
+			b.Run("longest", func(b *testing.B) {
+				for b.Loop() {
+					if _, ok := book.longest(keys, 0); ok {
+						b.Fatal("found")
+					}
 				}
-			}
+			})
+			// A request without a key, its whole prompt held in some
+			// replica's index: probed continueWindow blocks down.
+			b.Run("continues", func(b *testing.B) {
+				for b.Loop() {
+					if _, _, ok := book.continues(keys, len(keys), false); ok {
+						b.Fatal("found")
+					}
+				}
+			})
 		})
 	}
 }

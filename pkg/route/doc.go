@@ -35,7 +35,14 @@
 //
 // Sessions: every request's session key is the x-session-id header, else
 // one derived from the body (SessionKey: a hash of a chat's opening up to
-// its first assistant message, else the OpenAI `user`). The Router
+// its first assistant message, else the OpenAI `user`), else, for a
+// request with exact tokens that is not a chat request (one without a key
+// is a first turn), the conversation whose prompt its own continues (promptBook.continues: the longest prompt the router sent
+// that it begins with, sent to one replica and continued by no other
+// prompt, probed only up to the longest match any replica's index holds;
+// "conv:" and that prompt's key, inherited by every later turn;
+// Decision.SessionFromPrompt). A /v1/completions client's conversations
+// and an RL trajectory's steps sent as token ids carry nothing else. The Router
 // remembers, per key, the replica that served the session's last request
 // (bounded: two generations of Options.SessionMemory/2 keys) and marks that
 // candidate policy.Candidate.Home, a hint the policy weighs (kvroute
@@ -48,12 +55,14 @@
 // hold, from a batch lost without replay or stores resumed after the view
 // was cleared). Such a view undercounts what the replica holds, and a
 // load-aware policy would then move a session off the history it left
-// there. With a State that reports gaps the Router keeps a prompt book
-// (promptbook.go): per prompt it sent, the router key of its last full
-// block -> length and the last four replicas it went to (a GRPO group's
-// task prompt goes to several), bounded like the homes. A request that
-// resends an earlier prompt finds the longest such one (a probe per block,
-// only while some candidate's view has gaps), and at each of that prompt's
+// there. The Router keeps a prompt book (promptbook.go): per prompt it
+// sent, the router key of its last full block -> length, the last four
+// replicas it went to (a GRPO group's task prompt goes to several), the
+// conversation key its request carried and the one prompt that continued
+// it (Sessions, above), bounded like the homes. With a State that reports
+// gaps, a request that resends an earlier prompt finds the longest such
+// one (a probe per block, only while some candidate's view has gaps), and
+// at each of that prompt's
 // replicas that reports gaps, shows less of it in its index and has none
 // of it in flight (Pending), the missing blocks are credited on its GPU
 // tier:

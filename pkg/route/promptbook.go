@@ -2,6 +2,7 @@ package route
 
 import (
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/index"
@@ -16,7 +17,8 @@ import (
 // longest such prompt by probing its own keys from the longest prefix
 // down. It is what Router.vouch credits where a replica's view is known
 // to miss stores (ViewGaps): a record of the router's own dispatches,
-// needing no event, at one entry per request.
+// needing no event, at one entry per request. It is also where a request
+// without a session key finds the conversation it continues (continues).
 //
 // Bounded like the homes (generations of at most max prompts). Safe for
 // concurrent use (one mutex).
@@ -31,10 +33,16 @@ type promptBook struct {
 const bookSenders = 4
 
 // sentPrompt is how long one prompt was, in blocks, and the replicas it was
-// sent to, the most recent first (unused slots "").
+// sent to, the most recent first (unused slots ""); the conversation key
+// its request carried (session, "" for none); and the one later prompt
+// that continued it (next, the key of its last full block; 0 for none
+// yet), forked once a second, different one did.
 type sentPrompt struct {
-	blocks int
-	to     [bookSenders]index.ReplicaID
+	blocks  int
+	to      [bookSenders]index.ReplicaID
+	session string
+	next    kvblock.Key
+	forked  bool
 }
 
 // sentTo reports whether the prompt was sent to id (among the last
@@ -52,13 +60,18 @@ func newPromptBook(max int) *promptBook {
 
 // set records that the prompt whose last full block has key last, blocks
 // long, was sent to replica: first among its senders, the oldest of
-// bookSenders others forgotten.
-func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int) {
+// bookSenders others forgotten. A conversation key (session, "conv:") is
+// kept with it for the prompts that continue it; the first one given
+// stays.
+func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int, session string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s, ok := b.gen.get(last)
 	if !ok || s.blocks != blocks {
 		s = sentPrompt{blocks: blocks}
+	}
+	if s.session == "" && keyKind(session) == kindConv {
+		s.session = session
 	}
 	j := slices.Index(s.to[:], replica) // its earlier place, else the oldest's
 	if j < 0 {
@@ -82,4 +95,74 @@ func (b *promptBook) longest(keys []kvblock.Key, above int) (sentPrompt, bool) {
 		}
 	}
 	return sentPrompt{}, false
+}
+
+// continueWindow is how far below the deepest block some replica's index
+// holds of a request that promptBook.continues looks for the prompt it
+// continues, in blocks: the engine stores the blocks of the answer it
+// computed after its prompt's, so the previous turn's prompt ends that many
+// blocks below the deepest match, its answer's length; 1,024 blocks is
+// 16k tokens of answer at 16 tokens a block. It bounds the probe of a
+// prompt that continues none (a new question on a long shared document)
+// to about 30 µs.
+const continueWindow = 1024
+
+// continues returns the conversation a prompt without a session key
+// continues: the longest recorded prompt shorter than it that keys (its
+// block keys, in order) begins with, of at most within blocks and more
+// than within-continueWindow, when that prompt went to one replica only
+// (home) and no other prompt continued it. key is the conversation key
+// that prompt's request carried, else one named after it ("conv:p" and
+// its last block's key): every later turn inherits it, as a chat
+// conversation's turns share the hash of their opening (SessionKey).
+//
+// A prompt two different prompts continue is a fork, not a history: a
+// shared document or task prompt whose last full block no request's own
+// text reached, or a GRPO group's task prompt whose samples' second steps
+// each extend it. The first continuation keeps what it was given; with
+// claim set (a decision that is recorded, not an explanation) the second
+// marks the prompt forked and every later one finds no conversation
+// there. A prompt resent to several replicas is shared the same way. A
+// resend of a recorded prompt (a retry, a GRPO group's next sample) is
+// not probed for: it has the conversation key its first sending was
+// given, or none.
+func (b *promptBook) continues(keys []kvblock.Key, within int, claim bool) (key string, home index.ReplicaID, ok bool) {
+	n := len(keys)
+	if n < 2 || within < 1 {
+		return "", "", false
+	}
+	me := keys[n-1]
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s, found := b.gen.get(me); found && s.blocks == n {
+		return s.session, s.to[0], s.session != ""
+	}
+	for i := min(n-2, within-1); i >= max(0, within-continueWindow); i-- {
+		s, found := b.gen.get(keys[i])
+		if !found || s.blocks != i+1 {
+			continue
+		}
+		// The longest earlier prompt only: a shorter one is an older turn
+		// of the same history, or of one that forked.
+		if s.forked || s.to[1] != "" {
+			return "", "", false
+		}
+		if s.next != 0 && s.next != me {
+			if claim {
+				s.forked = true
+				b.gen.set(keys[i], s)
+			}
+			return "", "", false
+		}
+		if claim && s.next == 0 {
+			s.next = me
+			b.gen.set(keys[i], s)
+		}
+		key = s.session
+		if key == "" {
+			key = "conv:p" + strconv.FormatUint(uint64(keys[i]), 16)
+		}
+		return key, s.to[0], true
+	}
+	return "", "", false
 }

@@ -139,7 +139,7 @@ type Router struct {
 	mu       sync.Mutex // Decide's section from the loads to the pick's charge
 	opts     Options
 	homes    *homes
-	prompts  *promptBook // where recent prompts went; only with a State reporting ViewGaps (vouch)
+	prompts  *promptBook // where recent prompts went (vouch, with a State reporting ViewGaps; continues)
 	shares   *prefixShares
 	book     *sessionBook
 	work     workMeter         // the fleet's recent prefill work, as if bursts spread (Request.SpreadUtil)
@@ -223,9 +223,7 @@ func New(opts Options) *Router {
 		rand:   rand.New(&lockedSource{src: rand.NewPCG(opts.Seed, opts.Seed^0x5851f42d4c957f2d)}),
 		future: pricesFuture(opts.Policy),
 	}
-	if _, ok := opts.State.(ViewGaps); ok {
-		r.prompts = newPromptBook(opts.SessionMemory)
-	}
+	r.prompts = newPromptBook(opts.SessionMemory)
 	if policy.ReadsReleases(opts.Policy) {
 		r.releases = opts.Releases
 		if r.releases == nil && opts.Tracker != nil {
@@ -398,6 +396,31 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending || useBook {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
 	}
+	// A request without a key whose prompt continues one the router sent
+	// to one replica is that conversation's next turn (promptBook.continues):
+	// a /v1/completions client resending its history, a trajectory's next
+	// step. Its home is where the turn it continues went. Only prompts some
+	// replica's index still holds are probed for: the turn it continues was
+	// prefilled, and a history every replica evicted has no home to keep.
+	// A chat request without a key has no assistant message (SessionKey):
+	// a first turn, which continues nothing; probed, one whose system
+	// prompt's last full block ended an earlier first turn's prompt took
+	// that turn's replica as its home.
+	if d.Session == "" && useBook && !req.Input.Chat {
+		held := 0
+		for k := range sc.cands {
+			held = max(held, sc.cands[k].MatchedBlocks())
+		}
+		if key, at, ok := r.prompts.continues(sc.own, held, learn); ok {
+			d.Session, d.SessionFromPrompt = key, true
+			if home, hasHome = r.homes.get(key); !hasHome {
+				home, hasHome = at, true
+			}
+			for k := range sc.cands {
+				sc.cands[k].Home = sc.cands[k].Replica == home
+			}
+		}
+	}
 	// Records are written after the lock is released (deferred before the
 	// unlock, this runs after it): a long prompt's record is thousands of
 	// inserts. The dispatch-learned index is matched before the lock, so
@@ -447,7 +470,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending {
 		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
 	}
-	if useBook {
+	if _, gaps := r.opts.State.(ViewGaps); useBook && gaps {
 		r.vouch(sc, raw)
 	}
 	r.fillReleases(sc, d.PromptBlocks)
@@ -613,7 +636,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn {
 		r.homes.set(d.Session, d.Replica)
 		if useBook && d.PromptBlocks > 0 {
-			r.prompts.set(sc.own[d.PromptBlocks-1], d.Replica, d.PromptBlocks)
+			r.prompts.set(sc.own[d.PromptBlocks-1], d.Replica, d.PromptBlocks, d.Session)
 		}
 		if drawn {
 			r.shares.record(drawKey, d.Replica, d.PromptBlocks, start)

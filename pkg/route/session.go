@@ -32,6 +32,12 @@ const DefaultSessionMemory = 1 << 16
 // It returns "" when none applies. The key is a hint (the replica that
 // served the session's previous request is the candidate's Home for the
 // policy), never a pin: the policy still weighs load.
+//
+// A request it gives no key that is not a chat request (a
+// /v1/completions client's, or token ids) may still be a conversation's
+// next turn: Decide then looks for the
+// prompt it continues among those the router sent (promptBook.continues)
+// and takes that conversation's key ("conv:", Decision.SessionFromPrompt).
 func SessionKey(req Request) string {
 	if req.SessionKey != "" {
 		return req.SessionKey

@@ -211,6 +211,10 @@ type Decision struct {
 	// Session is the session key the decision used (SessionKey: the
 	// header, else one derived from the request), "" for none.
 	Session string
+	// SessionFromPrompt is set when Session was not the request's own
+	// (SessionKey gave none) but the conversation its prompt continues
+	// (the router's record of the prompts it sent).
+	SessionFromPrompt bool
 	// QueuedTokens are the uncached prompt tokens the router estimates were
 	// still queued for prefill ahead of the request on its replica when it
 	// was sent: the replica's fluid queue (policy.Candidate.Queued) capped

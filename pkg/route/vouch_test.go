@@ -188,11 +188,25 @@ func TestVouchCreditsEverySender(t *testing.T) {
 	}
 }
 
-// Without a State reporting view gaps the router keeps no prompt book.
+// Without a State reporting view gaps nothing is vouched for: the prompt
+// book is kept (a request without a key finds the conversation it
+// continues there), but the index's view stands.
 func TestVouchNeedsViewGaps(t *testing.T) {
 	rt := newRouter(t, fleet(2), index.New(index.Config{}), nil)
-	if rt.prompts != nil {
-		t.Fatal("a prompt book without ViewGaps")
+	turn1 := seq(20*16, 100)
+	d, err := rt.Decide(t.Context(), Request{Model: model, Tokens: turn1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn2 := append(append([]uint32(nil), turn1...), seq(3*16, 9000)...)
+	e, err := rt.Explain(t.Context(), Request{Model: model, Tokens: turn2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range e.Candidates {
+		if c.Vouched != 0 {
+			t.Fatalf("%s vouched %d without ViewGaps (turn 1 went to %s)", c.Replica, c.Vouched, d.Replica)
+		}
 	}
 }
 
@@ -208,8 +222,8 @@ func TestPromptBook(t *testing.T) {
 	}
 	b := newPromptBook(4)
 	keys := kvblock.Keys(nil, kvblock.Root(model, ""), seq(6*16, 1), 16, kvblock.Options{})
-	b.set(keys[1], "r1", 2)
-	b.set(keys[3], "r3", 4)
+	b.set(keys[1], "r1", 2, "")
+	b.set(keys[3], "r3", 4, "")
 	if s, ok := b.longest(keys, 0); !ok || s != sent(4, "r3") {
 		t.Fatalf("longest %+v %v, want r3's 4 blocks", s, ok)
 	}
@@ -218,12 +232,12 @@ func TestPromptBook(t *testing.T) {
 	}
 	// Two records filled the first generation, now the old one. keys[4]
 	// recorded with the wrong length never matches at position 4.
-	b.set(keys[4], "r4", 2)
+	b.set(keys[4], "r4", 2, "")
 	if s, _ := b.longest(keys, 0); s != sent(4, "r3") {
 		t.Fatalf("mislabelled record matched: %+v", s)
 	}
-	b.set(keys[0], "r0", 1) // fills the generation again: r1's and r3's records are gone
-	b.set(keys[2], "r2", 3)
+	b.set(keys[0], "r0", 1, "") // fills the generation again: r1's and r3's records are gone
+	b.set(keys[2], "r2", 3, "")
 	if s, ok := b.longest(keys, 0); !ok || s != sent(3, "r2") {
 		t.Fatalf("after two rotations %+v %v, want r2's 3", s, ok)
 	}
@@ -235,7 +249,7 @@ func TestPromptBook(t *testing.T) {
 	// first, the oldest dropped past bookSenders; another length starts over.
 	b = newPromptBook(64)
 	for _, id := range []index.ReplicaID{"a", "b", "a", "c", "d", "e"} {
-		b.set(keys[2], id, 3)
+		b.set(keys[2], id, 3, "")
 	}
 	s, ok := b.longest(keys, 0)
 	if !ok || s != sent(3, "e", "d", "c", "a") {
@@ -244,7 +258,7 @@ func TestPromptBook(t *testing.T) {
 	if s.sentTo("b") || !s.sentTo("a") || s.sentTo("") {
 		t.Fatalf("sentTo: b %v a %v empty %v", s.sentTo("b"), s.sentTo("a"), s.sentTo(""))
 	}
-	b.set(keys[2], "f", 2) // replaces the senders; mislabelled, it never matches
+	b.set(keys[2], "f", 2, "") // replaces the senders; mislabelled, it never matches
 	if s, ok := b.longest(keys, 0); ok {
 		t.Fatalf("a record of another length kept or matched: %+v", s)
 	}
