@@ -104,7 +104,8 @@ func (b *promptBook) longest(keys []kvblock.Key, above int) (sentPrompt, bool) {
 // blocks below the deepest match, its answer's length; 1,024 blocks is
 // 16k tokens of answer at 16 tokens a block. It bounds the probe of a
 // prompt that continues none (a new question on a long shared document)
-// to about 30 µs.
+// to 1,024 look-ups (30–45 µs on a 2-core box, BenchmarkPromptBookProbe),
+// where probing every block of a 128k-token prompt took 270–400 µs.
 const continueWindow = 1024
 
 // continues returns the conversation a prompt without a session key
