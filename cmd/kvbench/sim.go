@@ -110,7 +110,7 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
-	fs.BoolVar(&f.completions, "completions", false, "clients send /v1/completions prompts, as kvbench live does, not chat messages: no request carries a conversation key, so a session with neither a header nor a user field has no key at all")
+	fs.BoolVar(&f.completions, "completions", false, "clients send /v1/completions prompts, as kvbench live does, not chat messages: no request carries a conversation key, so a session with neither a header nor a user field is keyed only by the conversation the router finds its prompt continues")
 }
 
 // parseSpeedChange parses one replica@time:speed.

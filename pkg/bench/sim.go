@@ -87,7 +87,9 @@ type FleetConfig struct {
 	// no request then carries a conversation key (route.SessionKey
 	// derives one from a chat's opening messages only), so a session
 	// without a header is keyed by its user field, if any, and one with
-	// neither reaches the router without a key on every turn.
+	// neither reaches the router without a key on every turn (the router
+	// then finds the conversation its prompt continues, route's prompt
+	// book).
 	Completions bool
 	// Speeds makes the fleet mixed: replica i runs at Speeds[i mod
 	// len(Speeds)] times Engine's speed, its prefill tokens per second

@@ -132,12 +132,12 @@ func TestSimulateCompletionsClientsCarryNoConversationKey(t *testing.T) {
 		// sent, and a keyless session starts over from there.
 		cut := map[int]int{}
 		for _, q := range r.Requests {
-			if t, ok := cut[q.Session]; q.Truncated && (!ok || q.Turn < t) {
+			if first, ok := cut[q.Session]; q.Truncated && (!ok || q.Turn < first) {
 				cut[q.Session] = q.Turn
 			}
 		}
 		for _, q := range r.Requests {
-			if t, ok := cut[q.Session]; ok && q.Turn >= t {
+			if first, ok := cut[q.Session]; ok && q.Turn >= first {
 				continue
 			}
 			s := w.Sessions[q.Session]

@@ -350,7 +350,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	sc.cands, sc.src, sc.bs, sc.la = sc.cands[:0], sc.src[:0], sc.bs[:0], sc.la[:0]
 	for _, i := range cands {
 		rep := reps[i]
-		c := policy.Candidate{Replica: rep.ID, Home: hasHome && rep.ID == home}
+		c := policy.Candidate{Replica: rep.ID} // Home is set once the session is known (below)
 		src := srcEvents
 		switch {
 		case hasIDs && r.opts.Approx != nil && feeds != nil && !feeds.EventFed(rep.ID):
@@ -384,9 +384,6 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
 		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary)
 	}
-	// The prefix that draws the request: its longest indexed match on any
-	// candidate (see prefixShares).
-	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs)
 	// The keys Options.Pending matches and records and the prompt book
 	// probes and records, hashed before the lock below: on a long prompt
 	// hashing is most of that work.
@@ -396,6 +393,10 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if usePending || useBook {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
 	}
+	// The prefix that draws the request: its longest indexed match on any
+	// candidate (see prefixShares).
+	held := longestMatch(sc)
+	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs, held)
 	// A request without a key whose prompt continues one the router sent
 	// to one replica is that conversation's next turn (promptBook.continues):
 	// a /v1/completions client resending its history, a trajectory's next
@@ -407,19 +408,15 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// prompt's last full block ended an earlier first turn's prompt took
 	// that turn's replica as its home.
 	if d.Session == "" && useBook && !req.Input.Chat {
-		held := 0
-		for k := range sc.cands {
-			held = max(held, sc.cands[k].MatchedBlocks())
-		}
 		if key, at, ok := r.prompts.continues(sc.own, held, learn); ok {
 			d.Session, d.SessionFromPrompt = key, true
 			if home, hasHome = r.homes.get(key); !hasHome {
 				home, hasHome = at, true
 			}
-			for k := range sc.cands {
-				sc.cands[k].Home = sc.cands[k].Replica == home
-			}
 		}
+	}
+	for k := range sc.cands {
+		sc.cands[k].Home = hasHome && sc.cands[k].Replica == home
 	}
 	// Records are written after the lock is released (deferred before the
 	// unlock, this runs after it): a long prompt's record is thousands of
@@ -871,20 +868,31 @@ func (r *Router) startAway(sc *scratch, res policy.Result, preq policy.Request, 
 	return res, true
 }
 
-// drawingPrefix returns the key (at the primary block size) of the
-// deepest block of the longest match any candidate has for the request;
-// ok is false without a match.
-func (r *Router) drawingPrefix(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, hasIDs bool) (kvblock.Key, bool) {
-	if !hasIDs {
-		return 0, false
-	}
+// longestMatch is the most blocks (at the primary block size) any
+// candidate's index holds of the request.
+func longestMatch(sc *scratch) int {
 	longest := 0
 	for _, c := range sc.cands {
 		longest = max(longest, c.MatchedBlocks())
 	}
+	return longest
+}
+
+// drawingPrefix returns the key (at the primary block size) of the
+// deepest block of the longest match any candidate has for the request
+// (longest, longestMatch); ok is false without a match. It reads the key
+// from sc.own when Decide hashed the prompt there, else hashes the
+// matched prefix.
+func (r *Router) drawingPrefix(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, primary int, hasIDs bool, longest int) (kvblock.Key, bool) {
+	if !hasIDs {
+		return 0, false
+	}
 	longest = min(longest, len(tokens)/primary)
 	if longest == 0 {
 		return 0, false
+	}
+	if len(sc.own) >= longest {
+		return sc.own[longest-1], true
 	}
 	sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:longest*primary], primary, opts)
 	return sc.keys[longest-1], true
