@@ -117,7 +117,9 @@ type Tokenizer interface {
 	Tokenize(ctx context.Context, model string, in TokenizeInput) (Tokens, error)
 }
 
-// Matcher answers longest-prefix matches (index.Index implements it).
+// Matcher answers longest-prefix matches (index.Index implements it). It
+// reads keys and never writes them: the router matches the keys it keeps
+// for the rest of the decision.
 type Matcher interface {
 	Match(keys []kvblock.Key, dst []index.ReplicaMatch) []index.ReplicaMatch
 }
