@@ -41,14 +41,19 @@ func runDecisions(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // printDecisions writes each decision as explain prints one, under a line
-// with its time, session key and the queue the router saw ahead of it.
+// with its time, session key (marked when the router took it from the
+// conversation the prompt continues) and the queue the router saw ahead
+// of it.
 func printDecisions(w io.Writer, r *kvroutev1.DecisionsResponse) error {
 	fmt.Fprintf(w, "%d of %d decisions since start\n", len(r.GetDecisions()), r.GetTotal())
 	for _, d := range r.GetDecisions() {
 		dec := d.GetDecision()
 		session := dec.GetSession()
-		if session == "" {
+		switch {
+		case session == "":
 			session = "(none)"
+		case dec.GetSessionFromPrompt():
+			session += " (from its prompt)"
 		}
 		fmt.Fprintf(w, "\n=== %s  session %s  queued ahead %d tokens\n",
 			time.Unix(0, d.GetUnixNanos()).UTC().Format("15:04:05.000"), session, dec.GetQueuedTokens())

@@ -297,12 +297,16 @@ func TestPrintDecisions(t *testing.T) {
 				{Replica: "r1", Address: "a1", Cost: 1.25, Eligible: true, Picked: true, Load: &kvroutev1.Load{}},
 			},
 		}},
+		{UnixNanos: at.Add(time.Second).UnixNano(), Decision: &kvroutev1.ExplainResponse{
+			Replica: "r0", Address: "a0", Policy: "kvroute", Reason: "cost", Session: "conv:p1f", SessionFromPrompt: true,
+			Candidates: []*kvroutev1.Candidate{{Replica: "r0", Address: "a0", Cost: 1, Eligible: true, Picked: true, Load: &kvroutev1.Load{}}},
+		}},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"1 of 7 decisions since start", "=== 08:30:01.250  session conv:9  queued ahead 4096 tokens", "pick:     r1"} {
+	for _, want := range []string{"2 of 7 decisions since start", "=== 08:30:01.250  session conv:9  queued ahead 4096 tokens", "=== 08:30:02.250  session conv:p1f (from its prompt)  queued ahead 0 tokens", "pick:     r1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

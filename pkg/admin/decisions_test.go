@@ -45,7 +45,7 @@ func historyServer(t *testing.T, h DecisionLister) *Server {
 
 func TestDecisionsGRPC(t *testing.T) {
 	d := decision()
-	d.Session, d.QueuedTokens = "conv:7", 4096
+	d.Session, d.QueuedTokens, d.SessionFromPrompt = "conv:p7", 4096, true
 	d.Candidates[1].Home, d.Candidates[1].Pending = true, 3
 	d.Candidates[1].Load.PrefillRate, d.Candidates[1].Load.DecodeStep = 16000, 9*time.Millisecond
 	d.Candidates[1].Load.OldestPrefillWait, d.Candidates[1].Load.OldestPrefillBlocks = 2500*time.Millisecond, 70
@@ -61,8 +61,11 @@ func TestDecisionsGRPC(t *testing.T) {
 	}
 	r := out.GetDecisions()[0]
 	got := r.GetDecision()
-	if r.GetUnixNanos() != at.UnixNano() || got.GetSession() != "conv:7" || got.GetQueuedTokens() != 4096 || got.GetReplica() != "r1" {
+	if r.GetUnixNanos() != at.UnixNano() || got.GetSession() != "conv:p7" || !got.GetSessionFromPrompt() || got.GetQueuedTokens() != 4096 || got.GetReplica() != "r1" {
 		t.Fatalf("decision %v", r)
+	}
+	if out, err := c.Decisions(t.Context(), &kvroutev1.DecisionsRequest{Limit: 2}); err != nil || len(out.GetDecisions()) != 2 || out.GetDecisions()[0].GetDecision().GetSessionFromPrompt() {
+		t.Fatalf("the older decision, its session its own: %v, %v", out, err)
 	}
 	c1 := got.GetCandidates()[1]
 	if !c1.GetHome() || c1.GetPendingBlocks() != 3 || c1.GetLoad().GetPrefillTokensPerSecond() != 16000 || c1.GetLoad().GetDecodeStepMicros() != 9000 || !c1.GetPicked() ||

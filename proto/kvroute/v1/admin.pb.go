@@ -481,9 +481,13 @@ type ExplainResponse struct {
 	Session string `protobuf:"bytes,13,opt,name=session,proto3" json:"session,omitempty"`
 	// Uncached prompt tokens the router estimated were queued for prefill
 	// ahead of the request on the pick (0 for Explain).
-	QueuedTokens  int64 `protobuf:"varint,14,opt,name=queued_tokens,json=queuedTokens,proto3" json:"queued_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	QueuedTokens int64 `protobuf:"varint,14,opt,name=queued_tokens,json=queuedTokens,proto3" json:"queued_tokens,omitempty"`
+	// Set when session is not the request's own key (it had none) but the
+	// key of the conversation its prompt continues: an earlier prompt the
+	// router sent, which this one begins with.
+	SessionFromPrompt bool `protobuf:"varint,15,opt,name=session_from_prompt,json=sessionFromPrompt,proto3" json:"session_from_prompt,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ExplainResponse) Reset() {
@@ -612,6 +616,13 @@ func (x *ExplainResponse) GetQueuedTokens() int64 {
 		return x.QueuedTokens
 	}
 	return 0
+}
+
+func (x *ExplainResponse) GetSessionFromPrompt() bool {
+	if x != nil {
+		return x.SessionFromPrompt
+	}
+	return false
 }
 
 type DecisionsRequest struct {
@@ -1173,7 +1184,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\x04home\x18\n" +
 	" \x01(\bR\x04home\x12%\n" +
 	"\x0epending_blocks\x18\v \x01(\x03R\rpendingBlocks\x12%\n" +
-	"\x0evouched_blocks\x18\f \x01(\x03R\rvouchedBlocks\"\xe0\x03\n" +
+	"\x0evouched_blocks\x18\f \x01(\x03R\rvouchedBlocks\"\x90\x04\n" +
 	"\x0fExplainResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1c\n" +
@@ -1191,7 +1202,8 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"candidates\x18\f \x03(\v2\x15.kvroute.v1.CandidateR\n" +
 	"candidates\x12\x18\n" +
 	"\asession\x18\r \x01(\tR\asession\x12#\n" +
-	"\rqueued_tokens\x18\x0e \x01(\x03R\fqueuedTokens\"(\n" +
+	"\rqueued_tokens\x18\x0e \x01(\x03R\fqueuedTokens\x12.\n" +
+	"\x13session_from_prompt\x18\x0f \x01(\bR\x11sessionFromPrompt\"(\n" +
 	"\x10DecisionsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x03R\x05limit\"j\n" +
 	"\x10RecordedDecision\x12\x1d\n" +
