@@ -89,12 +89,21 @@ func (b *promptBook) set(last kvblock.Key, replica index.ReplicaID, blocks int, 
 func (b *promptBook) longest(keys []kvblock.Key, above int) (sentPrompt, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i := len(keys) - 1; i >= max(above, 0); i-- {
+	_, s, ok := b.deepest(keys, len(keys)-1, above)
+	return s, ok
+}
+
+// deepest probes keys from index from down to index to (at least 0) for
+// a recorded prompt that keys begins with, and returns the first found:
+// its last block's index and record. A record's length is checked
+// against its position. b.mu held.
+func (b *promptBook) deepest(keys []kvblock.Key, from, to int) (int, sentPrompt, bool) {
+	for i := from; i >= max(to, 0); i-- {
 		if s, ok := b.gen.get(keys[i]); ok && s.blocks == i+1 {
-			return s, true
+			return i, s, true
 		}
 	}
-	return sentPrompt{}, false
+	return 0, sentPrompt{}, false
 }
 
 // continueWindow is how far below the deepest block some replica's index
@@ -138,32 +147,26 @@ func (b *promptBook) continues(keys []kvblock.Key, within int, claim bool) (key 
 	if s, found := b.gen.get(me); found && s.blocks == n {
 		return s.session, s.to[0], s.session != ""
 	}
-	for i := min(n-2, within-1); i >= max(0, within-continueWindow); i-- {
-		s, found := b.gen.get(keys[i])
-		if !found || s.blocks != i+1 {
-			continue
-		}
-		// The longest earlier prompt only: a shorter one is an older turn
-		// of the same history, or of one that forked.
-		if s.forked || s.to[1] != "" {
-			return "", "", false
-		}
-		if s.next != 0 && s.next != me {
-			if claim {
-				s.forked = true
-				b.gen.set(keys[i], s)
-			}
-			return "", "", false
-		}
-		if claim && s.next == 0 {
-			s.next = me
+	// The longest earlier prompt only: a shorter one is an older turn of
+	// the same history, or of one that forked.
+	i, s, found := b.deepest(keys, min(n-2, within-1), within-continueWindow)
+	if !found || s.forked || s.to[1] != "" {
+		return "", "", false
+	}
+	if s.next != 0 && s.next != me {
+		if claim {
+			s.forked = true
 			b.gen.set(keys[i], s)
 		}
-		key = s.session
-		if key == "" {
-			key = "conv:p" + strconv.FormatUint(uint64(keys[i]), 16)
-		}
-		return key, s.to[0], true
+		return "", "", false
 	}
-	return "", "", false
+	if claim && s.next == 0 {
+		s.next = me
+		b.gen.set(keys[i], s)
+	}
+	key = s.session
+	if key == "" {
+		key = "conv:p" + strconv.FormatUint(uint64(keys[i]), 16)
+	}
+	return key, s.to[0], true
 }

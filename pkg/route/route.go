@@ -377,23 +377,21 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	raw := make([]Candidate, len(cands)) // the decision's own copy
 	kopts := kvblock.Options{CacheSalt: req.CacheSalt}
-	// The prompt's keys at the primary block size, which Options.Pending
-	// matches and records and the prompt book probes and records, hashed
-	// before the lock below (on a long prompt hashing is most of that
-	// work) and once: the engine events' match at that block size reads
-	// them too.
-	usePending := hasIDs && toks.Exact && r.opts.Pending != nil
-	useBook := hasIDs && toks.Exact && r.prompts != nil
+	// The prompt's keys at the primary block size, hashed once, before
+	// the lock below (on a long prompt hashing is most of the work): the
+	// engine events' match at that block size reads them, Options.Pending
+	// matches and records them, the prompt book probes and records them.
+	exact := hasIDs && toks.Exact
+	usePending := exact && r.opts.Pending != nil
+	useBook := exact && r.prompts != nil
 	sc.own = sc.own[:0]
-	if usePending || useBook {
+	if exact {
 		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
-	}
-	if hasIDs && toks.Exact {
-		r.match(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, srcEvents, r.opts.Matcher, raw, primary, usePending || useBook)
+		r.match(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, srcEvents, r.opts.Matcher, raw, primary)
 	}
 	if useApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
-		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary, false)
+		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary)
 	}
 	// The prefix that draws the request: its longest indexed match on any
 	// candidate (see prefixShares).
@@ -946,11 +944,11 @@ func candidates(reps []Replica, req *Request, out []int) ([]int, error) {
 // and fills those candidates' matched blocks: raw (in the replica's own
 // blocks) for the decision, converted to the primary block size for the
 // policy. A lookahead (engine events, Replica.Lookahead) keys the blocks as
-// kvblock.Options.WithLookahead does, as that engine hashes them. With
-// hashed, sc.own holds the prompt's keys from root with opts at the
-// primary block size, and the candidates of that block size without a
-// lookahead are matched with them, not with keys hashed again.
-func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, src source, m Matcher, raw []Candidate, primary int, hashed bool) {
+// kvblock.Options.WithLookahead does, as that engine hashes them. For
+// engine events, Decide has hashed the prompt at the primary block size
+// into sc.own (from root, with opts): the candidates of that block size
+// without a lookahead are matched with those keys.
+func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, src source, m Matcher, raw []Candidate, primary int) {
 	sc.sizes = sc.sizes[:0]
 	for k, bs := range sc.bs {
 		sh := shape{bs, 0}
@@ -964,7 +962,7 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	for _, sh := range sc.sizes {
 		bs := sh.bs
 		keys := sc.own
-		if !hashed || bs != primary || sh.la > 0 {
+		if src != srcEvents || bs != primary || sh.la > 0 {
 			o, n := opts.WithLookahead(tokens, bs, sh.la)
 			sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:n], bs, o)
 			keys = sc.keys
