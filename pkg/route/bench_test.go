@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,6 +142,42 @@ func BenchmarkDecideOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDecideParallel decides 256-block requests from GOMAXPROCS
+// goroutines at once, each resending a prompt of its own: the fixture's
+// first 128 blocks, which the index holds on most replicas (a shared
+// system prompt), then 128 blocks of its own, with
+// kvroute (the default policy), the session memory and the router's
+// Pending on, as kvroute runs. Run with -cpu 1,2 to see how far decisions
+// scale across cores: from the loads to the pick's charge a decision holds
+// the router's lock (see Router.decide), and that part runs one decision
+// at a time.
+func BenchmarkDecideParallel(b *testing.B) {
+	benchSetup(b)
+	f := &benchFixture
+	p, err := policy.New(policy.NameKVRoute, policy.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt := New(Options{Matcher: f.ix, State: f.st, Policy: p, Seed: 1, SessionMemory: DefaultSessionMemory, Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})})
+	var workers atomic.Uint32
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		id := workers.Add(1)
+		toks := slices.Clone(f.prompt[:256*benchBlock])
+		for i := 128 * benchBlock; i < len(toks); i++ {
+			toks[i] ^= id << 20 // fixture tokens are below 1<<18
+		}
+		req := Request{Model: model, Tokens: toks, MaxTokens: 512}
+		for pb.Next() {
+			if _, err := rt.Decide(b.Context(), req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkDecideViewGaps is BenchmarkDecide with the router's Pending on
