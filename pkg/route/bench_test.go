@@ -146,7 +146,7 @@ func BenchmarkDecideOverhead(b *testing.B) {
 
 // BenchmarkDecideParallel decides 256-block requests from GOMAXPROCS
 // goroutines at once, each resending a prompt of its own: the fixture's
-// first 128 blocks, which the index holds on most replicas (a shared
+// first 128 blocks, which the index holds on every replica (a shared
 // system prompt), then 128 blocks of its own, with
 // kvroute (the default policy), the session memory and the router's
 // Pending on, as kvroute runs. Run with -cpu 1,2 to see how far decisions
