@@ -43,11 +43,11 @@ func (r *Router) drawingPrefix(sc *scratch, root kvblock.Key, opts kvblock.Optio
 // and fills those candidates' matched blocks: raw (in the replica's own
 // blocks) for the decision, converted to the primary block size for the
 // policy. A lookahead (engine events, Replica.Lookahead) keys the blocks as
-// kvblock.Options.WithLookahead does, as that engine hashes them. For
-// engine events, Decide has hashed the prompt at the primary block size
-// into sc.own (from root, with opts): the candidates of that block size
-// without a lookahead are matched with those keys.
-func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, src source, m Matcher, raw []Candidate, primary int) {
+// kvblock.Options.WithLookahead does, as that engine hashes them. own,
+// when not nil, is the prompt's keys at the primary block size from root
+// with opts, already hashed by the caller: the candidates of that block
+// size without a lookahead are matched with them, not hashed again.
+func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, tokens []uint32, own []kvblock.Key, src source, m Matcher, raw []Candidate, primary int) {
 	sc.sizes = sc.sizes[:0]
 	for k, bs := range sc.bs {
 		sh := shape{bs, 0}
@@ -60,8 +60,8 @@ func (r *Router) match(sc *scratch, root kvblock.Key, opts kvblock.Options, toke
 	}
 	for _, sh := range sc.sizes {
 		bs := sh.bs
-		keys := sc.own
-		if src != srcEvents || bs != primary || sh.la > 0 {
+		keys := own
+		if own == nil || bs != primary || sh.la > 0 {
 			o, n := opts.WithLookahead(tokens, bs, sh.la)
 			sc.keys = kvblock.Keys(sc.keys[:0], root, tokens[:n], bs, o)
 			keys = sc.keys

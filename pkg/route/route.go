@@ -377,6 +377,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	raw := make([]Candidate, len(cands)) // the decision's own copy
 	kopts := kvblock.Options{CacheSalt: req.CacheSalt}
+	evRoot := kvblock.Root(req.Model, req.LoRA) // the engines' keys' root: model and adapter
 	// The prompt's keys at the primary block size, hashed once, before
 	// the lock below (on a long prompt hashing is most of the work): the
 	// engine events' match at that block size reads them, Options.Pending
@@ -386,17 +387,17 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	useBook := exact && r.prompts != nil
 	sc.own = sc.own[:0]
 	if exact {
-		sc.own = kvblock.Keys(sc.own, kvblock.Root(req.Model, req.LoRA), toks.IDs, primary, kopts)
-		r.match(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, srcEvents, r.opts.Matcher, raw, primary)
+		sc.own = kvblock.Keys(sc.own, evRoot, toks.IDs, primary, kopts)
+		r.match(sc, evRoot, kopts, toks.IDs, sc.own, srcEvents, r.opts.Matcher, raw, primary)
 	}
 	if useApprox {
 		root := approxRoot(req.Model, req.LoRA, toks.Exact)
-		r.match(sc, root, kopts, toks.IDs, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary)
+		r.match(sc, root, kopts, toks.IDs, nil, srcApprox, approxMatcher{r.opts.Approx, start, &sc.grid}, raw, primary)
 	}
 	// The prefix that draws the request: its longest indexed match on any
 	// candidate (see prefixShares).
 	held := longestMatch(sc)
-	drawKey, drawn := r.drawingPrefix(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, primary, hasIDs, held)
+	drawKey, drawn := r.drawingPrefix(sc, evRoot, kopts, toks.IDs, primary, hasIDs, held)
 	// A request without a key whose prompt continues one the router sent
 	// to one replica is that conversation's next turn (promptBook.continues):
 	// a /v1/completions client resending its history, a trajectory's next
@@ -465,7 +466,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
 	}
 	if usePending {
-		r.matchPending(sc, kvblock.Root(req.Model, req.LoRA), kopts, toks.IDs, start, raw, primary)
+		r.matchPending(sc, evRoot, kopts, toks.IDs, start, raw, primary)
 	}
 	if _, gaps := r.opts.State.(ViewGaps); useBook && gaps {
 		r.vouch(sc, raw)
@@ -625,7 +626,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	if learn && usePending && sc.src[res.Pick] == srcEvents {
 		keys := sc.own
 		if sc.bs[res.Pick] != primary {
-			sc.keys = kvblock.Keys(sc.keys[:0], kvblock.Root(req.Model, req.LoRA), toks.IDs, sc.bs[res.Pick], kopts)
+			sc.keys = kvblock.Keys(sc.keys[:0], evRoot, toks.IDs, sc.bs[res.Pick], kopts)
 			keys = sc.keys
 		}
 		recs.pending, recs.staged = r.opts.Pending, r.opts.Pending.Stage(keys, d.Replica, start)
