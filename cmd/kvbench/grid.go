@@ -43,10 +43,10 @@ func (f *simFlags) workloadNames() []string {
 }
 
 // workloadCache builds each (workload, seed) once; the trace, which has no
-// seed, is read once.
+// seed, is read once, or once a seed's window with -trace-windows.
 type workloadCache struct {
 	sf    *simFlags
-	trace *bench.Workload
+	trace map[uint64]*bench.Workload
 	built map[string]*bench.Workload
 }
 
@@ -145,14 +145,17 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 	}
 	var w *bench.Workload
 	if name == "trace" {
-		if c.trace == nil {
-			t, err := c.sf.readTrace(1)
+		if !c.sf.windows {
+			seed = 0 // one trace for every seed
+		}
+		if c.trace[seed] == nil {
+			t, err := c.sf.readTrace(1, seed)
 			if err != nil {
 				return nil, err
 			}
-			c.trace = t
+			c.trace[seed] = t
 		}
-		w = c.trace
+		w = c.trace[seed]
 	} else {
 		var err error
 		w, err = bench.Generate(name, bench.GenOptions{Seed: seed, SizeScale: size})
@@ -175,7 +178,7 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 // run at a utilization (a subset of names; nil for all of them).
 func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64, duration time.Duration, fleets []bench.FleetConfig,
 	names []string, pcfg policy.Config, keepFirst bool, namesAt func(u float64) []string) (*grid, error) {
-	wc := &workloadCache{sf: sf, built: map[string]*bench.Workload{}}
+	wc := &workloadCache{sf: sf, trace: map[uint64]*bench.Workload{}, built: map[string]*bench.Workload{}}
 	g := &grid{start: time.Now()}
 	levels := utils
 	if len(levels) == 0 {

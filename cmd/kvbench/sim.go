@@ -27,6 +27,8 @@ type simFlags struct {
 	limit       int
 	traceBlock  int
 	repeat      int
+	windows     bool
+	traceTotal  int // requests in the whole trace, once -trace-windows has read it
 	size        float64
 	replicas    int
 	seed        uint64
@@ -64,6 +66,7 @@ func (f *simFlags) registerSource(fs *flag.FlagSet) {
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format trace (default shared/traces/synthetic_trace.jsonl in the nearest directory above the repository root that has it)")
 	fs.IntVar(&f.limit, "limit", 0, "use only the trace's first N requests (0 = all)")
 	fs.IntVar(&f.traceBlock, "trace-block", 0, "tokens per hash id of the trace (0: Mooncake's 512 when every line fits it, otherwise the block size the lines fit)")
+	fs.BoolVar(&f.windows, "trace-windows", false, "with -limit, each seed replays its own window of the trace: seed s starts at request frac((s-1)*0.618...)*(N-limit), so that seed 1 is the trace's start and seeds sample the whole trace rather than replay one piece of it (the trace has no seed of its own)")
 	fs.IntVar(&f.repeat, "repeat", 1, "replay the trace this many times back to back, each copy with its own block ids (3 gives 11,979 requests)")
 	fs.Float64Var(&f.size, "size", 1, "generator size scale (number of sessions)")
 }
@@ -159,24 +162,44 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	}
 }
 
-// readTrace reads the trace (-trace, or the shared one above the
-// repository root) at the given rate scale. A block size found from the
-// lines other than Mooncake's 512 is said on stderr, so that a trace cut
-// at a size nobody meant is not replayed unnoticed.
-func (f *simFlags) readTrace(rate float64) (*bench.Workload, error) {
-	path := f.trace
-	if path == "" {
-		wd, err := os.Getwd()
-		if err != nil {
-			return nil, err
-		}
-		root := bench.RepoRoot(wd)
-		if root == "" {
-			return nil, fmt.Errorf("%w: no repository root above %s: pass -trace", errUsage, wd)
-		}
-		path = bench.DefaultTracePath(root)
+// tracePath is -trace, or the shared trace above the repository root.
+func (f *simFlags) tracePath() (string, error) {
+	if f.trace != "" {
+		return f.trace, nil
 	}
-	w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: rate, Limit: f.limit, Repeat: f.repeat, BlockTokens: f.traceBlock})
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root := bench.RepoRoot(wd)
+	if root == "" {
+		return "", fmt.Errorf("%w: no repository root above %s: pass -trace", errUsage, wd)
+	}
+	return bench.DefaultTracePath(root), nil
+}
+
+// readTrace reads the trace at the given rate scale: its first -limit
+// requests, or with -trace-windows seed's window of them
+// (bench.TraceWindow). A block size found from the lines other than
+// Mooncake's 512 is said on stderr, so that a trace cut at a size nobody
+// meant is not replayed unnoticed.
+func (f *simFlags) readTrace(rate float64, seed uint64) (*bench.Workload, error) {
+	path, err := f.tracePath()
+	if err != nil {
+		return nil, err
+	}
+	offset := 0
+	if f.windows && f.limit > 0 {
+		if f.traceTotal == 0 {
+			all, err := bench.ReadTraceFile(path, bench.TraceOptions{BlockTokens: f.traceBlock})
+			if err != nil {
+				return nil, err
+			}
+			f.traceTotal = len(all.Sessions)
+		}
+		offset = bench.TraceWindow(seed, f.traceTotal, f.limit)
+	}
+	w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: rate, Offset: offset, Limit: f.limit, Repeat: f.repeat, BlockTokens: f.traceBlock})
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +219,7 @@ func (f *simFlags) load() ([]*bench.Workload, error) {
 	for _, n := range names {
 		n = strings.TrimSpace(n)
 		if n == "trace" {
-			w, err := f.readTrace(f.rate)
+			w, err := f.readTrace(f.rate, f.seed)
 			if err != nil {
 				return nil, err
 			}

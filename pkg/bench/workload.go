@@ -143,7 +143,11 @@ type TraceOptions struct {
 	// RateScale multiplies the arrival rate (timestamps are divided by it);
 	// 0 means 1.
 	RateScale float64
-	// Limit keeps only the first Limit requests; 0 keeps all.
+	// Offset skips the trace's first Offset requests: the workload is the
+	// window that starts there, its times counted from its first request.
+	Offset int
+	// Limit keeps only the first Limit requests (of the window); 0 keeps
+	// all.
 	Limit int
 	// BlockTokens is the number of tokens a hash id stands for. 0 finds it:
 	// Mooncake's 512 when every line fits it, otherwise the one block size
@@ -156,6 +160,23 @@ type TraceOptions struct {
 	// copies before it, so copies share no prefix: the same traffic shape,
 	// k times as long.
 	Repeat int
+}
+
+// TraceWindow is where seed's window of limit requests starts in a trace
+// of total requests: frac((seed-1)·φ') of the total - limit + 1 possible
+// starts, φ' = 0.618... (the golden ratio's fraction). Seed 1 starts at
+// the trace's first request, and successive seeds spread their starts
+// evenly over the trace (each new start falls in the largest gap the
+// earlier ones left, within a factor of φ). With no room for a second
+// window (limit 0 or at least total) every seed starts at 0.
+func TraceWindow(seed uint64, total, limit int) int {
+	starts := total - limit + 1
+	if limit <= 0 || starts <= 1 || seed == 0 {
+		return 0
+	}
+	const phi = 0.6180339887498949
+	_, frac := math.Modf(float64(seed-1) * phi)
+	return min(starts-1, int(frac*float64(starts)))
 }
 
 // ReadTraceFile reads a Mooncake-format trace from path (see ReadTrace).
@@ -208,8 +229,8 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	if !(scale > 0) || math.IsInf(scale, 0) {
 		return nil, fmt.Errorf("%w: rate scale %v must be a positive number", ErrTrace, scale)
 	}
-	if opt.Repeat < 0 || opt.Limit < 0 {
-		return nil, fmt.Errorf("%w: limit %d and repeat %d must not be negative", ErrTrace, opt.Limit, opt.Repeat)
+	if opt.Repeat < 0 || opt.Limit < 0 || opt.Offset < 0 {
+		return nil, fmt.Errorf("%w: offset %d, limit %d and repeat %d must not be negative", ErrTrace, opt.Offset, opt.Limit, opt.Repeat)
 	}
 	if opt.BlockTokens < 0 {
 		return nil, fmt.Errorf("%w: block size %d must not be negative", ErrTrace, opt.BlockTokens)
@@ -221,6 +242,7 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 	line := 0
 	last := math.Inf(-1)
 	var maxID int64 = -1
+	skipped := 0
 	for sc.Scan() {
 		line++
 		text := strings.TrimSpace(sc.Text())
@@ -264,6 +286,10 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 			maxID = max(maxID, id)
 		}
 		last = *tl.Timestamp
+		if skipped < opt.Offset {
+			skipped++
+			continue
+		}
 		reqs = append(reqs, traceReq{at: *tl.Timestamp, input: *tl.InputLength, outpt: *tl.OutputLength, ids: tl.HashIDs})
 		if opt.Limit > 0 && len(reqs) >= opt.Limit {
 			break
@@ -273,7 +299,15 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 		return nil, fmt.Errorf("%w: line %d: %w", ErrTrace, line+1, err)
 	}
 	if len(reqs) == 0 {
+		if opt.Offset > 0 {
+			return nil, fmt.Errorf("%w: no requests after the first %d (the trace has %d)", ErrTrace, opt.Offset, skipped)
+		}
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
+	}
+	if t0 := reqs[0].at; opt.Offset > 0 {
+		for i := range reqs {
+			reqs[i].at -= t0
+		}
 	}
 	if n := len(reqs); opt.Repeat > 1 {
 		gap := 0.0

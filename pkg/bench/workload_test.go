@@ -117,6 +117,68 @@ func TestReadTraceRepeat(t *testing.T) {
 	}
 }
 
+// A window of the trace starts at its Offset-th request with its times
+// counted from there, and rebuilds conversations from its own requests
+// only; an offset past the trace is an error that says its length.
+func TestReadTraceWindow(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, 8]}
+{"timestamp": 100, "input_length": 1100, "output_length": 1, "hash_ids": [7, 9, 11]}
+{"timestamp": 250, "input_length": 1100, "output_length": 2, "hash_ids": [7, 9, 11]}
+{"timestamp": 400, "input_length": 300, "output_length": 3, "hash_ids": [20]}
+`
+	w, err := ReadTrace(strings.NewReader(in), TraceOptions{Offset: 1, Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Session{
+		{ID: "conv-0", Start: 0, Turns: []Turn{{TraceIDs: []int64{7, 9, 11}, TraceLen: 1100, TraceBlock: 512, Output: 1}}},
+		{ID: "conv-0", Start: 150 * time.Millisecond, Turns: []Turn{{TraceIDs: []int64{7, 9, 11}, TraceLen: 1100, TraceBlock: 512, Output: 2}}},
+	}
+	for i := range want {
+		want[i].identify(want[i].ID)
+	}
+	if !reflect.DeepEqual(w.Sessions, want) {
+		t.Fatalf("sessions %+v, want %+v", w.Sessions, want)
+	}
+	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{Offset: 4}); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), "has 4") {
+		t.Errorf("offset past the trace: %v", err)
+	}
+	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{Offset: -1}); !errors.Is(err, ErrTrace) {
+		t.Errorf("negative offset: %v", err)
+	}
+}
+
+// Seeds' windows: seed 1 at the start, every start a possible one, and the
+// first five spread over the trace with no two closer than a tenth of it.
+func TestTraceWindow(t *testing.T) {
+	for _, c := range []struct{ total, limit int }{{3993, 1000}, {100, 99}, {5000, 1}} {
+		if got := TraceWindow(1, c.total, c.limit); got != 0 {
+			t.Errorf("seed 1 of %d/%d starts at %d, want 0", c.total, c.limit, got)
+		}
+		for seed := uint64(1); seed <= 200; seed++ {
+			if o := TraceWindow(seed, c.total, c.limit); o < 0 || o+c.limit > c.total {
+				t.Fatalf("seed %d of %d/%d starts at %d: past the trace", seed, c.total, c.limit, o)
+			}
+		}
+	}
+	starts := []int{}
+	for seed := uint64(1); seed <= 5; seed++ {
+		starts = append(starts, TraceWindow(seed, 3993, 1000))
+	}
+	for i := range starts {
+		for j := range i {
+			if d := starts[i] - starts[j]; d < 299 && d > -299 {
+				t.Errorf("seeds %d and %d start at %d and %d", j+1, i+1, starts[j], starts[i])
+			}
+		}
+	}
+	for _, c := range []struct{ total, limit int }{{3993, 0}, {3993, 3993}, {10, 20}} {
+		if got := TraceWindow(3, c.total, c.limit); got != 0 {
+			t.Errorf("no room for windows (%d/%d): start %d, want 0", c.total, c.limit, got)
+		}
+	}
+}
+
 // A trace cut at other than Mooncake's 512 tokens a hash id is read at the
 // one block size its lines fit, or at the size given; a line that fits no
 // size the others fit is an error naming it.
