@@ -70,6 +70,48 @@ func TestSimDeterministic(t *testing.T) {
 	}
 }
 
+// -trace-windows gives each seed its own window of the trace; without it
+// every seed replays the same first -limit requests.
+func TestSimTraceWindows(t *testing.T) {
+	var lines []string
+	for i := range 10 {
+		n := 512 * (i + 1)
+		ids := make([]string, i+1)
+		for k := range ids {
+			ids[k] = fmt.Sprint(100*i + k)
+		}
+		lines = append(lines, fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`, 1000*i, n, strings.Join(ids, ", ")))
+	}
+	tr := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(tr, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	means := func(extra ...string) []float64 {
+		args := append([]string{"sim", "-trace", tr, "-limit", "3", "-seeds", "1-2", "-replicas", "2", "-policies", "roundrobin",
+			"-q", "-json", "-no-plots"}, extra...)
+		var rep SimReport
+		if err := json.Unmarshal(kvbench(t, args...), &rep); err != nil {
+			t.Fatal(err)
+		}
+		var out []float64
+		for _, s := range rep.Workloads[0].Results[0].PerSeed {
+			if s.Requests != 3 {
+				t.Fatalf("%d requests a seed, want 3", s.Requests)
+			}
+			out = append(out, s.TTFTMean)
+		}
+		return out
+	}
+	if m := means(); m[0] != m[1] {
+		t.Errorf("without windows the seeds replayed different requests: mean TTFT %v", m)
+	}
+	// Seed 2's window starts at request 4 (frac(0.618...) of 8 starts):
+	// longer prompts than seed 1's first three.
+	if m := means("-trace-windows"); !(m[1] > m[0]) {
+		t.Errorf("seed 2's window (longer prompts) is not slower than seed 1's: mean TTFT %v", m)
+	}
+}
+
 // -util sets each workload's offered prefill utilization.
 func TestSimUtil(t *testing.T) {
 	out := kvbench(t, "sim", "-workload", "herding,chat", "-duration", "20s", "-replicas", "4", "-gpu-blocks", "4096",
