@@ -107,6 +107,10 @@ func TestSimTraceWindows(t *testing.T) {
 	}
 	// Seed 2's window starts at request 4 (frac(0.618...) of 8 starts):
 	// longer prompts than seed 1's first three.
+	var rep SimReport
+	if err := json.Unmarshal(kvbench(t, "sim", "-trace", tr, "-limit", "3", "-trace-windows", "-policies", "roundrobin", "-q", "-json", "-no-plots"), &rep); err != nil || !rep.TraceWindows {
+		t.Errorf("the report does not say the trace was windowed (err %v)", err)
+	}
 	if m := means("-trace-windows"); !(m[1] > m[0]) {
 		t.Errorf("seed 2's window (longer prompts) is not slower than seed 1's: mean TTFT %v", m)
 	}

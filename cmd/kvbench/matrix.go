@@ -29,9 +29,12 @@ type MatrixReport struct {
 	Policies  []string       `json:"policies"`
 	// Bar is set when only the default and the baseline ran above the
 	// judged utilization (-bar, `kvbench bar`).
-	Bar     bool          `json:"bar,omitempty"`
-	Cases   []MatrixCase  `json:"cases"`
-	Summary MatrixSummary `json:"summary"`
+	Bar bool `json:"bar,omitempty"`
+	// TraceWindows is set when each seed replayed its own window of the
+	// trace (-trace-windows), not the trace's first -limit requests.
+	TraceWindows bool          `json:"trace_windows,omitempty"`
+	Cases        []MatrixCase  `json:"cases"`
+	Summary      MatrixSummary `json:"summary"`
 }
 
 // MatrixCase is one (replicas, workload, utilization) case.
@@ -173,6 +176,7 @@ func matrix(ctx context.Context, name string, barDefault bool, args []string, st
 	rep := MatrixReport{
 		Default: *def, Baseline: *baseline, Criteria: cr, Seeds: seeds, Replicas: reps,
 		Workloads: wnames, Utils: utils, Policies: names, Bar: *bar,
+		TraceWindows: sf.traceWindowed(),
 		Summary: MatrixSummary{
 			FailedByWorkload: map[string]int{}, FailedByUtil: map[string]int{},
 			FailedByReplicas: map[string]int{}, FailedByCheck: map[string]int{},
@@ -243,6 +247,10 @@ const lightRun = 0.7
 func writeMatrix(w io.Writer, rep MatrixReport, details bool) {
 	d := rep.Default
 	fmt.Fprintf(w, "### kvbench matrix: %s judged, medians of %d seeds (%v)\n\n", d, len(rep.Seeds), rep.Seeds)
+	if rep.TraceWindows {
+		fmt.Fprintln(w, "The trace: each seed its own window of it (-trace-windows).")
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "| replicas | workload | util | run util | requests | %s mean s | best other mean | %s p99 s | best other p99 | E2E p99 s (%s / best other mean's) | hit/ceiling | load CV | preemptions (%s / %s) | verdict |\n", d, d, d, d, rep.Baseline)
 	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|---|")
 	light := 0

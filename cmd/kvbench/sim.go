@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -178,6 +179,12 @@ func (f *simFlags) tracePath() (string, error) {
 	return bench.DefaultTracePath(root), nil
 }
 
+// traceWindowed reports whether the workloads include the trace and each
+// seed replays its own window of it (-trace-windows with -limit).
+func (f *simFlags) traceWindowed() bool {
+	return f.windows && f.limit > 0 && slices.Contains(f.workloadNames(), "trace")
+}
+
 // readTrace reads the trace at the given rate scale: its first -limit
 // requests, or with -trace-windows seed's window of them
 // (bench.TraceWindow). A block size found from the lines other than
@@ -240,8 +247,11 @@ type SimReport struct {
 	Replicas int      `json:"replicas"`
 	Seeds    []uint64 `json:"seeds"`
 	// Rate is the arrival-rate scale when no -util was given (0 otherwise).
-	Rate      float64         `json:"rate_scale,omitempty"`
-	Workloads []WorkloadTable `json:"workloads"`
+	Rate float64 `json:"rate_scale,omitempty"`
+	// TraceWindows is set when each seed replayed its own window of the
+	// trace (-trace-windows), not the trace's first -limit requests.
+	TraceWindows bool            `json:"trace_windows,omitempty"`
+	Workloads    []WorkloadTable `json:"workloads"`
 }
 
 // WorkloadTable is one workload at one rate: one aggregate per policy,
@@ -366,7 +376,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	rep := SimReport{Replicas: sf.replicas, Seeds: seeds}
+	rep := SimReport{Replicas: sf.replicas, Seeds: seeds, TraceWindows: sf.traceWindowed()}
 	if len(utils) == 0 {
 		rep.Rate = sf.rate
 	}
