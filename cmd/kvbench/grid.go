@@ -145,7 +145,7 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 	}
 	var w *bench.Workload
 	if name == "trace" {
-		if !c.sf.windows {
+		if !c.sf.traceWindowed() {
 			seed = 0 // one trace for every seed
 		}
 		if c.trace[seed] == nil {

@@ -166,9 +166,9 @@ type TraceOptions struct {
 // of total requests: frac((seed-1)·φ') of the total - limit + 1 possible
 // starts, φ' = 0.618... (the golden ratio's fraction). Seed 1 starts at
 // the trace's first request, and successive seeds spread their starts
-// evenly over the trace (each new start falls in the largest gap the
-// earlier ones left, within a factor of φ). With no room for a second
-// window (limit 0 or at least total) every seed starts at 0.
+// evenly over the trace: the gaps between any first k starts take at most
+// three sizes (the three-gap theorem). With no room for a second window
+// (limit 0 or at least total) every seed starts at 0.
 func TraceWindow(seed uint64, total, limit int) int {
 	starts := total - limit + 1
 	if limit <= 0 || starts <= 1 || seed == 0 {
