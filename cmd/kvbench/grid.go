@@ -42,11 +42,11 @@ func (f *simFlags) workloadNames() []string {
 	return splitList(f.workloads)
 }
 
-// workloadCache builds each (workload, seed) once; the trace, which has no
-// seed, is read once, or once a seed's window with -trace-windows.
+// workloadCache builds each (workload, seed, rate, size) once, from its
+// rate-1 build; the trace, which has no seed and is not resized, is read
+// once, or once a seed's window with -trace-windows.
 type workloadCache struct {
 	sf    *simFlags
-	trace map[uint64]*bench.Workload
 	built map[string]*bench.Workload
 }
 
@@ -139,32 +139,32 @@ func (c *workloadCache) sized(name string, seed uint64, u float64, fleet bench.F
 }
 
 func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (*bench.Workload, error) {
+	if name == "trace" {
+		size = 1 // the trace is not resized
+		if !c.sf.traceWindowed() {
+			seed = 0 // one trace for every seed
+		}
+	}
 	key := fmt.Sprintf("%s/%d/%v/%v", name, seed, rate, size)
 	if w, ok := c.built[key]; ok {
 		return w, nil
 	}
 	var w *bench.Workload
-	if name == "trace" {
-		if !c.sf.traceWindowed() {
-			seed = 0 // one trace for every seed
+	var err error
+	switch {
+	case rate != 1:
+		if w, err = c.getSized(name, seed, 1, size); err != nil {
+			return nil, err
 		}
-		if c.trace[seed] == nil {
-			t, err := c.sf.readTrace(1, seed)
-			if err != nil {
-				return nil, err
-			}
-			c.trace[seed] = t
+		w = w.ScaleRate(rate)
+	case name == "trace":
+		if w, err = c.sf.readTrace(1, seed); err != nil {
+			return nil, err
 		}
-		w = c.trace[seed]
-	} else {
-		var err error
-		w, err = bench.Generate(name, bench.GenOptions{Seed: seed, SizeScale: size})
-		if err != nil {
+	default:
+		if w, err = bench.Generate(name, bench.GenOptions{Seed: seed, SizeScale: size}); err != nil {
 			return nil, fmt.Errorf("%w: %w", errUsage, err)
 		}
-	}
-	if rate != 1 {
-		w = w.ScaleRate(rate)
 	}
 	c.built[key] = w
 	return w, nil
@@ -178,7 +178,7 @@ func (c *workloadCache) getSized(name string, seed uint64, rate, size float64) (
 // run at a utilization (a subset of names; nil for all of them).
 func buildGrid(sf *simFlags, workloads []string, seeds []uint64, utils []float64, duration time.Duration, fleets []bench.FleetConfig,
 	names []string, pcfg policy.Config, keepFirst bool, namesAt func(u float64) []string) (*grid, error) {
-	wc := &workloadCache{sf: sf, trace: map[uint64]*bench.Workload{}, built: map[string]*bench.Workload{}}
+	wc := &workloadCache{sf: sf, built: map[string]*bench.Workload{}}
 	g := &grid{start: time.Now()}
 	levels := utils
 	if len(levels) == 0 {

@@ -29,7 +29,6 @@ type simFlags struct {
 	traceBlock  int
 	repeat      int
 	windows     bool
-	traceTotal  int // requests in the whole trace, once -trace-windows has read it
 	size        float64
 	replicas    int
 	seed        uint64
@@ -195,18 +194,11 @@ func (f *simFlags) readTrace(rate float64, seed uint64) (*bench.Workload, error)
 	if err != nil {
 		return nil, err
 	}
-	offset := 0
-	if f.windows && f.limit > 0 {
-		if f.traceTotal == 0 {
-			all, err := bench.ReadTraceFile(path, bench.TraceOptions{BlockTokens: f.traceBlock})
-			if err != nil {
-				return nil, err
-			}
-			f.traceTotal = len(all.Sessions)
-		}
-		offset = bench.TraceWindow(seed, f.traceTotal, f.limit)
+	opt := bench.TraceOptions{RateScale: rate, Limit: f.limit, Repeat: f.repeat, BlockTokens: f.traceBlock}
+	if f.windows {
+		opt.Window = seed
 	}
-	w, err := bench.ReadTraceFile(path, bench.TraceOptions{RateScale: rate, Offset: offset, Limit: f.limit, Repeat: f.repeat, BlockTokens: f.traceBlock})
+	w, err := bench.ReadTraceFile(path, opt)
 	if err != nil {
 		return nil, err
 	}

@@ -149,6 +149,10 @@ type TraceOptions struct {
 	// Limit keeps only the first Limit requests (of the window); 0 keeps
 	// all.
 	Limit int
+	// Window, when not 0 and with a Limit, replays seed Window's window
+	// of Limit requests instead of the first Limit (TraceWindow over the
+	// requests after Offset): the whole trace is read to know its length.
+	Window uint64
 	// BlockTokens is the number of tokens a hash id stands for. 0 finds it:
 	// Mooncake's 512 when every line fits it, otherwise the one block size
 	// every line's hash_ids count fits (traces cut at 16-, 32- or 64-token
@@ -291,7 +295,7 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 			continue
 		}
 		reqs = append(reqs, traceReq{at: *tl.Timestamp, input: *tl.InputLength, outpt: *tl.OutputLength, ids: tl.HashIDs})
-		if opt.Limit > 0 && len(reqs) >= opt.Limit {
+		if opt.Limit > 0 && opt.Window == 0 && len(reqs) >= opt.Limit {
 			break
 		}
 	}
@@ -304,7 +308,13 @@ func ReadTrace(r io.Reader, opt TraceOptions) (*Workload, error) {
 		}
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
 	}
-	if t0 := reqs[0].at; opt.Offset > 0 {
+	shifted := opt.Offset > 0
+	if opt.Window != 0 && opt.Limit > 0 {
+		off := TraceWindow(opt.Window, len(reqs), opt.Limit)
+		reqs = reqs[off:min(len(reqs), off+opt.Limit)]
+		shifted = shifted || off > 0
+	}
+	if t0 := reqs[0].at; shifted {
 		for i := range reqs {
 			reqs[i].at -= t0
 		}

@@ -140,6 +140,15 @@ func TestReadTraceWindow(t *testing.T) {
 	if !reflect.DeepEqual(w.Sessions, want) {
 		t.Fatalf("sessions %+v, want %+v", w.Sessions, want)
 	}
+	// Seed 2's window of two of the four requests starts at request 1
+	// (TraceWindow(2, 4, 2)): the same window, read in one pass.
+	win, err := ReadTrace(strings.NewReader(in), TraceOptions{Window: 2, Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(win.Sessions, want) {
+		t.Fatalf("window 2: sessions %+v, want %+v", win.Sessions, want)
+	}
 	if _, err := ReadTrace(strings.NewReader(in), TraceOptions{Offset: 4}); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), "has 4") {
 		t.Errorf("offset past the trace: %v", err)
 	}
@@ -148,10 +157,13 @@ func TestReadTraceWindow(t *testing.T) {
 	}
 }
 
-// Seeds' windows: seed 1 at the start, every start a possible one, and the
-// first five spread over the trace with no two closer than a tenth of it.
+// Seeds' windows: seed 1 at the start, every start a possible one, and,
+// on traces of any length, the first five spread over the trace with no
+// two closer than a tenth of the possible starts (the golden-ratio
+// sequence's first five points leave gaps of at least 0.146 of it).
 func TestTraceWindow(t *testing.T) {
-	for _, c := range []struct{ total, limit int }{{3993, 1000}, {100, 99}, {5000, 1}} {
+	sizes := []struct{ total, limit int }{{3993, 1000}, {100, 99}, {5000, 1}, {12031, 4000}, {10000, 100}, {640, 64}}
+	for _, c := range sizes {
 		if got := TraceWindow(1, c.total, c.limit); got != 0 {
 			t.Errorf("seed 1 of %d/%d starts at %d, want 0", c.total, c.limit, got)
 		}
@@ -160,15 +172,19 @@ func TestTraceWindow(t *testing.T) {
 				t.Fatalf("seed %d of %d/%d starts at %d: past the trace", seed, c.total, c.limit, o)
 			}
 		}
-	}
-	starts := []int{}
-	for seed := uint64(1); seed <= 5; seed++ {
-		starts = append(starts, TraceWindow(seed, 3993, 1000))
-	}
-	for i := range starts {
-		for j := range i {
-			if d := starts[i] - starts[j]; d < 299 && d > -299 {
-				t.Errorf("seeds %d and %d start at %d and %d", j+1, i+1, starts[j], starts[i])
+		starts := c.total - c.limit + 1
+		if starts < 100 {
+			continue // too few starts for a spread to show
+		}
+		var first []int
+		for seed := uint64(1); seed <= 5; seed++ {
+			first = append(first, TraceWindow(seed, c.total, c.limit))
+		}
+		for i := range first {
+			for j := range i {
+				if d := first[i] - first[j]; d < starts/10 && d > -starts/10 {
+					t.Errorf("%d/%d: seeds %d and %d start at %d and %d", c.total, c.limit, j+1, i+1, first[j], first[i])
+				}
 			}
 		}
 	}
