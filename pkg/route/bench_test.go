@@ -161,6 +161,12 @@ func BenchmarkDecideParallel(b *testing.B) {
 		b.Fatal(err)
 	}
 	rt := New(Options{Matcher: f.ix, State: f.st, Policy: p, Seed: 1, SessionMemory: DefaultSessionMemory, Pending: NewApproxIndex(ApproxConfig{TTL: DefaultPendingTTL})})
+	// Each goroutine marks its own half with its id in bits 20 and up, so
+	// no two goroutines' prompts can meet there: the prompt's tokens
+	// must all be below 1<<20.
+	if m := slices.Max(f.prompt[:256*benchBlock]); m >= 1<<20 {
+		b.Fatalf("fixture token %d does not leave bits 20 and up for a goroutine's id", m)
+	}
 	var workers atomic.Uint32
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -168,7 +174,7 @@ func BenchmarkDecideParallel(b *testing.B) {
 		id := workers.Add(1)
 		toks := slices.Clone(f.prompt[:256*benchBlock])
 		for i := 128 * benchBlock; i < len(toks); i++ {
-			toks[i] ^= id << 20 // fixture tokens are below 1<<18
+			toks[i] ^= id << 20
 		}
 		req := Request{Model: model, Tokens: toks, MaxTokens: 512}
 		for pb.Next() {
