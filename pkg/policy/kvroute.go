@@ -298,10 +298,26 @@ import (
 // steps; held, grpo's p99 time to first token at 4 replicas is 1.37-1.41 s
 // at 0.5-0.95, against 1.43-1.49 s with the step-aware credit alone and
 // 1.46-1.52 s before it (10 seeds; 8 replicas within 1.5%).
+// A request without a home in a burst (its prefix drew 2N or more recent
+// placements, Request.PrefixPlacements, as for the prefix share bound) is
+// held so whatever room the fleet's next step has: the burst's later
+// requests take that room, so a copy of the prompt made there is one
+// more prefill of it in the burst's steps, and one more replica holding
+// its KV blocks and the group's later turns. Held only once the fleet had
+// filled, a GRPO step's groups spread over two to three replicas each (8
+// replicas, engines twice as fast, grpo at 0.95: 2.4-3.1 replicas a group
+// of 8-16 samples, seeds 1-3), onto replicas whose KV memory was full, and
+// their samples waited there for memory; weighted put each group on one
+// replica. Held, kvroute's mean time to first token there is 0.841 s
+// against 0.883 s (weighted's 0.588 s), lower on each of seeds 1-5 at 4,
+// 8 and 16 replicas; on the bar grpo's mean at 4 and 8 replicas falls
+// 1-11 % and no other workload moves (docs/benchmarks.md, "A burst held
+// whatever room the fleet has").
 // The hold does not apply to a request of a spread burst (below
 // spread_util the spread regime decides), nor when no holder is within
-// that bound. A burst that fits into the fleet's next step (rl's eight
-// samples of a 2,048-token prompt on 4 replicas) spreads as before.
+// that bound. A burst that fits into the fleet's next step and is not a
+// burst of 2N on its prefix (rl's eight samples of a 2,048-token prompt
+// on 4 replicas) spreads as before.
 //
 // The memory term reads KV headroom: with the candidate's KV blocks known
 // (Load.KVBlocks), the blocks in use are the larger of the engine's
@@ -371,8 +387,11 @@ import (
 // choice for many requests, and neither ever applies at a session's home
 // (a session leaves its history only when the prediction says the holder
 // is slower). Nor does the prefix share bound pass over a holder of a
-// burst sibling's whole prompt: keeping copies of one prompt together is
-// what the sibling's move charge asks for, not herding. The load bound
+// request's whole prompt, part of it in flight (HoldsPrompt): the request
+// computes little more than its last block there, and the bound, which
+// weighs each placement by its whole prompt, would have another replica
+// compute all of it again. Keeping copies of one prompt together is what
+// the hold and the sibling's move charge ask for, not herding. The load bound
 // below fires at three times the fleet's mean load. The prefix share bound
 // (prefix_share_bound c, default 1.25; 0
 // turns it off) passes over a candidate that took c times its fair share
@@ -530,12 +549,9 @@ func (k *KVRoute) Pick(req Request, cands []Candidate, env Env) Result {
 	bound := k.LoadBound(cands)
 	credited := func(c Candidate) bool { return c.Home || float64(c.Load.Requests()) < bound }
 	f := k.FleetOf(req, cands, credited)
-	herding := k.Herding(req, cands, f)
-	if f.Sibling {
-		// Keeping a burst's copies of one prompt together is not herding.
-		h := herding
-		herding = func(c Candidate) bool { return h(c) && !HoldsPrompt(req, c) }
-	}
+	// Keeping a burst's copies of one prompt together is not herding.
+	h := k.Herding(req, cands, f)
+	herding := func(c Candidate) bool { return h(c) && !HoldsPrompt(req, c) }
 	var allowed func(Candidate) bool
 	for _, c := range cands {
 		if eligible(c) && !herding(c) {

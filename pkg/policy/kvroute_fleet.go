@@ -252,19 +252,24 @@ func (k *KVRoute) LoadBound(cands []Candidate) float64 {
 	return math.Max(k.loadBoundMin, math.Ceil(k.loadBound*float64(total+1)/float64(n)))
 }
 
-// Held returns the candidates a request of a burst that fills the fleet is
-// held on (see KVRoute): the holders of its prompt, among the eligible
-// candidates allowed admits (nil: all), whose fluid wait is at most the
-// least fluid wait plus own prefill of a candidate without the prompt,
-// when every such candidate has a step (StepBlocks) or more of fluid wait.
-// It returns nil when the hold does not apply: a spread burst's request
-// (f.Spread), no holder, a candidate without the prompt with less than a
-// step queued, or no holder within that bound.
+// Held returns the candidates a request of a burst is held on (see
+// KVRoute): the holders of its prompt, among the eligible candidates
+// allowed admits (nil: all), whose fluid wait is at most the least fluid
+// wait plus own prefill of a candidate without the prompt, when every
+// such candidate has a step (StepBlocks) or more of fluid wait (the burst
+// fills the fleet) or the request has no home and is in a burst
+// (inBurst). It returns nil when the hold does not apply: a spread
+// burst's request (f.Spread), no holder, a candidate without the prompt
+// with less than a step queued for a request with a home or outside a
+// burst, or no holder within that bound.
 func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Candidate) bool) func(Candidate) bool {
 	if f.Spread || req.PromptBlocks < 2 {
 		return nil
 	}
 	ok := func(c Candidate) bool { return eligible(c) && (allowed == nil || allowed(c)) }
+	// A request without a home in a burst is held whatever room the
+	// fleet's next step has: the burst's later requests take that room.
+	burst := homelessInBurst(req, cands)
 	step := k.StepBlocks(req)
 	done, holder := math.Inf(1), false
 	for _, c := range cands {
@@ -276,7 +281,7 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 			continue
 		}
 		w := k.FluidWait(c)
-		if w < step {
+		if w < step && !burst {
 			return nil
 		}
 		done = math.Min(done, w+float64(req.PromptBlocks-c.MatchedBlocks()))
@@ -368,4 +373,20 @@ func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCos
 		}
 	}
 	return false
+}
+
+// homelessInBurst reports whether the request has no home among the
+// eligible candidates and is part of a burst on them (inBurst).
+func homelessInBurst(req Request, cands []Candidate) bool {
+	n := 0
+	for _, c := range cands {
+		if !eligible(c) {
+			continue
+		}
+		if c.Home {
+			return false
+		}
+		n++
+	}
+	return inBurst(req, n)
 }

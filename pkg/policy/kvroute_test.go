@@ -1242,8 +1242,9 @@ func TestKVRoutePricesFutureFollowsFutureWeight(t *testing.T) {
 // another replica is work the burst's later samples wait for there, so
 // the sample pays the move charge everywhere but on the holder and goes
 // to the holder, even where the prefix share bound would pass the holder
-// over. Outside a burst, or while the fleet's next steps have room for
-// the copy, the prediction alone spreads it, as before.
+// over. While the fleet's next steps have room for the copy it is charged
+// nothing, but held on the holder; outside a burst the prediction alone
+// spreads it, as before.
 func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 	fleet := func() []Candidate {
 		cs := []Candidate{
@@ -1295,7 +1296,10 @@ func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 	}
 
 	// While the fleet's queues come to less than half a step a replica,
-	// a copy takes room the burst leaves free: no charge.
+	// a copy is charged nothing, and the prediction alone prefers r0; but
+	// the sample is held on the holder all the same (Held): the burst's
+	// later samples take the room a copy would use. The holder is over
+	// the prefix share bound, and is not passed over for it.
 	cs = fleet()
 	for i := range cs {
 		cs[i].Queued = 20
@@ -1303,8 +1307,21 @@ func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 	if f := k.FleetOf(burst, cs, nil); f.Sibling {
 		t.Errorf("fleet with room: Fleet.Sibling set")
 	}
-	if res := k.Pick(burst, cs, seeded(1)); res.Pick == 2 {
-		t.Errorf("fleet with room: picked the holder; costs %v", res.Costs)
+	if res := k.Pick(burst, cs, seeded(1)); res.Pick != 2 || res.Reason != ReasonHeld || !(res.Costs[0] < res.Costs[2]) {
+		t.Errorf("fleet with room: picked %d (%s), want the holder 2, held over a cheaper r0; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	// Outside a burst, or for a session with a home, nothing is held
+	// while the fleet has room: the prediction decides.
+	if res := k.Pick(alone, cs, seeded(1)); res.Pick == 2 {
+		t.Errorf("fleet with room, outside a burst: picked the holder; costs %v", res.Costs)
+	}
+	homed := fleet()
+	for i := range homed {
+		homed[i].Queued = 20
+	}
+	homed[0].Home = true
+	if h := k.Held(burst, homed, k.FleetOf(burst, homed, nil), nil); h != nil {
+		t.Errorf("fleet with room, a session with a home: held")
 	}
 
 	// A replica holding only part of the prompt in flight is no holder.
