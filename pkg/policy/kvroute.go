@@ -300,7 +300,7 @@ import (
 // 1.46-1.52 s before it (10 seeds; 8 replicas within 1.5%).
 // A request without a home in a burst (its prefix drew 2N or more recent
 // placements, Request.PrefixPlacements, as for the prefix share bound) is
-// held so whatever room the fleet's next step has: the burst's later
+// held there whatever room the fleet's next step has: the burst's later
 // requests take that room, so a copy of the prompt made there is one
 // more prefill of it in the burst's steps, and one more replica holding
 // its KV blocks and the group's later turns. Held only once the fleet had
