@@ -267,11 +267,8 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 		return nil
 	}
 	ok := func(c Candidate) bool { return eligible(c) && (allowed == nil || allowed(c)) }
-	// A request without a home in a burst is held whatever room the
-	// fleet's next step has: the burst's later requests take that room.
-	burst := homelessInBurst(req, cands)
 	step := k.StepBlocks(req)
-	done, holder := math.Inf(1), false
+	done, holder, room := math.Inf(1), false, false
 	for _, c := range cands {
 		if !ok(c) {
 			continue
@@ -281,12 +278,12 @@ func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Can
 			continue
 		}
 		w := k.FluidWait(c)
-		if w < step && !burst {
-			return nil
-		}
+		room = room || w < step
 		done = math.Min(done, w+float64(req.PromptBlocks-c.MatchedBlocks()))
 	}
-	if !holder {
+	// A request without a home in a burst is held whatever room the
+	// fleet's next step has: the burst's later requests take that room.
+	if !holder || (room && !homelessInBurst(req, cands)) {
 		return nil
 	}
 	in := func(c Candidate) bool { return ok(c) && HoldsPrompt(req, c) && k.FluidWait(c) <= done }
