@@ -29,8 +29,9 @@
 //     (Candidate.Pending) is credited as far as the engine will have
 //     computed it when it admits the request, given its per-step token
 //     budget (step_tokens, vLLM's --max-num-batched-tokens), and a burst
-//     that fills the fleet, or a request without a home in a burst, is
-//     held where its prompt is in flight (Reason "held"); a bounded-load
+//     that fills the fleet, or a request without a home in a burst or on
+//     a prefix that drew one within minutes, is held where its prompt is
+//     in flight (Reason "held"); a bounded-load
 //     safety net at three times the mean load takes a replica's cache
 //     credit, never at the session's home (Reason "load_bound" when that
 //     changed the pick). See KVRoute and the kvroute benchmarks in

@@ -257,11 +257,11 @@ func (k *KVRoute) LoadBound(cands []Candidate) float64 {
 // allowed admits (nil: all), whose fluid wait is at most the least fluid
 // wait plus own prefill of a candidate without the prompt, when every
 // such candidate has a step (StepBlocks) or more of fluid wait (the burst
-// fills the fleet) or the request has no home and is in a burst
-// (inBurst). It returns nil when the hold does not apply: a spread
-// burst's request (f.Spread), no holder, a candidate without the prompt
-// with less than a step queued for a request with a home or outside a
-// burst, or no holder within that bound.
+// fills the fleet) or the request has no home and is in a burst, or its
+// prefix drew one before (homelessInBurst). It returns nil when the hold
+// does not apply: a spread burst's request (f.Spread), no holder, a
+// candidate without the prompt with less than a step queued for a request
+// with a home or outside a burst, or no holder within that bound.
 func (k *KVRoute) Held(req Request, cands []Candidate, f Fleet, allowed func(Candidate) bool) func(Candidate) bool {
 	if f.Spread || req.PromptBlocks < 2 {
 		return nil
@@ -373,7 +373,10 @@ func (k *KVRoute) boundChanged(req Request, cands []Candidate, pick int, pickCos
 }
 
 // homelessInBurst reports whether the request has no home among the
-// eligible candidates and is part of a burst on them (inBurst).
+// eligible candidates and is part of a burst on them (inBurst), or its
+// prefix drew such a burst before (Request.PrefixBurst 2N or more): a
+// burst's first requests are placed before its count reaches 2N, and the
+// prefix's last burst tells what is coming.
 func homelessInBurst(req Request, cands []Candidate) bool {
 	n := 0
 	for _, c := range cands {
@@ -385,5 +388,5 @@ func homelessInBurst(req Request, cands []Candidate) bool {
 		}
 		n++
 	}
-	return inBurst(req, n)
+	return inBurst(req, n) || req.PrefixBurst >= float64(2*n)
 }

@@ -1315,6 +1315,18 @@ func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 	if res := k.Pick(alone, cs, seeded(1)); res.Pick == 2 {
 		t.Errorf("fleet with room, outside a burst: picked the holder; costs %v", res.Costs)
 	}
+	// A burst's first samples, before its count reaches 2N, on a prefix
+	// whose last burst drew 2N or more: held as in a burst. A smaller
+	// last burst holds nothing.
+	next := alone
+	next.PrefixBurst = 8
+	if res := k.Pick(next, cs, seeded(1)); res.Pick != 2 || res.Reason != ReasonHeld {
+		t.Errorf("fleet with room, a prefix that drew a burst before: picked %d (%s), want the holder 2, held; costs %v", res.Pick, res.Reason, res.Costs)
+	}
+	next.PrefixBurst = 7
+	if res := k.Pick(next, cs, seeded(1)); res.Pick == 2 {
+		t.Errorf("fleet with room, a prefix whose last burst was under 2N: picked the holder; costs %v", res.Costs)
+	}
 	homed := fleet()
 	for i := range homed {
 		homed[i].Queued = 20

@@ -82,8 +82,10 @@
 // PrefixShareHalfLife of age, and reports them as
 // policy.Candidate.PrefixShare (a share of the blocks) and
 // policy.Request.PrefixPlacements (a count of requests)
-// (kvroute's prefix share bound). Decide records its pick there; Explain
-// does not.
+// (kvroute's prefix share bound), and the largest count each prefix
+// reached, halved per PrefixBurstHalfLife, as policy.Request.PrefixBurst
+// (kvroute's hold of a burst's first requests). Decide records its pick
+// there; Explain does not.
 //
 // Living sessions: the Router's session book (sessionbook.go) keeps, per
 // replica, the sessions living there (their latest request went there

@@ -34,28 +34,42 @@ const PrefixShareHalfLife = time.Second
 // burst of new requests, the history of a session's next turn. The policy
 // reads it as Candidate.PrefixShare and Request.PrefixPlacements: a prefix
 // drawing many requests whose placements go mostly to one replica is
-// herding there. Safe for concurrent use (one mutex).
+// herding there. It also keeps the largest count each prefix reached,
+// read as Request.PrefixBurst: a prefix that drew a burst recently is
+// expected to draw the next, whose first requests have not yet made
+// their count. Safe for concurrent use (one mutex).
 type prefixShares struct {
 	mu       sync.Mutex
 	max      int
 	cur, old map[kvblock.Key]*shareEntry
 }
 
+// PrefixBurstHalfLife is how fast the largest burst a prefix drew is
+// forgotten (Request.PrefixBurst): it counts half after this long. An RL
+// trainer's steps, each a burst over one environment prompt, come seconds
+// to minutes apart; the next step is expected to be as large as the last
+// while the burst is remembered.
+const PrefixBurstHalfLife = 10 * time.Minute
+
 // shareEntry is one prefix's decayed placements: their count, their
-// prompt blocks in all and by replica.
+// prompt blocks in all and by replica, and the largest count it reached
+// (its peak, decayed at PrefixBurstHalfLife).
 type shareEntry struct {
 	at     time.Time // when the counts were last decayed
 	count  float64
+	peak   float64
 	blocks float64
 	by     map[index.ReplicaID]float64
 }
 
 // decay brings the entry's counts to now.
 func (e *shareEntry) decay(now time.Time) {
+	dt := now.Sub(e.at)
 	d, ok := decayFactor(&e.at, now, PrefixShareHalfLife)
 	if !ok {
 		return
 	}
+	e.peak *= math.Exp2(-dt.Seconds() / PrefixBurstHalfLife.Seconds())
 	e.count *= d
 	e.blocks *= d
 	for r, v := range e.by {
@@ -79,31 +93,34 @@ func (p *prefixShares) lookup(k kvblock.Key) *shareEntry {
 	return p.old[k]
 }
 
-// get returns the prefix's placement count at now (decayed) and calls
-// each for every replica it was placed on with that replica's share of
-// the placements' prompt blocks, in [0, 1].
-func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.ReplicaID, float64)) float64 {
+// get returns the prefix's placement count at now and the largest count
+// it reached, each decayed to now, and calls each for every replica it
+// was placed on with that replica's share of the placements' prompt
+// blocks, in [0, 1].
+func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.ReplicaID, float64)) (count, peak float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e := p.lookup(k)
 	if e == nil {
-		return 0
+		return 0, 0
 	}
-	d := 1.0
+	d, dp := 1.0, 1.0
 	if dt := now.Sub(e.at); dt > 0 {
 		d = math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
+		dp = math.Exp2(-dt.Seconds() / PrefixBurstHalfLife.Seconds())
 	}
 	if e.blocks > 0 {
 		for r, v := range e.by {
 			each(r, v/e.blocks)
 		}
 	}
-	return e.count * d
+	return e.count * d, e.peak * dp
 }
 
 // record counts a placement at now, of a request of blocks prompt blocks
 // (at least 1 counted) drawn by prefix k, on replica, the earlier ones
-// decayed (PrefixShareHalfLife).
+// decayed (PrefixShareHalfLife), and raises the prefix's peak to the
+// count.
 func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, blocks int, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -122,6 +139,7 @@ func (p *prefixShares) record(k kvblock.Key, replica index.ReplicaID, blocks int
 	e.decay(now)
 	w := float64(max(1, blocks))
 	e.count++
+	e.peak = max(e.peak, e.count)
 	e.blocks += w
 	e.by[replica] += w
 }

@@ -472,9 +472,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		r.vouch(sc, raw)
 	}
 	r.fillReleases(sc, d.PromptBlocks)
-	placements := 0.0
+	placements, burst := 0.0, 0.0
 	if drawn {
-		placements = r.shares.get(drawKey, start, func(id index.ReplicaID, share float64) {
+		placements, burst = r.shares.get(drawKey, start, func(id index.ReplicaID, share float64) {
 			for k := range sc.cands {
 				if sc.cands[k].Replica == id {
 					sc.cands[k].PrefixShare = share
@@ -533,6 +533,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
 		BlockSize:            primary,
 		PrefixPlacements:     placements,
+		PrefixBurst:          burst,
 		Future:               future,
 		Parallel:             parallel,
 		Siblings:             siblings,
