@@ -139,8 +139,8 @@ type Request struct {
 	PrefixPlacements float64
 	// PrefixBurst is the largest PrefixPlacements the prefix reached,
 	// halved per ten minutes of age (route's PrefixBurstHalfLife): the
-	// size of the last burst it drew, when that burst is over; 0 when
-	// none or unknown. Only kvroute reads it (see KVRoute's hold).
+	// largest burst it drew lately, remembered once that burst is over;
+	// 0 when none or unknown. Only kvroute reads it (see KVRoute's hold).
 	PrefixBurst float64
 	// Future is what the request's session is predicted to bring over its
 	// later turns when it has no home yet (see Future); zero otherwise.
