@@ -339,7 +339,11 @@ func (k *KVRoute) fleetFilling(req Request, cands []Candidate, n int) bool {
 // inBurst reports whether the request is part of a burst on a fleet of n
 // eligible candidates: the prefix that draws it had 2n or more recent
 // placements (Request.PrefixPlacements).
-func inBurst(req Request, n int) bool { return req.PrefixPlacements >= float64(2*n) }
+func inBurst(req Request, n int) bool { return req.PrefixPlacements >= burstPlacements(n) }
+
+// burstPlacements is how many recent placements of one prefix make a
+// burst on a fleet of n eligible candidates: 2n.
+func burstPlacements(n int) float64 { return float64(2 * n) }
 
 // passedOver reports whether an eligible herding candidate was cheaper
 // than the pick.
@@ -388,5 +392,5 @@ func homelessInBurst(req Request, cands []Candidate) bool {
 		}
 		n++
 	}
-	return inBurst(req, n) || req.PrefixBurst >= float64(2*n)
+	return inBurst(req, n) || req.PrefixBurst >= burstPlacements(n)
 }

@@ -1244,7 +1244,8 @@ func TestKVRoutePricesFutureFollowsFutureWeight(t *testing.T) {
 // to the holder, even where the prefix share bound would pass the holder
 // over. While the fleet's next steps have room for the copy it is charged
 // nothing, but held on the holder; outside a burst the prediction alone
-// spreads it, as before.
+// spreads it, as before, unless its prefix drew a burst of 2N before
+// (Request.PrefixBurst).
 func TestKVRouteSiblingInBurstStaysWithItsPrompt(t *testing.T) {
 	fleet := func() []Candidate {
 		cs := []Candidate{
