@@ -69,7 +69,7 @@ func (e *shareEntry) decay(now time.Time) {
 	if !ok {
 		return
 	}
-	e.peak *= math.Exp2(-dt.Seconds() / PrefixBurstHalfLife.Seconds())
+	e.peak *= halved(dt, PrefixBurstHalfLife)
 	e.count *= d
 	e.blocks *= d
 	for r, v := range e.by {
@@ -106,8 +106,7 @@ func (p *prefixShares) get(k kvblock.Key, now time.Time, each func(index.Replica
 	}
 	d, dp := 1.0, 1.0
 	if dt := now.Sub(e.at); dt > 0 {
-		d = math.Exp2(-dt.Seconds() / PrefixShareHalfLife.Seconds())
-		dp = math.Exp2(-dt.Seconds() / PrefixBurstHalfLife.Seconds())
+		d, dp = halved(dt, PrefixShareHalfLife), halved(dt, PrefixBurstHalfLife)
 	}
 	if e.blocks > 0 {
 		for r, v := range e.by {
@@ -153,5 +152,11 @@ func decayFactor(at *time.Time, now time.Time, halfLife time.Duration) (float64,
 		return 1, false
 	}
 	*at = now
-	return math.Exp2(-dt.Seconds() / halfLife.Seconds()), true
+	return halved(dt, halfLife), true
+}
+
+// halved is the factor a count shrinks by over dt with the given
+// half-life.
+func halved(dt, halfLife time.Duration) float64 {
+	return math.Exp2(-dt.Seconds() / halfLife.Seconds())
 }
