@@ -462,6 +462,7 @@ func (st *procStream) decideError(err error, req route.Request) *rejection {
 // element.
 func FillRequest(req *route.Request, p openai.Request) {
 	req.Model, req.CacheSalt, req.MaxTokens, req.Streams = p.Model, p.CacheSalt, p.MaxTokens, p.Stream
+	req.BodySession, req.CacheKey, req.User = p.SessionID, p.PromptCacheKey, p.User
 	switch p.Kind {
 	case openai.KindChat:
 		req.Input = route.TokenizeInput{

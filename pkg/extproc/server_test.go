@@ -140,6 +140,19 @@ func TestRequestTranscripts(t *testing.T) {
 			}},
 		},
 		{
+			// The body's identity fields reach the router: the user field,
+			// prompt_cache_key and a conversation the body names, from
+			// which route.SessionKey derives a key when no header is sent.
+			name: "the body's identity fields are routed on",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/completions"),
+				reqBody(`{"model":"m","prompt":[1,2,3],"user":"alice","prompt_cache_key":"thread-9","metadata":{"conversation_id":"c-4"}}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(),
+				wantChunk(`{"model":"m","prompt":[1,2,3],"user":"alice","prompt_cache_key":"thread-9","metadata":{"conversation_id":"c-4"}}`, true)},
+			wantReqs: []route.Request{{Model: "m", Tokens: []uint32{1, 2, 3}, User: "alice", CacheKey: "thread-9", BodySession: "c-4"}},
+		},
+		{
 			name: "full duplex assumed when the proxy does not announce modes",
 			msgs: []*extprocv3.ProcessingRequest{
 				reqHeaders(false, ":path", "/v1/completions"),

@@ -34,8 +34,9 @@
 // events; Explain records nothing.
 //
 // Sessions: every request's session key is the x-session-id header, else
-// one derived from the body (SessionKey: a hash of a chat's opening up to
-// its first assistant message, else the OpenAI `user`), else, for a
+// one derived from the body (SessionKey: the conversation the body names,
+// else a hash of a chat's opening up to its first assistant message, else
+// OpenAI's prompt_cache_key, else the OpenAI `user`), else, for a
 // request with exact tokens that is not a chat request (one without a key
 // is a first turn), the conversation whose prompt its own continues (promptBook.continues: the longest prompt the router sent
 // that it begins with, sent to one replica and continued by no other

@@ -338,12 +338,13 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	d.Session = SessionKey(req)
 	home, hasHome := r.homes.get(d.Session)
 	// A conversation's first turn has no assistant message yet: a client
-	// that sends the OpenAI user field has it keyed by its user, and its
-	// later turns by their opening. The session book carries the session
-	// its first turn started over to the opening's key (sessionBook.rekey).
+	// that sends OpenAI's prompt_cache_key or user field has it keyed by
+	// that, and its later turns by their opening. The session book carries
+	// the session its first turn started over to the opening's key
+	// (sessionBook.rekey).
 	upgraded := ""
-	if !hasHome && req.User != "" && strings.HasPrefix(d.Session, "conv:") {
-		upgraded = "user:" + req.User
+	if !hasHome && strings.HasPrefix(d.Session, "conv:") {
+		upgraded = firstTurnKey(req)
 	}
 	feeds, _ := r.opts.State.(EventFeeds)
 	useApprox := false

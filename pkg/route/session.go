@@ -18,7 +18,11 @@ const DefaultSessionMemory = 1 << 16
 // SessionKey returns the request's session identity, the first of:
 //
 //  1. Request.SessionKey, the x-session-id header, as given;
-//  2. "conv:" and a hash of the conversation's opening, for a chat request
+//  2. "sid:" and Request.BodySession, the conversation the body names
+//     (session_id, conversation_id, conversation, metadata's session or
+//     conversation id): a client's own name for one conversation, as
+//     strong as the header;
+//  3. "conv:" and a hash of the conversation's opening, for a chat request
 //     whose messages include an assistant turn: the model and every message
 //     up to and including the first assistant message (role and raw
 //     content). Every later turn of a conversation resends that opening
@@ -26,9 +30,15 @@ const DefaultSessionMemory = 1 << 16
 //     only when they opened identically and got the same first answer.
 //     A first turn (no assistant message yet) has no history anywhere and
 //     gets no key from its messages;
-//  3. "user:" and Request.User, the OpenAI `user` field (one end user may
+//  4. "pck:" and Request.CacheKey, OpenAI's prompt_cache_key: a client's
+//     key for requests that share a prefix, one conversation's or a whole
+//     tenant's, so below the opening (a tenant's conversations must not
+//     share one home, where the load bound never applies);
+//  5. "user:" and Request.User, the OpenAI `user` field (one end user may
 //     run several conversations: the weakest hint).
 //
+// A body's value longer than MaxBodyKey bytes is replaced by its hash, so
+// a key costs the router's books a bounded amount whatever a client sends.
 // It returns "" when none applies. The key is a hint (the replica that
 // served the session's previous request is the candidate's Home for the
 // policy), never a pin: the policy still weighs load.
@@ -42,6 +52,9 @@ func SessionKey(req Request) string {
 	if req.SessionKey != "" {
 		return req.SessionKey
 	}
+	if req.BodySession != "" {
+		return bodyKey("sid:", req.BodySession)
+	}
 	if in := req.Input; in.Chat && (len(in.ChatMessages) > 0 || len(in.Messages) > 0) {
 		h, ok := parsedOpeningHash(req.Model, in.ChatMessages)
 		if in.ChatMessages == nil {
@@ -51,10 +64,34 @@ func SessionKey(req Request) string {
 			return "conv:" + strconv.FormatUint(h, 16)
 		}
 	}
-	if req.User != "" {
-		return "user:" + req.User
+	return firstTurnKey(req)
+}
+
+// firstTurnKey is the key a conversation's first turn gets from the body's
+// weaker hints, prompt_cache_key or else user (SessionKey's 4 and 5; ""
+// without either). Its later turns are keyed by their opening, and the
+// session book carries the session over (see Decide).
+func firstTurnKey(req Request) string {
+	switch {
+	case req.CacheKey != "":
+		return bodyKey("pck:", req.CacheKey)
+	case req.User != "":
+		return bodyKey("user:", req.User)
 	}
 	return ""
+}
+
+// MaxBodyKey is the longest value from a request's body a session key
+// keeps as it is; a longer one is keyed by its hash.
+const MaxBodyKey = 256
+
+// bodyKey is prefix and v, or prefix, "#" and v's hash when v is longer
+// than MaxBodyKey.
+func bodyKey(prefix, v string) string {
+	if len(v) <= MaxBodyKey {
+		return prefix + v
+	}
+	return prefix + "#" + strconv.FormatUint(xxh3.HashString(v), 16)
 }
 
 // openingHash hashes the model and the messages up to and including the

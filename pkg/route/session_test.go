@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/policy"
@@ -49,6 +52,18 @@ func TestSessionKey(t *testing.T) {
 		{"truncated array", chat(`[{"role":"user","content":"x"},`), ""},
 		{"completion without user", Request{Model: model, Input: TokenizeInput{Prompt: "hello"}}, ""},
 		{"completion with user", Request{Model: model, User: "carol"}, "user:carol"},
+		{"the header wins over the body's session", Request{Model: model, SessionKey: "s1", BodySession: "c9", CacheKey: "k", User: "u"}, "s1"},
+		{"the body's session wins over the opening", func() Request { r := turn2; r.BodySession = "c9"; r.CacheKey = "k"; r.User = "u"; return r }(), "sid:c9"},
+		{"the opening wins over prompt_cache_key", func() Request { r := turn2; r.CacheKey = "tenant-7"; r.User = "u"; return r }(), k2},
+		{"a first turn falls back to prompt_cache_key before user", func() Request {
+			r := chat(`[{"role":"user","content":"hi"}]`)
+			r.CacheKey, r.User = "thread-1", "alice"
+			return r
+		}(), "pck:thread-1"},
+		{"completion with prompt_cache_key", Request{Model: model, CacheKey: "thread-2"}, "pck:thread-2"},
+		{"a long body value is hashed", Request{Model: model, BodySession: strings.Repeat("x", MaxBodyKey+1)},
+			"sid:#" + strconv.FormatUint(xxh3.HashString(strings.Repeat("x", MaxBodyKey+1)), 16)},
+		{"a value of MaxBodyKey bytes is kept", Request{Model: model, User: strings.Repeat("y", MaxBodyKey)}, "user:" + strings.Repeat("y", MaxBodyKey)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,62 +193,75 @@ func FuzzRawContent(f *testing.F) {
 	})
 }
 
-// A conversation sent with the OpenAI user field is keyed by its user on
-// its first turn (no assistant message yet) and by its opening from its
-// second. The session book follows it to the new key: its second turn is
-// a later turn of the session its first started (one start, one session
-// that came back, one session committed), not a new session beside a
-// one-shot ghost of the first. Another user's conversation is a new
-// session.
+// A conversation sent with the OpenAI user field (or prompt_cache_key) is
+// keyed by it on its first turn (no assistant message yet) and by its
+// opening from its second. The session book follows it to the new key:
+// its second turn is a later turn of the session its first started (one
+// start, one session that came back, one session committed), not a new
+// session beside a one-shot ghost of the first. Another user's
+// conversation is a new session.
 func TestDecideConversationContinuesItsUsersSession(t *testing.T) {
-	st := fleet(3)
-	rp := &recordingPolicy{pick: 2}
-	now := time.Unix(1000, 0)
-	rt := New(Options{State: st, Policy: rp, Seed: 1, Now: func() time.Time { return now }})
-	turn := func(user string, msgs string) Request {
-		r := chat(msgs)
-		r.Tokens, r.User = seq(64, 1), user
-		return r
-	}
-	d, err := rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"}]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Session != "user:alice" {
-		t.Fatalf("first turn keyed %q, want user:alice", d.Session)
-	}
-	rp.pick = 0
-	now = now.Add(5 * time.Second)
-	d, err = rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(d.Session, "conv:") {
-		t.Fatalf("second turn keyed %q, want a conv: key", d.Session)
-	}
-	b := rt.book
-	if b.lookup("user:alice") != nil {
-		t.Error("the session is still booked under its user key")
-	}
-	s := b.lookup(d.Session)
-	if s == nil || s.turns != 2 || s.home != "r0" || s.first != time.Unix(1000, 0) {
-		t.Fatalf("booked session %+v, want the first turn's session: 2 turns, home r0", s)
-	}
-	starts, back := 0.0, 0.0
-	for _, k := range b.kinds {
-		starts += k.starts
-		back += k.back
-	}
-	if math.Abs(starts-1) > 0.05 || math.Abs(back-1) > 0.05 {
-		t.Errorf("%v sessions started, %v came back; want 1 and 1 (decayed over seconds)", starts, back)
-	}
-	now = now.Add(5 * time.Second)
-	d, err = rt.Decide(t.Context(), turn("bob", `[{"role":"user","content":"yo"},{"role":"assistant","content":"hey"},{"role":"user","content":"more"}]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := b.lookup(d.Session); s == nil || s.turns != 1 {
-		t.Errorf("another user's conversation booked as %+v, want a new session", s)
+	for _, field := range []string{"user", "prompt_cache_key"} {
+		t.Run(field, func(t *testing.T) {
+			st := fleet(3)
+			rp := &recordingPolicy{pick: 2}
+			now := time.Unix(1000, 0)
+			rt := New(Options{State: st, Policy: rp, Seed: 1, Now: func() time.Time { return now }})
+			turn := func(who string, msgs string) Request {
+				r := chat(msgs)
+				r.Tokens = seq(64, 1)
+				if field == "user" {
+					r.User = who
+				} else {
+					r.CacheKey = who
+				}
+				return r
+			}
+			first := map[string]string{"user": "user:alice", "prompt_cache_key": "pck:alice"}[field]
+			d, err := rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"}]`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Session != first {
+				t.Fatalf("first turn keyed %q, want %s", d.Session, first)
+			}
+			rp.pick = 0
+			now = now.Add(5 * time.Second)
+			d, err = rt.Decide(t.Context(), turn("alice", `[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(d.Session, "conv:") {
+				t.Fatalf("second turn keyed %q, want a conv: key", d.Session)
+			}
+			b := rt.book
+			if b.lookup(first) != nil {
+				t.Errorf("the session is still booked under %s", first)
+			}
+			s := b.lookup(d.Session)
+			if s == nil || s.turns != 2 || s.home != "r0" || s.first != time.Unix(1000, 0) {
+				t.Fatalf("booked session %+v, want the first turn's session: 2 turns, home r0", s)
+			}
+			starts, back := 0.0, 0.0
+			for _, k := range b.kinds {
+				starts += k.starts
+				back += k.back
+			}
+			if math.Abs(starts-1) > 0.05 || math.Abs(back-1) > 0.05 {
+				t.Errorf("%v sessions started, %v came back; want 1 and 1 (decayed over seconds)", starts, back)
+			}
+			if k := b.kinds[kindUser].starts; math.Abs(k-1) > 0.05 {
+				t.Errorf("%v sessions of the user kind started, want the one (a %s key may span conversations)", k, field)
+			}
+			now = now.Add(5 * time.Second)
+			d, err = rt.Decide(t.Context(), turn("bob", `[{"role":"user","content":"yo"},{"role":"assistant","content":"hey"},{"role":"user","content":"more"}]`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := b.lookup(d.Session); s == nil || s.turns != 1 {
+				t.Errorf("another user's conversation booked as %+v, want a new session", s)
+			}
+		})
 	}
 }
 

@@ -65,7 +65,11 @@ type sessionBook struct {
 	kinds   [numKinds]classStats
 }
 
-// Key kinds: how a session's key was derived (SessionKey).
+// Key kinds: how a session's key was derived (SessionKey). A client's
+// name for one conversation (the header, the body's session id: "sid:")
+// is kindHeader; a key that may span conversations (the user field,
+// "user:", and prompt_cache_key, "pck:") is kindUser; a conversation's
+// opening ("conv:") is kindConv.
 const (
 	kindHeader = iota
 	kindUser
@@ -78,7 +82,7 @@ func keyKind(key string) int {
 	switch {
 	case strings.HasPrefix(key, "conv:"):
 		return kindConv
-	case strings.HasPrefix(key, "user:"):
+	case strings.HasPrefix(key, "user:"), strings.HasPrefix(key, "pck:"):
 		return kindUser
 	}
 	return kindHeader

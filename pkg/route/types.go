@@ -54,6 +54,15 @@ type Request struct {
 	// SessionKey is the session affinity key (x-session-id header).
 	// Without it the router derives one (see SessionKey).
 	SessionKey string
+	// BodySession is the conversation the body names, if any: its
+	// session_id, conversation_id, conversation or metadata's session or
+	// conversation id (openai.Request.SessionID). After the header, the
+	// strongest source of SessionKey.
+	BodySession string
+	// CacheKey is OpenAI's prompt_cache_key, if any: a key the client
+	// chose for requests that share a prefix, one conversation's or many
+	// (a tenant's). A first turn's key, like User (see SessionKey).
+	CacheKey string
 	// User is the OpenAI `user` field, if any: the last resort of
 	// SessionKey.
 	User string

@@ -247,7 +247,7 @@ func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
 				return
 			}
 		}
-		q, out := r.send(ctx, idx, k, s.Key, prompt, tu.Output)
+		q, out := r.send(ctx, idx, k, s.Key, s.User, prompt, tu.Output)
 		<-r.sem
 		r.record(q)
 		if q.Err != "" || ctx.Err() != nil {
@@ -287,6 +287,7 @@ type completionRequest struct {
 	Stream        bool           `json:"stream"`
 	StreamOptions map[string]any `json:"stream_options"`
 	IgnoreEOS     bool           `json:"ignore_eos"`
+	User          string         `json:"user,omitempty"` // the session's OpenAI user field, if its client sends one
 }
 
 type chunk struct {
@@ -304,7 +305,7 @@ type chunk struct {
 
 // send posts one streamed completion and measures it; it returns the
 // generated text.
-func (r *runner) send(ctx context.Context, sess, turn int, key string, prompt []byte, maxTokens int) (Request, []byte) {
+func (r *runner) send(ctx context.Context, sess, turn int, key, user string, prompt []byte, maxTokens int) (Request, []byte) {
 	q := Request{Session: sess, Turn: turn, PromptChars: len(prompt), CachedTokens: -1}
 	var p any = string(prompt)
 	if r.o.TokenIDs {
@@ -312,7 +313,7 @@ func (r *runner) send(ctx context.Context, sess, turn int, key string, prompt []
 	}
 	body, _ := json.Marshal(completionRequest{
 		Model: r.o.Model, Prompt: p, MaxTokens: maxTokens, Stream: true,
-		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true,
+		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true, User: user,
 	})
 	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
 	defer cancel()

@@ -29,6 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type fakeEngine struct {
 	mu       sync.Mutex
 	prompts  map[string][]string // session key -> prompts in order (token ids as their bytes)
+	users    map[string]string   // prompt -> the user field it came with
 	ids      int                 // prompts sent as token ids, BOS first
 	status   int
 	gap      time.Duration
@@ -40,6 +41,7 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Prompt    json.RawMessage `json:"prompt"`
 		MaxTokens int             `json:"max_tokens"`
 		Stream    bool            `json:"stream"`
+		User      *string         `json:"user"`
 	}
 	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || !req.Stream {
 		http.Error(w, "bad request", http.StatusBadRequest)
@@ -63,6 +65,9 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.ids++
 	}
 	f.prompts[r.Header.Get("x-session-id")] = append(f.prompts[r.Header.Get("x-session-id")], prompt)
+	if req.User != nil {
+		f.users[prompt] = *req.User
+	}
 	status := f.status
 	f.mu.Unlock()
 	if status != 0 {
@@ -88,7 +93,9 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
-func newFake() *fakeEngine { return &fakeEngine{prompts: map[string][]string{}} }
+func newFake() *fakeEngine {
+	return &fakeEngine{prompts: map[string][]string{}, users: map[string]string{}}
+}
 
 func workload(t *testing.T, name string, size float64) *bench.Workload {
 	t.Helper()
@@ -141,6 +148,49 @@ func TestRunMeasures(t *testing.T) {
 	s := Summarize(rep)
 	if s.Requests != w.Requests() || s.Errors != 0 || s.TTFTP99 < s.TTFTP50 || s.HitRate < 0.45 || s.HitRate > 0.55 || s.Throughput <= 0 {
 		t.Fatalf("summary %+v", s)
+	}
+}
+
+// A session's client identity reaches the engine as its client would
+// send it: the header, the OpenAI user field in the body, or nothing (as
+// the simulator's clients do, so a router sees live what it saw there).
+func TestRunSendsTheSessionsIdentity(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	turns := func(c byte) []bench.Turn {
+		return []bench.Turn{{Append: []bench.Segment{{ID: uint64(c), Len: 8}}, Output: 2}, {Append: []bench.Segment{{ID: uint64(c) + 1, Len: 4}}, Output: 2}}
+	}
+	w := &bench.Workload{Name: "ids", Sessions: []bench.Session{
+		{ID: "a", Key: "key-a", Turns: turns(10)},
+		{ID: "b", User: "user-b", Turns: turns(20)},
+		{ID: "c", Turns: turns(30)},
+	}}
+	rep, err := Run(context.Background(), Options{URL: srv.URL, Model: "m", Workload: w, Speed: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Requests) != 6 {
+		t.Fatalf("%d requests measured, want 6", len(rep.Requests))
+	}
+	if n := len(f.prompts["key-a"]); n != 2 {
+		t.Errorf("%d requests carried session a's header, want 2", n)
+	}
+	if n := len(f.prompts[""]); n != 4 {
+		t.Fatalf("%d requests without a header, want 4 (sessions b and c)", n)
+	}
+	byUser := map[string]int{}
+	for _, p := range f.prompts[""] {
+		byUser[f.users[p]]++
+	}
+	for _, p := range f.prompts["key-a"] {
+		if u, ok := f.users[p]; ok {
+			t.Errorf("session a sent a user field %q", u)
+		}
+	}
+	if byUser["user-b"] != 2 || byUser[""] != 2 || len(f.users) != 2 {
+		t.Errorf("user fields %v (by prompt %v), want session b's two requests with user-b and none elsewhere", byUser, f.users)
 	}
 }
 
