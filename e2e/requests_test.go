@@ -125,3 +125,60 @@ func TestMalformedBody(t *testing.T) {
 		t.Fatal("kvroute exited")
 	}
 }
+
+// TestBodyIdentityKeysTheSession: a client without the session header
+// names its session in the body (the OpenAI user field, prompt_cache_key,
+// a conversation id), and through Envoy and ext_proc the router keys the
+// decision by it, in route.SessionKey's order; the header still wins.
+func TestBodyIdentityKeysTheSession(t *testing.T) {
+	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {decision_history: 16}\n"})
+	ctx := t.Context()
+	chatBody := func(tag string, extra map[string]any) []byte {
+		m := map[string]any{"model": "sim-model", "max_tokens": 4,
+			"messages": []message{{Role: "user", Content: prompt(tag, 40)}}}
+		for k, v := range extra {
+			m[k] = v
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	tests := []struct {
+		name, path string
+		body       []byte
+		hdr        map[string]string
+		want       string
+	}{
+		{"user field", "/v1/chat/completions", chatBody("id-user", map[string]any{"user": "alice"}), nil, "user:alice"},
+		{"prompt_cache_key before user", "/v1/chat/completions",
+			chatBody("id-pck", map[string]any{"user": "alice", "prompt_cache_key": "thread-7"}), nil, "pck:thread-7"},
+		{"a conversation the body names", "/v1/completions",
+			[]byte(`{"model":"sim-model","prompt":"` + prompt("id-sid", 40) + `","max_tokens":4,"user":"bob","metadata":{"session_id":"run-3"}}`), nil, "sid:run-3"},
+		{"the header wins", "/v1/chat/completions", chatBody("id-hdr", map[string]any{"user": "alice", "session_id": "s-9"}),
+			map[string]string{"x-session-id": "hdr-1"}, "hdr-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := c.post(ctx, tt.path, tt.body, tt.hdr)
+			if r.err != nil || r.status != 200 {
+				t.Fatalf("%d %v %s", r.status, r.err, r.body)
+			}
+			var out struct {
+				Decisions []struct {
+					Decision struct {
+						Session string `json:"session"`
+						Replica string `json:"replica"`
+					} `json:"decision"`
+				} `json:"decisions"`
+			}
+			if err := c.adminJSON("/debug/decisions?limit=1", &out); err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Decisions) != 1 {
+				t.Fatalf("%d decisions, want the newest", len(out.Decisions))
+			}
+			if d := out.Decisions[0].Decision; d.Session != tt.want || d.Replica != r.upstream {
+				t.Fatalf("newest decision keyed %q on %s, want %q on %s (the request's upstream)", d.Session, d.Replica, tt.want, r.upstream)
+			}
+		})
+	}
+}
