@@ -17,7 +17,7 @@ const DefaultSessionMemory = 1 << 16
 
 // SessionKey returns the request's session identity, the first of:
 //
-//  1. Request.SessionKey, the x-session-id header, as given;
+//  1. Request.SessionKey, the x-session-id header;
 //  2. "sid:" and Request.BodySession, the conversation the body names
 //     (session_id, conversation_id, conversation, metadata's session or
 //     conversation id): a client's own name for one conversation, as
@@ -37,8 +37,9 @@ const DefaultSessionMemory = 1 << 16
 //  5. "user:" and Request.User, the OpenAI `user` field (one end user may
 //     run several conversations: the weakest hint).
 //
-// A body's value longer than MaxBodyKey bytes is replaced by its hash, so
-// a key costs the router's books a bounded amount whatever a client sends.
+// A value longer than MaxKeyValue bytes, the header's or the body's, is
+// replaced by its hash, so a key costs the router's books (homes, session
+// book, prompt book) a bounded amount whatever a client sends.
 // It returns "" when none applies. The key is a hint (the replica that
 // served the session's previous request is the candidate's Home for the
 // policy), never a pin: the policy still weighs load.
@@ -50,10 +51,10 @@ const DefaultSessionMemory = 1 << 16
 // and takes that conversation's key ("conv:", Decision.SessionFromPrompt).
 func SessionKey(req Request) string {
 	if req.SessionKey != "" {
-		return req.SessionKey
+		return boundedKey("", req.SessionKey)
 	}
 	if req.BodySession != "" {
-		return bodyKey("sid:", req.BodySession)
+		return boundedKey("sid:", req.BodySession)
 	}
 	if in := req.Input; in.Chat && (len(in.ChatMessages) > 0 || len(in.Messages) > 0) {
 		h, ok := parsedOpeningHash(req.Model, in.ChatMessages)
@@ -74,21 +75,21 @@ func SessionKey(req Request) string {
 func firstTurnKey(req Request) string {
 	switch {
 	case req.CacheKey != "":
-		return bodyKey("pck:", req.CacheKey)
+		return boundedKey("pck:", req.CacheKey)
 	case req.User != "":
-		return bodyKey("user:", req.User)
+		return boundedKey("user:", req.User)
 	}
 	return ""
 }
 
-// MaxBodyKey is the longest value from a request's body a session key
-// keeps as it is; a longer one is keyed by its hash.
-const MaxBodyKey = 256
+// MaxKeyValue is the longest value, from the session header or the body, a
+// session key keeps as it is; a longer one is keyed by its hash.
+const MaxKeyValue = 256
 
-// bodyKey is prefix and v, or prefix, "#" and v's hash when v is longer
-// than MaxBodyKey.
-func bodyKey(prefix, v string) string {
-	if len(v) <= MaxBodyKey {
+// boundedKey is prefix and v, or prefix, "#" and v's hash when v is longer
+// than MaxKeyValue.
+func boundedKey(prefix, v string) string {
+	if len(v) <= MaxKeyValue {
 		return prefix + v
 	}
 	return prefix + "#" + strconv.FormatUint(xxh3.HashString(v), 16)

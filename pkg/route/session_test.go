@@ -61,16 +61,44 @@ func TestSessionKey(t *testing.T) {
 			return r
 		}(), "pck:thread-1"},
 		{"completion with prompt_cache_key", Request{Model: model, CacheKey: "thread-2"}, "pck:thread-2"},
-		{"a long body value is hashed", Request{Model: model, BodySession: strings.Repeat("x", MaxBodyKey+1)},
-			"sid:#" + strconv.FormatUint(xxh3.HashString(strings.Repeat("x", MaxBodyKey+1)), 16)},
-		{"a value of MaxBodyKey bytes is kept", Request{Model: model, User: strings.Repeat("y", MaxBodyKey)}, "user:" + strings.Repeat("y", MaxBodyKey)},
+		{"a long body value is hashed", Request{Model: model, BodySession: strings.Repeat("x", MaxKeyValue+1)},
+			"sid:#" + strconv.FormatUint(xxh3.HashString(strings.Repeat("x", MaxKeyValue+1)), 16)},
+		{"a value of MaxKeyValue bytes is kept", Request{Model: model, User: strings.Repeat("y", MaxKeyValue)}, "user:" + strings.Repeat("y", MaxKeyValue)},
+		{"a long header is hashed too", Request{Model: model, SessionKey: strings.Repeat("h", 60_000)},
+			"#" + strconv.FormatUint(xxh3.HashString(strings.Repeat("h", 60_000)), 16)},
+		{"a header of MaxKeyValue bytes is kept", Request{Model: model, SessionKey: strings.Repeat("h", MaxKeyValue)}, strings.Repeat("h", MaxKeyValue)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := SessionKey(tt.req); got != tt.want {
-				t.Errorf("key %q, want %q", got, tt.want)
+				t.Errorf("key %.80q (%d bytes), want %.80q", got, len(got), tt.want)
 			}
 		})
+	}
+}
+
+// Whatever a client sends, in the header or the body, a session key stays
+// short, the same value keys the same session, and two values that differ
+// only past the bound key two sessions.
+func TestSessionKeyBoundedForEverySource(t *testing.T) {
+	sources := map[string]func(v string) Request{
+		"header":           func(v string) Request { return Request{Model: model, SessionKey: v} },
+		"body session":     func(v string) Request { return Request{Model: model, BodySession: v} },
+		"prompt_cache_key": func(v string) Request { return Request{Model: model, CacheKey: v} },
+		"user":             func(v string) Request { return Request{Model: model, User: v} },
+	}
+	long := strings.Repeat("z", 1<<20)
+	for name, req := range sources {
+		a, b := SessionKey(req(long+"a")), SessionKey(req(long+"b"))
+		if len(a) > MaxKeyValue+8 || len(b) > MaxKeyValue+8 {
+			t.Errorf("%s: a 1 MiB value gave keys of %d and %d bytes", name, len(a), len(b))
+		}
+		if a == b || a == "" {
+			t.Errorf("%s: two values differing past the bound keyed %q and %q", name, a, b)
+		}
+		if again := SessionKey(req(long + "a")); again != a {
+			t.Errorf("%s: the same value keyed %q, then %q", name, a, again)
+		}
 	}
 }
 
