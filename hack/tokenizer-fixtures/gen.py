@@ -401,6 +401,125 @@ def vllm_messages(msgs):
     return out
 
 
+# What vLLM 0.33 does to a chat request's messages and tools before the
+# template sees them, beyond vllm_messages above (mirrored here so the
+# fixtures hold what the engine renders, not what the client sent).
+TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+                  "thinking": "thinking"}
+BILLING_HEADER = "x-anthropic-billing-header"
+# vLLM's content-format detection: a template that loops over a message's
+# content gets every content as a list of {"type": "text"} parts ("openai");
+# the others get one string, the texts joined with "\n".
+OPENAI_CONTENT_FORMAT = {"gemma3"}
+
+
+def engine_content(role, content, fmt):
+    parts = [] if content is None else [content] if isinstance(content, str) else list(content)
+    texts = []
+    for p in parts:
+        kind = "text" if isinstance(p, str) else p.get("type")
+        text = p if isinstance(p, str) else p[TEXT_PART_KEYS[kind]]
+        if role == "system" and kind == "text" and text.startswith(BILLING_HEADER):
+            text = text.partition("\n")[2]
+            if not text:
+                continue
+        texts.append(text)
+    if fmt == "openai":
+        if role == "tool":
+            return "\n".join(texts)
+        return [{"type": "text", "text": t} for t in texts]
+    return "\n".join(texts)
+
+
+def engine_conversation(msgs, fmt, names_developer):
+    out = []
+    for m in vllm_messages(msgs):
+        if isinstance(m.get("content"), list) or fmt == "openai" or (
+                m["role"] == "system" and isinstance(m.get("content"), str) and BILLING_HEADER in m["content"]):
+            m = dict(m, content=engine_content(m["role"], m.get("content"), fmt))
+        out.append(m)
+    if names_developer or not any(m["role"] == "developer" for m in out):
+        return out
+    out = [dict({k: v for k, v in m.items() if k != "tools"}, role="system") if m["role"] == "developer" else m
+           for m in out]
+    systems = [i for i, m in enumerate(out) if m["role"] == "system"]
+    if not systems or (systems == [0]):
+        return out
+    merged = []
+    for i in systems:
+        c = out[i].get("content", "")
+        if isinstance(c, list):
+            c = "\n".join(p["text"] if isinstance(p, dict) else p for p in c)
+        if c:
+            merged.append(c)
+    return [{"role": "system", "content": "\n\n".join(merged)}] + [m for m in out if m["role"] != "system"]
+
+
+def engine_tools(tools):
+    """The tools as vLLM renders them: each validated as a
+    ChatCompletionToolsParam and model_dump()ed."""
+    if tools is None:
+        return None
+    out = []
+    for t in tools:
+        f = t["function"]
+        fn = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+        if f.get("strict") is not None:
+            fn["strict"] = f["strict"]
+        defer = f.get("defer_loading")
+        if defer is None:
+            defer = t.get("defer_loading")
+        if defer is not None:
+            fn["defer_loading"] = defer
+        tool = {"type": "function", "function": fn}
+        if t.get("defer_loading") is not None:
+            tool["defer_loading"] = t["defer_loading"]
+        out.append(tool)
+    return out
+
+
+def engine_shape_conversations():
+    """Requests whose messages or tools vLLM reshapes before rendering:
+    tools in a client's own key order, without descriptions, with strict,
+    defer_loading and unknown keys; Responses-style content parts; developer
+    messages; Claude Code's billing header line in a system prompt."""
+    weather = TOOLS[0]["function"]
+    convs = []
+    tools = [
+        {"function": {"parameters": weather["parameters"], "name": "get_weather"}},
+        {"type": "function", "function": dict(TOOLS[1]["function"], strict=True), "cache_control": {"type": "ephemeral"}},
+        {"type": "function", "function": {"strict": False, "x-note": "dropped", "description": None, "name": "noop",
+                                          "parameters": None}, "defer_loading": True},
+    ]
+    convs.append({"messages": [{"role": "system", "content": SYSTEMS[3]},
+                               {"role": "user", "content": "What is the weather in Paris?"}],
+                  "tools": tools, "add_generation_prompt": True, "kwargs": {}})
+    convs.append({"messages": [
+        {"role": "developer", "content": [{"type": "input_text", "text": "Answer in one line."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hello there"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hi. How can I help?"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "List three primes."},
+                                     {"type": "text", "text": "Then stop."}]}],
+        "tools": None, "add_generation_prompt": True, "kwargs": {}})
+    convs.append({"messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "first"},
+        {"role": "developer", "content": "Prefer bullet points."},
+        {"role": "developer", "content": ""},
+        {"role": "user", "content": "second"}],
+        "tools": [TOOLS[2]], "add_generation_prompt": True, "kwargs": {}})
+    for sysmsg in [
+        BILLING_HEADER + ": cc_version=2.1.3; cch=9f3e1;\nYou are Claude Code, a coding agent.",
+        [{"type": "text", "text": BILLING_HEADER + ": cc_version=2.1.3; cch=07aa2;"},
+         {"type": "text", "text": "You are Claude Code.\n\nUse the tools."}],
+        [{"type": "text", "text": "Intro."}, {"type": "text", "text": BILLING_HEADER + ": cch=1;\nkept after"}],
+    ]:
+        convs.append({"messages": [{"role": "system", "content": sysmsg},
+                                   {"role": "user", "content": "Fix the failing test."}],
+                      "tools": [TOOLS[2]], "add_generation_prompt": True, "kwargs": {}})
+    return convs
+
+
 FAMILIES = ["qwen3", "llama3_1", "llama3", "llama3_2", "gptoss", "deepseek_v3", "gemma3"]
 
 # Template arguments a family's chats always get: Llama 3.2's template prints
@@ -418,7 +537,7 @@ def main():
     rng = random.Random(SEED)
     texts = handcrafted() + random_texts(rng, 160)
     exact_texts = exactness_texts()
-    convs = conversations(random.Random(SEED + 1), 64) + exactness_conversations()
+    convs = conversations(random.Random(SEED + 1), 64) + exactness_conversations() + engine_shape_conversations()
     os.makedirs(a.out, exist_ok=True)
     for name in a.names:
         d = os.path.join(a.cache, name)
@@ -441,8 +560,12 @@ def main():
             convs_here = convs
         for c in convs_here:
             c = dict(c, kwargs=dict(c["kwargs"], **FAMILY_KWARGS.get(name, {})))
+            fmt = "openai" if name in OPENAI_CONTENT_FORMAT else "string"
+            template = tok.chat_template if isinstance(tok.chat_template, str) else json.dumps(tok.chat_template)
+            names_developer = '"developer"' in template or "'developer'" in template
             try:
-                rendered = tok.apply_chat_template(vllm_messages(c["messages"]), tools=c["tools"], tokenize=False,
+                rendered = tok.apply_chat_template(engine_conversation(c["messages"], fmt, names_developer),
+                                                   tools=engine_tools(c["tools"]), tokenize=False,
                                                    add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
             except Exception:  # the template raises (e.g. DeepSeek-V3 on object arguments): the engine rejects it too
                 raised += 1

@@ -30,10 +30,10 @@ var ErrBadMessages = errors.New("tokenize: malformed chat input")
 // separators), after vLLM's message preprocessing. It is immutable and safe
 // for concurrent use.
 type ChatTemplate struct {
-	tmpl *jinja.Template
+	base templateVariant
 	// tools is the template to use when the request has tools (the
-	// "tool_use" entry of a multi-template config); nil means tmpl.
-	tools *jinja.Template
+	// "tool_use" entry of a multi-template config); nil means base.
+	tools *templateVariant
 	// globals are the tokenizer's special tokens (bos_token, eos_token,
 	// ...) passed to every render.
 	globals map[string]jinja.Value
@@ -42,6 +42,25 @@ type ChatTemplate struct {
 	// white-space set than Python's str methods; requests whose strings
 	// hold a character where the two differ are refused.
 	bareStrip bool
+}
+
+// templateVariant is one compiled template and what vLLM reads from its
+// source to shape the messages it is given.
+type templateVariant struct {
+	tmpl *jinja.Template
+	// developer: the source names the developer role; when it does not,
+	// developer messages are rendered as system messages
+	// (developerAsSystem).
+	developer bool
+	// partsContent: the template loops over a message's content, so vLLM
+	// gives it every content as a list of {"type": "text"} parts (its
+	// "openai" content format) instead of one string (loopsOverContent).
+	partsContent bool
+}
+
+func newVariant(src string) (templateVariant, error) {
+	t, err := compileTemplate(src)
+	return templateVariant{tmpl: t, developer: namesDeveloper(src), partsContent: loopsOverContent(src)}, err
 }
 
 // bareStripCall finds string method calls without arguments.
@@ -118,13 +137,15 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 	}
 	c := &ChatTemplate{globals: map[string]jinja.Value{}}
 	c.bareStrip = bareStripCall.MatchString(src) || bareStripCall.MatchString(toolSrc)
-	if c.tmpl, err = compileTemplate(src); err != nil {
+	if c.base, err = newVariant(src); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
 	}
 	if toolSrc != "" {
-		if c.tools, err = compileTemplate(toolSrc); err != nil {
+		v, err := newVariant(toolSrc)
+		if err != nil {
 			return nil, fmt.Errorf("%w: compile tool_use: %w", ErrTemplate, err)
 		}
+		c.tools = &v
 	}
 	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
 		if s, ok := tokenContent(raw); ok {
@@ -191,21 +212,55 @@ type ChatInput struct {
 
 // Render returns the prompt text the engine would tokenize for in.
 func (c *ChatTemplate) Render(in ChatInput) (string, error) {
+	tools, err := requestTools(in.Tools)
+	if err != nil {
+		return "", err
+	}
+	v := &c.base
+	if !tools.IsNone() && c.tools != nil {
+		v = c.tools
+	}
 	var msgs []jinja.Value
-	var err error
-	if len(in.Parsed) > 0 {
+	switch {
+	case len(in.Parsed) > 0 && !v.partsContent:
 		msgs, err = prepareParsed(in.Parsed)
-	} else {
-		msgs, err = prepareMessages(in.Messages)
+	case len(in.Parsed) > 0:
+		// The parsed fast path keeps content only as joined text; parts
+		// need the raw messages.
+		msgs, err = prepareRawParsed(in.Parsed, true)
+	default:
+		msgs, err = prepareMessages(in.Messages, v.partsContent)
 	}
 	if err != nil {
 		return "", err
 	}
-	return c.render(msgs, in)
+	return c.render(v, msgs, tools, in)
 }
 
-// render renders already prepared messages.
-func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) {
+// requestTools decodes a request's tools into what vLLM hands the template
+// (engineTools): None when there are none.
+func requestTools(raw json.RawMessage) (jinja.Value, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return jinja.None(), nil
+	}
+	v, err := jsonValue(raw)
+	if err != nil {
+		return jinja.Value{}, fmt.Errorf("%w: tools: %w", ErrBadMessages, err)
+	}
+	if !v.IsList() {
+		return jinja.Value{}, fmt.Errorf("%w: tools is not an array", ErrBadMessages)
+	}
+	if v.AsList().Len() == 0 {
+		return jinja.None(), nil
+	}
+	if err := engineTools(v.AsList()); err != nil {
+		return jinja.Value{}, err
+	}
+	return v, nil
+}
+
+// render renders already prepared messages with v.
+func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinja.Value, in ChatInput) (string, error) {
 	// The engine copies data into its own scope before it runs: the map
 	// is reused across renders.
 	data, _ := renderData.Get().(map[string]jinja.Value)
@@ -219,23 +274,7 @@ func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) 
 	for k, v := range c.globals {
 		data[k] = v
 	}
-	tmpl := c.tmpl
-	tools := jinja.None()
-	if len(in.Tools) > 0 && string(in.Tools) != "null" {
-		v, err := jsonValue(in.Tools)
-		if err != nil {
-			return "", fmt.Errorf("%w: tools: %w", ErrBadMessages, err)
-		}
-		if !v.IsList() {
-			return "", fmt.Errorf("%w: tools is not an array", ErrBadMessages)
-		}
-		if v.AsList().Len() > 0 {
-			tools = v
-			if c.tools != nil {
-				tmpl = c.tools
-			}
-		}
-	}
+	tmpl := v.tmpl
 	// Keyword arguments first, so that they never replace the request's
 	// own messages, tools or generation flag.
 	if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
@@ -247,6 +286,9 @@ func (c *ChatTemplate) render(msgs []jinja.Value, in ChatInput) (string, error) 
 		for _, k := range d.Keys {
 			data[k] = d.Data[k]
 		}
+	}
+	if !v.developer {
+		msgs = developerAsSystem(msgs)
 	}
 	data["messages"] = jinja.NewList(msgs)
 	data["tools"] = tools
@@ -335,18 +377,19 @@ func renderHint(in ChatInput) int {
 }
 
 // prepareMessages parses a messages array and applies vLLM's preprocessing:
-// text content parts are joined with "\n", null content becomes "", and an
-// assistant's tool call arguments given as a JSON string become an object
-// (an empty one when they are not a JSON object); empty tool_calls are
-// dropped. Only the fields vLLM forwards to the template are kept.
-func prepareMessages(raw json.RawMessage) ([]jinja.Value, error) {
+// content becomes text (textContent: joined with "\n", or text parts when
+// parts is set), and an assistant's tool call arguments given as a JSON
+// string become an object (an empty one when they are not a JSON object);
+// empty tool_calls are dropped. Only the fields vLLM forwards to the
+// template are kept.
+func prepareMessages(raw json.RawMessage, parts bool) ([]jinja.Value, error) {
 	var list []json.RawMessage
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("%w: messages: %w", ErrBadMessages, err)
 	}
 	out := make([]jinja.Value, 0, len(list))
 	for i, m := range list {
-		v, err := prepareMessage(m)
+		v, err := prepareMessage(m, parts)
 		if err != nil {
 			return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
 		}
@@ -355,7 +398,7 @@ func prepareMessages(raw json.RawMessage) ([]jinja.Value, error) {
 	return out, nil
 }
 
-func prepareMessage(raw json.RawMessage) (jinja.Value, error) {
+func prepareMessage(raw json.RawMessage, parts bool) (jinja.Value, error) {
 	v, err := jsonValue(raw)
 	if err != nil {
 		return jinja.Value{}, err
@@ -371,7 +414,7 @@ func prepareMessage(raw json.RawMessage) (jinja.Value, error) {
 	out := jinja.NewDict()
 	d := out.AsDict()
 	d.Set("role", role)
-	content, err := textContent(in)
+	content, err := textContent(in, role.AsString(), parts)
 	if err != nil {
 		return jinja.Value{}, err
 	}
@@ -403,35 +446,117 @@ func prepareMessage(raw json.RawMessage) (jinja.Value, error) {
 	return out, nil
 }
 
-// textContent flattens a message's content to the string the template sees.
-func textContent(m *jinja.Dict) (jinja.Value, error) {
+// billingHeader begins the attribution line Claude Code puts first in its
+// system prompt; its value changes on every request.
+const billingHeader = "x-anthropic-billing-header"
+
+// withoutBillingHeader is what vLLM (0.33, renderers/chat_utils/
+// chat_message.py _strip_claude_code_billing_header) does to each string
+// or "text" part of a system message: a text that begins with the billing
+// header loses its first line, and is dropped (keep false) when nothing
+// follows that line. Other texts are returned as they are.
+func withoutBillingHeader(text string) (rest string, keep bool) {
+	if !strings.HasPrefix(text, billingHeader) {
+		return text, true
+	}
+	_, rest, _ = strings.Cut(text, "\n")
+	return rest, rest != ""
+}
+
+// textPartKeys maps the content part types vLLM reads as text to the key
+// holding their text (vLLM 0.33, renderers/chat_utils/chat_message.py:
+// TEXT_PART_TYPES and MM_PARSER_MAP): the Responses API's input_text and
+// output_text are text parts in chat requests too.
+var textPartKeys = map[string]string{
+	"text": "text", "input_text": "text", "output_text": "text",
+	"refusal": "refusal", "thinking": "thinking",
+}
+
+// textContent is a message's content as vLLM gives it to the template: its
+// texts (a string content is one text part; a null content none) joined
+// with "\n" for a template that takes string content, or, when parts is set
+// (the template loops over content), a list of {"type": "text", "text": ...}
+// dicts, one a text, except for a tool message, whose texts are joined
+// again. A system message's texts lose Claude Code's billing header line
+// (withoutBillingHeader); a null text or refusal part is skipped, as vLLM
+// skips it.
+func textContent(m *jinja.Dict, role string, parts bool) (jinja.Value, error) {
+	texts, err := contentTexts(m, role == "system")
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	if !parts || role == "tool" {
+		if len(texts) == 1 {
+			return texts[0], nil // the string value as decoded: no copy
+		}
+		s := make([]string, len(texts))
+		for i, t := range texts {
+			s[i] = t.AsString()
+		}
+		return jinja.NewString(strings.Join(s, "\n")), nil
+	}
+	items := make([]jinja.Value, len(texts))
+	for i, t := range texts {
+		part := jinja.NewDict()
+		part.AsDict().Set("type", textType)
+		part.AsDict().Set("text", t)
+		items[i] = part
+	}
+	return jinja.NewList(items), nil
+}
+
+var textType = jinja.NewString("text")
+
+// contentTexts returns the text of each of a message's content parts.
+func contentTexts(m *jinja.Dict, system bool) ([]jinja.Value, error) {
 	c, ok := m.Get("content")
 	if !ok || c.IsNone() {
-		return jinja.NewString(""), nil
+		return nil, nil
+	}
+	one := func(v jinja.Value, strip bool) []jinja.Value {
+		if strip {
+			if rest, keep := withoutBillingHeader(v.AsString()); rest != v.AsString() {
+				if !keep {
+					return nil
+				}
+				return []jinja.Value{jinja.NewString(rest)}
+			}
+		}
+		return []jinja.Value{v}
 	}
 	if c.IsString() {
-		return c, nil
+		return one(c, system), nil
 	}
 	if !c.IsList() {
-		return jinja.Value{}, errors.New("content is neither a string nor an array")
+		return nil, errors.New("content is neither a string nor an array")
 	}
-	var parts []string
+	texts := make([]jinja.Value, 0, c.AsList().Len())
 	for _, p := range c.AsList().Items {
 		if p.IsString() {
-			parts = append(parts, p.AsString())
+			texts = append(texts, one(p, system)...)
 			continue
 		}
 		if !p.IsDict() {
-			return jinja.Value{}, errors.New("content part is not an object")
+			return nil, errors.New("content part is not an object")
 		}
 		typ, _ := p.AsDict().Get("type")
-		text, hasText := p.AsDict().Get("text")
-		if !typ.IsString() || typ.AsString() != "text" || !hasText || !text.IsString() {
-			return jinja.Value{}, fmt.Errorf("%w: non-text content part %s", ErrUnsupported, typ.String())
+		key := ""
+		if typ.IsString() {
+			key = textPartKeys[typ.AsString()]
 		}
-		parts = append(parts, text.AsString())
+		if key == "" {
+			return nil, fmt.Errorf("%w: non-text content part %s", ErrUnsupported, typ.String())
+		}
+		text, hasText := p.AsDict().Get(key)
+		switch {
+		case (!hasText || text.IsNone()) && (key == "text" && typ.AsString() == "text" || key == "refusal"):
+			continue
+		case !hasText || !text.IsString():
+			return nil, fmt.Errorf("%w: content part %s without its %s string", ErrUnsupported, typ.String(), key)
+		}
+		texts = append(texts, one(text, system && typ.AsString() == "text")...)
 	}
-	return jinja.NewString(strings.Join(parts, "\n")), nil
+	return texts, nil
 }
 
 func normalizeToolCalls(calls *jinja.List) error {

@@ -22,7 +22,7 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 	for i := range msgs {
 		m := &msgs[i]
 		if !plainMessage(m) {
-			v, err := prepareMessage(m.Raw)
+			v, err := prepareMessage(m.Raw, false)
 			if err != nil {
 				return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
 			}
@@ -40,6 +40,21 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 		d.Set("content", jinja.NewString(m.Content))
 		if m.Name != "" {
 			d.Set("name", jinja.NewString(m.Name))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// prepareRawParsed prepares parsed messages from their raw JSON, as
+// prepareMessages would (for content given as parts, which the parsed
+// fields keep only joined).
+func prepareRawParsed(msgs []route.ChatMessage, parts bool) ([]jinja.Value, error) {
+	out := make([]jinja.Value, 0, len(msgs))
+	for i := range msgs {
+		v, err := prepareMessage(msgs[i].Raw, parts)
+		if err != nil {
+			return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
 		}
 		out = append(out, v)
 	}
@@ -67,6 +82,9 @@ func plainMessage(m *route.ChatMessage) bool {
 	const mark = "\ufdd0"
 	if strings.Contains(m.Role, mark) || strings.Contains(m.Content, mark) || strings.Contains(m.Name, mark) {
 		return false
+	}
+	if m.Role == "system" && strings.Contains(m.Content, billingHeader) {
+		return false // its text parts are stripped one by one (textContent)
 	}
 	hasName, ok := plainKeys(m.Raw)
 	return ok && (m.Name != "" || !hasName)

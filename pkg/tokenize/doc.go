@@ -134,6 +134,24 @@
 // schemas and arguments full of whole floats, exponents and huge integers.
 // Multimodal content parts are refused (ErrUnsupported).
 //
+// vLLM's reshaping before the template (0.33; chat.go, tools.go,
+// developer.go, contentformat.go), reproduced because the client's JSON is
+// not what the template sees: text parts are "text", "input_text" and
+// "output_text" (their "text"), "refusal" and "thinking" (their own key), a
+// null text or refusal part skipped; a template that loops over a
+// message's content (vLLM's content-format detection, done here on the
+// template's statements) gets every content as a list of {"type": "text"}
+// parts, any other template one string of the texts joined with "\n"; a
+// system message's text that begins with Claude Code's
+// x-anthropic-billing-header line loses that line; when the template never
+// names the developer role, developer messages become system messages and
+// every system message is merged into one at the front; and the tools are
+// rendered as vLLM's ChatCompletionToolsParam.model_dump() gives them (key
+// order type, function{name, description, parameters, strict,
+// defer_loading}, description and parameters null when absent, other keys
+// dropped). SGLang hands templates each tool's function object alone; this
+// package renders vLLM's shape.
+//
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
 // tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off
 // the request path with the engine's own POST /tokenize (chat requests

@@ -99,24 +99,25 @@ func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
-	out, err := ct.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"n": 123456789012345678901234567890, "f": 2.0}]`)})
-	if err != nil || out != `hi[{"n": 123456789012345678901234567890, "f": 2.0}]` {
+	out, err := ct.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"function": {"name": "n", "parameters": {"n": 123456789012345678901234567890, "f": 2.0}}}]`)})
+	if err != nil || out != `hi[{"type": "function", "function": {"name": "n", "description": null, "parameters": {"n": 123456789012345678901234567890, "f": 2.0}}}]` {
 		t.Fatalf("tojson path: %q, %v", out, err)
 	}
 	// The template prints the number directly: Python would print
 	// "2.0"; the engine cannot, so the request is refused, not misrendered.
-	cfg2 := `{"chat_template": "{% for t in tools %}{{ t.f }}{% endfor %}"}`
+	cfg2 := `{"chat_template": "{% for t in tools %}{{ t.function.parameters.f }}{% endfor %}"}`
 	ct2, err := ParseChatTemplate([]byte(cfg2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tools := range []string{`[{"f": 2.0}]`, `[{"f": 123456789012345678901234567890}]`} {
+	for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
+		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
 		if _, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
 			t.Errorf("%s printed directly: err = %v, want ErrUnsupported", tools, err)
 		}
 	}
 	// 2.5 prints the same in both: rendered.
-	if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"f": 2.5}]`)}); err != nil || out != "2.5" {
+	if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"type": "function", "function": {"name": "n", "parameters": {"f": 2.5}}}]`)}); err != nil || out != "2.5" {
 		t.Errorf("2.5 printed directly: %q, %v", out, err)
 	}
 	// A string that looks like the internal mark is refused.

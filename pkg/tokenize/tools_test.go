@@ -1,0 +1,109 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// The reshaping the fixtures check against HuggingFace's rendering is also
+// checked here on its own: the dict each tool becomes, and what is refused.
+func TestToolsRenderAsVLLMDumpsThem(t *testing.T) {
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{{ tools|tojson }}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
+	for _, c := range []struct{ tools, want string }{
+		{`[{"function": {"parameters": {"b": 1, "a": 2}, "name": "f"}}]`,
+			`[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"b": 1, "a": 2}}}]`},
+		{`[{"function": {"strict": true, "name": "f", "x": 1, "description": "d"}, "type": "function", "cache_control": {}}]`,
+			`[{"type": "function", "function": {"name": "f", "description": "d", "parameters": null, "strict": true}}]`},
+		{`[{"type": "function", "defer_loading": false, "function": {"name": "f", "strict": null}}]`,
+			`[{"type": "function", "function": {"name": "f", "description": null, "parameters": null, "defer_loading": false}, "defer_loading": false}]`},
+		{`[{"type": "function", "defer_loading": true, "function": {"name": "f", "defer_loading": false}}]`,
+			`[{"type": "function", "function": {"name": "f", "description": null, "parameters": null, "defer_loading": false}, "defer_loading": true}]`},
+	} {
+		got, err := ct.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(c.tools)})
+		if err != nil || got != c.want {
+			t.Errorf("%s:\n got %s, %v\nwant %s", c.tools, got, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		tools string
+		want  error
+	}{
+		{`[{"type": "code_interpreter"}]`, ErrBadMessages},
+		{`[{"type": "function"}]`, ErrBadMessages},
+		{`[{"function": {"description": "no name"}}]`, ErrBadMessages},
+		{`[{"function": {"name": "f", "parameters": "x"}}]`, ErrBadMessages},
+		{`[{"function": {"name": "f", "description": 3}}]`, ErrBadMessages},
+		{`[3]`, ErrBadMessages},
+		{`[{"function": {"name": "f", "strict": "yes"}}]`, ErrUnsupported},
+		{`[{"function": {"name": "f"}, "defer_loading": 1}]`, ErrUnsupported},
+	} {
+		if _, err := ct.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(c.tools)}); !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.tools, err, c.want)
+		}
+	}
+}
+
+func TestMessagesReshapedAsVLLMDoes(t *testing.T) {
+	str, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}[{{ m.role }}:{% if m.content is string %}s={{ m.content }}{% else %}{% for p in m.content %}({{ p.type }}={{ p.text }}){% endfor %}{% endif %}]{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ msgs, str, parts string }{
+		{ // Responses-style parts; a null text part skipped; a tool's texts joined even as parts.
+			`[{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": null}, {"type": "output_text", "text": "b"}, {"type": "refusal", "refusal": "c"}, {"type": "thinking", "thinking": "d"}]}, {"role": "tool", "content": [{"type": "text", "text": "x"}, "y"]}]`,
+			"[user:a\nb\nc\nd][tool:x\ny]",
+			"[user:(text=a)(text=b)(text=c)(text=d)][tool:s=x\ny]"},
+		{ // developer without template support: system, merged at the front.
+			`[{"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "developer", "content": "D"}, {"role": "developer", "content": ""}]`,
+			"[system:S\n\nD][user:u]",
+			"[system:s=S\n\nD][user:(text=u)]"},
+		{ // one developer message alone stays where it is, as system.
+			`[{"role": "developer", "content": "D"}, {"role": "user", "content": "u"}]`,
+			"[system:D][user:u]",
+			"[system:(text=D)][user:(text=u)]"},
+		{ // the billing header line goes from system texts only, part by part.
+			`[{"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"}, {"type": "text", "text": "S\nT"}, {"type": "text", "text": "x-anthropic-billing-header: a\nkept"}, {"type": "input_text", "text": "x-anthropic-billing-header: b\nc"}]}, {"role": "user", "content": "x-anthropic-billing-header: u\nv"}]`,
+			"[system:S\nT\nkept\nx-anthropic-billing-header: b\nc][user:x-anthropic-billing-header: u\nv]",
+			"[system:(text=S\nT)(text=kept)(text=x-anthropic-billing-header: b\nc)][user:(text=x-anthropic-billing-header: u\nv)]"},
+		{ // a string content: one part; null: none.
+			`[{"role": "system", "content": "x-anthropic-billing-header: only"}, {"role": "assistant", "content": null}]`,
+			"[system:][assistant:]",
+			"[system:][assistant:]"},
+	} {
+		for _, r := range []struct {
+			ct   *ChatTemplate
+			want string
+		}{{str, c.str}, {parts, c.parts}} {
+			in := ChatInput{Messages: json.RawMessage(c.msgs)}
+			got, err := r.ct.Render(in)
+			if err != nil || got != r.want {
+				t.Errorf("%s:\n got %q, %v\nwant %q", c.msgs, got, err, r.want)
+			}
+			in.Parsed = parsedMessages(t, c.msgs)
+			if got, err := r.ct.Render(in); err != nil || got != r.want {
+				t.Errorf("%s, parsed:\n got %q, %v\nwant %q", c.msgs, got, err, r.want)
+			}
+		}
+	}
+	if !parts.base.partsContent || str.base.partsContent {
+		t.Fatal("content format misdetected")
+	}
+	// A template that names the developer role keeps it.
+	dev, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}{% if m.role == 'developer' %}D{% endif %}[{{ m.role }}]{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dev.Render(ChatInput{Messages: json.RawMessage(`[{"role": "user", "content": "u"}, {"role": "developer", "content": "d"}]`)}); err != nil || !strings.Contains(got, "D[developer]") {
+		t.Errorf("developer-aware template: %q, %v", got, err)
+	}
+}
