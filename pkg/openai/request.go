@@ -515,7 +515,9 @@ func (s *scanner) message() (Message, error) {
 }
 
 // contentParts decodes a content list: strings and {"type":"text","text":
-// ...} parts give text, joined with "\n"; any other part sets nonText.
+// ...} parts (or "input_text", "output_text": the Responses API's, which
+// vLLM reads as text) give text, joined with "\n"; any other part sets
+// nonText.
 func (s *scanner) contentParts(depth int) (string, bool, error) {
 	var parts []string
 	nonText := false
@@ -545,7 +547,7 @@ func (s *scanner) contentParts(depth int) (string, bool, error) {
 				}
 				return false, nil
 			}, depth+1)
-			if typ == "text" && hasText {
+			if hasText && (typ == "text" || typ == "input_text" || typ == "output_text") {
 				parts = append(parts, text)
 			} else {
 				nonText = true

@@ -144,7 +144,8 @@ func parsedOpeningHash(model string, msgs []ChatMessage) (uint64, bool) {
 }
 
 // opening accumulates openingHash: the model, then each message's role and
-// raw content, NUL-separated.
+// raw content, NUL-separated (a system message's content without Claude
+// Code's per-request billing line: systemContentKey).
 type opening struct{ h *xxh3.Hasher }
 
 func newOpening(model string) opening {
@@ -159,6 +160,9 @@ func newOpening(model string) opening {
 func (o opening) add(role string, content []byte) bool {
 	_, _ = o.h.WriteString(role)
 	_, _ = o.h.Write([]byte{0})
+	if role == "system" {
+		content = systemContentKey(content)
+	}
 	_, _ = o.h.Write(content)
 	_, _ = o.h.Write([]byte{0})
 	return role == "assistant"

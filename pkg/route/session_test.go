@@ -313,3 +313,47 @@ func TestSessionBookViewLeavesOutTheSessionItself(t *testing.T) {
 		t.Errorf("conv:a sees its own turns on r1: %+v", got)
 	}
 }
+
+// Claude Code's system prompt starts with a billing line whose value changes
+// on every request; vLLM drops that line before rendering, and a
+// conversation's key must not change with it either.
+func TestConversationKeyIgnoresTheBillingLine(t *testing.T) {
+	turn := func(sys, answer string) Request {
+		return chat(`[{"role":"system","content":` + sys + `},{"role":"user","content":"fix it"},{"role":"assistant","content":"` + answer + `"},{"role":"user","content":"go on"}]`)
+	}
+	for _, c := range []struct{ a, b, other string }{
+		{`"x-anthropic-billing-header: cch=1;\nYou are Claude Code."`, `"x-anthropic-billing-header: cch=2;\nYou are Claude Code."`, `"x-anthropic-billing-header: cch=2;\nYou are someone else."`},
+		{`[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"You are Claude Code."}]`,
+			`[{"type":"text","text":"x-anthropic-billing-header: cch=9;"},{"type":"text","text":"You are Claude Code."}]`,
+			`[{"type":"text","text":"x-anthropic-billing-header: cch=9;"},{"type":"text","text":"You are Claude."}]`},
+	} {
+		ka, kb := SessionKey(turn(c.a, "ok")), SessionKey(turn(c.b, "ok"))
+		if !strings.HasPrefix(ka, "conv:") || ka != kb {
+			t.Errorf("%s / %s: keys %q and %q, want one conv: key", c.a, c.b, ka, kb)
+		}
+		if SessionKey(turn(c.other, "ok")) == ka {
+			t.Errorf("%s: another system prompt shares the key", c.other)
+		}
+		if SessionKey(turn(c.a, "other answer")) == ka {
+			t.Errorf("%s: another opening answer shares the key", c.a)
+		}
+		// The parser's messages give the same key as the raw JSON.
+		r := turn(c.b, "ok")
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(r.Input.Messages, &msgs); err != nil {
+			t.Fatal(err)
+		}
+		parsed := make([]ChatMessage, len(msgs))
+		for i, m := range msgs {
+			var rm rawMessage
+			_ = json.Unmarshal(m, &rm)
+			parsed[i] = ChatMessage{Role: rm.Role, Raw: m}
+		}
+		hRaw, ok1 := openingHash(model, r.Input.Messages)
+		hParsed, ok2 := parsedOpeningHash(model, parsed)
+		if !ok1 || !ok2 || hRaw != hParsed {
+			t.Errorf("%s: raw and parsed opening hashes differ", c.b)
+		}
+	}
+
+}

@@ -446,23 +446,6 @@ func prepareMessage(raw json.RawMessage, parts bool) (jinja.Value, error) {
 	return out, nil
 }
 
-// billingHeader begins the attribution line Claude Code puts first in its
-// system prompt; its value changes on every request.
-const billingHeader = "x-anthropic-billing-header"
-
-// withoutBillingHeader is what vLLM (0.33, renderers/chat_utils/
-// chat_message.py _strip_claude_code_billing_header) does to each string
-// or "text" part of a system message: a text that begins with the billing
-// header loses its first line, and is dropped (keep false) when nothing
-// follows that line. Other texts are returned as they are.
-func withoutBillingHeader(text string) (rest string, keep bool) {
-	if !strings.HasPrefix(text, billingHeader) {
-		return text, true
-	}
-	_, rest, _ = strings.Cut(text, "\n")
-	return rest, rest != ""
-}
-
 // textPartKeys maps the content part types vLLM reads as text to the key
 // holding their text (vLLM 0.33, renderers/chat_utils/chat_message.py:
 // TEXT_PART_TYPES and MM_PARSER_MAP): the Responses API's input_text and
@@ -478,7 +461,7 @@ var textPartKeys = map[string]string{
 // (the template loops over content), a list of {"type": "text", "text": ...}
 // dicts, one a text, except for a tool message, whose texts are joined
 // again. A system message's texts lose Claude Code's billing header line
-// (withoutBillingHeader); a null text or refusal part is skipped, as vLLM
+// (route.WithoutBillingHeader); a null text or refusal part is skipped, as vLLM
 // skips it.
 func textContent(m *jinja.Dict, role string, parts bool) (jinja.Value, error) {
 	texts, err := contentTexts(m, role == "system")
@@ -515,7 +498,7 @@ func contentTexts(m *jinja.Dict, system bool) ([]jinja.Value, error) {
 	}
 	one := func(v jinja.Value, strip bool) []jinja.Value {
 		if strip {
-			if rest, keep := withoutBillingHeader(v.AsString()); rest != v.AsString() {
+			if rest, keep := route.WithoutBillingHeader(v.AsString()); rest != v.AsString() {
 				if !keep {
 					return nil
 				}

@@ -83,7 +83,7 @@ func plainMessage(m *route.ChatMessage) bool {
 	if strings.Contains(m.Role, mark) || strings.Contains(m.Content, mark) || strings.Contains(m.Name, mark) {
 		return false
 	}
-	if m.Role == "system" && strings.Contains(m.Content, billingHeader) {
+	if m.Role == "system" && strings.Contains(m.Content, route.BillingHeader) {
 		return false // its text parts are stripped one by one (textContent)
 	}
 	hasName, ok := plainKeys(m.Raw)
