@@ -355,5 +355,4 @@ func TestConversationKeyIgnoresTheBillingLine(t *testing.T) {
 			t.Errorf("%s: raw and parsed opening hashes differ", c.b)
 		}
 	}
-
 }
