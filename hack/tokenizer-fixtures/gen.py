@@ -508,6 +508,9 @@ def engine_shape_conversations():
         {"role": "developer", "content": ""},
         {"role": "user", "content": "second"}],
         "tools": [TOOLS[2]], "add_generation_prompt": True, "kwargs": {}})
+    # An empty tools list is passed on as one (not as None).
+    convs.append({"messages": [{"role": "user", "content": "No tools today."}],
+                  "tools": [], "add_generation_prompt": True, "kwargs": {}})
     for sysmsg in [
         BILLING_HEADER + ": cc_version=2.1.3; cch=9f3e1;\nYou are Claude Code, a coding agent.",
         [{"type": "text", "text": BILLING_HEADER + ": cc_version=2.1.3; cch=07aa2;"},

@@ -238,7 +238,7 @@ func (c *ChatTemplate) Render(in ChatInput) (string, error) {
 }
 
 // requestTools decodes a request's tools into what vLLM hands the template
-// (engineTools): None when there are none.
+// (engineTools): None when the request has none (absent or null).
 func requestTools(raw json.RawMessage) (jinja.Value, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return jinja.None(), nil
@@ -250,9 +250,9 @@ func requestTools(raw json.RawMessage) (jinja.Value, error) {
 	if !v.IsList() {
 		return jinja.Value{}, fmt.Errorf("%w: tools is not an array", ErrBadMessages)
 	}
-	if v.AsList().Len() == 0 {
-		return jinja.None(), nil
-	}
+	// An empty list stays a list: vLLM passes tools=[] on, which selects a
+	// tool_use template and is not none to the template (Llama 3.2 renders
+	// its tool preamble for it).
 	if err := engineTools(v.AsList()); err != nil {
 		return jinja.Value{}, err
 	}
