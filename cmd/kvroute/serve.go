@@ -286,8 +286,11 @@ func (f explainerFunc) Explain(ctx context.Context, req route.Request) (route.De
 func parseRequest(path string, body []byte) (route.Request, error) {
 	if path == "" {
 		path = "/v1/completions"
-		if strings.Contains(string(body), `"messages"`) {
+		switch {
+		case strings.Contains(string(body), `"messages"`):
 			path = "/v1/chat/completions"
+		case strings.Contains(string(body), `"input"`) && !strings.Contains(string(body), `"prompt"`):
+			path = "/v1/responses"
 		}
 	}
 	p, err := openai.Parse(path, body)

@@ -469,6 +469,15 @@ func FillRequest(req *route.Request, p openai.Request) {
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages),
 		}
+	case openai.KindResponses:
+		// Converted to the chat request vLLM renders; a body whose prompt
+		// cannot be reproduced (p.Convert) routes by its session and load.
+		if p.Convert == nil {
+			req.Input = route.TokenizeInput{
+				Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+				AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
+			}
+		}
 	case openai.KindCompletion:
 		switch {
 		case len(p.Prompt.TokenIDs) > 0:

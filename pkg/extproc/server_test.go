@@ -153,6 +153,31 @@ func TestRequestTranscripts(t *testing.T) {
 			wantReqs: []route.Request{{Model: "m", Tokens: []uint32{1, 2, 3}, User: "alice", CacheKey: "thread-9", BodySession: "c-4"}},
 		},
 		{
+			// A Responses body reaches the router as the chat request vLLM
+			// renders for it, with its identity fields.
+			name: "a responses body is routed as its chat request",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/responses"),
+				reqBody(`{"model":"m","instructions":"Be brief.","input":"hi","prompt_cache_key":"thread-9","stream":true,"max_output_tokens":8}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(),
+				wantChunk(`{"model":"m","instructions":"Be brief.","input":"hi","prompt_cache_key":"thread-9","stream":true,"max_output_tokens":8}`, true)},
+			wantReqs: []route.Request{{Model: "m", CacheKey: "thread-9", Streams: true, MaxTokens: 8,
+				Input: route.TokenizeInput{Chat: true, AddGenerationPrompt: true, AddSpecialTokens: true,
+					Messages: json.RawMessage(`[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}]`)}}},
+		},
+		{
+			// History stored by the engine: routed by the session alone.
+			name: "a responses body continuing stored history has no prompt",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/responses"),
+				reqBody(`{"model":"m","input":"next","previous_response_id":"resp_1","user":"bob"}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(),
+				wantChunk(`{"model":"m","input":"next","previous_response_id":"resp_1","user":"bob"}`, true)},
+			wantReqs: []route.Request{{Model: "m", User: "bob"}},
+		},
+		{
 			name: "full duplex assumed when the proxy does not announce modes",
 			msgs: []*extprocv3.ProcessingRequest{
 				reqHeaders(false, ":path", "/v1/completions"),
@@ -372,6 +397,11 @@ func TestImmediateResponses(t *testing.T) {
 			name:     "wrong type on an inference path",
 			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/completions"), reqBody(`{"model":"m","prompt":"x","max_tokens":"9"}`, true)},
 			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: `"max_tokens"`,
+		},
+		{
+			name:     "a responses body without input",
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/responses"), reqBody(`{"model":"m","stream":true}`, true)},
+			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: "input is required",
 		},
 		{
 			name:     "body over the limit",

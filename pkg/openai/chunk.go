@@ -15,18 +15,29 @@ import (
 // pointer, a repeated object key merges into the value before it, and a
 // value of the wrong type fails the whole document.
 
-// usageScan is usageJSON as decoded so far.
+// usageScan is usageJSON as decoded so far: a chat or completion usage
+// (prompt_tokens, completion_tokens, prompt_tokens_details) or a Responses
+// one (input_tokens, output_tokens, input_tokens_details). An engine sends
+// one kind; were both there, the counts would add and the prompt's cached
+// tokens win.
 type usageScan struct {
 	prompt, completion, total int64
 	hasDetails                bool // prompt_tokens_details is an object
 	cached                    int64
 	hasCached                 bool
+	input, output             int64
+	hasInputDetails           bool // input_tokens_details is an object
+	inputCached               int64
+	hasInputCached            bool
 }
 
 func (u *usageScan) usage() Usage {
-	out := Usage{PromptTokens: int(u.prompt), CompletionTokens: int(u.completion), TotalTokens: int(u.total)}
-	if u.hasDetails && u.hasCached {
+	out := Usage{PromptTokens: int(u.prompt + u.input), CompletionTokens: int(u.completion + u.output), TotalTokens: int(u.total)}
+	switch {
+	case u.hasDetails && u.hasCached:
 		out.CachedTokens, out.HasCachedTokens = int(u.cached), true
+	case u.hasInputDetails && u.hasInputCached:
+		out.CachedTokens, out.HasCachedTokens = int(u.inputCached), true
 	}
 	return out
 }
@@ -74,25 +85,37 @@ func (s *scanner) usageObject(u *usageScan, has *bool) error {
 			return true, s.intInto(&u.completion, nil)
 		case keyIs(key, "total_tokens"):
 			return true, s.intInto(&u.total, nil)
+		case keyIs(key, "input_tokens"):
+			return true, s.intInto(&u.input, nil)
+		case keyIs(key, "output_tokens"):
+			return true, s.intInto(&u.output, nil)
 		case keyIs(key, "prompt_tokens_details"):
-			switch s.peek() {
-			case 'n':
-				u.hasDetails, u.hasCached, u.cached = false, false, 0
-				return true, s.literal("null")
-			case '{':
-			default:
-				return true, errWrongType
-			}
-			u.hasDetails = true
-			return true, s.object(func(key string, _ bool) (bool, error) {
-				if keyIs(key, "cached_tokens") {
-					return true, s.intInto(&u.cached, &u.hasCached)
-				}
-				return false, nil
-			}, 3)
+			return true, s.tokensDetails(&u.hasDetails, &u.cached, &u.hasCached)
+		case keyIs(key, "input_tokens_details"):
+			return true, s.tokensDetails(&u.hasInputDetails, &u.inputCached, &u.hasInputCached)
 		}
 		return false, nil
 	}, 2)
+}
+
+// tokensDetails decodes a prompt_tokens_details (or input_tokens_details)
+// object's cached_tokens.
+func (s *scanner) tokensDetails(has *bool, cached *int64, hasCached *bool) error {
+	switch s.peek() {
+	case 'n':
+		*has, *hasCached, *cached = false, false, 0
+		return s.literal("null")
+	case '{':
+	default:
+		return errWrongType
+	}
+	*has = true
+	return s.object(func(key string, _ bool) (bool, error) {
+		if keyIs(key, "cached_tokens") {
+			return true, s.intInto(cached, hasCached)
+		}
+		return false, nil
+	}, 3)
 }
 
 // intInto decodes an integer into *v. Null leaves *v as it is, or, for a
@@ -213,6 +236,11 @@ type chunkScan struct {
 	output   bool // a choice carries generated output or a finish reason
 }
 
+// responsesStarted are the Responses stream's events sent before any
+// output: every other event of that stream (an output item, a text delta,
+// the end) shows that generation has begun.
+var responsesStarted = map[string]bool{"response.created": true, "response.in_progress": true, "response.queued": true}
+
 // scanChunk decodes a streamed event's JSON. Any error (malformed JSON, a
 // value of the wrong type) means the event is malformed.
 func scanChunk(data []byte) (chunkScan, error) {
@@ -232,10 +260,46 @@ func scanChunk(data []byte) (chunkScan, error) {
 		return c, errWrongType
 	}
 	var choices []choiceScan
+	var typ *string
+	var inner usageScan
+	var hasInner, hasResponse bool
 	err := s.object(func(key string, _ bool) (bool, error) {
 		switch {
 		case keyIs(key, "usage"):
 			return true, s.usageObject(&c.usage, &c.hasUsage)
+		case keyIs(key, "type"):
+			// A Responses stream event: its type says whether output began.
+			if null, err := s.isNullAt(); null || err != nil {
+				if null {
+					typ = nil
+				}
+				return true, err
+			}
+			if s.peek() != '"' {
+				return true, errWrongType
+			}
+			raw, complex, err := s.str()
+			t := unquote(raw, complex)
+			typ = &t
+			return true, err
+		case keyIs(key, "response"):
+			// A Responses stream event's response object, whose usage the
+			// final event fills.
+			switch s.peek() {
+			case 'n':
+				hasResponse, hasInner, inner = false, false, usageScan{}
+				return true, s.literal("null")
+			case '{':
+			default:
+				return true, errWrongType
+			}
+			hasResponse = true
+			return true, s.object(func(key string, _ bool) (bool, error) {
+				if keyIs(key, "usage") {
+					return true, s.usageObject(&inner, &hasInner)
+				}
+				return false, nil
+			}, 2)
 		case keyIs(key, "choices"):
 			switch s.peek() {
 			case 'n':
@@ -264,6 +328,12 @@ func scanChunk(data []byte) (chunkScan, error) {
 			c.output = true
 			break
 		}
+	}
+	if typ != nil && !responsesStarted[*typ] {
+		c.output = true
+	}
+	if hasResponse && hasInner {
+		c.usage, c.hasUsage = inner, true
 	}
 	return c, nil
 }

@@ -18,18 +18,31 @@ type refUsage struct {
 	PromptTokensDetails *struct {
 		CachedTokens *int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// The Responses API's names.
+	InputTokens        int `json:"input_tokens"`
+	OutputTokens       int `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
 }
 
 func (u *refUsage) usage() Usage {
-	out := Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	out := Usage{PromptTokens: u.PromptTokens + u.InputTokens, CompletionTokens: u.CompletionTokens + u.OutputTokens, TotalTokens: u.TotalTokens}
 	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
+	} else if d := u.InputTokensDetails; d != nil && d.CachedTokens != nil {
 		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
 	}
 	return out
 }
 
 type refChunk struct {
-	Usage   *refUsage `json:"usage"`
+	Usage *refUsage `json:"usage"`
+	// A Responses stream event.
+	Type     *string `json:"type"`
+	Response *struct {
+		Usage *refUsage `json:"usage"`
+	} `json:"response"`
 	Choices []struct {
 		Text  string `json:"text"`
 		Delta struct {
@@ -49,6 +62,12 @@ func refScanChunk(data []byte) (u Usage, hasUsage, output bool, err error) {
 	}
 	if c.Usage != nil {
 		u, hasUsage = c.Usage.usage(), true
+	}
+	if c.Response != nil && c.Response.Usage != nil {
+		u, hasUsage = c.Response.Usage.usage(), true
+	}
+	if c.Type != nil && *c.Type != "response.created" && *c.Type != "response.in_progress" && *c.Type != "response.queued" {
+		output = true
 	}
 	nonEmpty := func(s *string) bool { return s != nil && *s != "" }
 	for _, ch := range c.Choices {
@@ -176,6 +195,19 @@ var chunkCases = []string{
 	`{"choices":[{"text":"x"}]} x`,
 	`{"a":[1,{"b":"\ud800"}],"choices":[{"text":"\u00e9"}]}`,
 	`{"choices":[{"text":"x","extra":{"deep":[[[{}]]]}}],"usage":{"total_tokens":-3}}`,
+	// Responses API stream events and bodies.
+	`{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","status":"in_progress","usage":null}}`,
+	`{"type":"response.in_progress","response":{"id":"resp_1","output":[]}}`,
+	`{"type":"response.output_item.added","output_index":0,"item":{"type":"message","content":[]}}`,
+	`{"type":"response.output_text.delta","delta":"Hel","item_id":"msg_1"}`,
+	`{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":42}}}`,
+	`{"type":"response.completed","response":{"usage":{"input_tokens":4,"input_tokens_details":null}}}`,
+	`{"type":"response.completed","response":null}`,
+	`{"type":null,"response":{"usage":{"output_tokens":1}}}`,
+	`{"type":3}`,
+	`{"type":"response.failed","response":[]}`,
+	`{"usage":{"input_tokens":9,"output_tokens":1,"input_tokens_details":{"cached_tokens":null}}}`,
+	`{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":8},"output_tokens":3,"total_tokens":15}}`,
 }
 
 func TestScanChunkMatchesEncodingJSON(t *testing.T) {

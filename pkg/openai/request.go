@@ -16,6 +16,8 @@ const (
 	PathChatCompletions = "/v1/chat/completions"
 )
 
+// PathResponses (responses.go) is the third.
+
 // ErrInvalidRequest is wrapped by every error Parse returns for a malformed
 // body: bad JSON, a field of the wrong type, a missing required field.
 var ErrInvalidRequest = errors.New("openai: invalid request")
@@ -28,6 +30,7 @@ const (
 	KindUnknown Kind = iota
 	KindCompletion
 	KindChat
+	KindResponses
 )
 
 func (k Kind) String() string {
@@ -36,6 +39,8 @@ func (k Kind) String() string {
 		return "completion"
 	case KindChat:
 		return "chat"
+	case KindResponses:
+		return "responses"
 	}
 	return "unknown"
 }
@@ -52,6 +57,8 @@ func KindOf(path string) Kind {
 		return KindCompletion
 	case PathChatCompletions:
 		return KindChat
+	case PathResponses:
+		return KindResponses
 	}
 	return KindUnknown
 }
@@ -130,6 +137,13 @@ type Request struct {
 	// string or an object's "id"), metadata.session_id and
 	// metadata.conversation_id. "" when none.
 	SessionID string
+	// PreviousResponseID is a Responses request's previous_response_id: the
+	// engine prepends history it stored, which the router never sees.
+	PreviousResponseID string
+	// Convert is, for a Responses request, why its prompt could not be
+	// converted into the chat request above (ErrResponsesUnsupported), nil
+	// when it was.
+	Convert error
 }
 
 // Parse parses body as a request to path's API. Unknown paths yield an
@@ -139,6 +153,8 @@ func Parse(path string, body []byte) (Request, error) {
 	switch k := KindOf(path); k {
 	case KindCompletion, KindChat:
 		return parse(k, body)
+	case KindResponses:
+		return ParseResponses(body)
 	}
 	return Request{}, fmt.Errorf("%w: unknown path %q", ErrInvalidRequest, path)
 }

@@ -1,0 +1,132 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/tokenize"
+)
+
+// responsesFixture is one case of testdata/responses.json: a body and what
+// vLLM 0.33's own conversion made of it (hack/responses-fixtures/gen.py ran
+// vLLM's functions on it).
+type responsesFixture struct {
+	Body                 json.RawMessage `json:"body"`
+	Error                string          `json:"error"`
+	Messages             json.RawMessage `json:"messages"`
+	ToolsToJSON          *string         `json:"tools_tojson"`
+	AddGenerationPrompt  bool            `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+}
+
+func TestResponsesConvertAsVLLMDoes(t *testing.T) {
+	data, err := os.ReadFile("testdata/responses.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fx struct {
+		Cases []responsesFixture `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &fx); err != nil {
+		t.Fatal(err)
+	}
+	if len(fx.Cases) < 15 {
+		t.Fatalf("only %d cases", len(fx.Cases))
+	}
+	tools, err := tokenize.ParseChatTemplate([]byte(`{"chat_template": "{{ tools|tojson }}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range fx.Cases {
+		req, err := ParseResponses(c.Body)
+		if err != nil {
+			t.Errorf("case %d: %v\n%s", i, err, c.Body)
+			continue
+		}
+		if c.Error != "" {
+			if !errors.Is(req.Convert, ErrResponsesUnsupported) {
+				t.Errorf("case %d: vLLM fails (%s), converted: %v\n%s", i, c.Error, req.Convert, c.Body)
+			}
+			continue
+		}
+		if req.Convert != nil {
+			t.Errorf("case %d: %v\n%s", i, req.Convert, c.Body)
+			continue
+		}
+		if strings.Contains(string(c.Body), "input_image") {
+			// vLLM adds the image's default detail; the tokenizer refuses
+			// images either way.
+			continue
+		}
+		var got, want any
+		if err := json.Unmarshal(req.Messages, &got); err != nil {
+			t.Fatalf("case %d: messages are not JSON: %v\n%s", i, err, req.Messages)
+		}
+		_ = json.Unmarshal(c.Messages, &want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("case %d messages:\n got %s\nwant %s", i, req.Messages, c.Messages)
+		}
+		if req.AddGenerationPrompt != c.AddGenerationPrompt || req.ContinueFinalMessage != c.ContinueFinalMessage {
+			t.Errorf("case %d: flags %v/%v, want %v/%v", i, req.AddGenerationPrompt, req.ContinueFinalMessage, c.AddGenerationPrompt, c.ContinueFinalMessage)
+		}
+		// The tools, printed by a template after the tokenizer's own
+		// reshaping, are what vLLM's template prints.
+		wantTools := "null"
+		if c.ToolsToJSON != nil {
+			wantTools = *c.ToolsToJSON
+		}
+		gotTools, err := tools.Render(tokenize.ChatInput{Messages: json.RawMessage(`[]`), Tools: req.Tools})
+		if err != nil || gotTools != wantTools {
+			t.Errorf("case %d tools:\n got %s (%v)\nwant %s\nfrom %s", i, gotTools, err, wantTools, req.Tools)
+		}
+	}
+}
+
+func TestParseResponsesFields(t *testing.T) {
+	req, err := Parse("/v1/responses?x=1", []byte(`{"model":"m","input":"hi","stream":true,"max_output_tokens":64,
+		"user":"u1","prompt_cache_key":"thread-9","cache_salt":"s","conversation":{"id":"conv_7"},
+		"reasoning":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"x":1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Kind != KindResponses || req.Model != "m" || !req.Stream || req.MaxTokens != 64 || req.User != "u1" ||
+		req.PromptCacheKey != "thread-9" || req.CacheSalt != "s" || req.SessionID != "conv_7" || req.Convert != nil {
+		t.Errorf("fields: %+v", req)
+	}
+	if !req.AddSpecialTokens || !req.AddGenerationPrompt || req.ContinueFinalMessage {
+		t.Errorf("flags: special %v, generation %v, continue %v", req.AddSpecialTokens, req.AddGenerationPrompt, req.ContinueFinalMessage)
+	}
+	// The body's kwargs keep their enable_thinking; reasoning_effort is added.
+	if got, want := string(req.ChatTemplateKwargs), `{"enable_thinking":false,"x":1,"reasoning_effort":"low"}`; got != want {
+		t.Errorf("kwargs %s, want %s", got, want)
+	}
+	for _, c := range []struct{ body, kwargs, session string }{
+		{`{"input":"x","reasoning":{"effort":"none"}}`, `{"enable_thinking":false,"reasoning_effort":"none"}`, ""},
+		{`{"input":"x","reasoning":{"effort":"high"},"metadata":{"session_id":"s1"}}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, "s1"},
+		{`{"input":"x","reasoning":{"summary":"auto"},"conversation":"conv_1"}`, ``, "conv_1"},
+		{`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"Once"}],"type":"message","status":"incomplete"}]}`, `{"continue_final_message":true}`, ""},
+	} {
+		req, err := ParseResponses([]byte(c.body))
+		if err != nil || req.Convert != nil {
+			t.Fatalf("%s: %v %v", c.body, err, req.Convert)
+		}
+		if string(req.ChatTemplateKwargs) != c.kwargs || req.SessionID != c.session {
+			t.Errorf("%s: kwargs %s session %q, want %s %q", c.body, req.ChatTemplateKwargs, req.SessionID, c.kwargs, c.session)
+		}
+	}
+	// History the engine stored is not the router's to see: routed by session.
+	req, err = ParseResponses([]byte(`{"model":"m","input":"next","previous_response_id":"resp_1","prompt_cache_key":"k"}`))
+	if err != nil || !errors.Is(req.Convert, ErrResponsesUnsupported) || req.Messages != nil || req.PromptCacheKey != "k" {
+		t.Errorf("previous_response_id: %v, %v, %s", err, req.Convert, req.Messages)
+	}
+	for _, bad := range []string{``, `[]`, `{"model":"m"}`, `{"input":null}`, `{"input":"x","model":3}`, `{"input":"x","stream":"yes"}`,
+		`{"input":"x","max_output_tokens":-1}`, `{"input":"x","user":{}}`, `{"input":"x"} trailing`, `{"input":"x",}`} {
+		if _, err := ParseResponses([]byte(bad)); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("%s: err = %v, want ErrInvalidRequest", bad, err)
+		}
+	}
+}
