@@ -1,9 +1,12 @@
 // Package openai parses the parts of OpenAI-compatible HTTP traffic the router
 // needs, and nothing more.
 //
-// Request side: Parse reads a /v1/completions or /v1/chat/completions body
-// into a Request: the model string (which may name a LoRA adapter; resolving
-// adapter versus base model is the router configuration's job), the prompt
+// Request side: Parse reads a /v1/completions, /v1/chat/completions or
+// /v1/responses body into a Request. A Responses body (ParseResponses) is
+// converted into the chat request vLLM renders for it; the rest of this
+// paragraph is about the other two. A Request holds the model string
+// (which may name a LoRA adapter; resolving adapter versus base model is
+// the router configuration's job), the prompt
 // in every form the completions API accepts (string, [string], [int],
 // [[int]]), chat messages, tools, chat_template_kwargs,
 // add_generation_prompt (default true), continue_final_message,
@@ -25,11 +28,14 @@
 // case-insensitively, as encoding/json's struct decoding would).
 //
 // Response side: ParseUsage reads the usage object of a non-streamed JSON
-// response. StreamParser consumes a server-sent-events stream in arbitrary
+// response (prompt_tokens or the Responses API's input_tokens, and their
+// details' cached_tokens). StreamParser consumes a server-sent-events stream in arbitrary
 // chunks (bytes as they arrive, events split anywhere), remembers the last
 // usage object seen (the final chunk when stream_options.include_usage is
-// set; every chunk under continuous usage stats) and reports the first event
-// carrying generated content. Both read JSON with the request's scanner
+// set; every chunk under continuous usage stats; a Responses stream's
+// response.completed) and reports the first event carrying generated
+// content (for a Responses stream, the first event after response.created
+// and response.in_progress). Both read JSON with the request's scanner
 // (chunk.go), decoding only usage and whether a choice carries output,
 // with encoding/json's answers (tests and a fuzz target compare them; keys
 // match as encoding/json matches these ASCII names, exactly or ignoring
