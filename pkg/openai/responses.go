@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 )
 
@@ -136,11 +135,11 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 	input := top["input"]
 	continueFinal := false
 	var s string
-	if json.Unmarshal(input, &s) == nil {
-		msgs = append(msgs, newMessage("user").set("content", jsonString(s)))
+	if firstByte(input) == '"' && json.Unmarshal(input, &s) == nil {
+		msgs = append(msgs, newMessage("user").set("content", input))
 	} else {
-		var items []json.RawMessage
-		if json.Unmarshal(input, &items) != nil {
+		items, err := rawArray(input)
+		if err != nil {
 			return fmt.Errorf("%w: input is neither a string nor an array", ErrResponsesUnsupported)
 		}
 		for i, raw := range items {
@@ -429,8 +428,8 @@ func responsesTools(raw json.RawMessage) (json.RawMessage, error) {
 	if raw == nil || isNull(raw) {
 		return nil, nil
 	}
-	var tools []json.RawMessage
-	if json.Unmarshal(raw, &tools) != nil {
+	tools, err := rawArray(raw)
+	if err != nil {
 		return nil, errors.New("tools is not an array")
 	}
 	if len(tools) == 0 {
@@ -622,31 +621,65 @@ func (m *message) bytes() json.RawMessage {
 }
 
 // orderedObject decodes a JSON object's members in order (the last of a
-// repeated key wins, in the first one's place, as json.loads keeps it).
+// repeated key wins, in the first one's place, as json.loads keeps it),
+// with the request scanner: values are validated and kept raw (sub-slices
+// of raw, not copies).
 func orderedObject(raw json.RawMessage) (*message, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	s := &scanner{b: raw}
+	if s.peek() != '{' {
 		return nil, errors.New("not an object")
 	}
+	s.i++
 	m := newObject()
-	for dec.More() {
-		t, err := dec.Token()
+	if s.peek() == '}' {
+		s.i++
+		return m, s.end()
+	}
+	for {
+		if s.peek() != '"' {
+			return nil, s.syntaxError("looking for beginning of object key string")
+		}
+		k, complex, err := s.str()
 		if err != nil {
 			return nil, err
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
+		if s.peek() != ':' {
+			return nil, s.syntaxError("after object key")
+		}
+		s.i++
+		v, err := s.raw(1)
+		if err != nil {
 			return nil, err
 		}
-		m.set(t.(string), v)
+		m.set(unquote(k, complex), v)
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return m, s.end()
+		default:
+			return nil, s.syntaxError("after object key:value pair")
+		}
 	}
-	if _, err := dec.Token(); err != nil {
-		return nil, err
+}
+
+// rawArray splits a JSON array into its elements (sub-slices of raw).
+func rawArray(raw json.RawMessage) ([]json.RawMessage, error) {
+	s := &scanner{b: raw}
+	if s.peek() != '[' {
+		return nil, errors.New("not an array")
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("trailing data after the object")
+	var out []json.RawMessage
+	err := s.array(func(int) error {
+		v, err := s.raw(1)
+		out = append(out, v)
+		return err
+	})
+	if err == nil {
+		err = s.end()
 	}
-	return m, nil
+	return out, err
 }
 
 // objectFields decodes a body's top-level members (exact keys, the last of

@@ -526,3 +526,72 @@ func BenchmarkSmallChat(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkToolChat is an agent's small turn: a system prompt, three tool
+// schemas and a user message (about 2 KB), through openai.Parse and the
+// local tokenizer, words warm. "chat" sends it to /v1/chat/completions,
+// "responses" the same conversation to /v1/responses (converted into the
+// chat request vLLM renders; the tokenizer then decodes the converted
+// messages, as it does for chat without the parsed fast path).
+func BenchmarkToolChat(b *testing.B) {
+	schema := func(name string) map[string]any {
+		return map[string]any{"type": "object", "properties": map[string]any{
+			"path":  map[string]any{"type": "string", "description": "File path relative to the repository root for " + name},
+			"limit": map[string]any{"type": "integer", "minimum": 1, "maximum": 500}}, "required": []string{"path"}}
+	}
+	system := strings.Repeat("You are a coding agent working in a large Go repository. Read before you write. ", 8)
+	for _, api := range []string{"chat", "responses"} {
+		for _, name := range []string{"qwen3", "llama3_1"} {
+			b.Run(api+"/"+name, func(b *testing.B) {
+				local := NewLocal(loadEncoder(b, name), loadTemplate(b, name), 0, DefaultPrefixCacheBytes)
+				bodies := make([][]byte, 64)
+				for i := range bodies {
+					var body any
+					user := fmt.Sprintf("Task %d: find where the index is pruned and explain the eviction order.", i)
+					if api == "chat" {
+						var tools []map[string]any
+						for _, n := range []string{"read_file", "grep", "list_dir"} {
+							tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+								"name": n, "description": "Tool " + n + ".", "parameters": schema(n)}})
+						}
+						body = map[string]any{"model": "m", "tools": tools, "messages": []map[string]string{
+							{"role": "system", "content": system}, {"role": "user", "content": user}}}
+					} else {
+						var tools []map[string]any
+						for _, n := range []string{"read_file", "grep", "list_dir"} {
+							tools = append(tools, map[string]any{"type": "function", "name": n, "description": "Tool " + n + ".", "parameters": schema(n)})
+						}
+						body = map[string]any{"model": "m", "tools": tools, "instructions": system, "input": user}
+					}
+					raw, err := json.Marshal(body)
+					if err != nil {
+						b.Fatal(err)
+					}
+					bodies[i] = raw
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					for _, body := range bodies {
+						path := "/v1/chat/completions"
+						if api == "responses" {
+							path = "/v1/responses"
+						}
+						req, err := openai.Parse(path, body)
+						if err != nil || req.Convert != nil {
+							b.Fatal(err, req.Convert)
+						}
+						in := route.TokenizeInput{Chat: true, Messages: req.Messages, Tools: req.Tools,
+							ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: true, AddSpecialTokens: req.AddSpecialTokens}
+						if api == "chat" {
+							in.ChatMessages = parsedchat.Messages(req.ChatMessages)
+						}
+						if _, err := local.Tokenize(in); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(bodies)), "ns/request")
+			})
+		}
+	}
+}
