@@ -50,13 +50,43 @@ type streamOptions struct {
 	ContinuousUsageStats bool  `json:"continuous_usage_stats"`
 }
 
+// chatMessage is one chat message: its role and content for the
+// simulator's template, and the whole object as sent (raw) for a real
+// tokenizer's template, which may read its other fields (tool_calls,
+// tool_call_id, name, reasoning).
 type chatMessage struct {
+	Role    string
+	Content json.RawMessage
+	raw     json.RawMessage
+}
+
+type chatMessageFields struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
 }
 
+func (m *chatMessage) UnmarshalJSON(b []byte) error {
+	var f chatMessageFields
+	if err := json.Unmarshal(b, &f); err != nil {
+		return err
+	}
+	m.Role, m.Content, m.raw = f.Role, f.Content, append(json.RawMessage(nil), b...)
+	return nil
+}
+
+// MarshalJSON writes the message as it was received.
+func (m chatMessage) MarshalJSON() ([]byte, error) {
+	if m.raw != nil {
+		return m.raw, nil
+	}
+	return json.Marshal(chatMessageFields{m.Role, m.Content})
+}
+
 // genRequest is the union of the completion, chat and tokenize request
-// fields the simulator reads; unknown fields are ignored, as vLLM does.
+// fields the simulator reads; unknown fields are ignored, as vLLM does. A
+// Responses request is converted into one (responses.go). Tools and
+// ChatTemplateKwargs only reach a real tokenizer's template (the
+// simulator's renders neither).
 type genRequest struct {
 	Model                *string         `json:"model"`
 	Prompt               json.RawMessage `json:"prompt"`
@@ -71,6 +101,8 @@ type genRequest struct {
 	CacheSalt            *string         `json:"cache_salt"`
 	AddSpecialTokens     *bool           `json:"add_special_tokens"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	Tools                json.RawMessage `json:"tools"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	ReturnTokenStrs      bool            `json:"return_token_strs"`
 	Tokens               []int64         `json:"tokens"`
@@ -89,7 +121,8 @@ func decodeBody(r *http.Request, v any) error {
 }
 
 // chatText reduces a message's content to text: a string, or the text
-// parts of a list of parts.
+// parts of a list of parts ("text", and the Responses API's "input_text"
+// and "output_text", which vLLM reads as text parts too).
 func chatText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -107,7 +140,7 @@ func chatText(raw json.RawMessage) (string, error) {
 	}
 	out := ""
 	for _, p := range parts {
-		if p.Type == "text" {
+		if p.Type == "text" || p.Type == "input_text" || p.Type == "output_text" {
 			out += p.Text
 		}
 	}
@@ -138,7 +171,7 @@ func chatTokens(req *genRequest, rt *realTokenizer) ([]uint32, error) {
 	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	special := req.AddSpecialTokens != nil && *req.AddSpecialTokens
 	if rt != nil {
-		return rt.chat(req.Messages, gen, special)
+		return rt.chat(req, gen, special)
 	}
 	return simtok.EncodeChat(msgs, gen, special), nil
 }

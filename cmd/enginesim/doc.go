@@ -13,12 +13,35 @@
 // defaults as in vLLM: 16 for completions, max-model-len minus the prompt
 // for chat; the simulator never samples an end-of-sequence token, so every
 // request generates exactly max_tokens (finish_reason "length"), and n must
-// be 1. POST /tokenize
+// be 1. POST /v1/responses (the Responses API, as vLLM 0.33 serves it for a
+// model without the harmony format): the body is converted by
+// openai.ParseResponses into the chat request vLLM renders for it, tokenized
+// as a chat completion with add_special_tokens true and generated as
+// one (max_output_tokens, else the rest of the context). The answer is
+// {"id": "resp_...", "object": "response", "created_at", "model", "status":
+// "incomplete" with "incomplete_details": {"reason": "max_output_tokens"}
+// (every request stops on length), "output": [one assistant "message" item
+// "msg_..." with one "output_text" part], "usage": {"input_tokens",
+// "input_tokens_details": {"cached_tokens"} (always present),
+// "output_tokens", "output_tokens_details": {"reasoning_tokens": 0},
+// "total_tokens"}}; streamed, events "event: T\ndata: {"type": T,
+// "sequence_number": n from 0, ...}": response.created and
+// response.in_progress at once, then from the first token
+// response.output_item.added, response.content_part.added, one
+// response.output_text.delta per token, response.output_text.done,
+// response.content_part.done, response.output_item.done and
+// response.completed with the whole response; no [DONE] line. No response
+// store: previous_response_id is 404 "Response with id '...' not found.";
+// input vLLM refuses, and a partial final message (continue_final_message,
+// which chat refuses too), are 400. POST /tokenize
 // and /detokenize use the same tokenizer as the engine, except that with
 // --tokenizer-dir DIR POST /tokenize answers with a real HuggingFace
 // tokenizer (DIR/tokenizer.json, and DIR/tokenizer_config.json's chat
 // template for messages, rendered as vLLM does), so that a router's local
-// tokenizer can be self-checked against it; generation is unchanged. GET /v1/models,
+// tokenizer can be self-checked against it; the engine's text prompts and
+// chats are tokenized with it too (a chat's messages as sent, its tools and
+// chat_template_kwargs), generated tokens going out as one-token words.
+// Chat content parts "text", "input_text" and "output_text" are text. GET /v1/models,
 // /health, /metrics (vLLM's metric names on an own registry) and
 // /kv_event_sources (the bound endpoints); POST /reset_prefix_cache
 // (AllBlocksCleared; 409 while requests hold blocks). Errors are vLLM's body

@@ -25,6 +25,12 @@ type pyResult struct {
 	Roles  []string
 }
 
+type pyResponses struct {
+	Text, Status, Object string
+	Usage                struct{ Input, Output, Total, Cached int }
+	Events               []string
+}
+
 // The official OpenAI Python client parses the simulator's JSON and SSE
 // (hack/requirements-test.txt pins it; hack/install-deps.sh installs it).
 func TestOpenAIPythonClient(t *testing.T) {
@@ -42,10 +48,12 @@ func TestOpenAIPythonClient(t *testing.T) {
 		t.Fatalf("python client: %v\n%s\n(install with: pip install -r hack/requirements-test.txt)", err, stderr)
 	}
 	var got struct {
-		Completion       pyResult `json:"completion"`
-		CompletionStream pyResult `json:"completion_stream"`
-		Chat             pyResult `json:"chat"`
-		ChatStream       pyResult `json:"chat_stream"`
+		Completion       pyResult    `json:"completion"`
+		CompletionStream pyResult    `json:"completion_stream"`
+		Chat             pyResult    `json:"chat"`
+		ChatStream       pyResult    `json:"chat_stream"`
+		Responses        pyResponses `json:"responses"`
+		ResponsesStream  pyResponses `json:"responses_stream"`
 		Errors           map[string]struct {
 			Status  int
 			Message string
@@ -96,6 +104,30 @@ func TestOpenAIPythonClient(t *testing.T) {
 	}
 	if len(got.ChatStream.Roles) != 1 || got.ChatStream.Roles[0] != "assistant" {
 		t.Errorf("chat stream roles %v", got.ChatStream.Roles)
+	}
+	// Responses: the chat prompt with the special tokens (one more BOS),
+	// cached by the second request.
+	checkResponses := func(name string, r pyResponses, cached int) {
+		t.Helper()
+		u := r.Usage
+		if r.Object != "response" || r.Status != "incomplete" || len(r.Text) != 5 ||
+			u.Input != nChat+1 || u.Output != 5 || u.Total != nChat+6 || u.Cached != cached {
+			t.Errorf("%s: %+v, want %d input tokens, %d cached", name, r, nChat+1, cached)
+		}
+	}
+	checkResponses("responses", got.Responses, 0)
+	checkResponses("responses stream", got.ResponsesStream, ((nChat+1)/16)*16)
+	if got.Responses.Text != got.ResponsesStream.Text {
+		t.Errorf("greedy responses differ: %q, %q", got.Responses.Text, got.ResponsesStream.Text)
+	}
+	wantEvents := "response.created response.in_progress response.output_item.added response.content_part.added " +
+		strings.Repeat("response.output_text.delta ", 5) +
+		"response.output_text.done response.content_part.done response.output_item.done response.completed"
+	if got := strings.Join(got.ResponsesStream.Events, " "); got != wantEvents {
+		t.Errorf("responses stream events %s", got)
+	}
+	if e := got.Errors["previous_response"]; e.Status != 404 || !strings.Contains(e.Message, "resp_unknown") {
+		t.Errorf("previous response error %+v", e)
 	}
 	if e := got.Errors["unknown_model"]; e.Status != 404 || !strings.Contains(e.Message, "does not exist") {
 		t.Errorf("unknown model error %+v", e)

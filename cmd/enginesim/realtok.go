@@ -53,13 +53,15 @@ func (rt *realTokenizer) text(s string, special bool) ([]uint32, error) {
 	return t.IDs, nil
 }
 
-// chat renders and tokenizes chat messages with the tokenizer's template.
-func (rt *realTokenizer) chat(msgs []chatMessage, gen, special bool) ([]uint32, error) {
-	raw, err := json.Marshal(msgs)
+// chat renders and tokenizes a chat request's messages (as sent), tools and
+// template kwargs with the tokenizer's template.
+func (rt *realTokenizer) chat(req *genRequest, gen, special bool) ([]uint32, error) {
+	raw, err := json.Marshal(req.Messages)
 	if err != nil {
 		return nil, badRequest("messages", "%v", err)
 	}
-	t, err := rt.local.Tokenize(route.TokenizeInput{Chat: true, Messages: raw, AddGenerationPrompt: gen, AddSpecialTokens: special})
+	t, err := rt.local.Tokenize(route.TokenizeInput{Chat: true, Messages: raw, Tools: req.Tools,
+		ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: gen, AddSpecialTokens: special})
 	if err != nil {
 		if errors.Is(err, tokenize.ErrNoChatTemplate) {
 			return nil, badRequest("messages", "the tokenizer has no chat template")

@@ -58,8 +58,9 @@ var wordText = func() [26]string {
 
 func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiCompletions) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiChat) })
+	mux.HandleFunc("POST /v1/responses", s.responses)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("GET /v1/models", s.models)
@@ -121,7 +122,20 @@ type response struct {
 	Usage   *usage `json:"usage,omitempty"`
 }
 
-func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+// api is the OpenAI API a generation request came in on.
+type api uint8
+
+const (
+	apiCompletions api = iota
+	apiChat
+	apiResponses // converted into a chat request (responses.go)
+)
+
+// chat reports whether the request's prompt is a chat: rendered with the
+// chat template, max tokens defaulting to the rest of the context.
+func (a api) chat() bool { return a != apiCompletions }
+
+func (s *server) generate(w http.ResponseWriter, r *http.Request, a api) {
 	var req genRequest
 	if err := decodeBody(r, &req); err != nil {
 		writeError(w, err)
@@ -132,16 +146,25 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, err)
 		return
 	}
+	s.run(w, r, &req, a, model, lora)
+}
+
+// run tokenizes and validates a parsed request, submits it to the engine
+// and answers in its API's format, streamed or not; it aborts the request
+// when the client goes away.
+func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a api, model string, lora *loraModule) {
+	chat := a.chat()
 	var prompts [][]uint32
+	var err error
 	if chat {
 		var p []uint32
-		p, err = chatTokens(&req, s.realTok)
+		p, err = chatTokens(req, s.realTok)
 		prompts = [][]uint32{p}
 	} else {
-		prompts, err = completionPrompts(&req, s.realTok)
+		prompts, err = completionPrompts(req, s.realTok)
 	}
 	if err == nil {
-		err = s.validate(&req, prompts, chat)
+		err = s.validate(req, prompts, chat)
 	}
 	if err != nil {
 		writeError(w, err)
@@ -150,7 +173,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	reqs := make([]engine.Request, len(prompts))
 	total := 0
 	for i, p := range prompts {
-		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(&req, chat, len(p)), Sample: sampling(&req, i)}
+		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(req, chat, len(p)), Sample: sampling(req, i)}
 		if req.CacheSalt != nil {
 			reqs[i].CacheSalt = *req.CacheSalt
 		}
@@ -166,22 +189,28 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	g := &generation{
-		s: s, w: w, r: r, chat: chat, model: model, reqs: reqs, sink: sk,
+		s: s, w: w, r: r, api: a, model: model, reqs: reqs, sink: sk,
 		created: time.Now().Unix(),
 		fins:    make([]*engine.Finished, len(reqs)),
 		texts:   make([][]byte, len(reqs)),
 	}
-	if chat {
-		g.id = randomID("chatcmpl-")
-	} else {
+	switch a {
+	case apiCompletions:
 		g.id = randomID("cmpl-")
+	case apiChat:
+		g.id = randomID("chatcmpl-")
+	case apiResponses:
+		g.id, g.msgID = randomID("resp_"), randomID("msg_")
 	}
 	var done bool
-	if req.Stream {
+	switch {
+	case a == apiResponses && req.Stream:
+		done = g.streamResponse()
+	case req.Stream:
 		inc := req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
 		cont := req.StreamOptions != nil && req.StreamOptions.ContinuousUsageStats
 		done = g.stream(inc, cont)
-	} else {
+	default:
 		done = g.collect()
 	}
 	if !done {
@@ -252,8 +281,9 @@ type generation struct {
 	s       *server
 	w       http.ResponseWriter
 	r       *http.Request
-	chat    bool
+	api     api
 	id      string
+	msgID   string // a Responses answer's message item
 	model   string
 	created int64
 	reqs    []engine.Request
@@ -309,9 +339,13 @@ func (g *generation) collect() bool {
 			left--
 		}
 	}
+	if g.api == apiResponses {
+		writeJSON(g.w, http.StatusOK, g.responseObject())
+		return true
+	}
 	length := "length"
 	resp := response{ID: g.id, Created: g.created, Model: g.model, Usage: g.usage()}
-	if g.chat {
+	if g.api == apiChat {
 		resp.Object = "chat.completion"
 		resp.Choices = []chatChoice{{Message: &chatMsg{Role: "assistant", Content: string(g.texts[0])}, FinishReason: &length}}
 	} else {
@@ -333,7 +367,7 @@ func (g *generation) stream(includeUsage, continuous bool) bool {
 	g.w.WriteHeader(http.StatusOK)
 	fl, _ := g.w.(http.Flusher)
 	object := "text_completion"
-	if g.chat {
+	if g.api == apiChat {
 		object = "chat.completion.chunk"
 	}
 	write := func(v any) bool {
@@ -358,7 +392,7 @@ func (g *generation) stream(includeUsage, continuous bool) bool {
 		}
 		return c
 	}
-	if g.chat {
+	if g.api == apiChat {
 		for i := range g.reqs {
 			if !write(chunk([]chatChoice{{Index: i, Delta: &chatMsg{Role: "assistant"}}})) {
 				return false
@@ -384,7 +418,7 @@ func (g *generation) stream(includeUsage, continuous bool) bool {
 			}
 			text := g.s.tokenText(it.tok.Token)
 			var c response
-			if g.chat {
+			if g.api == apiChat {
 				c = chunk([]chatChoice{{Index: it.idx, Delta: &chatMsg{Content: text}, FinishReason: fr}})
 			} else {
 				c = chunk([]completionChoice{{Index: it.idx, Text: text, FinishReason: fr}})

@@ -54,7 +54,31 @@ for chunk in client.chat.completions.create(model="sim-model", messages=messages
         u = usage(chunk.usage)
 out["chat_stream"] = {"text": text, "finish": finish, "usage": u, "roles": roles}
 
+
+
+def responses_usage(u):
+    return {"input": u.input_tokens, "output": u.output_tokens, "total": u.total_tokens,
+            "cached": u.input_tokens_details.cached_tokens}
+
+
+r = client.responses.create(model="sim-model", input=prompt, max_output_tokens=5, temperature=0)
+out["responses"] = {"text": r.output_text, "status": r.status, "object": r.object,
+                    "usage": responses_usage(r.usage)}
+
+# The client's stream helper checks the event sequence as it accumulates it.
+events = []
+with client.responses.stream(model="sim-model", input=prompt, max_output_tokens=5, temperature=0) as stream:
+    for event in stream:
+        events.append(event.type)
+    final = stream.get_final_response()
+out["responses_stream"] = {"text": final.output_text, "status": final.status, "object": final.object,
+                           "usage": responses_usage(final.usage), "events": events}
+
 errors = {}
+try:
+    client.responses.create(model="sim-model", input="x", previous_response_id="resp_unknown")
+except openai.NotFoundError as e:
+    errors["previous_response"] = {"status": e.status_code, "message": e.message}
 try:
     client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
 except openai.NotFoundError as e:

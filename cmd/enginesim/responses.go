@@ -1,0 +1,285 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/kvroute/kvroute/pkg/openai"
+)
+
+// responses serves POST /v1/responses as vLLM does for a model without the
+// harmony format: the body is converted into the chat request vLLM renders
+// for it (openai.ParseResponses), which then runs exactly as a chat
+// completion does (chat template, add_special_tokens true as vLLM
+// tokenizes a Responses prompt, max_output_tokens or the rest of the
+// context, sampling), and the answer is a Responses object or event stream.
+// vLLM keeps no response store by default: previous_response_id is 404.
+func (s *server) responses(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 64<<20))
+	if err != nil {
+		writeError(w, badRequest("", "invalid body: %v", err))
+		return
+	}
+	p, err := openai.ParseResponses(body)
+	if err != nil {
+		writeError(w, badRequest("", "%s", strings.TrimPrefix(err.Error(), openai.ErrInvalidRequest.Error()+": ")))
+		return
+	}
+	// The sampling fields the conversion does not carry.
+	var sample struct {
+		Temperature *float64 `json:"temperature"`
+		Seed        *int64   `json:"seed"`
+	}
+	if err := json.Unmarshal(body, &sample); err != nil {
+		writeError(w, badRequest("", "invalid JSON body: %v", err))
+		return
+	}
+	model, lora, err := s.resolveModel(&p.Model)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if p.Convert != nil {
+		if p.PreviousResponseID != "" {
+			writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
+				msg: fmt.Sprintf("Response with id '%s' not found.", p.PreviousResponseID)})
+			return
+		}
+		writeError(w, badRequest("input", "%s", strings.TrimPrefix(p.Convert.Error(), openai.ErrResponsesUnsupported.Error()+": ")))
+		return
+	}
+	req := genRequest{
+		Model: &p.Model, Stream: p.Stream, Temperature: sample.Temperature, Seed: sample.Seed,
+		AddSpecialTokens: &p.AddSpecialTokens, AddGenerationPrompt: &p.AddGenerationPrompt,
+		ContinueFinalMessage: p.ContinueFinalMessage, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+	}
+	if err := json.Unmarshal(p.Messages, &req.Messages); err != nil {
+		writeError(w, badRequest("input", "input converts to invalid chat messages: %v", err))
+		return
+	}
+	if p.MaxTokens > 0 {
+		req.MaxCompletionTokens = &p.MaxTokens
+	}
+	if p.CacheSalt != "" {
+		req.CacheSalt = &p.CacheSalt
+	}
+	s.run(w, r, &req, apiResponses, model, lora)
+}
+
+// responseObject is a Responses API response.
+type responseObject struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	CreatedAt         int64              `json:"created_at"`
+	Model             string             `json:"model"`
+	Status            string             `json:"status"`
+	IncompleteDetails *incompleteDetails `json:"incomplete_details"`
+	Output            []outputMessage    `json:"output"`
+	ParallelToolCalls bool               `json:"parallel_tool_calls"`
+	ToolChoice        string             `json:"tool_choice"`
+	Tools             []any              `json:"tools"`
+	MaxOutputTokens   int                `json:"max_output_tokens"`
+	Usage             *responsesUsage    `json:"usage"`
+}
+
+type incompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+type outputMessage struct {
+	ID      string       `json:"id"`
+	Type    string       `json:"type"`
+	Role    string       `json:"role"`
+	Status  string       `json:"status"`
+	Content []outputText `json:"content"`
+}
+
+type outputText struct {
+	Type        string `json:"type"`
+	Text        string `json:"text"`
+	Annotations []any  `json:"annotations"`
+}
+
+type responsesUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int `json:"total_tokens"`
+}
+
+// responseObject is the request's response: in progress (nothing out yet)
+// until its prompt has finished, then complete with its output and usage.
+// The cached tokens are always reported, as vLLM reports them here.
+func (g *generation) responseObject() *responseObject {
+	o := &responseObject{
+		ID: g.id, Object: "response", CreatedAt: g.created, Model: g.model, Status: "in_progress",
+		Output: []outputMessage{}, ParallelToolCalls: true, ToolChoice: "auto", Tools: []any{},
+		MaxOutputTokens: g.reqs[0].MaxTokens,
+	}
+	f := g.fins[0]
+	if f == nil {
+		return o
+	}
+	o.Status = "completed"
+	if f.Reason == "length" {
+		o.Status = "incomplete"
+		o.IncompleteDetails = &incompleteDetails{Reason: "max_output_tokens"}
+	}
+	o.Output = []outputMessage{g.outputMessage("completed")}
+	u := &responsesUsage{InputTokens: len(g.reqs[0].Prompt), OutputTokens: f.OutputTokens}
+	u.InputTokensDetails.CachedTokens = f.CachedTokens
+	u.TotalTokens = u.InputTokens + u.OutputTokens
+	o.Usage = u
+	return o
+}
+
+// outputMessage is the answer's message item: empty while in progress,
+// with the whole text once completed.
+func (g *generation) outputMessage(status string) outputMessage {
+	m := outputMessage{ID: g.msgID, Type: "message", Role: "assistant", Status: status, Content: []outputText{}}
+	if status == "completed" {
+		m.Content = []outputText{g.outputText()}
+	}
+	return m
+}
+
+func (g *generation) outputText() outputText {
+	return outputText{Type: "output_text", Text: string(g.texts[0]), Annotations: []any{}}
+}
+
+// Streamed events: every one has its type and sequence number; those about
+// the message item name it, and those about its text the content part.
+type (
+	eventHeader struct {
+		Type           string `json:"type"`
+		SequenceNumber int    `json:"sequence_number"`
+	}
+	responseEvent struct {
+		eventHeader
+		Response *responseObject `json:"response"`
+	}
+	itemEvent struct {
+		eventHeader
+		OutputIndex int           `json:"output_index"`
+		Item        outputMessage `json:"item"`
+	}
+	partRef struct {
+		ItemID       string `json:"item_id"`
+		OutputIndex  int    `json:"output_index"`
+		ContentIndex int    `json:"content_index"`
+	}
+	partEvent struct {
+		eventHeader
+		partRef
+		Part outputText `json:"part"`
+	}
+	deltaEvent struct {
+		eventHeader
+		partRef
+		Delta    string `json:"delta"`
+		Logprobs []any  `json:"logprobs"`
+	}
+	textDoneEvent struct {
+		eventHeader
+		partRef
+		Text     string `json:"text"`
+		Logprobs []any  `json:"logprobs"`
+	}
+)
+
+// streamResponse streams the Responses events: response.created and
+// response.in_progress at once; the message item and its text part when
+// the first token exists (a client times the first token from them); a
+// response.output_text.delta per token; then the done events of the text,
+// part and item, and response.completed with the whole response. The
+// stream has no [DONE] line. False when the client went away.
+func (g *generation) streamResponse() bool {
+	h := g.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	g.w.WriteHeader(http.StatusOK)
+	fl, _ := g.w.(http.Flusher)
+	flush := func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	seq := 0
+	header := func(typ string) eventHeader {
+		seq++
+		return eventHeader{Type: typ, SequenceNumber: seq - 1}
+	}
+	write := func(typ string, v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		_, err = fmt.Fprintf(g.w, "event: %s\ndata: %s\n\n", typ, b)
+		return err == nil
+	}
+	send := func(typ string, ev func(eventHeader) any) bool { return write(typ, ev(header(typ))) }
+	ref := partRef{ItemID: g.msgID}
+	started := false
+	start := func() bool {
+		started = true
+		return send("response.output_item.added", func(h eventHeader) any {
+			return itemEvent{eventHeader: h, Item: g.outputMessage("in_progress")}
+		}) && send("response.content_part.added", func(h eventHeader) any {
+			return partEvent{eventHeader: h, partRef: ref, Part: outputText{Type: "output_text", Annotations: []any{}}}
+		})
+	}
+	for _, typ := range []string{"response.created", "response.in_progress"} {
+		if !send(typ, func(h eventHeader) any { return responseEvent{eventHeader: h, Response: g.responseObject()} }) {
+			return false
+		}
+	}
+	flush()
+	for g.fins[0] == nil {
+		it, ok := g.next()
+		if !ok {
+			return false
+		}
+		if it.fin != nil {
+			g.fins[0] = it.fin
+			break
+		}
+		if !started && !start() {
+			return false
+		}
+		g.emitted++
+		text := g.s.tokenText(it.tok.Token)
+		g.texts[0] = append(g.texts[0], text...)
+		if !send("response.output_text.delta", func(h eventHeader) any {
+			return deltaEvent{eventHeader: h, partRef: ref, Delta: text, Logprobs: []any{}}
+		}) {
+			return false
+		}
+		if len(g.sink.ch) == 0 {
+			flush()
+		}
+	}
+	// The request is done in the engine: a client that goes away from here
+	// on has nothing left to abort.
+	if !started && !start() {
+		return true
+	}
+	_ = send("response.output_text.done", func(h eventHeader) any {
+		return textDoneEvent{eventHeader: h, partRef: ref, Text: string(g.texts[0]), Logprobs: []any{}}
+	}) && send("response.content_part.done", func(h eventHeader) any {
+		return partEvent{eventHeader: h, partRef: ref, Part: g.outputText()}
+	}) && send("response.output_item.done", func(h eventHeader) any {
+		return itemEvent{eventHeader: h, Item: g.outputMessage("completed")}
+	}) && send("response.completed", func(h eventHeader) any {
+		return responseEvent{eventHeader: h, Response: g.responseObject()}
+	})
+	flush()
+	return true
+}

@@ -1,0 +1,190 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// responsesResult is one /v1/responses outcome through Envoy.
+type responsesResult struct {
+	upstream      string
+	text          string
+	input, cached int
+}
+
+// postResponses sends a non-streamed Responses body through Envoy.
+func postResponses(t *testing.T, c *cluster, body map[string]any) responsesResult {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	r := c.post(t.Context(), "/v1/responses", b, nil)
+	if r.err != nil || r.status != 200 {
+		t.Fatalf("/v1/responses: %d %v %s", r.status, r.err, r.body)
+	}
+	var out struct {
+		Output []struct {
+			Type    string `json:"type"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Usage struct {
+			InputTokens        int `json:"input_tokens"`
+			InputTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"input_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(r.body, &out); err != nil {
+		t.Fatalf("response is not JSON: %v: %s", err, r.body)
+	}
+	res := responsesResult{upstream: r.upstream, input: out.Usage.InputTokens, cached: out.Usage.InputTokensDetails.CachedTokens}
+	if len(out.Output) > 0 && len(out.Output[0].Content) > 0 {
+		res.text = out.Output[0].Content[0].Text
+	}
+	return res
+}
+
+// TestResponsesAgentSessionsStick: coding-agent sessions on the Responses
+// API (instructions, a function tool, input items growing each turn with
+// the answer, a function call and its output), no session header: later
+// turns land on the replica holding their history and the engine confirms
+// the hit, and kvroute's prompt is the engine's to the token.
+func TestResponsesAgentSessionsStick(t *testing.T) {
+	c := newCluster(t, clusterOpts{kvExtra: "routing: {decision_history: 64}\n"})
+	const sessions, turns = 7, 4
+	tools := []map[string]any{{"type": "function", "name": "read_file", "description": "Read a file.",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}}}}
+	items := make([][]any, sessions)
+	last := make([]responsesResult, sessions)
+	later, stuck, confirmed, exact := 0, 0, 0, 0
+	for turn := range turns {
+		for s := range sessions {
+			items[s] = append(items[s], map[string]any{"type": "message", "role": "user",
+				"content": []map[string]any{{"type": "input_text", "text": prompt(fmt.Sprintf("resp%d-t%d", s, turn), 25)}}})
+			r := postResponses(t, c, map[string]any{"model": "sim-model", "max_output_tokens": 8,
+				"instructions": prompt(fmt.Sprintf("resp-sys%d", s), 40), "tools": tools, "input": items[s]})
+			var out struct {
+				Decisions []struct {
+					Decision struct {
+						Replica      string `json:"replica"`
+						Address      string `json:"address"`
+						PromptTokens int    `json:"prompt_tokens,string"`
+						TokenSource  string `json:"token_source"`
+					} `json:"decision"`
+				} `json:"decisions"`
+			}
+			if err := c.adminJSON("/debug/decisions?limit=1", &out); err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Decisions) == 1 {
+				d := out.Decisions[0].Decision
+				if d.PromptTokens == r.input && d.TokenSource != "" && !strings.HasPrefix(d.TokenSource, "approximate") {
+					exact++
+				} else {
+					t.Logf("session %d turn %d: kvroute read %d tokens (%s), the engine %d", s, turn, d.PromptTokens, d.TokenSource, r.input)
+				}
+			}
+			if turn > 0 {
+				later++
+				if r.upstream == last[s].upstream {
+					stuck++
+					if r.cached > 0 && r.cached >= last[s].input-16 {
+						confirmed++
+					}
+				}
+			}
+			last[s] = r
+			id := fmt.Sprintf("call_%d_%d", s, turn)
+			items[s] = append(items[s],
+				map[string]any{"type": "message", "role": "assistant", "content": []map[string]any{{"type": "output_text", "text": r.text}}},
+				map[string]any{"type": "function_call", "call_id": id, "name": "read_file", "arguments": fmt.Sprintf(`{"path": "src/f%d.go"}`, turn)},
+				map[string]any{"type": "function_call_output", "call_id": id, "output": prompt(fmt.Sprintf("file%d-%d", s, turn), 20)})
+		}
+	}
+	t.Logf("turns %d, exact prompts %d; later turns %d, on the history's replica %d, cache hit confirmed %d",
+		sessions*turns, exact, later, stuck, confirmed)
+	if exact != sessions*turns {
+		t.Errorf("kvroute's prompt matched the engine's token count for %d of %d requests", exact, sessions*turns)
+	}
+	if stuck*10 < later*9 {
+		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", stuck, later)
+	}
+	if confirmed*10 < later*9 {
+		t.Errorf("input_tokens_details.cached_tokens confirmed the history hit for only %d of %d later turns", confirmed, later)
+	}
+}
+
+// TestResponsesStreamObserved: a streamed Responses request through Envoy
+// arrives as the event sequence, and kvroute reads its first token and its
+// usage from the copy the observer filter sends (the router's cached-token
+// fidelity counts it).
+func TestResponsesStreamObserved(t *testing.T) {
+	// Every stream sampled for its usage (by default one in
+	// routing.usage_sample_every is followed past its first token).
+	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {usage_sample_every: 1}\n"})
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", c.metricsPort)
+	observed := func() float64 {
+		v, err := metricSum(t.Context(), metrics, "kvroute_fidelity_observations_total", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := observed()
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "stream": true, "max_output_tokens": 6,
+		"instructions": prompt("stream-sys", 40), "input": prompt("stream-user", 20)})
+	req, err := http.NewRequestWithContext(t.Context(), "POST", fmt.Sprintf("http://127.0.0.1:%d/v1/responses", c.listenPort), bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var types []string
+	var completed struct {
+		Response struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			} `json:"usage"`
+		} `json:"response"`
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		types = append(types, ev.Type)
+		if ev.Type == "response.completed" {
+			_ = json.Unmarshal([]byte(data), &completed)
+		}
+	}
+	if len(types) < 4 || types[0] != "response.created" || types[len(types)-1] != "response.completed" {
+		t.Fatalf("events %v", types)
+	}
+	if completed.Response.Usage.InputTokens == 0 {
+		t.Fatal("response.completed carries no usage")
+	}
+	waitFor(t, 10*time.Second, "the router to read the stream's usage", func() bool { return observed() > before })
+}
