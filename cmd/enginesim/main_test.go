@@ -299,23 +299,7 @@ func TestErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			code, b := s.post(t, c.path, c.body)
-			if code != c.code {
-				t.Fatalf("status %d, want %d: %s", code, c.code, b)
-			}
-			var e struct {
-				Error *struct {
-					Message string `json:"message"`
-					Type    string `json:"type"`
-					Param   any    `json:"param"`
-					Code    int    `json:"code"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(b, &e); err != nil || e.Error == nil {
-				t.Fatalf("body is not a vLLM error: %s", b)
-			}
-			if e.Error.Type != c.typ || e.Error.Code != c.code || !strings.Contains(e.Error.Message, c.contains) {
-				t.Errorf("error %+v, want type %s containing %q", e.Error, c.typ, c.contains)
-			}
+			checkVLLMError(t, code, b, c.code, c.typ, c.contains)
 		})
 	}
 	// Nothing was queued by the rejected requests.
@@ -994,5 +978,28 @@ func TestRestartResetsSequence(t *testing.T) {
 	}
 	if first, last := lives[1][0], lives[0][len(lives[0])-1]; first >= last {
 		t.Errorf("restart did not reset the sequence: first life ended at %d, second began at %d", last, first)
+	}
+}
+
+// checkVLLMError checks an error answer: the status, and vLLM's error body
+// with its type, code and a message containing contains.
+func checkVLLMError(t *testing.T, code int, b []byte, wantCode int, typ, contains string) {
+	t.Helper()
+	if code != wantCode {
+		t.Fatalf("status %d, want %d: %s", code, wantCode, b)
+	}
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Param   any    `json:"param"`
+			Code    int    `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil || e.Error == nil {
+		t.Fatalf("body is not a vLLM error: %s", b)
+	}
+	if e.Error.Type != typ || e.Error.Code != wantCode || !strings.Contains(e.Error.Message, contains) {
+		t.Errorf("error %+v, want type %s containing %q", e.Error, typ, contains)
 	}
 }

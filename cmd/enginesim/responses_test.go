@@ -386,22 +386,7 @@ func TestResponsesErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			code, b := s.post(t, "/v1/responses", c.body)
-			if code != c.code {
-				t.Fatalf("status %d, want %d: %s", code, c.code, b)
-			}
-			var e struct {
-				Error *struct {
-					Message string `json:"message"`
-					Type    string `json:"type"`
-					Code    int    `json:"code"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(b, &e); err != nil || e.Error == nil {
-				t.Fatalf("body is not a vLLM error: %s", b)
-			}
-			if e.Error.Type != c.typ || e.Error.Code != c.code || !strings.Contains(e.Error.Message, c.msg) {
-				t.Errorf("error %+v, want type %s containing %q", e.Error, c.typ, c.msg)
-			}
+			checkVLLMError(t, code, b, c.code, c.typ, c.msg)
 		})
 	}
 	if m := s.get(t, "/metrics"); !strings.Contains(m, `vllm:prefix_cache_queries_total{engine="0",model_name="sim-model"} 0`) {

@@ -68,13 +68,11 @@ var errWrongType = fmt.Errorf("%w: value of the wrong type", ErrInvalidResponse)
 // merging into what u holds, as encoding/json does for a pointer field
 // met twice.
 func (s *scanner) usageObject(u *usageScan, has *bool) error {
-	switch s.peek() {
-	case 'n':
-		*u, *has = usageScan{}, false
-		return s.literal("null")
-	case '{':
-	default:
-		return errWrongType
+	if null, err := s.objectOrNull(); null || err != nil {
+		if null {
+			*u, *has = usageScan{}, false
+		}
+		return err
 	}
 	*has = true
 	return s.object(func(key string, _ bool) (bool, error) {
@@ -98,16 +96,26 @@ func (s *scanner) usageObject(u *usageScan, has *bool) error {
 	}, 2)
 }
 
+// objectOrNull consumes a null (null true) or stops at an object's '{'
+// (null false); any other value is errWrongType.
+func (s *scanner) objectOrNull() (null bool, err error) {
+	switch s.peek() {
+	case 'n':
+		return true, s.literal("null")
+	case '{':
+		return false, nil
+	}
+	return false, errWrongType
+}
+
 // tokensDetails decodes a prompt_tokens_details (or input_tokens_details)
 // object's cached_tokens.
 func (s *scanner) tokensDetails(has *bool, cached *int64, hasCached *bool) error {
-	switch s.peek() {
-	case 'n':
-		*has, *hasCached, *cached = false, false, 0
-		return s.literal("null")
-	case '{':
-	default:
-		return errWrongType
+	if null, err := s.objectOrNull(); null || err != nil {
+		if null {
+			*has, *hasCached, *cached = false, false, 0
+		}
+		return err
 	}
 	*has = true
 	return s.object(func(key string, _ bool) (bool, error) {
@@ -285,13 +293,11 @@ func scanChunk(data []byte) (chunkScan, error) {
 		case keyIs(key, "response"):
 			// A Responses stream event's response object, whose usage the
 			// final event fills.
-			switch s.peek() {
-			case 'n':
-				hasResponse, hasInner, inner = false, false, usageScan{}
-				return true, s.literal("null")
-			case '{':
-			default:
-				return true, errWrongType
+			if null, err := s.objectOrNull(); null || err != nil {
+				if null {
+					hasResponse, hasInner, inner = false, false, usageScan{}
+				}
+				return true, err
 			}
 			hasResponse = true
 			return true, s.object(func(key string, _ bool) (bool, error) {

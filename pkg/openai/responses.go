@@ -264,8 +264,8 @@ func addToolCall(msgs []*message, prevAssistant *message, call json.RawMessage) 
 }
 
 // customToolCall is a custom_tool_call item as a chat tool call whose
-// arguments are {"input": <the item's input>}, written as Python's
-// json.dumps writes it (vLLM's encode_custom_tool_input).
+// arguments are {"input": <the item's input>} (vLLM's
+// encode_custom_tool_input).
 func customToolCall(item *message) (json.RawMessage, error) {
 	id, ok1 := item.str("call_id")
 	name, ok2 := item.str("name")
@@ -273,43 +273,15 @@ func customToolCall(item *message) (json.RawMessage, error) {
 		return nil, errors.New("a custom_tool_call without string call_id and name")
 	}
 	input, _ := item.str("input")
-	args := `{"input": ` + pyString(input) + `}`
+	// Python writes the object with ": " after the key; the string's own
+	// escapes may differ from json.dumps' in form (U+2028), never in
+	// value, and the template sees the value: vLLM parses a tool call's
+	// arguments into an object before rendering.
+	args := `{"input": ` + string(jsonString(input)) + `}`
 	fn := newObject().set("name", jsonString(name)).set("arguments", jsonString(args))
 	var buf bytes.Buffer
 	newObject().set("id", jsonString(id)).set("function", fn.bytes()).set("type", jsonString("function")).write(&buf)
 	return buf.Bytes(), nil
-}
-
-// pyString is s as Python's json.dumps(s, ensure_ascii=False) writes it.
-func pyString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range s {
-		switch r {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			if r < 0x20 {
-				fmt.Fprintf(&b, `\u%04x`, r)
-			} else {
-				b.WriteRune(r)
-			}
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 // toolCall is a function_call item as a chat tool call: {"id": call_id,

@@ -212,36 +212,29 @@ func contentAccess(e, v string) bool {
 	return m != nil && strings.TrimSpace(m[1]) == v
 }
 
-// splitTopLevel splits s at sep outside brackets and quotes.
+// splitTopLevel splits s at every sep outside brackets and quotes.
 func splitTopLevel(s string, sep byte) []string {
 	var out []string
-	depth, start := 0, 0
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case quote != 0:
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
-		case c == '(' || c == '[' || c == '{':
-			depth++
-		case c == ')' || c == ']' || c == '}':
-			depth--
-		case c == sep && depth == 0:
-			out = append(out, s[start:i])
-			start = i + 1
+	for {
+		i := topLevelIndex(s, string(sep))
+		if i < 0 {
+			return append(out, s)
 		}
+		out, s = append(out, s[:i]), s[i+1:]
 	}
-	return append(out, s[start:])
 }
 
 // splitTopLevelWord splits s at the first sep outside brackets and quotes.
 func splitTopLevelWord(s, sep string) []string {
+	if i := topLevelIndex(s, sep); i >= 0 {
+		return []string{s[:i], s[i+len(sep):]}
+	}
+	return []string{s}
+}
+
+// topLevelIndex is the index of the first sep in s outside brackets and
+// quotes, or -1.
+func topLevelIndex(s, sep string) int {
 	depth := 0
 	var quote byte
 	for i := 0; i < len(s); i++ {
@@ -260,10 +253,10 @@ func splitTopLevelWord(s, sep string) []string {
 		case c == ')' || c == ']' || c == '}':
 			depth--
 		case depth == 0 && strings.HasPrefix(s[i:], sep):
-			return []string{s[:i], s[i+len(sep):]}
+			return i
 		}
 	}
-	return []string{s}
+	return -1
 }
 
 // matchingParen returns the index of the parenthesis closing s[0], or -1.
