@@ -77,7 +77,7 @@ policy:
   hardswitch: {cache_threshold: 0.5}
 tokenizer:
   models:
-    m: {kind: local, tokenizer_json: /t/tokenizer.json, timeout: 1s}
+    m: {kind: local, tokenizer_json: /t/tokenizer.json, timeout: 1s, default_chat_template_kwargs: '{"enable_thinking": false}'}
 readiness: {warm_timeout: 500ms}
 routing:
   approximate: {ttl: 30s, max_entries: 1000}
@@ -92,7 +92,8 @@ routing:
 	if c.Policy.Name != "hardswitch" || c.Policy.HardSwitch.CacheThreshold == nil || *c.Policy.HardSwitch.CacheThreshold != 0.5 {
 		t.Fatalf("policy not decoded: %+v", c.Policy)
 	}
-	if got := c.Tokenizer.Models["m"]; got.Kind != tokenize.KindLocal || got.TokenizerJSON != "/t/tokenizer.json" || got.Timeout != time.Second {
+	if got := c.Tokenizer.Models["m"]; got.Kind != tokenize.KindLocal || got.TokenizerJSON != "/t/tokenizer.json" || got.Timeout != time.Second ||
+		got.DefaultKwargs != `{"enable_thinking": false}` {
 		t.Fatalf("tokenizer not decoded: %+v", got)
 	}
 	if a := c.Routing.Approximate; a.TTL != 30*time.Second || a.MaxEntries != 1000 {
@@ -162,6 +163,7 @@ replicas:
 		{"tokenizer kind", minimal + "tokenizer: {default: {kind: magic}}\n", []string{"tokenizer:", "magic"}},
 		{"local tokenizer without file", minimal + "tokenizer: {models: {m: {kind: local}}}\n", []string{"tokenizer:", "tokenizer_json"}},
 		{"unknown tokenizer key", minimal + "tokenizer: {models: {m: {kind: remote, url: x}}}\n", []string{"field url not found"}},
+		{"engine content format", minimal + "tokenizer: {models: {m: {kind: auto, chat_template_content_format: list}}}\n", []string{"tokenizer:", "chat_template_content_format"}},
 		{"events", minimal + "events: {queue_size: -1}\n", []string{"events.queue_size"}},
 		{"fidelity", minimal + "load: {fidelity_floor: 2}\n", []string{"load.fidelity_floor"}},
 		{"listener", minimal + "listeners: {admin: localhost}\n", []string{"listeners.admin"}},

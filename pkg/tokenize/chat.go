@@ -37,6 +37,9 @@ type ChatTemplate struct {
 	// globals are the tokenizer's special tokens (bos_token, eos_token,
 	// ...) passed to every render.
 	globals map[string]jinja.Value
+	// defaults are the engine's default template arguments
+	// (EngineChat.DefaultKwargs), under the request's own; nil without.
+	defaults *jinja.Dict
 	// bareStrip: the template calls .strip(), .lstrip() or .rstrip()
 	// without arguments, which the engine implements with a narrower
 	// white-space set than Python's str methods; requests whose strings
@@ -58,9 +61,12 @@ type templateVariant struct {
 	partsContent bool
 }
 
-func newVariant(src string) (templateVariant, error) {
+// newVariant compiles src; format is the engine's content format (auto,
+// string or openai; "" is auto: detected from src).
+func newVariant(src, format string) (templateVariant, error) {
 	t, err := compileTemplate(src)
-	return templateVariant{tmpl: t, developer: namesDeveloper(src), partsContent: loopsOverContent(src)}, err
+	parts := format == ContentFormatOpenAI || (format != ContentFormatString && loopsOverContent(src))
+	return templateVariant{tmpl: t, developer: namesDeveloper(src), partsContent: parts}, err
 }
 
 // bareStripCall finds string method calls without arguments.
@@ -110,11 +116,20 @@ func templateSources(raw json.RawMessage) (src, toolSrc string, err error) {
 // LoadChatTemplate reads tokenizer_config.json's chat_template and special
 // tokens.
 func LoadChatTemplate(path string) (*ChatTemplate, error) {
+	return LoadEngineChatTemplate(path, EngineChat{})
+}
+
+// LoadEngineChatTemplate reads tokenizer_config.json's special tokens and
+// chat template, with what the engine was started with (e) applied.
+func LoadEngineChatTemplate(path string, e EngineChat) (*ChatTemplate, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenize: read tokenizer config: %w", err)
 	}
-	c, err := ParseChatTemplate(data)
+	if e, err = e.load(); err != nil {
+		return nil, fmt.Errorf("tokenize: %w", err)
+	}
+	c, err := parseChatTemplate(data, e)
 	if err != nil {
 		return nil, fmt.Errorf("tokenize: %s: %w", path, err)
 	}
@@ -124,6 +139,10 @@ func LoadChatTemplate(path string) (*ChatTemplate, error) {
 // ParseChatTemplate builds a ChatTemplate from tokenizer_config.json
 // contents.
 func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
+	return parseChatTemplate(data, EngineChat{})
+}
+
+func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 	var cfg tokenizerConfig
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
@@ -131,17 +150,23 @@ func ParseChatTemplate(data []byte) (*ChatTemplate, error) {
 	if !jinjaFiltersReplaced {
 		return nil, fmt.Errorf("%w: the Jinja engine's tojson and trim could not be replaced", ErrUnsupported)
 	}
-	src, toolSrc, err := templateSources(cfg.ChatTemplate)
-	if err != nil {
+	var src, toolSrc string
+	var err error
+	if e.Template != "" {
+		src = e.Template // the engine's --chat-template serves every request
+	} else if src, toolSrc, err = templateSources(cfg.ChatTemplate); err != nil {
 		return nil, err
 	}
 	c := &ChatTemplate{globals: map[string]jinja.Value{}}
+	if err := c.setEngine(e); err != nil {
+		return nil, err
+	}
 	c.bareStrip = bareStripCall.MatchString(src) || bareStripCall.MatchString(toolSrc)
-	if c.base, err = newVariant(src); err != nil {
+	if c.base, err = newVariant(src, e.ContentFormat); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
 	}
 	if toolSrc != "" {
-		v, err := newVariant(toolSrc)
+		v, err := newVariant(toolSrc, e.ContentFormat)
 		if err != nil {
 			return nil, fmt.Errorf("%w: compile tool_use: %w", ErrTemplate, err)
 		}
@@ -276,7 +301,14 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 	}
 	tmpl := v.tmpl
 	// Keyword arguments first, so that they never replace the request's
-	// own messages, tools or generation flag.
+	// own messages, tools or generation flag: the engine's defaults, then
+	// the request's. Over defaults, vLLM drops a request's None or "auto"
+	// (renderers/params.py merge_kwargs).
+	if c.defaults != nil {
+		for _, k := range c.defaults.Keys {
+			data[k] = c.defaults.Data[k]
+		}
+	}
 	if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
 		kw, err := jsonValue(in.ChatTemplateKwargs)
 		if err != nil || !kw.IsDict() {
@@ -284,7 +316,11 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 		}
 		d := kw.AsDict()
 		for _, k := range d.Keys {
-			data[k] = d.Data[k]
+			v := d.Data[k]
+			if c.defaults != nil && (v.IsNone() || v.IsString() && v.AsString() == "auto") {
+				continue
+			}
+			data[k] = v
 		}
 	}
 	if !v.developer {

@@ -98,6 +98,11 @@ type ModelConfig struct {
 	// for BreakerOpenFor (defaults 5 and 5s); then one probe is let through.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerOpenFor  time.Duration `yaml:"breaker_open_for"`
+	// EngineChat is what the model's engines were started with that
+	// changes their chat rendering (chat_template,
+	// chat_template_content_format, default_chat_template_kwargs), for the
+	// local tokenizer to render as they do.
+	EngineChat `yaml:",inline"`
 }
 
 // withDefaults fills zero fields.
@@ -163,7 +168,7 @@ func (c ModelConfig) Validate() error {
 	case c.BreakerFailures < 0 || c.BreakerOpenFor < 0:
 		return errors.New("breaker settings must be positive")
 	}
-	return nil
+	return c.EngineChat.Validate()
 }
 
 // Validate checks every model's configuration.

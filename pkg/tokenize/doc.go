@@ -150,7 +150,14 @@
 // order type, function{name, description, parameters, strict,
 // defer_loading}, description and parameters null when absent, other keys
 // dropped). SGLang hands templates each tool's function object alone; this
-// package renders vLLM's shape.
+// package renders vLLM's shape. What an engine was started with that
+// changes its rendering (--chat-template, --chat-template-content-format,
+// --default-chat-template-kwargs) is configured per model (EngineChat,
+// engine.go): default template arguments sit under the request's, whose
+// None and "auto" values are dropped over them, as vLLM's merge drops
+// them. The Jinja engine prints None as "" where Python prints "None"; a
+// template printing a None value directly renders differently (the
+// self-check catches it).
 //
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
 // tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off

@@ -39,7 +39,7 @@ func LoadLocal(mc ModelConfig) (*Local, error) {
 	}
 	l := &Local{enc: enc, maxBytes: mc.MaxInputBytes, convMin: minConvText}
 	if mc.TokenizerConfig != "" {
-		if l.tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
+		if l.tmpl, err = LoadEngineChatTemplate(mc.TokenizerConfig, mc.EngineChat); err != nil {
 			return nil, err
 		}
 	}

@@ -269,7 +269,7 @@ func (t *Tokenizer) loadLocal(mc ModelConfig) (*Local, error) {
 	var tmpl *ChatTemplate
 	if mc.TokenizerConfig != "" {
 		var err error
-		if tmpl, err = LoadChatTemplate(mc.TokenizerConfig); err != nil {
+		if tmpl, err = LoadEngineChatTemplate(mc.TokenizerConfig, mc.EngineChat); err != nil {
 			return nil, err
 		}
 	}

@@ -25,6 +25,9 @@ models:
     kind: local
     tokenizer_json: /m/tokenizer.json
     tokenizer_config: /m/tokenizer_config.json
+    chat_template: /etc/vllm/agent.jinja
+    chat_template_content_format: string
+    default_chat_template_kwargs: '{"enable_thinking": false}'
   llama:
     kind: remote
     timeout: 80ms
@@ -45,6 +48,9 @@ default:
 		t.Errorf("llama = %+v", l)
 	}
 	q := cfg.Models["qwen"].withDefaults()
+	if q.Template != "/etc/vllm/agent.jinja" || q.ContentFormat != ContentFormatString || q.DefaultKwargs != `{"enable_thinking": false}` {
+		t.Errorf("qwen's engine chat settings = %+v", q.EngineChat)
+	}
 	if q.Timeout != 0 || q.TimeoutMin != DefaultTimeoutMin || q.TimeoutMax != DefaultTimeoutMax || q.Fallback != FallbackApproximate || q.TokenizerConfig != "/m/tokenizer_config.json" {
 		t.Errorf("qwen = %+v", q)
 	}
@@ -61,6 +67,8 @@ default:
 		{"timeout_min over timeout_max", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, TimeoutMin: time.Second, TimeoutMax: time.Millisecond}}}},
 		{"local default", Config{Default: &ModelConfig{Kind: KindLocal, TokenizerJSON: "x"}}},
 		{"empty search dir", Config{Default: &ModelConfig{Kind: KindAuto}, SearchDirs: []string{""}}},
+		{"bad content format", Config{Models: map[string]ModelConfig{"m": {Kind: KindAuto, EngineChat: EngineChat{ContentFormat: "list"}}}}},
+		{"default kwargs not an object", Config{Models: map[string]ModelConfig{"m": {Kind: KindAuto, EngineChat: EngineChat{DefaultKwargs: `["x"]`}}}}},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

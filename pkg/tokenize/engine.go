@@ -1,0 +1,82 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// The engine's content formats (vLLM's --chat-template-content-format).
+const (
+	ContentFormatAuto   = "auto"
+	ContentFormatString = "string"
+	ContentFormatOpenAI = "openai"
+)
+
+// EngineChat is what a model's engine was started with that changes how it
+// renders chats (vLLM 0.33's serve flags of the same names). The local
+// tokenizer must be told: it cannot see the engine's command line, and a
+// difference silently changes every token after it (the self-check would
+// then demote the model to the engine's /tokenize).
+type EngineChat struct {
+	// Template replaces tokenizer_config.json's chat template, for every
+	// request (--chat-template): a file's path, or the template's text
+	// itself (a value holding "{{" or "{%").
+	Template string `yaml:"chat_template"`
+	// ContentFormat is --chat-template-content-format: auto (the default:
+	// detected from the template, as vLLM detects it), string or openai.
+	ContentFormat string `yaml:"chat_template_content_format"`
+	// DefaultKwargs is --default-chat-template-kwargs, the same JSON object
+	// (e.g. {"enable_thinking": false}): template arguments under each
+	// request's own chat_template_kwargs.
+	DefaultKwargs string `yaml:"default_chat_template_kwargs"`
+}
+
+// Validate reports the first problem of e.
+func (e EngineChat) Validate() error {
+	switch e.ContentFormat {
+	case "", ContentFormatAuto, ContentFormatString, ContentFormatOpenAI:
+	default:
+		return fmt.Errorf("chat_template_content_format %q: want auto, string or openai", e.ContentFormat)
+	}
+	if e.DefaultKwargs != "" {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(e.DefaultKwargs), &m); err != nil {
+			return fmt.Errorf("default_chat_template_kwargs is not a JSON object: %w", err)
+		}
+	}
+	return nil
+}
+
+// load returns e with Template read from its file when it names one.
+func (e EngineChat) load() (EngineChat, error) {
+	if err := e.Validate(); err != nil {
+		return e, err
+	}
+	if e.Template == "" || strings.Contains(e.Template, "{{") || strings.Contains(e.Template, "{%") {
+		return e, nil
+	}
+	b, err := os.ReadFile(e.Template)
+	if err != nil {
+		return e, fmt.Errorf("chat_template: %w", err)
+	}
+	e.Template = string(b)
+	return e, nil
+}
+
+// setEngine keeps the engine's default template arguments.
+func (c *ChatTemplate) setEngine(e EngineChat) error {
+	if e.DefaultKwargs == "" {
+		return nil
+	}
+	v, err := jsonValue(json.RawMessage(e.DefaultKwargs))
+	if err != nil || !v.IsDict() {
+		return errors.New("default_chat_template_kwargs is not a JSON object")
+	}
+	if v.AsDict().Len() > 0 {
+		c.defaults = v.AsDict()
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// The engine's serve flags reach the local render: its own template, its
+// content format, and default template arguments under the request's.
+func TestEngineChatSettings(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"bos_token": "<s>", "chat_template": "{{ bos_token }}base:{% for m in messages %}{{ m.content }}{% endfor %}"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmplPath := filepath.Join(dir, "agent.jinja")
+	if err := os.WriteFile(tmplPath, []byte(`{{ bos_token }}agent[{{ enable_thinking }}|{{ effort is defined }}|{{ enable_thinking is none }}]{% for m in messages %}{% if m.content is string %}s:{{ m.content }}{% else %}{% for p in m.content %}p:{{ p.text }}{% endfor %}{% endif %}{% endfor %}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
+	render := func(t *testing.T, e EngineChat, kwargs string) string {
+		t.Helper()
+		ct, err := LoadEngineChatTemplate(cfgPath, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := ChatInput{Messages: msgs}
+		if kwargs != "" {
+			in.ChatTemplateKwargs = json.RawMessage(kwargs)
+		}
+		out, err := ct.Render(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		e      EngineChat
+		kwargs string
+		want   string
+	}{
+		{"tokenizer_config's template", EngineChat{}, "", "<s>base:hi"},
+		{"the engine's template file (loops over content: parts)", EngineChat{Template: tmplPath}, "", "<s>agent[|False|False]p:hi"},
+		{"its format forced to string", EngineChat{Template: tmplPath, ContentFormat: ContentFormatString}, "", "<s>agent[|False|False]s:hi"},
+		{"the template given inline", EngineChat{Template: "{{ bos_token }}inline", ContentFormat: ContentFormatOpenAI}, "", "<s>inline"},
+		{"default arguments", EngineChat{Template: tmplPath, DefaultKwargs: `{"enable_thinking": false}`}, "", "<s>agent[False|False|False]p:hi"},
+		{"the request's win", EngineChat{Template: tmplPath, DefaultKwargs: `{"enable_thinking": false}`}, `{"enable_thinking": true, "effort": "x"}`, "<s>agent[True|True|False]p:hi"},
+		// Over defaults, vLLM drops a request's None and "auto".
+		{"a request's null does not", EngineChat{Template: tmplPath, DefaultKwargs: `{"enable_thinking": false}`}, `{"enable_thinking": null, "effort": "auto"}`, "<s>agent[False|False|False]p:hi"},
+		// Without defaults, the request's null stays: defined, none.
+		{"a null without defaults", EngineChat{Template: tmplPath}, `{"enable_thinking": null}`, "<s>agent[|False|True]p:hi"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := render(t, c.e, c.kwargs); got != c.want {
+				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+	if _, err := LoadEngineChatTemplate(cfgPath, EngineChat{Template: filepath.Join(dir, "missing.jinja")}); err == nil {
+		t.Error("a missing template file loaded")
+	}
+	if _, err := LoadEngineChatTemplate(cfgPath, EngineChat{DefaultKwargs: `{"a":`}); err == nil {
+		t.Error("malformed default kwargs loaded")
+	}
+}
