@@ -508,6 +508,13 @@ def engine_shape_conversations():
         {"role": "developer", "content": ""},
         {"role": "user", "content": "second"}],
         "tools": [TOOLS[2]], "add_generation_prompt": True, "kwargs": {}})
+    # An assistant turn to continue (continue_final_message): plain, and
+    # ending in white space a template may trim.
+    for final in ["Sure, here is the plan:", "The answer is "]:
+        convs.append({"messages": [{"role": "system", "content": SYSTEMS[0]},
+                                   {"role": "user", "content": "Plan the migration."},
+                                   {"role": "assistant", "content": final}],
+                      "tools": None, "add_generation_prompt": False, "continue_final_message": True, "kwargs": {}})
     # An empty tools list is passed on as one (not as None).
     convs.append({"messages": [{"role": "user", "content": "No tools today."}],
                   "tools": [], "add_generation_prompt": True, "kwargs": {}})
@@ -567,9 +574,10 @@ def main():
             template = tok.chat_template if isinstance(tok.chat_template, str) else json.dumps(tok.chat_template)
             names_developer = '"developer"' in template or "'developer'" in template
             try:
+                extra = {"continue_final_message": True} if c.get("continue_final_message") else {}
                 rendered = tok.apply_chat_template(engine_conversation(c["messages"], fmt, names_developer),
                                                    tools=engine_tools(c["tools"]), tokenize=False,
-                                                   add_generation_prompt=c["add_generation_prompt"], **c["kwargs"])
+                                                   add_generation_prompt=c["add_generation_prompt"], **extra, **c["kwargs"])
             except Exception:  # the template raises (e.g. DeepSeek-V3 on object arguments): the engine rejects it too
                 raised += 1
                 continue
@@ -579,6 +587,7 @@ def main():
             chat.append({"messages_json": json.dumps(c["messages"], ensure_ascii=False),
                          "tools_json": json.dumps(c["tools"], ensure_ascii=False),
                          "add_generation_prompt": c["add_generation_prompt"],
+                         "continue_final_message": bool(c.get("continue_final_message")),
                          "kwargs": c["kwargs"], "rendered": rendered, "ids": ids})
         meta = {"tokenizers": tokenizers.__version__, "transformers": transformers.__version__, "seed": SEED,
                 "chats_raised": raised}

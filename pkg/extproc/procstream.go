@@ -467,7 +467,8 @@ func FillRequest(req *route.Request, p openai.Request) {
 	case openai.KindChat:
 		req.Input = route.TokenizeInput{
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-			AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages),
+			AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
+			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages),
 		}
 	case openai.KindResponses:
 		// Converted to the chat request vLLM renders; a body whose prompt
@@ -475,7 +476,8 @@ func FillRequest(req *route.Request, p openai.Request) {
 		if p.Convert == nil {
 			req.Input = route.TokenizeInput{
 				Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-				AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: p.AddSpecialTokens,
+				AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
+				AddSpecialTokens: p.AddSpecialTokens,
 			}
 		}
 	case openai.KindCompletion:

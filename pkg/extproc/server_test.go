@@ -153,6 +153,21 @@ func TestRequestTranscripts(t *testing.T) {
 			wantReqs: []route.Request{{Model: "m", Tokens: []uint32{1, 2, 3}, User: "alice", CacheKey: "thread-9", BodySession: "c-4"}},
 		},
 		{
+			// An assistant turn to continue: the tokenizer cuts the prompt
+			// inside it, as the engine does.
+			name: "a chat continuing its final message",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/chat/completions"),
+				reqBody(`{"model":"m","messages":[{"role":"assistant","content":"Sure,"}],"add_generation_prompt":false,"continue_final_message":true}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(),
+				wantChunk(`{"model":"m","messages":[{"role":"assistant","content":"Sure,"}],"add_generation_prompt":false,"continue_final_message":true}`, true)},
+			wantReqs: []route.Request{{Model: "m",
+				Input: route.TokenizeInput{Chat: true, ContinueFinalMessage: true,
+					Messages:     json.RawMessage(`[{"role":"assistant","content":"Sure,"}]`),
+					ChatMessages: []route.ChatMessage{{Role: "assistant", Content: "Sure,", Raw: json.RawMessage(`{"role":"assistant","content":"Sure,"}`)}}}}},
+		},
+		{
 			// A Responses body reaches the router as the chat request vLLM
 			// renders for it, with its identity fields.
 			name: "a responses body is routed as its chat request",

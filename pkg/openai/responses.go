@@ -156,7 +156,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrResponsesUnsupported, err)
 	}
-	kwargs, err := responsesKwargs(top, continueFinal)
+	kwargs, err := responsesKwargs(top)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrResponsesUnsupported, err)
 	}
@@ -493,7 +493,7 @@ func functionFields(t *message, prefix string) *message {
 // and enable_thinking when reasoning.effort is given (enable_thinking only
 // when the body's kwargs do not set it: true unless the effort is "none").
 // The generation flags go in AddGenerationPrompt and ContinueFinalMessage.
-func responsesKwargs(top map[string]json.RawMessage, continueFinal bool) (json.RawMessage, error) {
+func responsesKwargs(top map[string]json.RawMessage) (json.RawMessage, error) {
 	kw := newObject()
 	if v, ok := top["chat_template_kwargs"]; ok && !isNull(v) {
 		o, err := orderedObject(v)
@@ -515,9 +515,6 @@ func responsesKwargs(top map[string]json.RawMessage, continueFinal bool) (json.R
 			}
 			kw.set("reasoning_effort", jsonString(*r.Effort))
 		}
-	}
-	if continueFinal {
-		kw.set("continue_final_message", json.RawMessage("true"))
 	}
 	if len(kw.kvs) == 0 {
 		return nil, nil

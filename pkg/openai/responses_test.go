@@ -108,7 +108,7 @@ func TestParseResponsesFields(t *testing.T) {
 		{`{"input":"x","reasoning":{"effort":"none"}}`, `{"enable_thinking":false,"reasoning_effort":"none"}`, ""},
 		{`{"input":"x","reasoning":{"effort":"high"},"metadata":{"session_id":"s1"}}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, "s1"},
 		{`{"input":"x","reasoning":{"summary":"auto"},"conversation":"conv_1"}`, ``, "conv_1"},
-		{`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"Once"}],"type":"message","status":"incomplete"}]}`, `{"continue_final_message":true}`, ""},
+		{`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"Once"}],"type":"message","status":"incomplete"}]}`, ``, ""},
 	} {
 		req, err := ParseResponses([]byte(c.body))
 		if err != nil || req.Convert != nil {

@@ -88,6 +88,9 @@ type TokenizeInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// ContinueFinalMessage: the prompt ends inside the final message, which
+	// the model continues (vLLM's continue_final_message).
+	ContinueFinalMessage bool
 	// ChatMessages, when set, are Messages as the request parser decoded
 	// them; a local tokenizer renders them instead of decoding Messages.
 	ChatMessages []ChatMessage

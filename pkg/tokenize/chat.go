@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
@@ -230,6 +231,10 @@ type ChatInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// ContinueFinalMessage cuts the prompt at the end of the final
+	// message's content, for the model to continue it (transformers'
+	// continue_final_message, which vLLM passes on).
+	ContinueFinalMessage bool
 	// Parsed, when not empty, are Messages already decoded by the request
 	// parser: they are rendered instead of decoding Messages again.
 	Parsed []route.ChatMessage
@@ -326,6 +331,13 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 	if !v.developer {
 		msgs = developerAsSystem(msgs)
 	}
+	var final string
+	if in.ContinueFinalMessage {
+		var err error
+		if msgs, final, err = tagFinalMessage(msgs); err != nil {
+			return "", err
+		}
+	}
 	data["messages"] = jinja.NewList(msgs)
 	data["tools"] = tools
 	data["documents"] = jinja.None()
@@ -344,7 +356,80 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 	if strings.Contains(out, pyNumMark) {
 		return "", errNumberLeak
 	}
+	if in.ContinueFinalMessage {
+		return cutAtFinalTag(out, final)
+	}
 	return out, nil
+}
+
+// continueTag marks the end of the final message's text in a render that
+// continues it; the render is cut there (transformers 5.16–5.23,
+// chat_template_utils.render_jinja_template).
+const continueTag = "CONTINUE_FINAL_MESSAGE_TAG "
+
+// tagFinalMessage appends continueTag to the final message's text: its
+// content string, or the last of its content parts that has a text. It
+// returns the messages with the final one copied, and that text untagged.
+func tagFinalMessage(msgs []jinja.Value) ([]jinja.Value, string, error) {
+	if len(msgs) == 0 {
+		return nil, "", fmt.Errorf("%w: continue_final_message with no messages", ErrTemplate)
+	}
+	src := msgs[len(msgs)-1].AsDict()
+	last := jinja.NewDict()
+	d := last.AsDict()
+	for _, k := range src.Keys {
+		v, _ := src.Get(k)
+		d.Set(k, v)
+	}
+	c, _ := d.Get("content")
+	var final string
+	switch {
+	case c.IsString():
+		final = c.AsString()
+		d.Set("content", jinja.NewString(final+continueTag))
+	case c.IsList():
+		parts := slices.Clone(c.AsList().Items)
+		i := len(parts) - 1
+		for ; i >= 0; i-- {
+			if p := parts[i]; p.IsDict() && p.AsDict().Has("text") {
+				t, _ := p.AsDict().Get("text")
+				if !t.IsString() {
+					i = -1
+					break
+				}
+				final = t.AsString()
+				cp := jinja.NewDict()
+				cp.AsDict().Set("type", textType)
+				cp.AsDict().Set("text", jinja.NewString(final+continueTag))
+				parts[i] = cp
+				break
+			}
+		}
+		if i < 0 {
+			return nil, "", fmt.Errorf("%w: continue_final_message: the final message has no text to continue", ErrTemplate)
+		}
+		d.Set("content", jinja.NewList(parts))
+	default:
+		return nil, "", fmt.Errorf("%w: continue_final_message: the final message has no content to continue", ErrTemplate)
+	}
+	out := slices.Clone(msgs)
+	out[len(out)-1] = last
+	return out, final, nil
+}
+
+// cutAtFinalTag cuts a render at continueTag's last occurrence (and the
+// white space before it, as Python's str.rstrip, when the template trimmed
+// the tag's own).
+func cutAtFinalTag(out, final string) (string, error) {
+	tag := strings.TrimFunc(continueTag, pyIsSpace)
+	if !strings.Contains(out, strings.TrimFunc(final, pyIsSpace)) || !strings.Contains(out, tag) {
+		return "", fmt.Errorf("%w: continue_final_message: the final message does not appear in the rendered chat", ErrTemplate)
+	}
+	loc := strings.LastIndex(out, tag)
+	if strings.HasPrefix(out[loc:], continueTag) {
+		return out[:loc], nil
+	}
+	return strings.TrimRightFunc(out[:loc], pyIsSpace), nil
 }
 
 // renderData holds the maps render passes to the engine.

@@ -149,7 +149,9 @@
 // rendered as vLLM's ChatCompletionToolsParam.model_dump() gives them (key
 // order type, function{name, description, parameters, strict,
 // defer_loading}, description and parameters null when absent, other keys
-// dropped). SGLang hands templates each tool's function object alone; this
+// dropped); continue_final_message cuts the render at the final message's
+// end (transformers' tag and cut, the 5.16–5.23 versions vLLM 0.33
+// allows). SGLang hands templates each tool's function object alone; this
 // package renders vLLM's shape. What an engine was started with that
 // changes its rendering (--chat-template, --chat-template-content-format,
 // --default-chat-template-kwargs) is configured per model (EngineChat,

@@ -40,6 +40,7 @@ type chatFixture struct {
 	MessagesJSON        string          `json:"messages_json"`
 	ToolsJSON           string          `json:"tools_json"`
 	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	ContinueFinal       bool            `json:"continue_final_message"`
 	Kwargs              json.RawMessage `json:"kwargs"`
 	Rendered            string          `json:"rendered"`
 	IDs                 []uint32        `json:"ids"`
@@ -47,7 +48,7 @@ type chatFixture struct {
 
 func (f *chatFixture) input() ChatInput {
 	return ChatInput{Messages: json.RawMessage(f.MessagesJSON), Tools: json.RawMessage(f.ToolsJSON),
-		ChatTemplateKwargs: f.Kwargs, AddGenerationPrompt: f.AddGenerationPrompt}
+		ChatTemplateKwargs: f.Kwargs, AddGenerationPrompt: f.AddGenerationPrompt, ContinueFinalMessage: f.ContinueFinal}
 }
 
 // fixtureFile is one family's reference: Plain is the general corpus (the

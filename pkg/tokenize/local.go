@@ -91,7 +91,7 @@ func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (ro
 		var err error
 		text, err = l.tmpl.Render(ChatInput{
 			Messages: in.Messages, Tools: in.Tools, ChatTemplateKwargs: in.ChatTemplateKwargs,
-			AddGenerationPrompt: in.AddGenerationPrompt, Parsed: in.ChatMessages,
+			AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage, Parsed: in.ChatMessages,
 		})
 		if err != nil {
 			return route.Tokens{}, err

@@ -51,6 +51,7 @@ type tokenizeRequest struct {
 	Prompt              *string         `json:"prompt,omitempty"`
 	Messages            json.RawMessage `json:"messages,omitempty"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
+	ContinueFinal       bool            `json:"continue_final_message,omitempty"`
 	AddSpecialTokens    bool            `json:"add_special_tokens"`
 	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
@@ -65,7 +66,7 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 	req := tokenizeRequest{Model: r.model, AddSpecialTokens: in.AddSpecialTokens}
 	if in.Chat {
 		agp := in.AddGenerationPrompt
-		req.Messages, req.AddGenerationPrompt = in.Messages, &agp
+		req.Messages, req.AddGenerationPrompt, req.ContinueFinal = in.Messages, &agp, in.ContinueFinalMessage
 		if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
 			req.ChatTemplateKwargs = in.ChatTemplateKwargs
 		}
