@@ -468,7 +468,7 @@ func FillRequest(req *route.Request, p openai.Request) {
 		req.Input = route.TokenizeInput{
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 			AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
-			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages),
+			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages), Documents: p.Documents,
 		}
 	case openai.KindResponses:
 		// Converted to the chat request vLLM renders; a body whose prompt

@@ -106,10 +106,14 @@ type Request struct {
 	PromptEmbeds bool
 	// Messages, Tools and ChatTemplateKwargs are the chat request's raw
 	// JSON values (nil when absent or null): slices of the body, not
-	// copies.
+	// copies. A reasoning_effort is merged into ChatTemplateKwargs as vLLM
+	// merges it (withReasoningEffort; a copy then).
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
+	// Documents is a chat request's documents (raw JSON array, nil when
+	// absent or null), which vLLM hands the template (RAG templates).
+	Documents json.RawMessage
 	// ChatMessages are the messages decoded: role, text and name.
 	ChatMessages []Message
 	// AddGenerationPrompt defaults to true; ContinueFinalMessage to false.
@@ -179,6 +183,7 @@ type fields struct {
 	sessionConv                     string
 	metaSession, metaConversation   string
 	sessionIDTop, conversationIDTop string
+	effort                          *string
 }
 
 // parse reads body in one pass: the fields routing needs are decoded where
@@ -241,6 +246,24 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		}
 		req.Messages, req.ChatMessages, err = s.messages()
 		f.messagesSet = err == nil
+	case "reasoning_effort":
+		var v string
+		var ok bool
+		v, ok, err = s.stringField(key, depth)
+		f.effort = nil
+		if ok {
+			f.effort = &v
+		}
+	case "documents":
+		var raw []byte
+		if raw, err = s.raw(depth); err == nil && string(raw) != "null" {
+			if raw[0] != '[' {
+				return true, fmt.Errorf("%w: field \"documents\": expected an array", ErrInvalidRequest)
+			}
+			req.Documents = raw
+		} else {
+			req.Documents = nil
+		}
 	case "tools", "chat_template_kwargs":
 		var raw []byte
 		if raw, err = s.raw(depth); err != nil {
@@ -464,8 +487,22 @@ func (f *fields) finish(req Request) (Request, error) {
 		// open a new assistant turn and continue the last one.
 		return Request{}, fmt.Errorf("%w: add_generation_prompt and continue_final_message are mutually exclusive (set add_generation_prompt to false)", ErrInvalidRequest)
 	}
+	if f.effort != nil {
+		if !reasoningEfforts[*f.effort] {
+			return Request{}, fmt.Errorf("%w: field \"reasoning_effort\": %q is not one of none, minimal, low, medium, high, xhigh, max", ErrInvalidRequest, *f.effort)
+		}
+		kw, err := withReasoningEffort(req.ChatTemplateKwargs, *f.effort)
+		if err != nil {
+			return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": %w", ErrInvalidRequest, err)
+		}
+		req.ChatTemplateKwargs = kw
+	}
 	return req, nil
 }
+
+// reasoningEfforts are the values vLLM 0.33 accepts for a chat request's
+// reasoning_effort.
+var reasoningEfforts = map[string]bool{"none": true, "minimal": true, "low": true, "medium": true, "high": true, "xhigh": true, "max": true}
 
 // messages decodes the messages array at s.i: each element must be an
 // object; role, content and name are decoded, the rest validated and

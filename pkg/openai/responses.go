@@ -489,18 +489,16 @@ func functionFields(t *message, prefix string) *message {
 }
 
 // responsesKwargs are the template arguments vLLM passes a Responses
-// request: the body's chat_template_kwargs, and over them reasoning_effort
-// and enable_thinking when reasoning.effort is given (enable_thinking only
-// when the body's kwargs do not set it: true unless the effort is "none").
-// The generation flags go in AddGenerationPrompt and ContinueFinalMessage.
+// request: the body's chat_template_kwargs, with reasoning.effort merged
+// as for a chat request's reasoning_effort. The generation flags go in
+// AddGenerationPrompt and ContinueFinalMessage.
 func responsesKwargs(top map[string]json.RawMessage) (json.RawMessage, error) {
-	kw := newObject()
-	if v, ok := top["chat_template_kwargs"]; ok && !isNull(v) {
-		o, err := orderedObject(v)
-		if err != nil {
-			return nil, errors.New("chat_template_kwargs is not an object")
-		}
-		kw = o
+	kw := top["chat_template_kwargs"]
+	if isNull(kw) {
+		kw = nil
+	}
+	if kw != nil && firstByte(kw) != '{' {
+		return nil, errors.New("chat_template_kwargs is not an object")
 	}
 	if v, ok := top["reasoning"]; ok && !isNull(v) {
 		var r struct {
@@ -509,15 +507,33 @@ func responsesKwargs(top map[string]json.RawMessage) (json.RawMessage, error) {
 		if json.Unmarshal(v, &r) != nil {
 			return nil, errors.New("reasoning is not an object")
 		}
-		if r.Effort != nil && *r.Effort != "auto" {
-			if _, set := kw.get("enable_thinking"); !set {
-				kw.set("enable_thinking", json.RawMessage(fmt.Sprint(*r.Effort != "none")))
-			}
-			kw.set("reasoning_effort", jsonString(*r.Effort))
+		if r.Effort != nil {
+			return withReasoningEffort(kw, *r.Effort)
 		}
 	}
-	if len(kw.kvs) == 0 {
-		return nil, nil
+	return kw, nil
+}
+
+// withReasoningEffort is a request's chat_template_kwargs (raw, nil for
+// none) with its reasoning effort merged in as vLLM 0.33 merges it
+// (build_chat_params): over the request's own arguments, reasoning_effort
+// (unless the effort is "auto", which vLLM's merge drops), and, when they
+// do not set it, enable_thinking, true unless the effort is "none". The
+// server's reasoning_effort_map is not known here (identity).
+func withReasoningEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) {
+	kw := newObject()
+	if kwargs != nil {
+		o, err := orderedObject(kwargs)
+		if err != nil {
+			return nil, errors.New("not an object")
+		}
+		kw = o
+	}
+	if _, set := kw.get("enable_thinking"); !set {
+		kw.set("enable_thinking", json.RawMessage(fmt.Sprint(effort != "none")))
+	}
+	if effort != "auto" {
+		kw.set("reasoning_effort", jsonString(effort))
 	}
 	return kw.bytes(), nil
 }

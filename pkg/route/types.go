@@ -88,6 +88,9 @@ type TokenizeInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// Documents is a chat request's documents (raw JSON array), which the
+	// engine hands its template.
+	Documents json.RawMessage
 	// ContinueFinalMessage: the prompt ends inside the final message, which
 	// the model continues (vLLM's continue_final_message).
 	ContinueFinalMessage bool

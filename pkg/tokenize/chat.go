@@ -231,6 +231,9 @@ type ChatInput struct {
 	Tools               json.RawMessage
 	ChatTemplateKwargs  json.RawMessage
 	AddGenerationPrompt bool
+	// Documents is the request's documents (raw JSON array, nil for none):
+	// the template's documents variable.
+	Documents json.RawMessage
 	// ContinueFinalMessage cuts the prompt at the end of the final
 	// message's content, for the model to continue it (transformers'
 	// continue_final_message, which vLLM passes on).
@@ -341,6 +344,13 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 	data["messages"] = jinja.NewList(msgs)
 	data["tools"] = tools
 	data["documents"] = jinja.None()
+	if len(in.Documents) > 0 && string(in.Documents) != "null" {
+		docs, err := jsonValue(in.Documents)
+		if err != nil || !docs.IsList() {
+			return "", fmt.Errorf("%w: documents is not an array", ErrBadMessages)
+		}
+		data["documents"] = docs
+	}
 	data["add_generation_prompt"] = jinja.NewBool(in.AddGenerationPrompt)
 	if c.bareStrip {
 		for _, v := range data {

@@ -149,7 +149,9 @@
 // rendered as vLLM's ChatCompletionToolsParam.model_dump() gives them (key
 // order type, function{name, description, parameters, strict,
 // defer_loading}, description and parameters null when absent, other keys
-// dropped); continue_final_message cuts the render at the final message's
+// dropped); documents reach the template's documents variable (the
+// request parser merges reasoning_effort into the template arguments);
+// continue_final_message cuts the render at the final message's
 // end (transformers' tag and cut, the 5.16–5.23 versions vLLM 0.33
 // allows). SGLang hands templates each tool's function object alone; this
 // package renders vLLM's shape. What an engine was started with that
@@ -162,7 +164,8 @@
 // self-check catches it).
 //
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
-// tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off
+// tokenizations (not chats with documents or an empty tools list, which
+// vLLM's /tokenize renders unlike its chat route) (Config.SelfCheck.SampleRate, default 1%) is compared off
 // the request path with the engine's own POST /tokenize (chat requests
 // through the engine's chat rendering), by a bounded pool of workers fed
 // through a bounded queue (a full queue drops the sample; the request never

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // The engine's serve flags reach the local render: its own template, its
@@ -64,5 +66,34 @@ func TestEngineChatSettings(t *testing.T) {
 	}
 	if _, err := LoadEngineChatTemplate(cfgPath, EngineChat{DefaultKwargs: `{"a":`}); err == nil {
 		t.Error("malformed default kwargs loaded")
+	}
+}
+
+func TestDocumentsAndWhatTheSelfCheckSamples(t *testing.T) {
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{% if documents %}{% for d in documents %}[{{ d.title }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role": "user", "content": "q"}]`)
+	got, err := ct.Render(ChatInput{Messages: msgs, Documents: json.RawMessage(`[{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]`)})
+	if err != nil || got != "[a][b]q" {
+		t.Errorf("documents: %q, %v", got, err)
+	}
+	if _, err := ct.Render(ChatInput{Messages: msgs, Documents: json.RawMessage(`{"title": "a"}`)}); err == nil {
+		t.Error("documents that are not an array rendered")
+	}
+	for _, c := range []struct {
+		in   route.TokenizeInput
+		want bool
+	}{
+		{route.TokenizeInput{Prompt: "x"}, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs}, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(`[{"function": {"name": "f"}}]`)}, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(` [ ] `)}, false},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Documents: json.RawMessage(`[{"title": "a"}]`)}, false},
+	} {
+		if got := remoteReproduces(c.in); got != c.want {
+			t.Errorf("%+v: sampled %v, want %v", c.in, got, c.want)
+		}
 	}
 }

@@ -92,6 +92,7 @@ func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (ro
 		text, err = l.tmpl.Render(ChatInput{
 			Messages: in.Messages, Tools: in.Tools, ChatTemplateKwargs: in.ChatTemplateKwargs,
 			AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage, Parsed: in.ChatMessages,
+			Documents: in.Documents,
 		})
 		if err != nil {
 			return route.Tokens{}, err

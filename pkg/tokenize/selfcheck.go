@@ -135,10 +135,30 @@ func (c *selfChecker) stop() {
 	})
 }
 
+// remoteReproduces reports whether the engine's /tokenize renders in as its
+// chat route does: vLLM's /tokenize takes no documents and drops an empty
+// tools list, which its chat route passes on, so such requests are not
+// sampled (a difference there says nothing about the local tokenizer).
+func remoteReproduces(in route.TokenizeInput) bool {
+	if !in.Chat {
+		return true
+	}
+	return (len(in.Documents) == 0 || string(in.Documents) == "null") && !emptyArray(in.Tools)
+}
+
+// emptyArray reports a JSON array with no elements.
+func emptyArray(raw []byte) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) >= 2 && raw[0] == '[' && raw[len(raw)-1] == ']' && len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
+}
+
 // maybeSubmit samples a successful local tokenization. It never blocks:
 // a full queue drops the sample (counted).
 func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids []uint32) {
 	if m.check == nil || m.check.demoted.Load() || rand.Float64() >= c.cfg.SampleRate {
+		return
+	}
+	if !remoteReproduces(in) {
 		return
 	}
 	if c.ctx.Err() != nil {
