@@ -120,6 +120,14 @@ fixtures: ## Fetch the reference tokenizer files into $(TOKENIZER_CACHE) (idempo
 fixtures-regen: fixtures ## Regenerate pkg/tokenize/testdata from HuggingFace transformers.
 	python3 hack/tokenizer-fixtures/gen.py --cache $(TOKENIZER_CACHE) --out pkg/tokenize/testdata
 
+VLLM_VERSION ?= 0.33.0
+.PHONY: responses-fixtures-regen
+responses-fixtures-regen: ## Regenerate pkg/openai/testdata/responses.json with a vLLM wheel's own Responses conversion (downloads the wheel; needs pip's openai>=2.25 and pydantic).
+	rm -rf .cache/vllm-wheel && mkdir -p .cache/vllm-wheel
+	pip download vllm==$(VLLM_VERSION) --no-deps -d .cache/vllm-wheel
+	cd .cache/vllm-wheel && unzip -q -o vllm-$(VLLM_VERSION)-*.whl 'vllm/*'
+	python3 hack/responses-fixtures/gen.py --vllm .cache/vllm-wheel/vllm --vllm-version $(VLLM_VERSION) --out pkg/openai/testdata/responses.json
+
 test-unit: fixtures
 
 .PHONY: bench-tokenize

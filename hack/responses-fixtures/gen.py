@@ -16,6 +16,7 @@ Usage:
   unzip -q -o /tmp/vllm-wheel/vllm-0.33.0-*.whl 'vllm/*' -d /tmp/vllm-src
   pip install 'openai>=2.25' pydantic
   python3 hack/responses-fixtures/gen.py --vllm /tmp/vllm-src/vllm --out pkg/openai/testdata/responses.json
+(or: make responses-fixtures-regen)
 """
 
 import argparse
@@ -213,10 +214,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vllm", required=True, help="the vllm package directory of an unpacked wheel")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--vllm-version", default="0.33.0", help="the wheel's version, recorded in the file")
     a = ap.parse_args()
     ns = build(a.vllm)
     cases = [convert(ns, b) for b in bodies()]
-    meta = {"vllm": os.path.basename(os.path.dirname(os.path.abspath(a.vllm))), "openai": openai.__version__}
+    meta = {"vllm_source": a.vllm_version, "openai": openai.__version__}
     with open(a.out, "w") as f:
         json.dump({"meta": meta, "cases": cases}, f, indent=1, ensure_ascii=False)
         f.write("\n")
