@@ -423,6 +423,9 @@ func responsesTools(raw json.RawMessage) (json.RawMessage, error) {
 			return nil, fmt.Errorf("tools[%d]: %w", i, err)
 		}
 		typ, _ := t.str("type")
+		if _, named := t.str("name"); !named && (typ == "function" || typ == "namespace" || typ == "custom") {
+			return nil, fmt.Errorf("tools[%d]: a %s tool without a name string", i, typ)
+		}
 		switch typ {
 		case "function":
 			emit(functionFields(t, ""))
@@ -439,6 +442,9 @@ func responsesTools(raw json.RawMessage) (json.RawMessage, error) {
 					return nil, fmt.Errorf("tools[%d]: %w", i, err)
 				}
 				if styp, _ := st.str("type"); styp == "function" {
+					if _, named := st.str("name"); !named {
+						return nil, fmt.Errorf("tools[%d]: a namespace function without a name string", i)
+					}
 					emit(functionFields(st, ns+"__"))
 				}
 			}

@@ -130,3 +130,60 @@ func TestParseResponsesFields(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseResponses: any body gives an error wrapping ErrInvalidRequest
+// or a request; a converted one holds valid JSON (messages, tools,
+// kwargs), never both generation flags, and never panics on the way.
+func FuzzParseResponses(f *testing.F) {
+	data, err := os.ReadFile("testdata/responses.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	var fx struct {
+		Cases []responsesFixture `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &fx); err != nil {
+		f.Fatal(err)
+	}
+	for _, c := range fx.Cases {
+		f.Add([]byte(c.Body))
+	}
+	for _, s := range []string{`{`, `null`, `{"input":[{}]}`, `{"input":[{"type":"function_call"}]}`, `{"input":"x","tools":[{"type":"namespace","tools":3}]}`,
+		`{"input":[{"type":"reasoning","summary":[{"text":null}]}]}`, `{"input":"x","reasoning":{"effort":7}}`} {
+		f.Add([]byte(s))
+	}
+	tmpl, err := tokenize.ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}[{{ m.role }}:{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments|tojson }}{% endfor %}]{% endfor %}{{ tools|tojson }}"}`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := ParseResponses(body)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		if req.Convert != nil {
+			if !errors.Is(req.Convert, ErrResponsesUnsupported) || req.Messages != nil {
+				t.Fatalf("unconverted request: %v, %s", req.Convert, req.Messages)
+			}
+			return
+		}
+		for name, raw := range map[string][]byte{"messages": req.Messages, "tools": req.Tools, "kwargs": req.ChatTemplateKwargs} {
+			if raw != nil && !json.Valid(raw) {
+				t.Fatalf("%s are not valid JSON: %s", name, raw)
+			}
+		}
+		if req.AddGenerationPrompt == req.ContinueFinalMessage {
+			t.Fatalf("generation flags %v/%v", req.AddGenerationPrompt, req.ContinueFinalMessage)
+		}
+		// The converted request renders or is refused with an error; it
+		// never panics the tokenizer.
+		_, _ = tmpl.Render(tokenize.ChatInput{Messages: req.Messages, Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs,
+			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage})
+	})
+}
