@@ -107,3 +107,43 @@ func TestMessagesReshapedAsVLLMDoes(t *testing.T) {
 		t.Errorf("developer-aware template: %q, %v", got, err)
 	}
 }
+
+// FuzzChatInput: any messages, tools and flags render or fail with one of
+// the package's errors, with and without parts content, the developer role
+// and default template arguments; nothing panics.
+func FuzzChatInput(f *testing.F) {
+	for _, s := range []struct{ msgs, tools string }{
+		{`[{"role":"user","content":"hi"}]`, `[{"function":{"name":"f"}}]`},
+		{`[{"role":"developer","content":[{"type":"input_text","text":"d"}]},{"role":"system","content":"x-anthropic-billing-header: a\nb"}]`, `[]`},
+		{`[{"role":"assistant","content":[{"type":"text","text":null},{"type":"output_text","text":"o"}],"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]`, `null`},
+		{`[{"role":"tool","content":[{"type":"refusal","refusal":"r"}]}]`, `[{"type":"function","function":{"name":"g","strict":true,"defer_loading":false},"defer_loading":true}]`},
+		{`[]`, `[3]`}, {`{}`, `{}`},
+	} {
+		f.Add(s.msgs, s.tools, true, false)
+		f.Add(s.msgs, s.tools, false, true)
+	}
+	var templates []*ChatTemplate
+	for _, src := range []string{
+		`{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}{{ tools|tojson }}`,
+		`{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}{% if documents %}d{% endif %}{{ x }}`,
+		`{% for m in messages %}{% if m.role == 'developer' %}D{% endif %}{{ m.content }}{% endfor %}`,
+	} {
+		raw, _ := json.Marshal(map[string]string{"chat_template": src})
+		for _, e := range []EngineChat{{}, {DefaultKwargs: `{"x": 1}`, ContentFormat: ContentFormatString}} {
+			ct, err := parseChatTemplate(raw, e)
+			if err != nil {
+				f.Fatal(err)
+			}
+			templates = append(templates, ct)
+		}
+	}
+	f.Fuzz(func(t *testing.T, msgs, tools string, gen, cont bool) {
+		for _, ct := range templates {
+			_, err := ct.Render(ChatInput{Messages: json.RawMessage(msgs), Tools: json.RawMessage(tools), AddGenerationPrompt: gen,
+				ContinueFinalMessage: cont, ChatTemplateKwargs: json.RawMessage(`{"x": null}`)})
+			if err != nil && !errors.Is(err, ErrBadMessages) && !errors.Is(err, ErrUnsupported) && !errors.Is(err, ErrTemplate) {
+				t.Fatalf("error %v is none of the package's", err)
+			}
+		}
+	})
+}
