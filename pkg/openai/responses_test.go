@@ -23,25 +23,32 @@ type responsesFixture struct {
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 }
 
-func TestResponsesConvertAsVLLMDoes(t *testing.T) {
+// responsesFixtures reads testdata/responses.json.
+func responsesFixtures(tb testing.TB) []responsesFixture {
+	tb.Helper()
 	data, err := os.ReadFile("testdata/responses.json")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	var fx struct {
 		Cases []responsesFixture `json:"cases"`
 	}
 	if err := json.Unmarshal(data, &fx); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if len(fx.Cases) < 15 {
-		t.Fatalf("only %d cases", len(fx.Cases))
+		tb.Fatalf("only %d cases", len(fx.Cases))
 	}
+	return fx.Cases
+}
+
+func TestResponsesConvertAsVLLMDoes(t *testing.T) {
+	cases := responsesFixtures(t)
 	tools, err := tokenize.ParseChatTemplate([]byte(`{"chat_template": "{{ tools|tojson }}"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, c := range fx.Cases {
+	for i, c := range cases {
 		req, err := ParseResponses(c.Body)
 		if err != nil {
 			t.Errorf("case %d: %v\n%s", i, err, c.Body)
@@ -135,17 +142,7 @@ func TestParseResponsesFields(t *testing.T) {
 // or a request; a converted one holds valid JSON (messages, tools,
 // kwargs), never both generation flags, and never panics on the way.
 func FuzzParseResponses(f *testing.F) {
-	data, err := os.ReadFile("testdata/responses.json")
-	if err != nil {
-		f.Fatal(err)
-	}
-	var fx struct {
-		Cases []responsesFixture `json:"cases"`
-	}
-	if err := json.Unmarshal(data, &fx); err != nil {
-		f.Fatal(err)
-	}
-	for _, c := range fx.Cases {
+	for _, c := range responsesFixtures(f) {
 		f.Add([]byte(c.Body))
 	}
 	for _, s := range []string{`{`, `null`, `{"input":[{}]}`, `{"input":[{"type":"function_call"}]}`, `{"input":"x","tools":[{"type":"namespace","tools":3}]}`,
