@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/kvroute/kvroute/pkg/engine/simtok"
+	"github.com/kvroute/kvroute/pkg/openai"
 )
 
 // apiError is an error with its HTTP status and vLLM error type.
@@ -121,8 +122,7 @@ func decodeBody(r *http.Request, v any) error {
 }
 
 // chatText reduces a message's content to text: a string, or the text
-// parts of a list of parts ("text", and the Responses API's "input_text"
-// and "output_text", which vLLM reads as text parts too).
+// parts of a list of parts (openai.TextPart).
 func chatText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -140,7 +140,7 @@ func chatText(raw json.RawMessage) (string, error) {
 	}
 	out := ""
 	for _, p := range parts {
-		if p.Type == "text" || p.Type == "input_text" || p.Type == "output_text" {
+		if openai.TextPart(p.Type) {
 			out += p.Text
 		}
 	}

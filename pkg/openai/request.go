@@ -444,12 +444,7 @@ func (f *fields) finish(req Request) (Request, error) {
 		}
 		req.CacheSalt = *f.cacheSalt
 	}
-	for _, id := range []string{f.sessionIDTop, f.conversationIDTop, f.sessionConv, f.metaSession, f.metaConversation} {
-		if id != "" {
-			req.SessionID = id
-			break
-		}
-	}
+	req.SessionID = sessionID(f.sessionIDTop, f.conversationIDTop, f.sessionConv, f.metaSession, f.metaConversation)
 	switch req.Kind {
 	case KindCompletion:
 		req.Tools, req.ChatTemplateKwargs = nil, nil
@@ -498,6 +493,26 @@ func (f *fields) finish(req Request) (Request, error) {
 		req.ChatTemplateKwargs = kw
 	}
 	return req, nil
+}
+
+// sessionID is the conversation a body names, in Request.SessionID's order
+// of precedence: session_id, conversation_id, conversation (its "id" when
+// an object), metadata.session_id, metadata.conversation_id.
+func sessionID(sessionIDTop, conversationIDTop, conversation, metaSession, metaConversation string) string {
+	for _, id := range []string{sessionIDTop, conversationIDTop, conversation, metaSession, metaConversation} {
+		if id != "" {
+			return id
+		}
+	}
+	return ""
+}
+
+// TextPart reports a content part type whose "text" vLLM reads as text:
+// "text", and the Responses API's "input_text" and "output_text". (Its
+// "refusal" and "thinking" parts are text too, under keys of their own:
+// the request parser leaves those to the tokenizer.)
+func TextPart(typ string) bool {
+	return typ == "text" || typ == "input_text" || typ == "output_text"
 }
 
 // reasoningEfforts are the values vLLM 0.33 accepts for a chat request's
@@ -600,7 +615,7 @@ func (s *scanner) contentParts(depth int) (string, bool, error) {
 				}
 				return false, nil
 			}, depth+1)
-			if hasText && (typ == "text" || typ == "input_text" || typ == "output_text") {
+			if hasText && TextPart(typ) {
 				parts = append(parts, text)
 			} else {
 				nonText = true

@@ -87,34 +87,26 @@ func ParseResponses(body []byte) (Request, error) {
 	return req, nil
 }
 
-// responsesSession is the conversation a Responses body names: its
-// conversation (a string or an object's "id"), else metadata's session_id
-// or conversation_id.
+// responsesSession is the conversation a Responses body names, read from
+// the same fields as a chat body's (sessionID).
 func responsesSession(top map[string]json.RawMessage) string {
-	if v, ok := top["conversation"]; ok {
+	str := func(v json.RawMessage) string {
 		var s string
-		if json.Unmarshal(v, &s) == nil && s != "" {
-			return s
-		}
+		_ = json.Unmarshal(v, &s)
+		return s
+	}
+	conv := str(top["conversation"])
+	if conv == "" {
 		var o struct {
 			ID string `json:"id"`
 		}
-		if json.Unmarshal(v, &o) == nil && o.ID != "" {
-			return o.ID
+		if json.Unmarshal(top["conversation"], &o) == nil {
+			conv = o.ID
 		}
 	}
-	if v, ok := top["metadata"]; ok {
-		var m map[string]json.RawMessage
-		if json.Unmarshal(v, &m) == nil {
-			for _, k := range []string{"session_id", "conversation_id"} {
-				var s string
-				if json.Unmarshal(m[k], &s) == nil && s != "" {
-					return s
-				}
-			}
-		}
-	}
-	return ""
+	var meta map[string]json.RawMessage
+	_ = json.Unmarshal(top["metadata"], &meta)
+	return sessionID(str(top["session_id"]), str(top["conversation_id"]), conv, str(meta["session_id"]), str(meta["conversation_id"]))
 }
 
 // convertResponses fills req's chat fields from the body; nil when done.
@@ -205,13 +197,7 @@ func addItem(msgs []*message, raw json.RawMessage) ([]*message, error) {
 		if err != nil {
 			return nil, err
 		}
-		if prevAssistant != nil {
-			if r, ok := prevAssistant.get("reasoning"); !ok || isNull(r) {
-				prevAssistant.set("reasoning", jsonString(text))
-				return msgs, nil
-			}
-		}
-		return append(msgs, newMessage("assistant").set("reasoning", jsonString(text))), nil
+		return mergeAssistant(msgs, prevAssistant, "reasoning", text), nil
 	case typ == "function_call_output" || typ == "custom_tool_call_output":
 		out, _ := item.get("output")
 		id, _ := item.get("call_id")
@@ -230,13 +216,7 @@ func addItem(msgs []*message, raw json.RawMessage) ([]*message, error) {
 		if !ok {
 			return append(msgs, item), nil
 		}
-		if prevAssistant != nil {
-			if c, has := prevAssistant.get("content"); !has || isNull(c) {
-				prevAssistant.set("content", jsonString(text))
-				return msgs, nil
-			}
-		}
-		return append(msgs, newMessage("assistant").set("content", jsonString(text))), nil
+		return mergeAssistant(msgs, prevAssistant, "content", text), nil
 	case hasRole:
 		return append(msgs, item), nil
 	}
@@ -244,6 +224,19 @@ func addItem(msgs []*message, raw json.RawMessage) ([]*message, error) {
 		return nil, errors.New("an item with neither a type nor a role")
 	}
 	return nil, fmt.Errorf("input item type %q is not supported by vLLM", typ)
+}
+
+// mergeAssistant sets key to text on the preceding assistant message when
+// it has no value there yet, else appends a new assistant message holding
+// it: how vLLM folds reasoning and output text into one assistant turn.
+func mergeAssistant(msgs []*message, prevAssistant *message, key, text string) []*message {
+	if prevAssistant != nil {
+		if v, ok := prevAssistant.get(key); !ok || isNull(v) {
+			prevAssistant.set(key, jsonString(text))
+			return msgs
+		}
+	}
+	return append(msgs, newMessage("assistant").set(key, jsonString(text)))
 }
 
 // addToolCall adds a tool call to the preceding assistant message, or as a
@@ -277,11 +270,7 @@ func customToolCall(item *message) (json.RawMessage, error) {
 	// escapes may differ from json.dumps' in form (U+2028), never in
 	// value, and the template sees the value: vLLM parses a tool call's
 	// arguments into an object before rendering.
-	args := `{"input": ` + string(jsonString(input)) + `}`
-	fn := newObject().set("name", jsonString(name)).set("arguments", jsonString(args))
-	var buf bytes.Buffer
-	newObject().set("id", jsonString(id)).set("function", fn.bytes()).set("type", jsonString("function")).write(&buf)
-	return buf.Bytes(), nil
+	return chatToolCall(id, name, `{"input": `+string(jsonString(input))+`}`), nil
 }
 
 // toolCall is a function_call item as a chat tool call: {"id": call_id,
@@ -297,10 +286,14 @@ func toolCall(item *message) (json.RawMessage, error) {
 	if ns, ok := item.str("namespace"); ok && ns != "" {
 		name = ns + "__" + name
 	}
+	return chatToolCall(id, name, args), nil
+}
+
+// chatToolCall is a chat tool call: {"id": id, "function": {"name": name,
+// "arguments": args}, "type": "function"}.
+func chatToolCall(id, name, args string) json.RawMessage {
 	fn := newObject().set("name", jsonString(name)).set("arguments", jsonString(args))
-	var buf bytes.Buffer
-	newObject().set("id", jsonString(id)).set("function", fn.bytes()).set("type", jsonString("function")).write(&buf)
-	return buf.Bytes(), nil
+	return newObject().set("id", jsonString(id)).set("function", fn.bytes()).set("type", jsonString("function")).bytes()
 }
 
 // reasoningText is a reasoning item's text: its first content part's text,

@@ -115,6 +115,9 @@ func TestParseResponsesFields(t *testing.T) {
 		{`{"input":"x","reasoning":{"effort":"none"}}`, `{"enable_thinking":false,"reasoning_effort":"none"}`, ""},
 		{`{"input":"x","reasoning":{"effort":"high"},"metadata":{"session_id":"s1"}}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, "s1"},
 		{`{"input":"x","reasoning":{"summary":"auto"},"conversation":"conv_1"}`, ``, "conv_1"},
+		// The same precedence as a chat body's.
+		{`{"input":"x","metadata":{"conversation_id":"m2"},"conversation":{"id":"conv_2"},"session_id":"s0"}`, ``, "s0"},
+		{`{"input":"x","metadata":{"conversation_id":"m2","session_id":7}}`, ``, "m2"},
 		{`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"Once"}],"type":"message","status":"incomplete"}]}`, ``, ""},
 	} {
 		req, err := ParseResponses([]byte(c.body))

@@ -171,7 +171,8 @@
 // through a bounded queue (a full queue drops the sample; the request never
 // waits). The first mismatch demotes that model's local tokenizer: its
 // requests go to the remote tokenizer from then on, the mismatch is counted
-// (kvroute_tokenizer_self_checks_total{model,result},
+// (kvroute_tokenizer_self_checks_total{model,result}; a sample /tokenize
+// cannot reproduce is counted as result="unreproducible", not sent;
 // kvroute_tokenizer_local_exact{model} drops to 0), logged once with the
 // first differing token position, and shown by Tokenizer.SelfCheckStates and
 // Tokenizer.Explain. Engine errors are counted, never demote.

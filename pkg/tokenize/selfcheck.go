@@ -159,6 +159,7 @@ func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids
 		return
 	}
 	if !remoteReproduces(in) {
+		c.t.metrics.selfChecks.WithLabelValues(m.name, "unreproducible").Inc()
 		return
 	}
 	if c.ctx.Err() != nil {

@@ -279,3 +279,30 @@ func TestSelfCheckConfig(t *testing.T) {
 		t.Errorf("disabled self-check: checker %v, states %v, %q", tok.checker, tok.SelfCheckStates(), tok.Explain("m"))
 	}
 }
+
+// A sampled chat /tokenize cannot render as the chat route does (documents,
+// an empty tools list) is counted, never sent, and never demotes: the
+// router holds the wrong files here, so a sent sample would.
+func TestSelfCheckSkipsUnreproducibleChats(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	_, srv := newEngine(t, "llama3_1")
+	defer srv.Close()
+	tok, _, _ := checkedTokenizer(t, "qwen3", srv.URL, SelfCheckConfig{SampleRate: 1})
+	defer tok.Close()
+	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
+	for _, in := range []route.TokenizeInput{
+		{Chat: true, Messages: msgs, AddGenerationPrompt: true, Documents: json.RawMessage(`[{"title": "t", "text": "x"}]`)},
+		{Chat: true, Messages: msgs, AddGenerationPrompt: true, Tools: json.RawMessage(`[]`)},
+	} {
+		if got, err := tok.Tokenize(context.Background(), "m", in); err != nil || got.Source != SourceLocal {
+			t.Fatalf("%+v, %v", got, err)
+		}
+	}
+	if v := testutil.ToFloat64(tok.metrics.selfChecks.WithLabelValues("m", "unreproducible")); v != 2 {
+		t.Errorf("unreproducible = %v, want 2", v)
+	}
+	tok.Close()
+	if st := tok.SelfCheckStates(); len(st) != 1 || st[0].Demoted || st[0].Checks != 0 {
+		t.Errorf("state = %+v, want no check and no demotion", st)
+	}
+}

@@ -507,7 +507,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		selfChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_tokenizer_self_checks_total",
-			Help: "Sampled local tokenizations compared with the engine's /tokenize, by model and result (match, mismatch, error, dropped).",
+			Help: "Sampled local tokenizations compared with the engine's /tokenize, by model and result (match, mismatch, error, dropped; unreproducible: a sample /tokenize cannot render as the chat route does, not sent).",
 		}, []string{"model", "result"}),
 		localExact: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvroute_tokenizer_local_exact",
