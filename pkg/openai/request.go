@@ -16,7 +16,8 @@ const (
 	PathChatCompletions = "/v1/chat/completions"
 )
 
-// PathResponses (responses.go) is the third.
+// PathResponses (responses.go) and PathMessages (messages.go) are the
+// others.
 
 // ErrInvalidRequest is wrapped by every error Parse returns for a malformed
 // body: bad JSON, a field of the wrong type, a missing required field.
@@ -31,6 +32,7 @@ const (
 	KindCompletion
 	KindChat
 	KindResponses
+	KindMessages
 )
 
 func (k Kind) String() string {
@@ -41,6 +43,8 @@ func (k Kind) String() string {
 		return "chat"
 	case KindResponses:
 		return "responses"
+	case KindMessages:
+		return "messages"
 	}
 	return "unknown"
 }
@@ -59,6 +63,8 @@ func KindOf(path string) Kind {
 		return KindChat
 	case PathResponses:
 		return KindResponses
+	case PathMessages:
+		return KindMessages
 	}
 	return KindUnknown
 }
@@ -107,7 +113,7 @@ type Request struct {
 	// Messages, Tools and ChatTemplateKwargs are the chat request's raw
 	// JSON values (nil when absent or null): slices of the body, not
 	// copies. A reasoning_effort is merged into ChatTemplateKwargs as vLLM
-	// merges it (withReasoningEffort; a copy then).
+	// merges it (WithReasoningEffort; a copy then).
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
@@ -144,9 +150,19 @@ type Request struct {
 	// PreviousResponseID is a Responses request's previous_response_id: the
 	// engine prepends history it stored, which the router never sees.
 	PreviousResponseID string
-	// Convert is, for a Responses request, why its prompt could not be
-	// converted into the chat request above (ErrResponsesUnsupported), nil
-	// when it was.
+	// SystemFirstMessages is, for a Messages request with inline system
+	// messages, Messages with those merged into the leading system message:
+	// what vLLM renders when the chat template rejects a system message
+	// after the first. nil when the two are the same.
+	SystemFirstMessages json.RawMessage
+	// ThinkingDisabled reports a Messages request with thinking disabled:
+	// vLLM then picks the reasoning effort for its template ("none", or
+	// "low" when the template ignores "none"), so ChatTemplateKwargs is
+	// left without one for the tokenizer to merge.
+	ThinkingDisabled bool
+	// Convert is, for a Responses or Messages request, why its prompt could
+	// not be converted into the chat request above (ErrResponsesUnsupported,
+	// ErrMessagesUnsupported), nil when it was.
 	Convert error
 }
 
@@ -159,6 +175,8 @@ func Parse(path string, body []byte) (Request, error) {
 		return parse(k, body)
 	case KindResponses:
 		return ParseResponses(body)
+	case KindMessages:
+		return ParseMessages(body)
 	}
 	return Request{}, fmt.Errorf("%w: unknown path %q", ErrInvalidRequest, path)
 }
@@ -486,7 +504,7 @@ func (f *fields) finish(req Request) (Request, error) {
 		if !reasoningEfforts[*f.effort] {
 			return Request{}, fmt.Errorf("%w: field \"reasoning_effort\": %q is not one of none, minimal, low, medium, high, xhigh, max", ErrInvalidRequest, *f.effort)
 		}
-		kw, err := withReasoningEffort(req.ChatTemplateKwargs, *f.effort)
+		kw, err := WithReasoningEffort(req.ChatTemplateKwargs, *f.effort)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": %w", ErrInvalidRequest, err)
 		}
