@@ -80,9 +80,11 @@
 // of ip:port) is passed as route.Request.Subset; present but empty is a
 // 503 without a decision.
 //
-// Errors are immediate responses with an OpenAI-style JSON error body and
-// header x-kvroute-reason: 400 invalid_request (unparseable body on
-// /v1/completions, /v1/chat/completions or /v1/responses), 413 body_too_large, 404
+// Errors are immediate responses with an OpenAI-style JSON error body (on
+// /v1/messages the Anthropic API's {"type":"error","error":{type,
+// message}}, which its clients read) and header x-kvroute-reason: 400
+// invalid_request (unparseable body on /v1/completions,
+// /v1/chat/completions, /v1/responses or /v1/messages), 413 body_too_large, 404
 // unknown_model, 503 no_healthy_replica / subset_empty / decide_timeout,
 // 500 internal_error. Unknown paths, non-JSON bodies and body-less requests
 // are routed by load alone (a "model" field is still read leniently from

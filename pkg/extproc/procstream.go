@@ -346,6 +346,7 @@ func (st *procStream) reject(r rejection) []*extprocv3.ProcessingResponse {
 		st.span.SetAttributes(attribute.Int("http.response.status_code", r.code), attribute.String("kvroute.reject_reason", r.reason))
 		st.span.SetStatus(codes.Error, r.reason)
 	}
+	r.anthropic = openai.KindOf(st.path) == openai.KindMessages
 	return []*extprocv3.ProcessingResponse{immediateResponse(r)}
 }
 
@@ -470,14 +471,14 @@ func FillRequest(req *route.Request, p openai.Request) {
 			AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
 			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages), Documents: p.Documents,
 		}
-	case openai.KindResponses:
+	case openai.KindResponses, openai.KindMessages:
 		// Converted to the chat request vLLM renders; a body whose prompt
 		// cannot be reproduced (p.Convert) routes by its session and load.
 		if p.Convert == nil {
 			req.Input = route.TokenizeInput{
 				Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 				AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
-				AddSpecialTokens: p.AddSpecialTokens,
+				AddSpecialTokens: p.AddSpecialTokens, SystemFirst: p.SystemFirstMessages, ThinkingDisabled: p.ThinkingDisabled,
 			}
 		}
 	case openai.KindCompletion:

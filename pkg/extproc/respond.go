@@ -103,6 +103,9 @@ type rejection struct {
 	code    int
 	reason  string
 	message string
+	// anthropic: the request came on the Anthropic Messages path, whose
+	// clients read errors in that API's shape.
+	anthropic bool
 }
 
 type errorBody struct {
@@ -114,11 +117,53 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// immediateResponse renders r as an OpenAI-style JSON error.
+// anthropicErrorBody is the Anthropic Messages API's error shape.
+type anthropicErrorBody struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// anthropicErrorType is the Anthropic API's error type for an HTTP status,
+// as vLLM's Messages route names them.
+func anthropicErrorType(code int) string {
+	switch code {
+	case 400:
+		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
+	case 404:
+		return "not_found_error"
+	case 413:
+		return "request_too_large"
+	case 429:
+		return "rate_limit_error"
+	case 503:
+		return "overloaded_error"
+	}
+	if code >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// immediateResponse renders r as a JSON error: OpenAI's shape, or the
+// Anthropic API's for a request on its path.
 func immediateResponse(r rejection) *extprocv3.ProcessingResponse {
-	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Code = r.message, statusText(r.code), r.reason
-	body, _ := json.Marshal(b) // a struct of strings always marshals
+	var body []byte
+	if r.anthropic {
+		b := anthropicErrorBody{Type: "error"}
+		b.Error.Type, b.Error.Message = anthropicErrorType(r.code), r.message
+		body, _ = json.Marshal(b) // a struct of strings always marshals
+	} else {
+		var b errorBody
+		b.Error.Message, b.Error.Type, b.Error.Code = r.message, statusText(r.code), r.reason
+		body, _ = json.Marshal(b)
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status: &typev3.HttpStatus{Code: typev3.StatusCode(r.code)},

@@ -182,6 +182,28 @@ func TestRequestTranscripts(t *testing.T) {
 					Messages: json.RawMessage(`[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}]`)}}},
 		},
 		{
+			// An Anthropic Messages body (Claude Code's shape) reaches the
+			// router as the chat request vLLM renders for it: the billing
+			// block dropped, the session read from metadata.user_id, the
+			// inline system message kept and, for templates that require
+			// it, merged; thinking disabled left for the template.
+			name: "a messages body is routed as its chat request",
+			msgs: []*extprocv3.ProcessingRequest{
+				reqHeaders(false, ":path", "/v1/messages"),
+				reqBody(`{"model":"m","max_tokens":64,"stream":true,"metadata":{"user_id":"user_ab_account_cd_session_s-1"},"thinking":{"type":"disabled"},`+
+					`"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1"},{"type":"text","text":"Be brief."}],`+
+					`"messages":[{"role":"user","content":"hi"},{"role":"system","content":"Reminder."},{"role":"user","content":[{"type":"text","text":"go"}]}]}`, true),
+			},
+			want: []*extprocv3.ProcessingResponse{wantPickHeaders(),
+				wantChunk(`{"model":"m","max_tokens":64,"stream":true,"metadata":{"user_id":"user_ab_account_cd_session_s-1"},"thinking":{"type":"disabled"},`+
+					`"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1"},{"type":"text","text":"Be brief."}],`+
+					`"messages":[{"role":"user","content":"hi"},{"role":"system","content":"Reminder."},{"role":"user","content":[{"type":"text","text":"go"}]}]}`, true)},
+			wantReqs: []route.Request{{Model: "m", BodySession: "s-1", Streams: true, MaxTokens: 64,
+				Input: route.TokenizeInput{Chat: true, AddGenerationPrompt: true, ThinkingDisabled: true,
+					Messages:    json.RawMessage(`[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"},{"role":"system","content":"Reminder."},{"role":"user","content":"go"}]`),
+					SystemFirst: json.RawMessage(`[{"role":"system","content":"Be brief.Reminder."},{"role":"user","content":"hi"},{"role":"user","content":"go"}]`)}}},
+		},
+		{
 			// History stored by the engine: routed by the session alone.
 			name: "a responses body continuing stored history has no prompt",
 			msgs: []*extprocv3.ProcessingRequest{
@@ -402,6 +424,9 @@ func TestImmediateResponses(t *testing.T) {
 		wantReason string
 		wantMsg    string
 		wantCalls  int
+		// anthropic is the error type of an Anthropic-shaped body ("":
+		// OpenAI's shape).
+		anthropic string
 	}{
 		{
 			name:     "malformed JSON on an inference path",
@@ -417,6 +442,17 @@ func TestImmediateResponses(t *testing.T) {
 			name:     "a responses body without input",
 			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/responses"), reqBody(`{"model":"m","stream":true}`, true)},
 			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: "input is required",
+		},
+		{
+			name:     "malformed JSON on the messages path",
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/messages"), reqBody(`{"model":`, true)},
+			wantCode: 400, wantReason: ReasonBadRequest, wantMsg: "malformed JSON", anthropic: "invalid_request_error",
+		},
+		{
+			name:     "no healthy replica on the messages path",
+			decErr:   fmt.Errorf("decide: %w", route.ErrNoReplica),
+			msgs:     []*extprocv3.ProcessingRequest{reqHeaders(false, ":path", "/v1/messages"), reqBody(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}]}`, true)},
+			wantCode: 503, wantReason: ReasonNoReplica, wantMsg: "no healthy replica", wantCalls: 1, anthropic: "overloaded_error",
 		},
 		{
 			name:     "body over the limit",
@@ -479,12 +515,29 @@ func TestImmediateResponses(t *testing.T) {
 			if d := cmp.Diff(wantHeaders, ir.GetHeaders(), protocmp.Transform()); d != "" {
 				t.Errorf("headers mismatch (-want +got):\n%s", d)
 			}
-			var body errorJSON
-			if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
-				t.Fatalf("body %q is not JSON: %v", ir.GetBody(), err)
-			}
-			if body.Error.Code != tc.wantReason || body.Error.Type == "" || !strings.Contains(body.Error.Message, tc.wantMsg) {
-				t.Errorf("error body %+v, want code %q and message containing %q", body.Error, tc.wantReason, tc.wantMsg)
+			if tc.anthropic != "" {
+				// The Anthropic API's shape, which its SDKs read.
+				var body struct {
+					Type  string `json:"type"`
+					Error struct {
+						Type    string `json:"type"`
+						Message string `json:"message"`
+					} `json:"error"`
+				}
+				if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
+					t.Fatalf("body %q is not JSON: %v", ir.GetBody(), err)
+				}
+				if body.Type != "error" || body.Error.Type != tc.anthropic || !strings.Contains(body.Error.Message, tc.wantMsg) {
+					t.Errorf("error body %s, want type error, error.type %q and message containing %q", ir.GetBody(), tc.anthropic, tc.wantMsg)
+				}
+			} else {
+				var body errorJSON
+				if err := json.Unmarshal(ir.GetBody(), &body); err != nil {
+					t.Fatalf("body %q is not JSON: %v", ir.GetBody(), err)
+				}
+				if body.Error.Code != tc.wantReason || body.Error.Type == "" || !strings.Contains(body.Error.Message, tc.wantMsg) {
+					t.Errorf("error body %+v, want code %q and message containing %q", body.Error, tc.wantReason, tc.wantMsg)
+				}
 			}
 			if n := len(fd.requests()); n != tc.wantCalls {
 				t.Errorf("decider called %d times, want %d", n, tc.wantCalls)

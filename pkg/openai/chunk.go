@@ -16,10 +16,13 @@ import (
 // value of the wrong type fails the whole document.
 
 // usageScan is usageJSON as decoded so far: a chat or completion usage
-// (prompt_tokens, completion_tokens, prompt_tokens_details) or a Responses
-// one (input_tokens, output_tokens, input_tokens_details). An engine sends
-// one kind; were both there, the counts would add and the prompt's cached
-// tokens win.
+// (prompt_tokens, completion_tokens, prompt_tokens_details), a Responses
+// one (input_tokens, output_tokens, input_tokens_details) or an Anthropic
+// Messages one (input_tokens, output_tokens, cache_read_input_tokens,
+// cache_creation_input_tokens; its input_tokens leave out the two cache
+// counts, which the prompt is the sum of). An engine sends one kind; were
+// several there, the counts would add and the first kind's cached tokens
+// win.
 type usageScan struct {
 	prompt, completion, total int64
 	hasDetails                bool // prompt_tokens_details is an object
@@ -29,15 +32,19 @@ type usageScan struct {
 	hasInputDetails           bool // input_tokens_details is an object
 	inputCached               int64
 	hasInputCached            bool
+	cacheRead, cacheCreation  int64
+	hasCacheRead              bool
 }
 
 func (u *usageScan) usage() Usage {
-	out := Usage{PromptTokens: int(u.prompt + u.input), CompletionTokens: int(u.completion + u.output), TotalTokens: int(u.total)}
+	out := Usage{PromptTokens: int(u.prompt + u.input + u.cacheRead + u.cacheCreation), CompletionTokens: int(u.completion + u.output), TotalTokens: int(u.total)}
 	switch {
 	case u.hasDetails && u.hasCached:
 		out.CachedTokens, out.HasCachedTokens = int(u.cached), true
 	case u.hasInputDetails && u.hasInputCached:
 		out.CachedTokens, out.HasCachedTokens = int(u.inputCached), true
+	case u.hasCacheRead:
+		out.CachedTokens, out.HasCachedTokens = int(u.cacheRead), true
 	}
 	return out
 }
@@ -91,6 +98,10 @@ func (s *scanner) usageObject(u *usageScan, has *bool) error {
 			return true, s.tokensDetails(&u.hasDetails, &u.cached, &u.hasCached)
 		case keyIs(key, "input_tokens_details"):
 			return true, s.tokensDetails(&u.hasInputDetails, &u.inputCached, &u.hasInputCached)
+		case keyIs(key, "cache_read_input_tokens"):
+			return true, s.intInto(&u.cacheRead, &u.hasCacheRead)
+		case keyIs(key, "cache_creation_input_tokens"):
+			return true, s.intInto(&u.cacheCreation, nil)
 		}
 		return false, nil
 	}, 2)
@@ -244,10 +255,13 @@ type chunkScan struct {
 	output   bool // a choice carries generated output or a finish reason
 }
 
-// responsesStarted are the Responses stream's events sent before any
-// output: every other event of that stream (an output item, a text delta,
-// the end) shows that generation has begun.
-var responsesStarted = map[string]bool{"response.created": true, "response.in_progress": true, "response.queued": true}
+// streamStarted are the typed stream events sent before any output: the
+// Responses stream's first events, and an Anthropic Messages stream's
+// message_start and ping. Every other event of those streams (an output
+// item, a content block or its delta, the end) shows that generation has
+// begun.
+var streamStarted = map[string]bool{"response.created": true, "response.in_progress": true, "response.queued": true,
+	"message_start": true, "ping": true}
 
 // scanChunk decodes a streamed event's JSON. Any error (malformed JSON, a
 // value of the wrong type) means the event is malformed.
@@ -335,7 +349,7 @@ func scanChunk(data []byte) (chunkScan, error) {
 			break
 		}
 	}
-	if typ != nil && !responsesStarted[*typ] {
+	if typ != nil && !streamStarted[*typ] {
 		c.output = true
 	}
 	if hasResponse && hasInner {

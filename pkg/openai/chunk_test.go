@@ -24,14 +24,24 @@ type refUsage struct {
 	InputTokensDetails *struct {
 		CachedTokens *int `json:"cached_tokens"`
 	} `json:"input_tokens_details"`
+	// The Anthropic Messages API's cache counts.
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens int  `json:"cache_creation_input_tokens"`
 }
 
 func (u *refUsage) usage() Usage {
-	out := Usage{PromptTokens: u.PromptTokens + u.InputTokens, CompletionTokens: u.CompletionTokens + u.OutputTokens, TotalTokens: u.TotalTokens}
+	read := 0
+	if u.CacheReadInputTokens != nil {
+		read = *u.CacheReadInputTokens
+	}
+	out := Usage{PromptTokens: u.PromptTokens + u.InputTokens + read + u.CacheCreationInputTokens,
+		CompletionTokens: u.CompletionTokens + u.OutputTokens, TotalTokens: u.TotalTokens}
 	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
 		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
 	} else if d := u.InputTokensDetails; d != nil && d.CachedTokens != nil {
 		out.CachedTokens, out.HasCachedTokens = *d.CachedTokens, true
+	} else if u.CacheReadInputTokens != nil {
+		out.CachedTokens, out.HasCachedTokens = read, true
 	}
 	return out
 }
@@ -66,7 +76,8 @@ func refScanChunk(data []byte) (u Usage, hasUsage, output bool, err error) {
 	if c.Response != nil && c.Response.Usage != nil {
 		u, hasUsage = c.Response.Usage.usage(), true
 	}
-	if c.Type != nil && *c.Type != "response.created" && *c.Type != "response.in_progress" && *c.Type != "response.queued" {
+	if c.Type != nil && *c.Type != "response.created" && *c.Type != "response.in_progress" && *c.Type != "response.queued" &&
+		*c.Type != "message_start" && *c.Type != "ping" {
 		output = true
 	}
 	nonEmpty := func(s *string) bool { return s != nil && *s != "" }
@@ -208,6 +219,20 @@ var chunkCases = []string{
 	`{"type":"response.failed","response":[]}`,
 	`{"usage":{"input_tokens":9,"output_tokens":1,"input_tokens_details":{"cached_tokens":null}}}`,
 	`{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":8},"output_tokens":3,"total_tokens":15}}`,
+	// Anthropic Messages stream events and bodies, as vLLM writes them.
+	`{"type":"message_start","message":{"id":"chatcmpl-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":20,"output_tokens":0,"cache_read_input_tokens":32}}}`,
+	`{"type":"ping"}`,
+	`{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`,
+	`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`,
+	`{"type":"content_block_stop","index":0}`,
+	`{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":20,"output_tokens":5,"cache_read_input_tokens":32}}`,
+	`{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"input_tokens":52,"output_tokens":5}}`,
+	`{"type":"message_delta","usage":{"input_tokens":4,"output_tokens":1,"cache_read_input_tokens":16,"cache_creation_input_tokens":8}}`,
+	`{"type":"message_delta","usage":{"input_tokens":4,"cache_read_input_tokens":16,"cache_read_input_tokens":null}}`,
+	`{"type":"message_delta","usage":{"cache_read_input_tokens":"16"}}`,
+	`{"type":"message_delta","usage":{"cache_creation_input_tokens":null,"cache_read_input_tokens":0}}`,
+	`{"type":"message_stop"}`,
+	`{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"model":"m","stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":9,"output_tokens":2,"cache_read_input_tokens":48}}`,
 }
 
 func TestScanChunkMatchesEncodingJSON(t *testing.T) {

@@ -1,10 +1,11 @@
 // Package openai parses the parts of OpenAI-compatible HTTP traffic the router
 // needs, and nothing more.
 //
-// Request side: Parse reads a /v1/completions, /v1/chat/completions or
-// /v1/responses body into a Request. A Responses body (ParseResponses) is
-// converted into the chat request vLLM renders for it; the rest of this
-// paragraph is about the other two. A Request holds the model string
+// Request side: Parse reads a /v1/completions, /v1/chat/completions,
+// /v1/responses or /v1/messages (the Anthropic Messages API, which vLLM
+// also serves) body into a Request. A Responses body (ParseResponses) and
+// a Messages body (ParseMessages) are converted into the chat request vLLM
+// renders for them; the rest of this paragraph is about the other two. A Request holds the model string
 // (which may name a LoRA adapter; resolving adapter versus base model is
 // the router configuration's job), the prompt
 // in every form the completions API accepts (string, [string], [int],
@@ -29,13 +30,16 @@
 //
 // Response side: ParseUsage reads the usage object of a non-streamed JSON
 // response (prompt_tokens or the Responses API's input_tokens, and their
-// details' cached_tokens). StreamParser consumes a server-sent-events stream in arbitrary
+// details' cached_tokens; or the Anthropic API's input_tokens plus its
+// cache_read_input_tokens and cache_creation_input_tokens, the first of
+// which are the cached tokens). StreamParser consumes a server-sent-events stream in arbitrary
 // chunks (bytes as they arrive, events split anywhere), remembers the last
 // usage object seen (the final chunk when stream_options.include_usage is
 // set; every chunk under continuous usage stats; a Responses stream's
-// response.completed) and reports the first event carrying generated
-// content (for a Responses stream, the first event after response.created
-// and response.in_progress). Both read JSON with the request's scanner
+// response.completed; an Anthropic stream's message_delta) and reports the
+// first event carrying generated content (for a Responses stream, the
+// first event after response.created and response.in_progress; for an
+// Anthropic one, the first after message_start and ping). Both read JSON with the request's scanner
 // (chunk.go), decoding only usage and whether a choice carries output,
 // with encoding/json's answers (tests and a fuzz target compare them; keys
 // match as encoding/json matches these ASCII names, exactly or ignoring

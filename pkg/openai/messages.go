@@ -847,7 +847,7 @@ func messagesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, dis
 	if effort == "" {
 		return kw, false, nil
 	}
-	kw, err = WithReasoningEffort(kw, effort)
+	kw, err = withReasoningEffort(kw, effort)
 	return kw, false, err
 }
 

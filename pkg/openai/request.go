@@ -113,7 +113,7 @@ type Request struct {
 	// Messages, Tools and ChatTemplateKwargs are the chat request's raw
 	// JSON values (nil when absent or null): slices of the body, not
 	// copies. A reasoning_effort is merged into ChatTemplateKwargs as vLLM
-	// merges it (WithReasoningEffort; a copy then).
+	// merges it (withReasoningEffort; a copy then).
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
@@ -504,7 +504,7 @@ func (f *fields) finish(req Request) (Request, error) {
 		if !reasoningEfforts[*f.effort] {
 			return Request{}, fmt.Errorf("%w: field \"reasoning_effort\": %q is not one of none, minimal, low, medium, high, xhigh, max", ErrInvalidRequest, *f.effort)
 		}
-		kw, err := WithReasoningEffort(req.ChatTemplateKwargs, *f.effort)
+		kw, err := withReasoningEffort(req.ChatTemplateKwargs, *f.effort)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": %w", ErrInvalidRequest, err)
 		}

@@ -507,19 +507,19 @@ func responsesKwargs(top map[string]json.RawMessage) (json.RawMessage, error) {
 			return nil, errors.New("reasoning is not an object")
 		}
 		if r.Effort != nil {
-			return WithReasoningEffort(kw, *r.Effort)
+			return withReasoningEffort(kw, *r.Effort)
 		}
 	}
 	return kw, nil
 }
 
-// WithReasoningEffort is a request's chat_template_kwargs (raw, nil for
+// withReasoningEffort is a request's chat_template_kwargs (raw, nil for
 // none) with its reasoning effort merged in as vLLM 0.33 merges it
 // (build_chat_params): over the request's own arguments, reasoning_effort
 // (unless the effort is "auto", which vLLM's merge drops), and, when they
 // do not set it, enable_thinking, true unless the effort is "none". The
 // server's reasoning_effort_map is not known here (identity).
-func WithReasoningEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) {
+func withReasoningEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) {
 	kw := newObject()
 	if kwargs != nil {
 		o, err := orderedObject(kwargs)

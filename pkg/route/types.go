@@ -97,6 +97,15 @@ type TokenizeInput struct {
 	// ChatMessages, when set, are Messages as the request parser decoded
 	// them; a local tokenizer renders them instead of decoding Messages.
 	ChatMessages []ChatMessage
+	// SystemFirst is, for an Anthropic Messages request with inline system
+	// messages, Messages with those merged into the leading system message,
+	// which the engine renders instead when its chat template rejects a
+	// system message after the first (nil: the same as Messages).
+	SystemFirst json.RawMessage
+	// ThinkingDisabled: an Anthropic Messages request with thinking
+	// disabled, whose reasoning effort the engine resolves for its template
+	// (ChatTemplateKwargs holds none).
+	ThinkingDisabled bool
 	// AddSpecialTokens mirrors the engine's add_special_tokens.
 	AddSpecialTokens bool
 	// Chat reports whether this is a chat request (Messages set).

@@ -41,6 +41,14 @@ type ChatTemplate struct {
 	// defaults are the engine's default template arguments
 	// (EngineChat.DefaultKwargs), under the request's own; nil without.
 	defaults *jinja.Dict
+	// systemFirst: a template variant fails on a system message after the
+	// first, so Anthropic Messages requests are rendered with their inline
+	// system messages merged (vLLM's _should_merge_inline_system).
+	systemFirst bool
+	// offEffort is the reasoning effort vLLM uses for an Anthropic Messages
+	// request with thinking disabled: "none", or "low" when the template
+	// fails on "none" or renders it as it renders an effort.
+	offEffort string
 	// bareStrip: the template calls .strip(), .lstrip() or .rstrip()
 	// without arguments, which the engine implements with a narrower
 	// white-space set than Python's str methods; requests whose strings
@@ -166,12 +174,14 @@ func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 	if c.base, err = newVariant(src, e.ContentFormat); err != nil {
 		return nil, fmt.Errorf("%w: compile: %w", ErrTemplate, err)
 	}
+	c.systemFirst = rejectsInlineSystem(src)
 	if toolSrc != "" {
 		v, err := newVariant(toolSrc, e.ContentFormat)
 		if err != nil {
 			return nil, fmt.Errorf("%w: compile tool_use: %w", ErrTemplate, err)
 		}
 		c.tools = &v
+		c.systemFirst = c.systemFirst || rejectsInlineSystem(toolSrc)
 	}
 	for name, raw := range map[string]json.RawMessage{"bos_token": cfg.BOS, "eos_token": cfg.EOS, "unk_token": cfg.UNK, "pad_token": cfg.PAD} {
 		if s, ok := tokenContent(raw); ok {
@@ -189,6 +199,10 @@ func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 			}
 			c.globals["additional_special_tokens"] = jinja.NewList(items)
 		}
+	}
+	c.offEffort = e.DisabledThinkingEffort
+	if c.offEffort == "" || c.offEffort == "auto" {
+		c.offEffort = c.probeDisabledThinking()
 	}
 	return c, nil
 }
@@ -241,10 +255,20 @@ type ChatInput struct {
 	// Parsed, when not empty, are Messages already decoded by the request
 	// parser: they are rendered instead of decoding Messages again.
 	Parsed []route.ChatMessage
+	// SystemFirst (an Anthropic Messages request's conversation with its
+	// inline system messages merged into the first) replaces Messages when
+	// the template requires system-first ordering, as vLLM replaces them.
+	SystemFirst json.RawMessage
+	// ThinkingDisabled merges the template's disabled-thinking effort
+	// (ChatTemplate.DisabledThinkingEffort) into ChatTemplateKwargs.
+	ThinkingDisabled bool
 }
 
 // Render returns the prompt text the engine would tokenize for in.
 func (c *ChatTemplate) Render(in ChatInput) (string, error) {
+	if in.SystemFirst != nil && c.systemFirst {
+		in.Messages, in.Parsed = in.SystemFirst, nil
+	}
 	tools, err := requestTools(in.Tools)
 	if err != nil {
 		return "", err
@@ -317,6 +341,7 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 			data[k] = c.defaults.Data[k]
 		}
 	}
+	ownThinking := false
 	if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
 		kw, err := jsonValue(in.ChatTemplateKwargs)
 		if err != nil || !kw.IsDict() {
@@ -330,6 +355,15 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 			}
 			data[k] = v
 		}
+		_, ownThinking = d.Data["enable_thinking"]
+	}
+	if in.ThinkingDisabled {
+		// vLLM merges the effort it resolved as a chat request's
+		// reasoning_effort (effortKwargs), over the request's arguments.
+		if !ownThinking {
+			data["enable_thinking"] = jinja.NewBool(c.offEffort != "none")
+		}
+		data["reasoning_effort"] = jinja.NewString(c.offEffort)
 	}
 	if !v.developer {
 		msgs = developerAsSystem(msgs)

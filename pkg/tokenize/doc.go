@@ -163,9 +163,27 @@
 // template printing a None value directly renders differently (the
 // self-check catches it).
 //
+// Anthropic Messages requests (anthropic.go) arrive converted to chat by
+// the request parser; two of vLLM's choices for them depend on the
+// template, and are made here once per template as vLLM makes them: when
+// the template fails on [system, user, system, user] in a bare Jinja
+// environment (RejectsInlineSystem), the conversation with its inline
+// system messages merged into the first (ChatInput.SystemFirst) is
+// rendered; a request with thinking disabled gets reasoning_effort "none",
+// or "low" when the template fails on "none" or renders it as it renders
+// an effort (DisabledThinkingEffort; EngineChat.DisabledThinkingEffort
+// fixes it, as --anthropic-disabled-thinking-effort does). The probe's
+// bare environment is the engine's less strftime_now: where Python's
+// jinja2 fails on an attribute of an undefined value, this engine goes on,
+// so a template failing only that way is taken as accepting inline system
+// messages. The remote tokenizer refuses disabled thinking (its effort is
+// the engine's choice) and sends the unmerged conversation (an engine
+// whose template rejects it fails the call, and the request falls back).
+//
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
 // tokenizations (not chats with documents or an empty tools list, which
-// vLLM's /tokenize renders unlike its chat route) (Config.SelfCheck.SampleRate, default 1%) is compared off
+// vLLM's /tokenize renders unlike its chat route, nor Messages requests
+// whose rendering depends on a template probe) (Config.SelfCheck.SampleRate, default 1%) is compared off
 // the request path with the engine's own POST /tokenize (chat requests
 // through the engine's chat rendering), by a bounded pool of workers fed
 // through a bounded queue (a full queue drops the sample; the request never

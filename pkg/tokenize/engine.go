@@ -32,6 +32,12 @@ type EngineChat struct {
 	// (e.g. {"enable_thinking": false}): template arguments under each
 	// request's own chat_template_kwargs.
 	DefaultKwargs string `yaml:"default_chat_template_kwargs"`
+	// DisabledThinkingEffort is --anthropic-disabled-thinking-effort: the
+	// reasoning effort an Anthropic Messages request with thinking disabled
+	// renders with. auto (the default) probes the template as vLLM does
+	// ("none", or "low" when the template ignores "none"); none, low,
+	// medium, high, xhigh or max fix it.
+	DisabledThinkingEffort string `yaml:"anthropic_disabled_thinking_effort"`
 }
 
 // Validate reports the first problem of e.
@@ -40,6 +46,11 @@ func (e EngineChat) Validate() error {
 	case "", ContentFormatAuto, ContentFormatString, ContentFormatOpenAI:
 	default:
 		return fmt.Errorf("chat_template_content_format %q: want auto, string or openai", e.ContentFormat)
+	}
+	switch e.DisabledThinkingEffort {
+	case "", "auto", "none", "low", "medium", "high", "xhigh", "max":
+	default:
+		return fmt.Errorf("anthropic_disabled_thinking_effort %q: want auto, none, low, medium, high, xhigh or max", e.DisabledThinkingEffort)
 	}
 	if e.DefaultKwargs != "" {
 		var m map[string]json.RawMessage

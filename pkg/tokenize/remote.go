@@ -64,6 +64,11 @@ type tokenizeResponse struct {
 
 func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 	req := tokenizeRequest{Model: r.model, AddSpecialTokens: in.AddSpecialTokens}
+	if in.ThinkingDisabled {
+		// The effort vLLM's Messages route picks depends on the engine's
+		// template, which /tokenize does not apply for it.
+		return nil, fmt.Errorf("%w: an Anthropic Messages request with thinking disabled", ErrUnsupported)
+	}
 	if in.Chat {
 		agp := in.AddGenerationPrompt
 		req.Messages, req.AddGenerationPrompt, req.ContinueFinal = in.Messages, &agp, in.ContinueFinalMessage

@@ -137,13 +137,16 @@ func (c *selfChecker) stop() {
 
 // remoteReproduces reports whether the engine's /tokenize renders in as its
 // chat route does: vLLM's /tokenize takes no documents and drops an empty
-// tools list, which its chat route passes on, so such requests are not
-// sampled (a difference there says nothing about the local tokenizer).
+// tools list, which its chat route passes on, and knows nothing of the
+// choices its Anthropic Messages route makes per template (inline system
+// messages merged, the effort for disabled thinking), so such requests are
+// not sampled (a difference there says nothing about the local tokenizer).
 func remoteReproduces(in route.TokenizeInput) bool {
 	if !in.Chat {
 		return true
 	}
-	return (len(in.Documents) == 0 || string(in.Documents) == "null") && !emptyArray(in.Tools)
+	return (len(in.Documents) == 0 || string(in.Documents) == "null") && !emptyArray(in.Tools) &&
+		in.SystemFirst == nil && !in.ThinkingDisabled
 }
 
 // emptyArray reports a JSON array with no elements.

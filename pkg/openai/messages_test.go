@@ -1,0 +1,151 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestMessagesIdentity(t *testing.T) {
+	for _, c := range []struct {
+		name, meta, session, user string
+	}{
+		{"legacy Claude Code user_id", `{"user_id":"user_0a1b_account_5f2e_session_9d3c-77aa"}`, "9d3c-77aa", ""},
+		{"legacy without an account", `{"user_id":"user_0a1b_account__session_abc"}`, "abc", ""},
+		{"JSON-string user_id (2.1.78+)", `{"user_id":"{\"device_id\":\"d1\",\"account_uuid\":\"\",\"session_id\":\"s-42\"}"}`, "s-42", ""},
+		{"object user_id", `{"user_id":{"session_id":"s-7"}}`, "s-7", ""},
+		{"plain user_id is the user", `{"user_id":"alice"}`, "", "alice"},
+		{"JSON-string user_id without a session", `{"user_id":"{\"device_id\":\"d1\"}"}`, "", `{"device_id":"d1"}`},
+		{"metadata.session_id first", `{"session_id":"conv-1","user_id":"user_x_account_y_session_z"}`, "conv-1", ""},
+		{"trailing _session_ names nothing", `{"user_id":"bob_session_"}`, "", "bob_session_"},
+		{"no metadata", `null`, "", ""},
+	} {
+		body := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"metadata":` + c.meta + `}`
+		req, err := ParseMessages([]byte(body))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if req.SessionID != c.session || req.User != c.user {
+			t.Errorf("%s: session %q user %q, want %q %q", c.name, req.SessionID, req.User, c.session, c.user)
+		}
+	}
+}
+
+func TestMessagesErrors(t *testing.T) {
+	for _, body := range []string{``, `[]`, `{"model":`, `"x"`, `{"model":"m"} x`} {
+		if _, err := ParseMessages([]byte(body)); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("%q: error %v, want ErrInvalidRequest", body, err)
+		}
+	}
+	// Valid JSON vLLM would refuse: routed, not converted.
+	for _, c := range []struct{ body, why string }{
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "max_tokens"},
+		{`{"model":"","max_tokens":1,"messages":[{"role":"user","content":"x"}]}`, "model"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"tool","content":"x"}]}`, "role"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":null}]}`, "content"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"video"}]}]}`, "type"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":3}]}]}`, "text"},
+		{`{"model":"m","max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":512},"messages":[{"role":"user","content":"x"}]}`, "budget"},
+		{`{"model":"m","max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":4096},"messages":[{"role":"user","content":"x"}]}`, "budget"},
+		{`{"model":"m","max_tokens":1,"tools":[{"name":"t"}],"messages":[{"role":"user","content":"x"}]}`, "input_schema"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_addition","tool":{"type":"tool_reference","name":"t"}}]}]}`, "system"},
+		{`{"model":"m","max_tokens":1,"tools":[],"messages":[{"role":"system","content":[{"type":"tool_addition","tool":{"type":"tool_reference","name":"t"}}]}]}`, "not declared"},
+		{`{"model":"m","max_tokens":1,"output_config":{"effort":"extreme"},"messages":[{"role":"user","content":"x"}]}`, "effort"},
+		{`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"text","text":"x"}]}]}]}`, "list content"},
+	} {
+		req, err := ParseMessages([]byte(c.body))
+		if err != nil {
+			t.Errorf("%s: %v", c.body, err)
+			continue
+		}
+		if !errors.Is(req.Convert, ErrMessagesUnsupported) || !strings.Contains(req.Convert.Error(), c.why) {
+			t.Errorf("%s: Convert %v, want ErrMessagesUnsupported naming %q", c.body, req.Convert, c.why)
+		}
+		if req.Messages != nil || req.Tools != nil || req.SystemFirstMessages != nil {
+			t.Errorf("%s: unconverted request keeps a prompt", c.body)
+		}
+	}
+	// The thinking budget is not checked against max_tokens on a
+	// disaggregated prefill leg.
+	req, _ := ParseMessages([]byte(`{"model":"m","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true},"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"x"}]}`))
+	if req.Convert != nil {
+		t.Errorf("prefill leg: %v", req.Convert)
+	}
+}
+
+func TestMessagesToolUseWithoutID(t *testing.T) {
+	req, err := ParseMessages([]byte(`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[{"type":"tool_use","name":"f"}]}]}`))
+	if err != nil || req.Convert != nil {
+		t.Fatal(err, req.Convert)
+	}
+	// vLLM names it by the second it converts the request in, and sends
+	// {} for a missing input.
+	want := regexp.MustCompile(`^\[\{"role":"assistant","tool_calls":\[\{"id":"call_[0-9]{10}","type":"function","function":\{"name":"f","arguments":"\{\}"\}\}\]\}\]$`)
+	if !want.Match(req.Messages) {
+		t.Errorf("messages %s", req.Messages)
+	}
+}
+
+func TestMessagesKwargsAndFlags(t *testing.T) {
+	for _, c := range []struct {
+		extra, kwargs string
+		disabled      bool
+	}{
+		{``, ``, false},
+		{`,"output_config":{"effort":"high"}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, false},
+		{`,"output_config":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"x":1}`, `{"enable_thinking":false,"x":1,"reasoning_effort":"low"}`, false},
+		// Disabled thinking wins over an effort; the template decides.
+		{`,"output_config":{"effort":"max"},"thinking":{"type":"disabled"},"chat_template_kwargs":{"x":1}`, `{"x":1}`, true},
+		{`,"thinking":{"type":"adaptive"}`, ``, false},
+		{`,"thinking":{"type":"enabled","budget_tokens":1024}`, ``, false},
+	} {
+		req, err := ParseMessages([]byte(`{"model":"m","max_tokens":4096,"messages":[{"role":"user","content":"x"}]` + c.extra + `}`))
+		if err != nil || req.Convert != nil {
+			t.Fatalf("%s: %v %v", c.extra, err, req.Convert)
+		}
+		if string(req.ChatTemplateKwargs) != c.kwargs || req.ThinkingDisabled != c.disabled {
+			t.Errorf("%s: kwargs %s disabled %v, want %s %v", c.extra, req.ChatTemplateKwargs, req.ThinkingDisabled, c.kwargs, c.disabled)
+		}
+		if !req.AddGenerationPrompt || req.AddSpecialTokens || req.Kind != KindMessages || req.MaxTokens != 4096 {
+			t.Errorf("%s: flags %+v", c.extra, req)
+		}
+	}
+	if KindOf("/v1/messages?beta=true") != KindMessages || KindOf("/v1/messages/count_tokens") != KindUnknown {
+		t.Error("KindOf")
+	}
+	if req, err := Parse("/v1/messages", []byte(`{"model":"m","max_tokens":1,"stream":true,"messages":[{"role":"user","content":"x"}]}`)); err != nil || req.Kind != KindMessages || !req.Stream {
+		t.Errorf("Parse: %+v %v", req, err)
+	}
+}
+
+// TestMessagesSystemFirst: the merged conversation is kept only when it
+// differs from the plain one (an inline system message with text that is
+// not already the only, leading one).
+func TestMessagesSystemFirst(t *testing.T) {
+	for _, c := range []struct {
+		msgs, system string
+		merged       bool
+	}{
+		{`[{"role":"user","content":"x"}]`, `"S"`, false},
+		{`[{"role":"system","content":""},{"role":"user","content":"x"}]`, `"S"`, false},
+		{`[{"role":"system","content":"x-anthropic-billing-header: cc"},{"role":"user","content":"x"}]`, `"S"`, false},
+		{`[{"role":"user","content":"x"},{"role":"system","content":[{"type":"text","text":"R"}]}]`, `"S"`, true},
+		// A leading inline system message alone is already system-first.
+		{`[{"role":"system","content":"R"},{"role":"user","content":"x"}]`, `null`, false},
+		{`[{"role":"user","content":"x"},{"role":"system","content":"R"}]`, `null`, true},
+	} {
+		req, err := ParseMessages([]byte(`{"model":"m","max_tokens":1,"system":` + c.system + `,"messages":` + c.msgs + `}`))
+		if err != nil || req.Convert != nil {
+			t.Fatalf("%s: %v %v", c.msgs, err, req.Convert)
+		}
+		if (req.SystemFirstMessages != nil) != c.merged {
+			t.Errorf("%s: merged %s", c.msgs, req.SystemFirstMessages)
+		}
+		var got []map[string]any
+		if c.merged && (json.Unmarshal(req.SystemFirstMessages, &got) != nil || got[0]["role"] != "system") {
+			t.Errorf("%s: merged %s does not lead with the system message", c.msgs, req.SystemFirstMessages)
+		}
+	}
+}

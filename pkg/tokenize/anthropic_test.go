@@ -1,0 +1,144 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The expected answers are what vLLM 0.33's _detect_merge_inline_system
+// gives (run with jinja2 on each source).
+func TestRejectsInlineSystemAsVLLM(t *testing.T) {
+	for _, c := range []struct {
+		name, src string
+		merge     bool
+	}{
+		{"raises on a later system message", `{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('System message must be at the beginning.') }}{% endif %}{{ m.content }}{% endfor %}`, true},
+		{"renders every role", `{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}`, false},
+		{"calls an undefined function", `{{ undefined_fn('x') }}{% for m in messages %}{{ m.content }}{% endfor %}`, true},
+		{"prints an undefined name", `{{ foo }}{{ bos_token }}{{ messages[0].content }}`, false},
+		{"tools undefined", `{% if tools %}{{ tools | tojson }}{% endif %}x`, false},
+		{"strftime_now is not defined there", `{{ strftime_now('%d') }}`, true},
+		{"strftime_now guarded", `{% if strftime_now is defined %}{{ strftime_now('%d') }}{% else %}26 Jul{% endif %}`, false},
+		{"alternation check", `{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('alternate') }}{% endif %}{% endfor %}`, true},
+		{"empty template", ``, true},
+		{"does not compile", `{% for m in messages %}`, true},
+	} {
+		if got := rejectsInlineSystem(c.src); got != c.merge {
+			t.Errorf("%s: rejectsInlineSystem = %v, vLLM merges: %v", c.name, got, c.merge)
+		}
+	}
+}
+
+// familyConfig reads a fixture family's tokenizer_config.json.
+func familyConfig(t *testing.T, family string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(tokenizerDir(family), "tokenizer_config.json"))
+	if err != nil {
+		t.Fatalf("%s: %v (run make fixtures)", family, err)
+	}
+	return data
+}
+
+// TestMessagesProbesOnFamilyTemplates compares both probes with what
+// vLLM's own code decided for each fixture family's template
+// (hack/messages-fixtures/merge_oracle.py wrote the two files).
+func TestMessagesProbesOnFamilyTemplates(t *testing.T) {
+	var merge map[string]map[string]bool
+	var effort map[string]string
+	for path, v := range map[string]any{"testdata/merge_inline_system.json": &merge, "testdata/disabled_thinking_effort.json": &effort} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, v); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+	}
+	checked := 0
+	for family, want := range effort {
+		data := familyConfig(t, family)
+		c, err := ParseChatTemplate(data)
+		if err != nil {
+			t.Logf("%s: %v", family, err)
+			continue
+		}
+		if got := c.DisabledThinkingEffort(); got != want {
+			t.Errorf("%s: disabled-thinking effort %q, vLLM %q", family, got, want)
+		}
+		wantMerge := false
+		for _, m := range merge[family] {
+			wantMerge = wantMerge || m
+		}
+		if got := c.RejectsInlineSystem(); got != wantMerge {
+			t.Errorf("%s: merges inline system messages %v, vLLM %v", family, got, wantMerge)
+		}
+		checked++
+	}
+	if checked < 5 {
+		t.Fatalf("only %d families checked", checked)
+	}
+}
+
+// TestMessagesChoicesInRender: a Messages request renders with the merged
+// conversation only under a template that rejects inline system messages,
+// and with disabled thinking as with the resolved effort's arguments (the
+// request's own enable_thinking kept).
+func TestMessagesChoicesInRender(t *testing.T) {
+	plain := json.RawMessage(`[{"role":"user","content":"a"},{"role":"system","content":"R"},{"role":"user","content":"b"}]`)
+	merged := json.RawMessage(`[{"role":"system","content":"R"},{"role":"user","content":"a"},{"role":"user","content":"b"}]`)
+	cfg := func(src string) []byte {
+		b, _ := json.Marshal(map[string]string{"chat_template": src})
+		return b
+	}
+	const show = `{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}|{{ enable_thinking }}|{{ reasoning_effort }}`
+	strict, err := ParseChatTemplate(cfg(`{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('first only') }}{% endif %}{% endfor %}` + show))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lenient, err := ParseChatTemplate(cfg(show))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strict.RejectsInlineSystem() || lenient.RejectsInlineSystem() {
+		t.Fatal("probe")
+	}
+	// Both templates render reasoning_effort, so "none" differs from the
+	// efforts: vLLM keeps "none".
+	if strict.DisabledThinkingEffort() != "none" || lenient.DisabledThinkingEffort() != "none" {
+		t.Fatalf("efforts %q %q", strict.DisabledThinkingEffort(), lenient.DisabledThinkingEffort())
+	}
+	for _, c := range []struct {
+		tmpl   *ChatTemplate
+		in     ChatInput
+		want   string
+		failed bool
+	}{
+		{strict, ChatInput{Messages: plain}, "", true},
+		{strict, ChatInput{Messages: plain, SystemFirst: merged}, "<system>R<user>a<user>b||", false},
+		{lenient, ChatInput{Messages: plain, SystemFirst: merged}, "<user>a<system>R<user>b||", false},
+		{lenient, ChatInput{Messages: plain, ThinkingDisabled: true}, "<user>a<system>R<user>b|False|none", false},
+		{lenient, ChatInput{Messages: plain, ThinkingDisabled: true, ChatTemplateKwargs: json.RawMessage(`{"enable_thinking":true,"reasoning_effort":"high"}`)},
+			"<user>a<system>R<user>b|True|none", false},
+	} {
+		got, err := c.tmpl.Render(c.in)
+		if (err != nil) != c.failed || got != c.want {
+			t.Errorf("%+v: %q, %v; want %q (fails %v)", c.in, got, err, c.want, c.failed)
+		}
+	}
+	// A template that ignores the effort gets "low"; the engine's flag
+	// fixes it.
+	ignores, err := ParseChatTemplate(cfg(`{% for m in messages %}{{ m.content }}{% endfor %}`))
+	if err != nil || ignores.DisabledThinkingEffort() != "low" {
+		t.Fatalf("ignoring template: %v %q", err, ignores.DisabledThinkingEffort())
+	}
+	fixed, err := parseChatTemplate(cfg(show), EngineChat{DisabledThinkingEffort: "medium"})
+	if err != nil || fixed.DisabledThinkingEffort() != "medium" {
+		t.Fatalf("engine flag: %v %q", err, fixed.DisabledThinkingEffort())
+	}
+	if err := (EngineChat{DisabledThinkingEffort: "huge"}).Validate(); err == nil || !strings.Contains(err.Error(), "anthropic_disabled_thinking_effort") {
+		t.Errorf("Validate: %v", err)
+	}
+}
