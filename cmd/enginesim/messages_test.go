@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -459,6 +460,79 @@ func TestRealTokenizerMessages(t *testing.T) {
 		t.Errorf("text %q, want 3 words", text)
 	}
 	resp, b := s.postMessages(t, "/v1/messages/count_tokens", claudeCodeTurn)
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
+		t.Errorf("count_tokens: %d %s, want %d", resp.StatusCode, b, len(want.IDs))
+	}
+}
+
+// With --tokenizer-dir the engine makes vLLM's two template-dependent
+// choices for a Messages request: under a template that refuses a system
+// message after the first (Qwen3's, with the guard Qwen2.5's and others'
+// templates have), the inline system messages are merged into the leading
+// one; with thinking disabled, the template gets the effort vLLM resolves
+// for it ("none" for Qwen3: enable_thinking false, the empty think block).
+func TestRealTokenizerMessagesTemplateChoices(t *testing.T) {
+	src := tokenizerDir(t, "qwen3")
+	cfgData, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(cfgData, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"] = `{%- for m in messages %}{%- if m.role == 'system' and not loop.first %}{{- raise_exception('System message must be at the beginning.') }}{%- endif %}{%- endfor %}` + cfg["chat_template"].(string)
+	dir := t.TempDir()
+	if cfgData, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfgData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, err := filepath.Abs(filepath.Join(src, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(abs, filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
+		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable")
+	body := `{"model": "sim-model", "max_tokens": 2, "thinking": {"type": "disabled"},
+		"system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.0;"}, {"type": "text", "text": "You are Claude Code."}],
+		"messages": [
+			{"role": "user", "content": "List the files."},
+			{"role": "assistant", "content": "main.go and go.mod."},
+			{"role": "system", "content": "<system-reminder>The user changed main.go.</system-reminder>"},
+			{"role": "user", "content": "And now?"}]}`
+	p, err := openai.ParseMessages([]byte(body))
+	if err != nil || p.Convert != nil || p.SystemFirstMessages == nil || !p.ThinkingDisabled {
+		t.Fatalf("parse: %v %v; system-first %s, thinking disabled %v", err, p.Convert, p.SystemFirstMessages, p.ThinkingDisabled)
+	}
+	in := route.TokenizeInput{Chat: true, Messages: p.Messages, SystemFirst: p.SystemFirstMessages, ThinkingDisabled: true,
+		ChatTemplateKwargs: p.ChatTemplateKwargs, AddGenerationPrompt: true}
+	want, err := ref.Tokenize(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both choices matter: the conversation as sent does not render, and
+	// thinking left on renders another prompt.
+	noMerge := in
+	noMerge.SystemFirst = nil
+	if _, err := ref.Tokenize(noMerge); err == nil {
+		t.Fatal("the guarded template renders an inline system message")
+	}
+	thinking := in
+	thinking.ThinkingDisabled = false
+	if on, err := ref.Tokenize(thinking); err != nil || len(on.IDs) == len(want.IDs) {
+		t.Fatalf("thinking on: %d tokens (%v), disabled %d", len(on.IDs), err, len(want.IDs))
+	}
+	s.message(t, body, fmt.Sprintf(`{"input_tokens":%d,"output_tokens":2}`, len(want.IDs)), 4)
+	resp, b := s.postMessages(t, "/v1/messages/count_tokens", body)
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
 		t.Errorf("count_tokens: %d %s, want %d", resp.StatusCode, b, len(want.IDs))
 	}
