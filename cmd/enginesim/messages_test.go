@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,7 +34,9 @@ var (
 	messagesPrompt = 1 + len("<|system|>\nYou are brief.<|end|>\n<|user|>\n"+messagesText+"<|end|>\n<|assistant|>\n")
 )
 
-func (s *sim) postMessages(t *testing.T, path, body string, header ...string) (*http.Response, []byte) {
+// postMessages posts body with the JSON content type and the given header
+// pairs; it returns the status, the content type and the body.
+func (s *sim) postMessages(t *testing.T, path, body string, header ...string) (int, string, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, s.base+path, strings.NewReader(body))
 	if err != nil {
@@ -52,7 +55,7 @@ func (s *sim) postMessages(t *testing.T, path, body string, header ...string) (*
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp, b
+	return resp.StatusCode, resp.Header.Get("Content-Type"), b
 }
 
 var messageIDText = regexp.MustCompile(`^\{"id":"(chatcmpl-[^"]*)",.*"content":\[\{"type":"text","text":"([^"\\]*)"\}\]`)
@@ -64,9 +67,9 @@ var messageIDText = regexp.MustCompile(`^\{"id":"(chatcmpl-[^"]*)",.*"content":\
 // given JSON. It returns the message's id and text.
 func (s *sim) message(t *testing.T, body, usage string, outputTokens int, header ...string) (id, text string) {
 	t.Helper()
-	resp, b := s.postMessages(t, "/v1/messages", body, header...)
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
-		t.Fatalf("messages: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	code, ct, b := s.postMessages(t, "/v1/messages", body, header...)
+	if code != http.StatusOK || ct != "application/json" {
+		t.Fatalf("messages: %d %s %s", code, ct, b)
 	}
 	m := messageIDText.FindSubmatch(b)
 	if m == nil {
@@ -118,10 +121,10 @@ func TestMessages(t *testing.T) {
 	// count_tokens: the same prompt; max_tokens, stream and sampling are
 	// not its fields and are ignored.
 	for _, extra := range []string{``, `, "max_tokens": "many", "stream": "yes", "temperature": "hot"`} {
-		resp, b := s.postMessages(t, "/v1/messages/count_tokens", `{`+messagesBody+extra+`}`)
+		code, _, b := s.postMessages(t, "/v1/messages/count_tokens", `{`+messagesBody+extra+`}`)
 		want := fmt.Sprintf(`{"input_tokens":%d,"context_management":{"original_input_tokens":%d}}`, messagesPrompt, messagesPrompt)
-		if resp.StatusCode != http.StatusOK || string(b) != want {
-			t.Errorf("count_tokens%s: %d %s, want %s", extra, resp.StatusCode, b, want)
+		if code != http.StatusOK || string(b) != want {
+			t.Errorf("count_tokens%s: %d %s, want %s", extra, code, b, want)
 		}
 	}
 	// max_tokens may be the whole context: it is cut to what the prompt
@@ -459,9 +462,9 @@ func TestRealTokenizerMessages(t *testing.T) {
 	if n := len(strings.Fields(text)); n != 3 {
 		t.Errorf("text %q, want 3 words", text)
 	}
-	resp, b := s.postMessages(t, "/v1/messages/count_tokens", claudeCodeTurn)
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
-		t.Errorf("count_tokens: %d %s, want %d", resp.StatusCode, b, len(want.IDs))
+	code, _, b := s.postMessages(t, "/v1/messages/count_tokens", claudeCodeTurn)
+	if code != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
+		t.Errorf("count_tokens: %d %s, want %d", code, b, len(want.IDs))
 	}
 }
 
@@ -532,9 +535,9 @@ func TestRealTokenizerMessagesTemplateChoices(t *testing.T) {
 		t.Fatalf("thinking on: %d tokens (%v), disabled %d", len(on.IDs), err, len(want.IDs))
 	}
 	s.message(t, body, fmt.Sprintf(`{"input_tokens":%d,"output_tokens":2}`, len(want.IDs)), 4)
-	resp, b := s.postMessages(t, "/v1/messages/count_tokens", body)
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
-		t.Errorf("count_tokens: %d %s, want %d", resp.StatusCode, b, len(want.IDs))
+	code, _, b := s.postMessages(t, "/v1/messages/count_tokens", body)
+	if code != http.StatusOK || !strings.HasPrefix(string(b), fmt.Sprintf(`{"input_tokens":%d,`, len(want.IDs))) {
+		t.Errorf("count_tokens: %d %s, want %d", code, b, len(want.IDs))
 	}
 }
 
@@ -565,7 +568,7 @@ func TestAnthropicPythonClient(t *testing.T) {
 	out, err := exec.CommandContext(ctx, "python3", "testdata/anthropic_client.py", s.base, text).Output()
 	if err != nil {
 		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = string(ee.Stderr)
 		}
 		t.Fatalf("python client: %v\n%s\n(install with: pip install -r hack/requirements-test.txt)", err, stderr)
