@@ -128,6 +128,13 @@ responses-fixtures-regen: ## Regenerate pkg/openai/testdata/responses.json with 
 	cd .cache/vllm-wheel && unzip -q -o vllm-$(VLLM_VERSION)-*.whl 'vllm/*'
 	python3 hack/responses-fixtures/gen.py --vllm .cache/vllm-wheel/vllm --vllm-version $(VLLM_VERSION) --out pkg/openai/testdata/responses.json
 
+.PHONY: messages-fixtures-regen
+messages-fixtures-regen: ## Regenerate pkg/openai/testdata/messages.json with a vLLM wheel's own Anthropic Messages conversion (downloads the wheel; needs pip's pydantic and jinja2).
+	rm -rf .cache/vllm-wheel && mkdir -p .cache/vllm-wheel
+	pip download vllm==$(VLLM_VERSION) --no-deps -d .cache/vllm-wheel
+	cd .cache/vllm-wheel && unzip -q -o vllm-$(VLLM_VERSION)-*.whl 'vllm/*'
+	python3 hack/messages-fixtures/gen.py --vllm .cache/vllm-wheel/vllm --vllm-version $(VLLM_VERSION) --out pkg/openai/testdata/messages.json
+
 test-unit: fixtures
 
 .PHONY: bench-tokenize

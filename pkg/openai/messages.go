@@ -265,6 +265,26 @@ func convertMessages(req *Request, top map[string]json.RawMessage) error {
 	if v, ok := top["stream"]; ok && !isNull(v) && string(v) != "true" && string(v) != "false" {
 		return fail("stream is not a boolean")
 	}
+	if v, ok := top["cache_salt"]; ok && !isNull(v) {
+		// The salt changes every block's hash: vLLM refuses an empty or
+		// overlong one.
+		var salt string
+		if json.Unmarshal(v, &salt) != nil || salt == "" || len([]rune(salt)) > 1024 {
+			return fail("cache_salt must be a string of 1 to 1024 characters")
+		}
+	}
+	if v, ok := top["tool_choice"]; ok && !isNull(v) {
+		var tc struct {
+			Type string  `json:"type"`
+			Name *string `json:"name"`
+		}
+		if json.Unmarshal(v, &tc) != nil || (tc.Type != "auto" && tc.Type != "any" && tc.Type != "tool" && tc.Type != "none") {
+			return fail("tool_choice.type must be auto, any, tool or none")
+		}
+		if tc.Type == "tool" && (tc.Name == nil || *tc.Name == "") {
+			return fail("tool_choice.name is required when type is 'tool'")
+		}
+	}
 	var system *anthropicMessage
 	if v, ok := top["system"]; ok && !isNull(v) {
 		s, err := decodeContent(v)

@@ -1,8 +1,12 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"math/big"
+	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -148,4 +152,216 @@ func TestMessagesSystemFirst(t *testing.T) {
 			t.Errorf("%s: merged %s does not lead with the system message", c.msgs, req.SystemFirstMessages)
 		}
 	}
+}
+
+// messagesFixture is one case of testdata/messages.json: a body and what
+// vLLM 0.33's own conversion made of it, with and without the inline-system
+// merge (hack/messages-fixtures/gen.py ran vLLM's code on it).
+type messagesFixture struct {
+	Name    string          `json:"name"`
+	Body    json.RawMessage `json:"body"`
+	Invalid string          `json:"invalid"`
+	Error   string          `json:"error"`
+	Plain   messagesWant    `json:"plain"`
+	Merged  messagesWant    `json:"merged"`
+}
+
+type messagesWant struct {
+	Messages        json.RawMessage `json:"messages"`
+	Tools           json.RawMessage `json:"tools"`
+	ReasoningEffort *string         `json:"reasoning_effort"`
+	Kwargs          json.RawMessage `json:"chat_template_kwargs"`
+	Stream          *bool           `json:"stream"`
+	MaxTokens       *int            `json:"max_tokens"`
+}
+
+func messagesFixtures(tb testing.TB) []messagesFixture {
+	tb.Helper()
+	data, err := os.ReadFile("testdata/messages.json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var fx struct {
+		Cases []messagesFixture `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &fx); err != nil {
+		tb.Fatal(err)
+	}
+	if len(fx.Cases) < 60 {
+		tb.Fatalf("only %d cases", len(fx.Cases))
+	}
+	return fx.Cases
+}
+
+// fixtureValue decodes JSON for comparison: numbers as exact decimals, and a
+// tool call's arguments string as the value it holds (vLLM writes them
+// with Python's json.dumps and the template sees them parsed; "Infinity"
+// is Python's form of an overflowing literal).
+func fixtureValue(t *testing.T, raw []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	return normalize(t, v, "")
+}
+
+func normalize(t *testing.T, v any, key string) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalize(t, e, k)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = normalize(t, e, "")
+		}
+	case json.Number:
+		// Python's json.loads: an integer literal is an int (-0 is 0), any
+		// other a float.
+		if !strings.ContainsAny(string(x), ".eE") {
+			n, ok := new(big.Int).SetString(string(x), 10)
+			if !ok {
+				t.Fatalf("number %s", x)
+			}
+			return "int " + n.String()
+		}
+		f, _, err := big.ParseFloat(string(x), 10, 200, big.ToNearestEven)
+		if err != nil {
+			t.Fatalf("number %s: %v", x, err)
+		}
+		return "float " + f.Text('g', 40)
+	case string:
+		if key == "arguments" {
+			return fixtureValue(t, []byte(strings.ReplaceAll(x, "Infinity", "1e400")))
+		}
+	}
+	return v
+}
+
+func TestMessagesConvertAsVLLMDoes(t *testing.T) {
+	converted := 0
+	for _, c := range messagesFixtures(t) {
+		req, err := ParseMessages(c.Body)
+		if err != nil {
+			t.Errorf("%s: %v", c.Name, err)
+			continue
+		}
+		switch c.Name {
+		case "invalid_stop_sequences_too_many":
+			// The limit is the engine's VLLM_MAX_STOP_STRINGS; the prompt
+			// does not depend on it, and the engine answers.
+			continue
+		case "assistant_tool_result_list_and_empty":
+			// vLLM renders the list with Python's str(): a repr the router
+			// does not reproduce, so the request is routed by load.
+			if !errors.Is(req.Convert, ErrMessagesUnsupported) {
+				t.Errorf("%s: converted: %s", c.Name, req.Messages)
+			}
+			continue
+		}
+		if c.Invalid != "" || c.Error != "" {
+			// vLLM refuses it; the router leaves the answer to the engine
+			// and routes it by load. Lax forms vLLM accepts (a numeric
+			// string for an integer) are refused here too: a request
+			// routed by load, never a wrong prompt.
+			if req.Convert == nil {
+				t.Errorf("%s: vLLM refuses it (%s%s), converted", c.Name, c.Invalid, c.Error)
+			}
+			continue
+		}
+		if req.Convert != nil {
+			if c.Name == "lax_types" && errors.Is(req.Convert, ErrMessagesUnsupported) {
+				continue // max_tokens 64.0 and stream "true": pydantic's lax coercions
+			}
+			t.Errorf("%s: %v", c.Name, req.Convert)
+			continue
+		}
+		converted++
+		merged := req.SystemFirstMessages
+		if merged == nil {
+			merged = req.Messages
+		}
+		for _, cmpCase := range []struct {
+			what      string
+			got, want json.RawMessage
+		}{
+			{"messages", req.Messages, c.Plain.Messages},
+			{"merged messages", merged, c.Merged.Messages},
+			{"tools", nullIfNil(req.Tools), c.Plain.Tools},
+		} {
+			if !reflect.DeepEqual(fixtureValue(t, cmpCase.got), fixtureValue(t, cmpCase.want)) {
+				t.Errorf("%s %s:\n got %s\nwant %s", c.Name, cmpCase.what, cmpCase.got, cmpCase.want)
+			}
+		}
+		// The template arguments: vLLM's chat_template_kwargs with its
+		// reasoning_effort merged as for a chat request; disabled thinking
+		// (the only way the fixture gets "none") is left to the tokenizer.
+		wantKw := c.Plain.Kwargs
+		if isNull(wantKw) {
+			wantKw = nil
+		}
+		switch e := c.Plain.ReasoningEffort; {
+		case e != nil && *e == "none":
+			if !req.ThinkingDisabled {
+				t.Errorf("%s: vLLM disables thinking, ThinkingDisabled false", c.Name)
+			}
+		case e != nil:
+			if wantKw, err = withReasoningEffort(wantKw, *e); err != nil {
+				t.Fatal(err)
+			}
+			fallthrough
+		default:
+			if req.ThinkingDisabled {
+				t.Errorf("%s: ThinkingDisabled, vLLM's effort %v", c.Name, e)
+			}
+		}
+		if !reflect.DeepEqual(fixtureValue(t, nullIfNil(req.ChatTemplateKwargs)), fixtureValue(t, nullIfNil(wantKw))) {
+			t.Errorf("%s kwargs: got %s want %s", c.Name, req.ChatTemplateKwargs, wantKw)
+		}
+		if c.Plain.MaxTokens != nil && req.MaxTokens != *c.Plain.MaxTokens {
+			t.Errorf("%s: max tokens %d, vLLM %d", c.Name, req.MaxTokens, *c.Plain.MaxTokens)
+		}
+		if wantStream := c.Plain.Stream != nil && *c.Plain.Stream; req.Stream != wantStream {
+			t.Errorf("%s: stream %v, vLLM %v", c.Name, req.Stream, wantStream)
+		}
+	}
+	if converted < 60 {
+		t.Errorf("only %d bodies converted", converted)
+	}
+}
+
+func nullIfNil(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+func FuzzParseMessages(f *testing.F) {
+	for _, c := range messagesFixtures(f) {
+		f.Add([]byte(c.Body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := ParseMessages(body)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
+			}
+			return
+		}
+		if req.Convert != nil {
+			if !errors.Is(req.Convert, ErrMessagesUnsupported) || req.Messages != nil || req.SystemFirstMessages != nil || req.Tools != nil {
+				t.Fatalf("unconverted request: %v, %s", req.Convert, req.Messages)
+			}
+			return
+		}
+		for name, raw := range map[string][]byte{"messages": req.Messages, "merged": req.SystemFirstMessages, "tools": req.Tools, "kwargs": req.ChatTemplateKwargs} {
+			if raw != nil && !json.Valid(raw) {
+				t.Fatalf("%s are not valid JSON: %s", name, raw)
+			}
+		}
+	})
 }

@@ -23,6 +23,13 @@ func TestRejectsInlineSystemAsVLLM(t *testing.T) {
 		{"strftime_now is not defined there", `{{ strftime_now('%d') }}`, true},
 		{"strftime_now guarded", `{% if strftime_now is defined %}{{ strftime_now('%d') }}{% else %}26 Jul{% endif %}`, false},
 		{"alternation check", `{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('alternate') }}{% endif %}{% endfor %}`, true},
+		{"special token added where reached", `{% for m in messages %}{% if loop.first %}{{ bos_token + m.content }}{% endif %}{% endfor %}`, true},
+		{"special token added in a set", `{% set c = bos_token + messages[0]['content'] %}{{ c }}`, true},
+		{"special token added where not reached", `{% for m in messages %}{% if m.role == 'assistant' %}{{ m.content + eos_token }}{% else %}{{ m.content }}{% endif %}{% endfor %}`, false},
+		{"a string content's text part added", `{% if messages[0]['role'] == 'system' %}{% set p = messages[0]['content'][0]['text'] + '\n' %}{% endif %}{{ p }}`, true},
+		{"text part added only for list content", `{% if messages[0]['content'] is string %}{{ messages[0]['content'] + 'x' }}{% else %}{{ messages[0]['content'][0]['text'] + 'x' }}{% endif %}`, false},
+		{"generation tag", `{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}`, true},
+		{"the words inside a string", `{{ 'bos_token + x' }}`, false},
 		{"empty template", ``, true},
 		{"does not compile", `{% for m in messages %}`, true},
 	} {
