@@ -93,7 +93,7 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 	const sessions, turns = 6, 4
 	msgs := make([][]any, sessions)
 	last := make([]messagesResult, sessions)
-	later, stuck, confirmed, exact := 0, 0, 0, 0
+	tally := newSessionTally(sessions)
 	for turn := range turns {
 		for s := range sessions {
 			user := []map[string]any{{"type": "text", "text": prompt(fmt.Sprintf("cc%d-t%d", s, turn), 25)}}
@@ -104,34 +104,7 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 			}
 			msgs[s] = append(msgs[s], map[string]any{"role": "user", "content": user})
 			r := postMessages(t, c, claudeCodeBody(s, turn, s%2 == 0, msgs[s]))
-			var out struct {
-				Decisions []struct {
-					Decision struct {
-						PromptTokens int    `json:"prompt_tokens,string"`
-						TokenSource  string `json:"token_source"`
-					} `json:"decision"`
-				} `json:"decisions"`
-			}
-			if err := c.adminJSON("/debug/decisions?limit=1", &out); err != nil {
-				t.Fatal(err)
-			}
-			if len(out.Decisions) == 1 {
-				d := out.Decisions[0].Decision
-				if d.PromptTokens == r.prompt && d.TokenSource != "" && !strings.HasPrefix(d.TokenSource, "approximate") {
-					exact++
-				} else {
-					t.Logf("session %d turn %d: kvroute read %d tokens (%s), the engine %d", s, turn, d.PromptTokens, d.TokenSource, r.prompt)
-				}
-			}
-			if turn > 0 {
-				later++
-				if r.upstream == last[s].upstream {
-					stuck++
-					if r.cached > 0 && r.cached >= last[s].prompt-16 {
-						confirmed++
-					}
-				}
-			}
+			tally.turn(t, c, s, turn, r.upstream, r.prompt, r.cached)
 			last[s] = r
 			msgs[s] = append(msgs[s], map[string]any{"role": "assistant", "content": []map[string]any{
 				{"type": "text", "text": r.text},
@@ -140,17 +113,7 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 			}})
 		}
 	}
-	t.Logf("turns %d, exact prompts %d; later turns %d, on the history's replica %d, cache hit confirmed %d",
-		sessions*turns, exact, later, stuck, confirmed)
-	if exact != sessions*turns {
-		t.Errorf("kvroute's prompt matched the engine's token count for %d of %d requests", exact, sessions*turns)
-	}
-	if stuck*10 < later*9 {
-		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", stuck, later)
-	}
-	if confirmed*10 < later*9 {
-		t.Errorf("cache_read_input_tokens confirmed the history hit for only %d of %d later turns", confirmed, later)
-	}
+	tally.check(t, "cache_read_input_tokens")
 
 	// One more turn of session 1, streamed: Anthropic's events through
 	// Envoy, on the history's replica, its usage read by the router from

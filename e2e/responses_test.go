@@ -63,45 +63,14 @@ func TestResponsesAgentSessionsStick(t *testing.T) {
 	tools := []map[string]any{{"type": "function", "name": "read_file", "description": "Read a file.",
 		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}}}}
 	items := make([][]any, sessions)
-	last := make([]responsesResult, sessions)
-	later, stuck, confirmed, exact := 0, 0, 0, 0
+	tally := newSessionTally(sessions)
 	for turn := range turns {
 		for s := range sessions {
 			items[s] = append(items[s], map[string]any{"type": "message", "role": "user",
 				"content": []map[string]any{{"type": "input_text", "text": prompt(fmt.Sprintf("resp%d-t%d", s, turn), 25)}}})
 			r := postResponses(t, c, map[string]any{"model": "sim-model", "max_output_tokens": 8,
 				"instructions": prompt(fmt.Sprintf("resp-sys%d", s), 40), "tools": tools, "input": items[s]})
-			var out struct {
-				Decisions []struct {
-					Decision struct {
-						Replica      string `json:"replica"`
-						Address      string `json:"address"`
-						PromptTokens int    `json:"prompt_tokens,string"`
-						TokenSource  string `json:"token_source"`
-					} `json:"decision"`
-				} `json:"decisions"`
-			}
-			if err := c.adminJSON("/debug/decisions?limit=1", &out); err != nil {
-				t.Fatal(err)
-			}
-			if len(out.Decisions) == 1 {
-				d := out.Decisions[0].Decision
-				if d.PromptTokens == r.input && d.TokenSource != "" && !strings.HasPrefix(d.TokenSource, "approximate") {
-					exact++
-				} else {
-					t.Logf("session %d turn %d: kvroute read %d tokens (%s), the engine %d", s, turn, d.PromptTokens, d.TokenSource, r.input)
-				}
-			}
-			if turn > 0 {
-				later++
-				if r.upstream == last[s].upstream {
-					stuck++
-					if r.cached > 0 && r.cached >= last[s].input-16 {
-						confirmed++
-					}
-				}
-			}
-			last[s] = r
+			tally.turn(t, c, s, turn, r.upstream, r.input, r.cached)
 			id := fmt.Sprintf("call_%d_%d", s, turn)
 			items[s] = append(items[s],
 				map[string]any{"type": "message", "role": "assistant", "content": []map[string]any{{"type": "output_text", "text": r.text}}},
@@ -109,16 +78,75 @@ func TestResponsesAgentSessionsStick(t *testing.T) {
 				map[string]any{"type": "function_call_output", "call_id": id, "output": prompt(fmt.Sprintf("file%d-%d", s, turn), 20)})
 		}
 	}
+	tally.check(t, "input_tokens_details.cached_tokens")
+}
+
+// sessionTally counts, over a run of multi-turn sessions through the
+// stack, the requests whose prompt kvroute tokenized exactly as the engine
+// counted it, and the later turns that landed on the replica of their
+// previous turn with the engine's cached tokens covering that turn's prompt.
+type sessionTally struct {
+	upstream                       []string
+	prompt                         []int
+	turns, later, stuck, confirmed int
+	exact                          int
+}
+
+func newSessionTally(sessions int) *sessionTally {
+	return &sessionTally{upstream: make([]string, sessions), prompt: make([]int, sessions)}
+}
+
+// turn records one answered request: the replica it reached, the engine's
+// prompt and cached token counts; kvroute's own count is read from its
+// newest decision.
+func (st *sessionTally) turn(t *testing.T, c *cluster, session, turn int, upstream string, prompt, cached int) {
+	t.Helper()
+	var out struct {
+		Decisions []struct {
+			Decision struct {
+				PromptTokens int    `json:"prompt_tokens,string"`
+				TokenSource  string `json:"token_source"`
+			} `json:"decision"`
+		} `json:"decisions"`
+	}
+	if err := c.adminJSON("/debug/decisions?limit=1", &out); err != nil {
+		t.Fatal(err)
+	}
+	st.turns++
+	if len(out.Decisions) == 1 {
+		d := out.Decisions[0].Decision
+		if d.PromptTokens == prompt && d.TokenSource != "" && !strings.HasPrefix(d.TokenSource, "approximate") {
+			st.exact++
+		} else {
+			t.Logf("session %d turn %d: kvroute read %d tokens (%s), the engine %d", session, turn, d.PromptTokens, d.TokenSource, prompt)
+		}
+	}
+	if turn > 0 {
+		st.later++
+		if upstream == st.upstream[session] {
+			st.stuck++
+			if cached > 0 && cached >= st.prompt[session]-16 {
+				st.confirmed++
+			}
+		}
+	}
+	st.upstream[session], st.prompt[session] = upstream, prompt
+}
+
+// check fails the test unless every prompt was exact and at least 90 % of
+// later turns stuck, with the hit confirmed by the engine's cachedField.
+func (st *sessionTally) check(t *testing.T, cachedField string) {
+	t.Helper()
 	t.Logf("turns %d, exact prompts %d; later turns %d, on the history's replica %d, cache hit confirmed %d",
-		sessions*turns, exact, later, stuck, confirmed)
-	if exact != sessions*turns {
-		t.Errorf("kvroute's prompt matched the engine's token count for %d of %d requests", exact, sessions*turns)
+		st.turns, st.exact, st.later, st.stuck, st.confirmed)
+	if st.exact != st.turns {
+		t.Errorf("kvroute's prompt matched the engine's token count for %d of %d requests", st.exact, st.turns)
 	}
-	if stuck*10 < later*9 {
-		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", stuck, later)
+	if st.stuck*10 < st.later*9 {
+		t.Errorf("only %d of %d later turns landed on the replica holding their history (want >= 90%%)", st.stuck, st.later)
 	}
-	if confirmed*10 < later*9 {
-		t.Errorf("input_tokens_details.cached_tokens confirmed the history hit for only %d of %d later turns", confirmed, later)
+	if st.confirmed*10 < st.later*9 {
+		t.Errorf("%s confirmed the history hit for only %d of %d later turns", cachedField, st.confirmed, st.later)
 	}
 }
 
