@@ -456,16 +456,7 @@ type (
 // message_delta with the stop reason and the final usage, and
 // message_stop. No ping, no [DONE]. False when the client went away.
 func (g *generation) streamMessages() bool {
-	h := g.w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	g.w.WriteHeader(http.StatusOK)
-	fl, _ := g.w.(http.Flusher)
-	flush := func() {
-		if fl != nil {
-			fl.Flush()
-		}
-	}
+	flush := startEvents(g.w)
 	flush()
 	write := func(typ string, v any) bool {
 		b, err := marshalCompact(v)

@@ -195,6 +195,21 @@ type (
 	}
 )
 
+// startEvents answers 200 with an event stream's headers and returns the
+// writer's flush (a no-op on a writer that cannot flush).
+func startEvents(w http.ResponseWriter) func() {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	return func() {
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+}
+
 // streamResponse streams the Responses events: response.created and
 // response.in_progress at once; the message item and its text part when
 // the first token exists (a client times the first token from them); a
@@ -202,16 +217,7 @@ type (
 // part and item, and response.completed with the whole response. The
 // stream has no [DONE] line. False when the client went away.
 func (g *generation) streamResponse() bool {
-	h := g.w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	g.w.WriteHeader(http.StatusOK)
-	fl, _ := g.w.(http.Flusher)
-	flush := func() {
-		if fl != nil {
-			fl.Flush()
-		}
-	}
+	flush := startEvents(g.w)
 	seq := 0
 	header := func(typ string) eventHeader {
 		seq++

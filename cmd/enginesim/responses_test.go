@@ -394,13 +394,21 @@ func TestResponsesErrors(t *testing.T) {
 	}
 }
 
-// A client that goes away mid-stream frees its request, as a chat's does.
+// A Responses client that goes away mid-stream frees its request.
 func TestResponsesClientDisconnectAborts(t *testing.T) {
+	abortMidEvents(t, "/v1/responses", `{"input": "abandon me", "max_output_tokens": 3000, "stream": true}`, "response.output_text.delta")
+}
+
+// abortMidEvents streams body to path, reads events until the first named
+// delta, goes away, and checks the engine frees the request without
+// counting it a success.
+func abortMidEvents(t *testing.T, path, body, delta string) {
+	t.Helper()
 	s := startSim(t, "--speed", "1")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/v1/responses",
-		strings.NewReader(`{"input": "abandon me", "max_output_tokens": 3000, "stream": true}`))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.base+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +419,7 @@ func TestResponsesClientDisconnectAborts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev.name == "response.output_text.delta" {
+		if ev.name == delta {
 			break
 		}
 	}
