@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -146,28 +145,10 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	var types []string
 	var final struct {
 		Usage messagesUsage `json:"usage"`
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		var ev struct {
-			Type string `json:"type"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			t.Fatalf("event %q: %v", data, err)
-		}
-		types = append(types, ev.Type)
-		if ev.Type == "message_delta" {
-			_ = json.Unmarshal([]byte(data), &final)
-		}
-	}
+	types := typedEvents(t, resp.Body, "message_delta", &final)
 	if len(types) < 5 || types[0] != "message_start" || types[len(types)-2] != "message_delta" || types[len(types)-1] != "message_stop" {
 		t.Fatalf("events %v", types)
 	}

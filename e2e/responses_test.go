@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -79,6 +80,33 @@ func TestResponsesAgentSessionsStick(t *testing.T) {
 		}
 	}
 	tally.check(t, "input_tokens_details.cached_tokens")
+}
+
+// typedEvents reads an event stream whose data are JSON objects with a
+// "type" (the Responses and Anthropic streams), returns the types in
+// order, and decodes the event of type last into into.
+func typedEvents(t *testing.T, body io.Reader, last string, into any) []string {
+	t.Helper()
+	var types []string
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		types = append(types, ev.Type)
+		if ev.Type == last {
+			_ = json.Unmarshal([]byte(data), into)
+		}
+	}
+	return types
 }
 
 // sessionTally counts, over a run of multi-turn sessions through the
@@ -182,7 +210,6 @@ func TestResponsesStreamObserved(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	var types []string
 	var completed struct {
 		Response struct {
 			Usage struct {
@@ -190,24 +217,7 @@ func TestResponsesStreamObserved(t *testing.T) {
 			} `json:"usage"`
 		} `json:"response"`
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		var ev struct {
-			Type string `json:"type"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			t.Fatalf("event %q: %v", data, err)
-		}
-		types = append(types, ev.Type)
-		if ev.Type == "response.completed" {
-			_ = json.Unmarshal([]byte(data), &completed)
-		}
-	}
+	types := typedEvents(t, resp.Body, "response.completed", &completed)
 	if len(types) < 4 || types[0] != "response.created" || types[len(types)-1] != "response.completed" {
 		t.Fatalf("events %v", types)
 	}
