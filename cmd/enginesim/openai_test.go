@@ -76,9 +76,8 @@ func TestOpenAIPythonClient(t *testing.T) {
 			t.Errorf("%s: usage %+v, want prompt %d completion %d", name, u, prompt, completion)
 		}
 		switch {
-		case cached == 0 && u.Cached != nil:
-			t.Errorf("%s: cached %d, want no details", name, *u.Cached)
-		case cached > 0 && (u.Cached == nil || *u.Cached != cached):
+		case u.Cached == nil || *u.Cached != cached:
+			// vLLM 0.33 reports the details whenever enabled, a miss as 0.
 			t.Errorf("%s: cached %v, want %d", name, u.Cached, cached)
 		}
 		if len(r.Text) != completion || r.Finish != "length" {

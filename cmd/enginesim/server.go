@@ -337,8 +337,8 @@ func (g *generation) usage() *usage {
 		u.CompletionTokens = g.emitted
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	// Like vLLM, the details appear only when enabled and non-zero.
-	if g.s.promptDetails && cached > 0 {
+	// Like vLLM 0.33, the details appear whenever enabled, a miss as 0.
+	if g.s.promptDetails {
 		u.PromptTokensDetails = &promptDetails{CachedTokens: cached}
 	}
 	return u
