@@ -414,21 +414,26 @@ OPENAI_CONTENT_FORMAT = {"gemma3"}
 
 
 def engine_content(role, content, fmt):
+    if isinstance(content, str) and not (role == "system" and content.startswith(BILLING_HEADER)):
+        return [{"type": "text", "text": content}] if fmt == "openai" and role != "tool" else content
     parts = [] if content is None else [content] if isinstance(content, str) else list(content)
-    texts = []
+    pieces = []  # (kind, text)
     for p in parts:
         kind = "text" if isinstance(p, str) else p.get("type")
-        text = p if isinstance(p, str) else p[TEXT_PART_KEYS[kind]]
+        text = p if isinstance(p, str) else p["name"] if kind == "tool_reference" else p[TEXT_PART_KEYS[kind]]
         if role == "system" and kind == "text" and text.startswith(BILLING_HEADER):
             text = text.partition("\n")[2]
             if not text:
                 continue
-        texts.append(text)
+        pieces.append((kind, text))
     if fmt == "openai":
-        if role == "tool":
-            return "\n".join(texts)
-        return [{"type": "text", "text": t} for t in texts]
-    return "\n".join(texts)
+        refs = any(k == "tool_reference" for k, _ in pieces)
+        if role == "tool" and not refs:
+            return "\n".join(t for _, t in pieces)
+        return [{"type": "tool_reference", "name": t} if k == "tool_reference" else {"type": "text", "text": t}
+                for k, t in pieces]
+    # A string content leaves out the parts that parse to "".
+    return "\n".join(t for _, t in pieces if t)
 
 
 def engine_conversation(msgs, fmt, names_developer):

@@ -86,7 +86,7 @@ func (p Prompt) Empty() bool { return len(p.Texts) == 0 && len(p.TokenIDs) == 0 
 type Message struct {
 	Role string
 	// Content is the text the template renders: a string content as is,
-	// the text of a list of content parts joined by "\n" (vLLM's
+	// the text of a list of content parts, the non-empty ones joined by "\n" (vLLM's
 	// preprocessing), "" for null or absent content. Strings decode as
 	// encoding/json decodes them (invalid UTF-8 and unpaired surrogates
 	// become U+FFFD), byte for byte what the local tokenizer renders.
@@ -602,7 +602,8 @@ func (s *scanner) message() (Message, error) {
 
 // contentParts decodes a content list: strings and {"type":"text","text":
 // ...} parts (or "input_text", "output_text": the Responses API's, which
-// vLLM reads as text) give text, joined with "\n"; any other part sets
+// vLLM reads as text) give text, the non-empty ones joined with "\n" (an
+// empty part is left out of vLLM's string content); any other part sets
 // nonText.
 func (s *scanner) contentParts(depth int) (string, bool, error) {
 	var parts []string
@@ -611,7 +612,9 @@ func (s *scanner) contentParts(depth int) (string, bool, error) {
 		switch s.peek() {
 		case '"':
 			raw, complex, err := s.str()
-			parts = append(parts, unquote(raw, complex))
+			if t := unquote(raw, complex); t != "" {
+				parts = append(parts, t)
+			}
 			return err
 		case '{':
 			var typ, text string
@@ -633,9 +636,12 @@ func (s *scanner) contentParts(depth int) (string, bool, error) {
 				}
 				return false, nil
 			}, depth+1)
-			if hasText && TextPart(typ) {
-				parts = append(parts, text)
-			} else {
+			switch {
+			case hasText && TextPart(typ):
+				if text != "" {
+					parts = append(parts, text)
+				}
+			default:
 				nonText = true
 			}
 			return err

@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,5 +148,39 @@ func TestMessagesChoicesInRender(t *testing.T) {
 	}
 	if err := (EngineChat{DisabledThinkingEffort: "huge"}).Validate(); err == nil || !strings.Contains(err.Error(), "anthropic_disabled_thinking_effort") {
 		t.Errorf("Validate: %v", err)
+	}
+}
+
+// TestToolReferenceParts: a tool message naming deferred tools (what an
+// Anthropic tool_result's tool_reference items become) reaches a string
+// content template as the names joined with "\n", a parts template as the
+// tool_reference dicts themselves (the content stays a list); an empty part
+// is left out of a string content only (vLLM 0.33, chat_message.py).
+func TestToolReferenceParts(t *testing.T) {
+	msgs := json.RawMessage(`[{"role":"tool","tool_call_id":"t1","content":[{"type":"tool_reference","name":"Grep"},{"type":"tool_reference","name":"Glob"}]},` +
+		`{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]},` +
+		`{"role":"tool","content":[{"type":"text","text":"x"},{"type":"text","text":""}]}]`)
+	str, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := ParseChatTemplate([]byte(`{"chat_template": "{% for m in messages %}[{{ m.role }}:{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{{ p|tojson }}{% endfor %}{% endif %}]{% endfor %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tmpl *ChatTemplate
+		want string
+	}{
+		{str, "[tool:Grep\nGlob][user:a\nb][tool:x]"},
+		{parts, `[tool:{"type": "tool_reference", "name": "Grep"}{"type": "tool_reference", "name": "Glob"}][user:{"type": "text", "text": "a"}{"type": "text", "text": ""}{"type": "text", "text": "b"}]` + "[tool:x\n]"},
+	} {
+		got, err := c.tmpl.Render(ChatInput{Messages: msgs})
+		if err != nil || got != c.want {
+			t.Errorf("got %q, %v\nwant %q", got, err, c.want)
+		}
+	}
+	if _, err := str.Render(ChatInput{Messages: json.RawMessage(`[{"role":"tool","content":[{"type":"tool_reference"}]}]`)}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("a tool reference without a name: %v", err)
 	}
 }

@@ -627,50 +627,79 @@ var textPartKeys = map[string]string{
 // dicts, one a text, except for a tool message, whose texts are joined
 // again. A system message's texts lose Claude Code's billing header line
 // (route.WithoutBillingHeader); a null text or refusal part is skipped, as vLLM
-// skips it.
+// skips it, and an empty part is left out of a string content. A
+// tool_reference part (a deferred tool a tool result names,
+// which vLLM passes on for the template to expand) is its name among the
+// texts of a string content, and {"type": "tool_reference", "name": ...}
+// among the parts, where it also keeps a tool message's content a list.
 func textContent(m *jinja.Dict, role string, parts bool) (jinja.Value, error) {
-	texts, err := contentTexts(m, role == "system")
+	pieces, err := contentTexts(m, role == "system")
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	if !parts || role == "tool" {
-		if len(texts) == 1 {
-			return texts[0], nil // the string value as decoded: no copy
+	refs := false
+	for _, p := range pieces {
+		refs = refs || p.ref
+	}
+	if !parts || role == "tool" && !refs {
+		if !parts {
+			// vLLM leaves an empty part out of a string content (it joins
+			// only the parts that parse to a non-empty string); a tool
+			// message's parts, joined again from the parts format, keep
+			// theirs.
+			pieces = slices.DeleteFunc(pieces, func(p contentPiece) bool { return p.v.AsString() == "" })
 		}
-		s := make([]string, len(texts))
-		for i, t := range texts {
-			s[i] = t.AsString()
+		if len(pieces) == 1 {
+			return pieces[0].v, nil // the string value as decoded: no copy
+		}
+		s := make([]string, len(pieces))
+		for i, p := range pieces {
+			s[i] = p.v.AsString()
 		}
 		return jinja.NewString(strings.Join(s, "\n")), nil
 	}
-	items := make([]jinja.Value, len(texts))
-	for i, t := range texts {
+	items := make([]jinja.Value, len(pieces))
+	for i, p := range pieces {
 		part := jinja.NewDict()
-		part.AsDict().Set("type", textType)
-		part.AsDict().Set("text", t)
+		if p.ref {
+			part.AsDict().Set("type", toolReferenceType)
+			part.AsDict().Set("name", p.v)
+		} else {
+			part.AsDict().Set("type", textType)
+			part.AsDict().Set("text", p.v)
+		}
 		items[i] = part
 	}
 	return jinja.NewList(items), nil
 }
 
-var textType = jinja.NewString("text")
+var (
+	textType          = jinja.NewString("text")
+	toolReferenceType = jinja.NewString("tool_reference")
+)
+
+// contentPiece is one content part's text, or a tool reference's name.
+type contentPiece struct {
+	v   jinja.Value
+	ref bool
+}
 
 // contentTexts returns the text of each of a message's content parts.
-func contentTexts(m *jinja.Dict, system bool) ([]jinja.Value, error) {
+func contentTexts(m *jinja.Dict, system bool) ([]contentPiece, error) {
 	c, ok := m.Get("content")
 	if !ok || c.IsNone() {
 		return nil, nil
 	}
-	one := func(v jinja.Value, strip bool) []jinja.Value {
+	one := func(v jinja.Value, strip bool) []contentPiece {
 		if strip {
 			if rest, keep := route.WithoutBillingHeader(v.AsString()); rest != v.AsString() {
 				if !keep {
 					return nil
 				}
-				return []jinja.Value{jinja.NewString(rest)}
+				return []contentPiece{{v: jinja.NewString(rest)}}
 			}
 		}
-		return []jinja.Value{v}
+		return []contentPiece{{v: v}}
 	}
 	if c.IsString() {
 		return one(c, system), nil
@@ -678,7 +707,7 @@ func contentTexts(m *jinja.Dict, system bool) ([]jinja.Value, error) {
 	if !c.IsList() {
 		return nil, errors.New("content is neither a string nor an array")
 	}
-	texts := make([]jinja.Value, 0, c.AsList().Len())
+	texts := make([]contentPiece, 0, c.AsList().Len())
 	for _, p := range c.AsList().Items {
 		if p.IsString() {
 			texts = append(texts, one(p, system)...)
@@ -688,6 +717,14 @@ func contentTexts(m *jinja.Dict, system bool) ([]jinja.Value, error) {
 			return nil, errors.New("content part is not an object")
 		}
 		typ, _ := p.AsDict().Get("type")
+		if typ.IsString() && typ.AsString() == "tool_reference" {
+			name, ok := p.AsDict().Get("name")
+			if !ok || !name.IsString() {
+				return nil, fmt.Errorf("%w: a tool_reference part without a name string", ErrUnsupported)
+			}
+			texts = append(texts, contentPiece{v: name, ref: true})
+			continue
+		}
 		key := ""
 		if typ.IsString() {
 			key = textPartKeys[typ.AsString()]

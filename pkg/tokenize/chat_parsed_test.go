@@ -24,6 +24,7 @@ func TestParsedMessagesRenderAsDecoded(t *testing.T) {
 		{`[{"role":"user","content":null}]`, true},
 		{`[{"role":"user"}]`, true},
 		{`[{"role":"user","content":[{"type":"text","text":"a"},"b",{"type":"text","text":"c"}]}]`, true},
+		{`[{"role":"user","content":[{"type":"text","text":"a"},"",{"type":"text","text":""},{"type":"text","text":"c"}]}]`, true},
 		{`[{"role":"user","content":"a \"quoted\" \\ line\n\u00e9\ud83d\ude00"}]`, true},
 		{`[{"role":"user","content":"x","name":""}]`, false},
 		{`[{"role":"user","content":"x","name":5}]`, false},
