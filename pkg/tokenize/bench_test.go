@@ -540,7 +540,7 @@ func BenchmarkToolChat(b *testing.B) {
 			"limit": map[string]any{"type": "integer", "minimum": 1, "maximum": 500}}, "required": []string{"path"}}
 	}
 	system := strings.Repeat("You are a coding agent working in a large Go repository. Read before you write. ", 8)
-	for _, api := range []string{"chat", "responses"} {
+	for _, api := range []string{"chat", "responses", "messages"} {
 		for _, name := range []string{"qwen3", "llama3_1"} {
 			b.Run(api+"/"+name, func(b *testing.B) {
 				local := NewLocal(loadEncoder(b, name), loadTemplate(b, name), 0, DefaultPrefixCacheBytes)
@@ -556,12 +556,23 @@ func BenchmarkToolChat(b *testing.B) {
 						}
 						body = map[string]any{"model": "m", "tools": tools, "messages": []map[string]string{
 							{"role": "system", "content": system}, {"role": "user", "content": user}}}
-					} else {
+					} else if api == "responses" {
 						var tools []map[string]any
 						for _, n := range []string{"read_file", "grep", "list_dir"} {
 							tools = append(tools, map[string]any{"type": "function", "name": n, "description": "Tool " + n + ".", "parameters": schema(n)})
 						}
 						body = map[string]any{"model": "m", "tools": tools, "instructions": system, "input": user}
+					} else {
+						// Claude Code's shape: the billing block, the system
+						// prompt as a text block, the task as a text block.
+						var tools []map[string]any
+						for _, n := range []string{"read_file", "grep", "list_dir"} {
+							tools = append(tools, map[string]any{"name": n, "description": "Tool " + n + ".", "input_schema": schema(n)})
+						}
+						body = map[string]any{"model": "m", "max_tokens": 1024, "tools": tools,
+							"system": []map[string]any{{"type": "text", "text": fmt.Sprintf("x-anthropic-billing-header: cc_version=2.1; cch=%05x;", i)},
+								{"type": "text", "text": system, "cache_control": map[string]string{"type": "ephemeral"}}},
+							"messages": []map[string]any{{"role": "user", "content": []map[string]string{{"type": "text", "text": user}}}}}
 					}
 					raw, err := json.Marshal(body)
 					if err != nil {
@@ -569,13 +580,10 @@ func BenchmarkToolChat(b *testing.B) {
 					}
 					bodies[i] = raw
 				}
+				path := map[string]string{"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}[api]
 				b.ReportAllocs()
 				for b.Loop() {
 					for _, body := range bodies {
-						path := "/v1/chat/completions"
-						if api == "responses" {
-							path = "/v1/responses"
-						}
 						req, err := openai.Parse(path, body)
 						if err != nil || req.Convert != nil {
 							b.Fatal(err, req.Convert)

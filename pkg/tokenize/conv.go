@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"sort"
@@ -120,6 +121,17 @@ func messageKeys(in route.TokenizeInput) []xxh3.Uint128 {
 	}
 	write(in.Tools)
 	write(in.ChatTemplateKwargs)
+	if len(in.ChatMessages) == 0 {
+		// A request converted into chat (Responses, Anthropic Messages)
+		// has no decoded messages: its messages array is split here.
+		elems := arrayElements(in.Messages)
+		keys := make([]xxh3.Uint128, len(elems))
+		for i, raw := range elems {
+			write(raw)
+			keys[i] = h.Sum128()
+		}
+		return keys
+	}
 	keys := make([]xxh3.Uint128, len(in.ChatMessages))
 	for i := range in.ChatMessages {
 		raw := in.ChatMessages[i].Raw
@@ -130,6 +142,71 @@ func messageKeys(in route.TokenizeInput) []xxh3.Uint128 {
 		keys[i] = h.Sum128()
 	}
 	return keys
+}
+
+// arrayElements splits a JSON array into its elements' raw bytes (slices of
+// raw) by its brackets, braces and strings alone; nil when raw is not an
+// array it can split (the memo is then not used: keys only find a turn to
+// reuse, whose text is compared anyway).
+func arrayElements(raw []byte) [][]byte {
+	i := 0
+	skipSpace := func() {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skipSpace()
+	if i >= len(raw) || raw[i] != '[' {
+		return nil
+	}
+	i++
+	var out [][]byte
+	depth, start := 0, -1
+	for ; i < len(raw); i++ {
+		c := raw[i]
+		if start < 0 && c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != ',' && c != ']' {
+			start = i
+		}
+		if c == ']' && depth == 0 && start < 0 && len(out) == 0 {
+			return [][]byte{} // []
+		}
+		switch c {
+		case '"':
+			for i++; i < len(raw) && raw[i] != '"'; i++ {
+				if raw[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(raw) {
+				return nil
+			}
+		case '[', '{':
+			depth++
+		case '}':
+			depth--
+		case ']':
+			if depth == 0 {
+				if start < 0 {
+					return nil
+				}
+				out = append(out, bytes.TrimRight(raw[start:i], " \t\n\r"))
+				return out
+			}
+			depth--
+		case ',':
+			if depth == 0 {
+				if start < 0 {
+					return nil
+				}
+				out = append(out, bytes.TrimRight(raw[start:i], " \t\n\r"))
+				start = -1
+			}
+		}
+		if depth < 0 {
+			return nil
+		}
+	}
+	return nil
 }
 
 // commonPrefix is the length of the longest common prefix of a and b.

@@ -138,7 +138,49 @@ func TestConversationReuseEqualsColdEncoding(t *testing.T) {
 				}
 			}
 			t.Logf("%d of %d agent turns rendered", rendered, len(turns))
+
+			// The same turns unparsed, as Responses and Anthropic Messages
+			// requests arrive (their converted messages are keyed by the
+			// array's elements), on a fresh memo.
+			memo = NewLocal(enc, tmpl, 0, 64<<20)
+			for i, msgs := range plain {
+				in := parsedInput(t, msgs, nil, true)
+				in.ChatMessages = nil
+				check(fmt.Sprintf("unparsed plain turn %d", i+1), in)
+			}
+			for i, msgs := range turns {
+				in := parsedInput(t, msgs, tools, true)
+				in.ChatMessages = nil
+				check(fmt.Sprintf("unparsed agent turn %d", i+1), in)
+			}
+			if _, _, reused, _ := memo.conv.stats(); reused == 0 {
+				t.Fatal("no ids were reused from the memo for unparsed messages")
+			}
 		})
+	}
+}
+
+func TestArrayElements(t *testing.T) {
+	for raw, want := range map[string][]string{
+		`[]`:    {},
+		` [ ] `: {},
+		`[{"a":"],}"}, {"b":[1,{"c":"\"]"}]} ,"x"]`: {`{"a":"],}"}`, `{"b":[1,{"c":"\"]"}]}`, `"x"`},
+		`[1]`:             {`1`},
+		`{}`:              nil,
+		`[1,`:             nil,
+		`[,1]`:            nil,
+		`["unterminated]`: nil,
+	} {
+		got := arrayElements([]byte(raw))
+		if (got == nil) != (want == nil) || len(got) != len(want) {
+			t.Errorf("%s: %q, want %q", raw, got, want)
+			continue
+		}
+		for i := range got {
+			if string(got[i]) != want[i] {
+				t.Errorf("%s: element %d %q, want %q", raw, i, got[i], want[i])
+			}
+		}
 	}
 }
 

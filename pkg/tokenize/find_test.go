@@ -184,7 +184,10 @@ func TestChunkCacheMetrics(t *testing.T) {
 		fmt.Sprintf(`[{"role":"user","content":%q}]`, history.String()),
 		fmt.Sprintf(`[{"role":"user","content":%q},{"role":"assistant","content":"ok"},{"role":"user","content":"next"}]`, history.String()),
 	} {
-		if _, err := tok.Tokenize(context.Background(), "q", route.TokenizeInput{Chat: true, Messages: json.RawMessage(msgs), AddGenerationPrompt: true}); err != nil {
+		// Template arguments that differ by turn keep the conversation
+		// memo from finding the first turn: the chunk cache serves.
+		kw := json.RawMessage(fmt.Sprintf(`{"turn": %d}`, turn))
+		if _, err := tok.Tokenize(context.Background(), "q", route.TokenizeInput{Chat: true, Messages: json.RawMessage(msgs), ChatTemplateKwargs: kw, AddGenerationPrompt: true}); err != nil {
 			t.Fatalf("turn %d: %v", turn, err)
 		}
 	}

@@ -106,7 +106,7 @@ func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (ro
 	}
 	var ids []uint32
 	var err error
-	if in.Chat && l.conv != nil && len(text) >= l.convMin && len(in.ChatMessages) > 0 && (!in.AddSpecialTokens || len(l.enc.post) == 0) {
+	if in.Chat && l.conv != nil && len(text) >= l.convMin && (len(in.ChatMessages) > 0 || len(in.Messages) > 0) && (!in.AddSpecialTokens || len(l.enc.post) == 0) {
 		ids, err = l.encodeTurn(ctx, in, text)
 	} else {
 		ids, err = l.enc.appendEncode(ctx, make([]uint32, 0, len(text)/3+4), text, in.AddSpecialTokens, l.cache)

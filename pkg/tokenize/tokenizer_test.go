@@ -275,6 +275,7 @@ func TestChunkReuseEqualsFullEncoding(t *testing.T) {
 				tmpl = loadTemplate(t, name)
 			}
 			local := NewLocal(enc, tmpl, 0, 8<<20)
+			local.conv = nil // the chunk cache alone: the conversation memo would reuse the history first
 			rng := rand.New(rand.NewPCG(1, 2))
 			var msgs []map[string]any
 			msgs = append(msgs, map[string]any{"role": "system", "content": longMessage(rng, 0)})
