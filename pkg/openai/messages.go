@@ -57,17 +57,12 @@ func ParseMessages(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
-	str := func(key string) string {
-		var s string
-		_ = json.Unmarshal(top[key], &s)
-		return s
-	}
-	req.Model, req.CacheSalt = str("model"), str("cache_salt")
+	req.Model, req.CacheSalt = stringValue(top["model"]), stringValue(top["cache_salt"])
 	if v, ok := top["stream"]; ok {
 		_ = json.Unmarshal(v, &req.Stream)
 	}
 	var n int64
-	if json.Unmarshal(top["max_tokens"], &n) == nil && n > 0 {
+	if v, ok := top["max_tokens"]; ok && json.Unmarshal(v, &n) == nil && n > 0 {
 		req.MaxTokens = int(min(n, 1<<31-1))
 	}
 	req.SessionID, req.User = messagesIdentity(top)
@@ -84,13 +79,11 @@ func ParseMessages(body []byte) (Request, error) {
 // "user_<hash>_account_<uuid>_session_<uuid>" or (since 2.1.78) as a JSON
 // string holding "session_id". A user_id without a session is the user.
 func messagesIdentity(top map[string]json.RawMessage) (session, user string) {
-	str := func(v json.RawMessage) string {
-		var s string
-		_ = json.Unmarshal(v, &s)
-		return s
-	}
+	str := stringValue
 	var meta map[string]json.RawMessage
-	_ = json.Unmarshal(top["metadata"], &meta)
+	if v := top["metadata"]; firstByte(v) == '{' {
+		_ = json.Unmarshal(v, &meta)
+	}
 	if id := sessionID(str(top["session_id"]), str(top["conversation_id"]), str(top["conversation"]),
 		str(meta["session_id"]), str(meta["conversation_id"])); id != "" {
 		return id, ""
@@ -110,6 +103,15 @@ func messagesIdentity(top map[string]json.RawMessage) (session, user string) {
 		return u[i+len("_session_"):], ""
 	}
 	return "", u
+}
+
+// stringValue is a JSON string's value; "" for anything else or nothing.
+func stringValue(v json.RawMessage) string {
+	var s string
+	if firstByte(v) == '"' {
+		_ = json.Unmarshal(v, &s)
+	}
+	return s
 }
 
 // billingHeader starts the system block Claude Code adds to every request,
@@ -176,7 +178,7 @@ func decodeBlocks(raw json.RawMessage) ([]block, error) {
 				continue
 			}
 			var s string
-			if json.Unmarshal(v, &s) != nil || firstByte(v) != '"' {
+			if firstByte(v) != '"' || json.Unmarshal(v, &s) != nil {
 				return nil, fmt.Errorf("block %d: %s is not a string", i, f.key)
 			}
 			if f.dst != nil {
@@ -332,13 +334,19 @@ func convertMessages(req *Request, top map[string]json.RawMessage) error {
 	if err != nil {
 		return fail("%v", err)
 	}
-	merged, err := chatMessages(system, msgs, true)
-	if err != nil {
-		return fail("%v", err)
-	}
 	req.Messages = plain
-	if !bytes.Equal(plain, merged) {
-		req.SystemFirstMessages = merged
+	inline := false
+	for _, m := range msgs {
+		inline = inline || m.Role == "system" && systemText(m) != ""
+	}
+	if inline {
+		merged, err := chatMessages(system, msgs, true)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if !bytes.Equal(plain, merged) {
+			req.SystemFirstMessages = merged
+		}
 	}
 	if req.Tools, err = messagesTools(top["tools"], msgs); err != nil {
 		return fail("%v", err)
@@ -370,7 +378,9 @@ func checkThinking(top map[string]json.RawMessage, maxTokens int) error {
 			var kv struct {
 				DoRemoteDecode any `json:"do_remote_decode"`
 			}
-			_ = json.Unmarshal(top["kv_transfer_params"], &kv)
+			if v := top["kv_transfer_params"]; firstByte(v) == '{' {
+				_ = json.Unmarshal(v, &kv)
+			}
 			if b >= int64(maxTokens) && !truthy(kv.DoRemoteDecode) {
 				return errors.New("thinking.budget_tokens must be less than max_tokens")
 			}
@@ -860,7 +870,9 @@ func messagesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, dis
 	var th struct {
 		Type string `json:"type"`
 	}
-	_ = json.Unmarshal(top["thinking"], &th)
+	if v := top["thinking"]; firstByte(v) == '{' {
+		_ = json.Unmarshal(v, &th)
+	}
 	if th.Type == "disabled" {
 		return kw, true, nil
 	}

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -179,5 +180,31 @@ func FuzzParseResponses(f *testing.F) {
 		// never panics the tokenizer.
 		_, _ = tmpl.Render(tokenize.ChatInput{Messages: req.Messages, Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs,
 			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage})
+	})
+}
+
+// jsonString writes what encoding/json writes with HTML escaping off.
+func TestJSONStringAsEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "plain", `q"b\s`, "\b\f\n\r\t\x00\x1f\x7f", "<a&b>", "é😀", "\u2028\u2029", "bad\xffutf8\xc3", "\xed\xa0\x80", strings.Repeat("x", 300)} {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s)
+		if got, want := string(jsonString(s)), strings.TrimSuffix(buf.String(), "\n"); got != want {
+			t.Errorf("%q: %s, encoding/json %s", s, got, want)
+		}
+	}
+}
+
+func FuzzJSONString(f *testing.F) {
+	f.Add("a\"\u2028\xff")
+	f.Fuzz(func(t *testing.T, s string) {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s)
+		if got, want := string(jsonString(s)), strings.TrimSuffix(buf.String(), "\n"); got != want {
+			t.Fatalf("%q: %s, encoding/json %s", s, got, want)
+		}
 	})
 }

@@ -49,6 +49,9 @@ type ChatTemplate struct {
 	// request with thinking disabled: "none", or "low" when the template
 	// fails on "none" or renders it as it renders an effort.
 	offEffort string
+	// toolsCache keeps the decoded tools of recent requests (agents resend the
+	// same list every turn), handing each render its own copy.
+	toolsCache toolsCache
 	// bareStrip: the template calls .strip(), .lstrip() or .rstrip()
 	// without arguments, which the engine implements with a narrower
 	// white-space set than Python's str methods; requests whose strings
@@ -269,7 +272,7 @@ func (c *ChatTemplate) Render(in ChatInput) (string, error) {
 	if in.SystemFirst != nil && c.systemFirst {
 		in.Messages, in.Parsed = in.SystemFirst, nil
 	}
-	tools, err := requestTools(in.Tools)
+	tools, err := c.toolsValue(in.Tools)
 	if err != nil {
 		return "", err
 	}

@@ -1,10 +1,86 @@
 package tokenize
 
 import (
+	"encoding/json"
 	"fmt"
+	"sync"
 
 	"github.com/ardanlabs/jinja"
+	"github.com/zeebo/xxh3"
 )
+
+// toolsCacheBytes bounds the raw tools JSON a template's cache holds.
+const toolsCacheBytes = 4 << 20
+
+// minCachedTools is the smallest tools JSON worth caching: decoding a
+// short list costs about what hashing and copying it does.
+const minCachedTools = 2 << 10
+
+// toolsCache maps a request's raw tools (by hash and length) to what
+// requestTools made of them. Agents resend one tools list on every turn,
+// and decoding a coding agent's (tens of KB) costs more than the rest of
+// the render; copying the cached value costs a fraction of that. Each
+// render gets its own copy (copyValue), so a template that changes its
+// tools cannot change the next request's. The zero value is ready; it is
+// safe for concurrent use.
+type toolsCache struct {
+	mu  sync.Mutex
+	lru *lru[toolsKey, jinja.Value]
+}
+
+type toolsKey struct {
+	h xxh3.Uint128
+	n int
+}
+
+// toolsValue is requestTools(raw), from the cache when raw was seen.
+func (c *ChatTemplate) toolsValue(raw json.RawMessage) (jinja.Value, error) {
+	if len(raw) < minCachedTools {
+		return requestTools(raw)
+	}
+	tc := &c.toolsCache
+	k := toolsKey{xxh3.Hash128(raw), len(raw)}
+	tc.mu.Lock()
+	if tc.lru == nil {
+		tc.lru = newLRU[toolsKey, jinja.Value](toolsCacheBytes)
+	}
+	v, ok := tc.lru.get(k)
+	tc.mu.Unlock()
+	if ok {
+		return copyValue(v), nil
+	}
+	v, err := requestTools(raw)
+	if err != nil {
+		return v, err
+	}
+	tc.mu.Lock()
+	tc.lru.put(k, copyValue(v), len(raw))
+	tc.mu.Unlock()
+	return v, nil
+}
+
+// copyValue is a deep copy of a decoded JSON value: new lists and dicts
+// (keys in order), the same immutable scalars.
+func copyValue(v jinja.Value) jinja.Value {
+	switch {
+	case v.IsList():
+		src := v.AsList().Items
+		items := make([]jinja.Value, len(src))
+		for i, x := range src {
+			items[i] = copyValue(x)
+		}
+		return jinja.NewList(items)
+	case v.IsDict():
+		src := v.AsDict()
+		out := jinja.NewDict()
+		d := out.AsDict()
+		for _, k := range src.Keys {
+			d.Set(k, copyValue(src.Data[k]))
+		}
+		return out
+	}
+	return v
+}
 
 // engineTools rewrites a request's tools, in place, into the dicts vLLM
 // hands the chat template. vLLM does not pass the client's JSON through: it

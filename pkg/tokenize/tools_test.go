@@ -3,6 +3,7 @@ package tokenize
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -146,4 +147,51 @@ func FuzzChatInput(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestToolsCacheCopies: a long tools list decoded once renders the same on
+// every request, and a template that changes its tools (this engine lets a
+// list be appended to) changes only its own render's copy.
+func TestToolsCacheCopies(t *testing.T) {
+	var tools []map[string]any
+	for i := range 12 {
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+			"name": fmt.Sprintf("tool%d", i), "description": strings.Repeat("A long description. ", 12),
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"x": map[string]any{"type": "number", "default": 1.0}}}}})
+	}
+	raw, _ := json.Marshal(tools)
+	if len(raw) < minCachedTools {
+		t.Fatalf("%d bytes: not cached", len(raw))
+	}
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{% set _ = tools.append(1) %}{{ tools|length }}|{{ tools[0]|tojson }}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := ParseChatTemplate([]byte(`{"chat_template": "{{ tools|tojson }}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ChatInput{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), Tools: raw}
+	first, err := ct.Render(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(first, `13|{"type": "function", "function": {"name": "tool0"`) {
+		t.Fatalf("render %q", first[:min(len(first), 80)])
+	}
+	want, err := plain.Render(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if again, err := ct.Render(in); err != nil || again != first {
+			t.Fatalf("a cached render differs: %q, %v", again[:min(len(again), 80)], err)
+		}
+		if again, err := plain.Render(in); err != nil || again != want {
+			t.Fatalf("a cached tojson render differs: %v", err)
+		}
+	}
+	if ct.toolsCache.lru == nil || len(ct.toolsCache.lru.items) != 1 {
+		t.Fatal("the tools were not cached")
+	}
 }
