@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ardanlabs/jinja"
+
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
@@ -601,5 +603,43 @@ func BenchmarkToolChat(b *testing.B) {
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(bodies)), "ns/request")
 			})
 		}
+	}
+}
+
+// BenchmarkAgentTools: a coding agent's tools list (16 tools, 49 KB of
+// JSON: long descriptions and schemas), as every turn resends it: decoded
+// for each request, and from the template's cache (a copy per request).
+func BenchmarkAgentTools(b *testing.B) {
+	var tools []map[string]any
+	for i := range 16 {
+		props := map[string]any{}
+		for j := range 6 {
+			props[fmt.Sprintf("p%d", j)] = map[string]any{"type": "string", "description": strings.Repeat("Describes the parameter in detail. ", 6)}
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{"name": fmt.Sprintf("Tool%d", i),
+			"description": strings.Repeat("A long tool description with usage notes and examples. ", 24),
+			"parameters":  map[string]any{"type": "object", "properties": props, "required": []string{"p0"}}}})
+	}
+	raw, err := json.Marshal(tools)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ct, err := ParseChatTemplate([]byte(`{"chat_template": "{{ tools|length }}"}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		decode func(json.RawMessage) (jinja.Value, error)
+	}{{"decoded", requestTools}, {"cached", ct.toolsValue}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.decode(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
