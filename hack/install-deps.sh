@@ -66,8 +66,9 @@ if want demo test; then
 fi
 
 if want test; then
-  # Python packages some tests drive (a real OpenAI client for the SSE test).
-  py_has openai msgspec zmq || pip_install -r hack/requirements-test.txt
+  # Python packages some tests drive (real OpenAI and Anthropic clients for
+  # enginesim's JSON and SSE tests).
+  py_has openai anthropic msgspec zmq || pip_install -r hack/requirements-test.txt
   # vLLM's own event structs and publisher (pkg/events wire-conformance and
   # warm-restart tests load vllm/distributed/kv_events.py without torch), so
   # the package alone, without its dependencies.

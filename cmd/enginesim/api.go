@@ -107,6 +107,11 @@ type genRequest struct {
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	ReturnTokenStrs      bool            `json:"return_token_strs"`
 	Tokens               []int64         `json:"tokens"`
+
+	// A converted Messages request's SystemFirstMessages and
+	// ThinkingDisabled (openai.Request), for a real tokenizer's template.
+	systemFirst      json.RawMessage
+	thinkingDisabled bool
 }
 
 func decodeBody(r *http.Request, v any) error {

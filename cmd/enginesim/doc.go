@@ -33,7 +33,32 @@
 // response.completed with the whole response; no [DONE] line. No response
 // store: previous_response_id is 404 "Response with id '...' not found.";
 // input vLLM refuses, and a partial final message (continue_final_message,
-// which chat refuses too), are 400. POST /tokenize
+// which chat refuses too), are 400. POST /v1/messages (the Anthropic
+// Messages API, as vLLM 0.33 serves it): the body is converted by
+// openai.ParseMessages into the chat request vLLM makes of it (system
+// blocks without Claude Code's billing header, tool_use and tool_result
+// blocks as tool calls and tool messages, tools), tokenized as a chat
+// completion (no special tokens; with --tokenizer-dir the template sees
+// the system-first conversation or the disabled-thinking effort when the
+// template calls for them) and generated as one, max_tokens cut to the
+// rest of the context. The answer is {"id": "chatcmpl-" and 16 hex digits
+// (or the X-Request-Id header), "type": "message", "role": "assistant",
+// "content": [one "text" block], "model", "stop_reason": "max_tokens",
+// "usage": {"input_tokens", "output_tokens"}}, with
+// --enable-prompt-tokens-details also "cache_creation_input_tokens" (the
+// prompt's full blocks its prefill wrote) and "cache_read_input_tokens"
+// (the prefix cache hit), input_tokens then the rest; streamed, events
+// "event: T\ndata: {"type": T, ...}": message_start (with the first token;
+// usage the prompt alone), content_block_start, one content_block_delta
+// text_delta per token, content_block_stop, message_delta (stop_reason,
+// the final usage), message_stop; no ping and no [DONE]. Its errors are
+// vLLM's: a body its request model rejects (or a content type other than
+// application/json) 400 in the OpenAI shape with type "Bad Request";
+// anything later {"type": "error", "error": {"type", "message"}} with
+// Anthropic's type for the status (unknown model 404 not_found_error,
+// over-long prompt 400 invalid_request_error). POST
+// /v1/messages/count_tokens answers {"input_tokens": n,
+// "context_management": {"original_input_tokens": n}}. POST /tokenize
 // and /detokenize use the same tokenizer as the engine, except that with
 // --tokenizer-dir DIR POST /tokenize answers with a real HuggingFace
 // tokenizer (DIR/tokenizer.json, and DIR/tokenizer_config.json's chat

@@ -219,6 +219,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	s := &server{
 		model: o.model, maxModelLen: eng.Config().MaxModelLen, promptDetails: o.promptDetails,
 		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
+		blockSize: eng.Config().BlockSize,
 	}
 	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
 

@@ -54,14 +54,17 @@ func (rt *realTokenizer) text(s string, special bool) ([]uint32, error) {
 }
 
 // chat renders and tokenizes a chat request's messages (as sent), tools and
-// template kwargs with the tokenizer's template.
+// template kwargs with the tokenizer's template; a converted Messages
+// request's system-first conversation and disabled thinking go to the
+// template, which uses them as vLLM does for it.
 func (rt *realTokenizer) chat(req *genRequest, gen, special bool) ([]uint32, error) {
 	raw, err := json.Marshal(req.Messages)
 	if err != nil {
 		return nil, badRequest("messages", "%v", err)
 	}
 	t, err := rt.local.Tokenize(route.TokenizeInput{Chat: true, Messages: raw, Tools: req.Tools,
-		ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: gen, AddSpecialTokens: special})
+		ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: gen, AddSpecialTokens: special,
+		SystemFirst: req.systemFirst, ThinkingDisabled: req.thinkingDisabled})
 	if err != nil {
 		if errors.Is(err, tokenize.ErrNoChatTemplate) {
 			return nil, badRequest("messages", "the tokenizer has no chat template")

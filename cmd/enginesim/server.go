@@ -32,6 +32,7 @@ type server struct {
 	created       int64
 	log           *slog.Logger
 	realTok       *realTokenizer // --tokenizer-dir: /tokenize with a real tokenizer
+	blockSize     int            // tokens per KV block
 }
 
 // tokenText renders a generated token: simtok's text, or with a real
@@ -61,6 +62,8 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiCompletions) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiChat) })
 	mux.HandleFunc("POST /v1/responses", s.responses)
+	mux.HandleFunc("POST /v1/messages", s.messages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", s.countTokens)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /detokenize", s.detokenize)
 	mux.HandleFunc("GET /v1/models", s.models)
@@ -129,7 +132,17 @@ const (
 	apiCompletions api = iota
 	apiChat
 	apiResponses // converted into a chat request (responses.go)
+	apiMessages  // Anthropic Messages, converted into a chat request (messages.go)
 )
+
+// writeError writes err in the API's error format.
+func (a api) writeError(w http.ResponseWriter, err error) {
+	if a == apiMessages {
+		writeAnthropicError(w, err)
+		return
+	}
+	writeError(w, err)
+}
 
 // chat reports whether the request's prompt is a chat: rendered with the
 // chat template, max tokens defaulting to the rest of the context.
@@ -164,16 +177,24 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		prompts, err = completionPrompts(req, s.realTok)
 	}
 	if err == nil {
-		err = s.validate(req, prompts, chat)
+		if a == apiMessages {
+			err = s.validateMessages(req, prompts[0])
+		} else {
+			err = s.validate(req, prompts, chat)
+		}
 	}
 	if err != nil {
-		writeError(w, err)
+		a.writeError(w, err)
 		return
 	}
 	reqs := make([]engine.Request, len(prompts))
 	total := 0
 	for i, p := range prompts {
-		reqs[i] = engine.Request{Prompt: p, MaxTokens: s.maxTokens(req, chat, len(p)), Sample: sampling(req, i)}
+		mt := s.maxTokens(req, chat, len(p))
+		if a == apiMessages {
+			mt = s.messagesMaxTokens(req, len(p))
+		}
+		reqs[i] = engine.Request{Prompt: p, MaxTokens: mt, Sample: sampling(req, i)}
 		if req.CacheSalt != nil {
 			reqs[i].CacheSalt = *req.CacheSalt
 		}
@@ -185,7 +206,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 	sk := &sink{ch: make(chan item, total)}
 	ids, err := s.d.submit(reqs, sk)
 	if err != nil {
-		writeError(w, badRequest("", "%v", err))
+		a.writeError(w, badRequest("", "%v", err))
 		return
 	}
 	g := &generation{
@@ -201,11 +222,20 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		g.id = randomID("chatcmpl-")
 	case apiResponses:
 		g.id, g.msgID = randomID("resp_"), randomID("msg_")
+	case apiMessages:
+		// vLLM's chat request id: the X-Request-Id header, else 16 random
+		// hex digits.
+		g.id = "chatcmpl-" + r.Header.Get("X-Request-Id")
+		if len(r.Header.Values("X-Request-Id")) == 0 {
+			g.id = randomID("chatcmpl-")[:len("chatcmpl-")+16]
+		}
 	}
 	var done bool
 	switch {
 	case a == apiResponses && req.Stream:
 		done = g.streamResponse()
+	case a == apiMessages && req.Stream:
+		done = g.streamMessages()
 	case req.Stream:
 		inc := req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
 		cont := req.StreamOptions != nil && req.StreamOptions.ContinuousUsageStats
@@ -339,8 +369,12 @@ func (g *generation) collect() bool {
 			left--
 		}
 	}
-	if g.api == apiResponses {
+	switch g.api {
+	case apiResponses:
 		writeJSON(g.w, http.StatusOK, g.responseObject())
+		return true
+	case apiMessages:
+		writeCompactJSON(g.w, http.StatusOK, g.messageObject())
 		return true
 	}
 	length := "length"

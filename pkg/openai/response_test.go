@@ -185,3 +185,31 @@ func FuzzStreamParser(f *testing.F) {
 		}
 	})
 }
+
+// An Anthropic Messages stream as vLLM writes it: named events, the first
+// token in the first content block delta, the whole usage in message_delta
+// (input_tokens there leave out the cached tokens).
+func TestStreamParserAnthropicMessages(t *testing.T) {
+	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":40,\"output_tokens\":0}}}\n\n" +
+		"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+	body := "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":8,\"output_tokens\":3,\"cache_read_input_tokens\":32}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	if p := feed(start); p.SawContent() {
+		t.Error("message_start and ping taken for output")
+	} else if _, ok := p.Usage(); ok {
+		t.Error("message_start's nested usage taken for the stream's")
+	}
+	p := feed(start + body)
+	u, ok := p.Usage()
+	if !p.SawContent() || !ok || u != (Usage{PromptTokens: 40, CompletionTokens: 3, CachedTokens: 32, HasCachedTokens: true}) {
+		t.Fatalf("content %v usage %+v %v", p.SawContent(), u, ok)
+	}
+	// Without prompt token details the engine reports no cache count.
+	u, ok = feed("event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":40,\"output_tokens\":3}}\n\n").Usage()
+	if !ok || u != (Usage{PromptTokens: 40, CompletionTokens: 3}) {
+		t.Fatalf("usage %+v %v", u, ok)
+	}
+}
