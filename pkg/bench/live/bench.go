@@ -340,11 +340,11 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		EngineArgs:   func(i int) []string { return o.engineArgs(i, engineArgs) },
 		KVRouteExtra: extra, UpstreamHeader: UpstreamHeader, EnvoyConcurrency: 2,
 	}
-	fmt.Fprintf(o.Log, "starting %d enginesims (speed %g), kvroute (%s tokenizer) behind Envoy, and a round-robin Envoy; clients send /v1/%s", o.Engines, o.EngineSpeed, o.Tokenizer, o.Run.API)
+	fmt.Fprintf(o.Log, "starting %d enginesims (speed %g), kvroute (%s tokenizer) behind Envoy, and a round-robin Envoy", o.Engines, o.EngineSpeed, o.Tokenizer)
 	if o.Parallel {
 		fmt.Fprintf(o.Log, " on %d more enginesims", o.Engines)
 	}
-	fmt.Fprintln(o.Log)
+	fmt.Fprintf(o.Log, "; clients send /v1/%s\n", o.Run.API)
 	st, err := startStack(ctx, g, so)
 	if err != nil {
 		return nil, err
