@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,6 +174,10 @@ func TestSimBadInput(t *testing.T) {
 		{[]string{"live", "-workload", "herding", "-gpu-blocks", "3072"}, 2, "-gpu-blocks"},
 		// A live stack slows its own engines, by enginesim's flags.
 		{[]string{"live", "-stack", "-workload", "herding", "-slow-engine", "1@30s"}, 2, "replica@time:speed"},
+		// The Messages API carries text.
+		{[]string{"live", "-workload", "herding", "-api", "chat"}, 2, "-api"},
+		{[]string{"live", "-workload", "herding", "-api", "messages", "-token-ids"}, 2, "sends text"},
+		{[]string{"live", "-stack", "-workload", "herding", "-api", "messages", "-tokenizer", "ids"}, 2, "sends text"},
 		{[]string{"sim", "-seeds", "3-1", "-workload", "herding"}, 2, "reversed"},
 		{[]string{"sim", "-util", "0.5,x", "-workload", "herding"}, 2, "not a utilization"},
 	}
@@ -229,6 +234,35 @@ func TestLiveAgainstFakeStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rep.Primary.Requests != 3 || rep.Primary.Errors != 0 || rep.Compare == nil || rep.Compare.Requests != 3 || rep.Added == nil {
+		t.Fatalf("live report %s", out)
+	}
+}
+
+// -api messages sends /v1/messages and reads Anthropic's event stream.
+func TestLiveMessagesAgainstFakeStack(t *testing.T) {
+	var paths sync.Map
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths.Store(r.URL.Path, true)
+		var req struct {
+			MaxTokens int `json:"max_tokens"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":0}}}\n\n")
+		for range req.MaxTokens {
+			fmt.Fprint(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n")
+		}
+		fmt.Fprint(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":2,\"output_tokens\":1,\"cache_read_input_tokens\":8,\"cache_creation_input_tokens\":0}}\n\n")
+		fmt.Fprint(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	out := kvbench(t, "live", "-url", srv.URL, "-api", "messages", "-workload", "herding", "-size", "0.002", "-speed", "1000", "-json")
+	var rep LiveReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := paths.Load("/v1/messages"); !ok || rep.Primary.Requests != 3 || rep.Primary.Errors != 0 || rep.Primary.HitRate != 0.8 {
 		t.Fatalf("live report %s", out)
 	}
 }

@@ -47,6 +47,7 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	timeout := fs.Duration("timeout", 5*time.Minute, "per-request timeout")
 	asJSON := fs.Bool("json", false, "print JSON")
 	tokenIDs := fs.Bool("token-ids", false, "send prompts as the simulator's token ids (BOS, then one token per byte) instead of text: the router never tokenizes")
+	api := fs.String("api", live.APICompletions, "what clients send: completions (POST /v1/completions, the whole history as one prompt) or messages (POST /v1/messages as Claude Code sends it to vLLM: streamed, a billing block and the shared system prompt as system blocks, the history as user and assistant messages, agent turns as tool results, metadata.user_id with the session for clients that carry an identity); messages needs text prompts (not -token-ids or -tokenizer ids)")
 	words := fs.Bool("words", false, "render every workload token as a space and a letter (one token of a real BPE tokenizer) instead of one letter (one token of enginesim's byte tokenizer); -stack sets it for text prompts")
 	var bo live.BenchOptions
 	stack := fs.Bool("stack", false, "start the stack (enginesims, kvroute behind Envoy, a round-robin Envoy) on loopback and run -reps repetitions of kvroute against round robin, seeds -seed, -seed+1, ...; -url and -compare-url are ignored")
@@ -84,7 +85,13 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	opts := live.Options{
 		URL: *url, Model: *model, Workload: ws[0], Rate: *rate, Speed: *speed,
-		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed, TokenIDs: *tokenIDs, Words: *words,
+		MaxSessions: *sessions, MaxInFlight: *inflight, Timeout: *timeout, Seed: sf.seed, TokenIDs: *tokenIDs, Words: *words, API: *api,
+	}
+	switch {
+	case *api != live.APICompletions && *api != live.APIMessages:
+		return fmt.Errorf("%w: -api %q: want %s or %s", errUsage, *api, live.APICompletions, live.APIMessages)
+	case *api == live.APIMessages && (*tokenIDs || bo.Tokenizer == live.TokenizerIDs):
+		return fmt.Errorf("%w: -api messages sends text: not with -token-ids or -tokenizer ids", errUsage)
 	}
 	if *stack {
 		if *tokenIDs {
@@ -165,7 +172,7 @@ func printBench(w io.Writer, rep *live.BenchReport, asJSON bool) {
 	if rep.Parallel {
 		mode = "at the same time, each on its own engines"
 	}
-	fmt.Fprintf(w, "tokenizer %s; kvroute and round robin %s\n\n", rep.Tokenizer, mode)
+	fmt.Fprintf(w, "/v1/%s; tokenizer %s; kvroute and round robin %s\n\n", rep.API, rep.Tokenizer, mode)
 	fmt.Fprintln(w, "| rep (seed, order) | requests kv / rr | kvroute TTFT mean / p50 / p99 s | round robin mean / p50 / p99 s | p99 ratio | mean ratio | hit kv / rr | preemptions kv / rr |")
 	fmt.Fprintln(w, "|---|---|---|---|---:|---:|---|---|")
 	for _, r := range rep.Reps {

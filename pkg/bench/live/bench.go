@@ -77,7 +77,8 @@ type BenchOptions struct {
 	// seed, for the report.
 	Workload func(rep int) (*bench.Workload, uint64, error)
 	// Run is every run's template: URL, Workload, Salt and TokenIDs/Words
-	// are set per run.
+	// are set per run. Run.API APIMessages needs a real tokenizer (local
+	// or remote): its prompts are text, sent as words.
 	Run Options
 	// Worst is how many of each run's slowest requests (by TTFT) the
 	// report keeps (default 5).
@@ -154,6 +155,8 @@ type Rep struct {
 
 // BenchReport is Bench's outcome.
 type BenchReport struct {
+	// API is the API the runs spoke (APICompletions or APIMessages).
+	API       string `json:"api"`
 	Tokenizer string `json:"tokenizer"`
 	Parallel  bool   `json:"parallel"`
 	Reps      []Rep  `json:"reps"`
@@ -215,6 +218,17 @@ func (o *BenchOptions) defaults() error {
 	case TokenizerIDs:
 	default:
 		return fmt.Errorf("%w: tokenizer %q: want %s, %s or %s", ErrOptions, o.Tokenizer, TokenizerLocal, TokenizerRemote, TokenizerIDs)
+	}
+	switch o.Run.API {
+	case "":
+		o.Run.API = APICompletions
+	case APICompletions:
+	case APIMessages:
+		if o.Tokenizer == TokenizerIDs {
+			return fmt.Errorf("%w: the Messages API sends text: it needs tokenizer %s or %s (tokenizer.json and tokenizer_config.json in %s; make fixtures)", ErrOptions, TokenizerLocal, TokenizerRemote, o.TokenizerDir)
+		}
+	default:
+		return fmt.Errorf("%w: API %q: want %s or %s", ErrOptions, o.Run.API, APICompletions, APIMessages)
 	}
 	if o.Workload == nil {
 		return fmt.Errorf("%w: Workload is required", ErrOptions)
@@ -330,7 +344,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if o.Parallel {
 		fmt.Fprintf(o.Log, " on %d more enginesims", o.Engines)
 	}
-	fmt.Fprintln(o.Log)
+	fmt.Fprintf(o.Log, "; clients send /v1/%s\n", o.Run.API)
 	st, err := startStack(ctx, g, so)
 	if err != nil {
 		return nil, err
@@ -357,7 +371,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if err := b.warm(ctx); err != nil {
 		return nil, err
 	}
-	rep := &BenchReport{Tokenizer: o.Tokenizer, Parallel: o.Parallel}
+	rep := &BenchReport{API: o.Run.API, Tokenizer: o.Tokenizer, Parallel: o.Parallel}
 	for i := range o.Reps {
 		r, err := b.rep(ctx, i)
 		if err != nil {

@@ -13,6 +13,14 @@
 // equal prefixes stay equal; with Options.Words a space and a letter, one
 // token of a real BPE tokenizer.
 //
+// With Options.API APIMessages every session is sent instead as Claude
+// Code sends it to vLLM's Anthropic endpoint, POST /v1/messages, streamed:
+// the same turns as a system prompt, alternating user and assistant
+// messages (an agent's later turns as tool results) and Claude Code's
+// metadata.user_id (messagesSession); time to first token is the first
+// content_block_delta, and the prompt and cached tokens come from the
+// final message_delta's usage.
+//
 // Run owns one goroutine per started session; all stop when ctx is done or
 // the workload is finished, and Run returns only after every one has
 // returned. Options.MaxInFlight bounds concurrent requests; a session

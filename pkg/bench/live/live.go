@@ -24,9 +24,15 @@ import (
 // Options configure a live run.
 type Options struct {
 	// URL is the stack's base URL (for example http://127.0.0.1:10000);
-	// requests go to URL + "/v1/completions".
+	// requests go to URL + "/v1/completions" (URL + "/v1/messages" with
+	// API APIMessages).
 	URL   string
 	Model string
+	// API is APICompletions (the default when empty) or APIMessages:
+	// every session sent as Claude Code sends it to vLLM's Anthropic
+	// Messages endpoint (messagesSession has the body), its streamed
+	// answer read from Anthropic's events. Not with TokenIDs.
+	API string
 	// Workload is what to send.
 	Workload *bench.Workload
 	// Rate, when positive, starts sessions as a Poisson process of Rate
@@ -133,6 +139,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Words && o.TokenIDs {
 		return nil, fmt.Errorf("%w: Words and TokenIDs exclude each other", ErrOptions)
 	}
+	switch o.API {
+	case "":
+		o.API = APICompletions
+	case APICompletions:
+	case APIMessages:
+		if o.TokenIDs {
+			return nil, fmt.Errorf("%w: the Messages API sends text, not token ids", ErrOptions)
+		}
+	default:
+		return nil, fmt.Errorf("%w: API %q: want %s or %s", ErrOptions, o.API, APICompletions, APIMessages)
+	}
 	if o.Speed == 0 {
 		o.Speed = 1
 	}
@@ -223,7 +240,13 @@ func (r *runner) record(q Request) {
 
 // session sends one session's turns in order.
 func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
-	var history []byte
+	var (
+		history []byte           // the completions prompt so far
+		msgs    *messagesSession // or the Messages conversation
+	)
+	if r.o.API == APIMessages {
+		msgs = newMessagesSession(r, idx, &s)
+	}
 	for k, tu := range s.Turns {
 		if k > 0 && tu.Gap > 0 {
 			t := time.NewTimer(time.Duration(float64(tu.Gap) / r.o.Speed))
@@ -234,7 +257,18 @@ func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
 			case <-t.C:
 			}
 		}
-		prompt := append(history, r.text(tu)...)
+		var (
+			path         = pathCompletions
+			body, prompt []byte
+			chars        int
+		)
+		if msgs != nil {
+			path, body = pathMessages, msgs.turn(k, tu, tu.Output)
+			chars = msgs.chars
+		} else {
+			prompt = append(history, r.render(r.tokens(tu))...)
+			body, chars = r.completionBody(prompt, tu.Output, s.User), len(prompt)
+		}
 		select {
 		case r.sem <- struct{}{}:
 		default:
@@ -247,24 +281,30 @@ func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
 				return
 			}
 		}
-		q, out := r.send(ctx, idx, k, s.Key, s.User, prompt, tu.Output)
+		q, out := r.send(ctx, idx, k, s.Key, path, body, chars)
 		<-r.sem
 		r.record(q)
 		if q.Err != "" || ctx.Err() != nil {
 			return
 		}
-		history = append(prompt, out...)
+		if msgs != nil {
+			msgs.answered(k, out, k+1 < len(s.Turns))
+		} else {
+			history = append(prompt, out...)
+		}
 	}
 }
 
-// text renders a turn's new tokens as letters.
-func (r *runner) text(tu bench.Turn) []byte {
-	var toks []uint32
+// tokens are a turn's new tokens.
+func (r *runner) tokens(tu bench.Turn) []uint32 {
 	if tu.TraceIDs != nil {
-		toks = kvblock.ExpandTrace(tu.TraceIDs, tu.TraceLen, tu.TraceBlock)
-	} else {
-		toks = bench.Expand(nil, tu.Append)
+		return kvblock.ExpandTrace(tu.TraceIDs, tu.TraceLen, tu.TraceBlock)
 	}
+	return bench.Expand(nil, tu.Append)
+}
+
+// render renders workload tokens as letters (as words with Options.Words).
+func (r *runner) render(toks []uint32) []byte {
 	letter := func(t uint32) byte { return 'a' + byte((uint64(t)^r.o.Salt*0x9e3779b97f4a7c15)%26) }
 	if r.o.Words {
 		out := make([]byte, 2*len(toks))
@@ -303,10 +343,8 @@ type chunk struct {
 	} `json:"usage"`
 }
 
-// send posts one streamed completion and measures it; it returns the
-// generated text.
-func (r *runner) send(ctx context.Context, sess, turn int, key, user string, prompt []byte, maxTokens int) (Request, []byte) {
-	q := Request{Session: sess, Turn: turn, PromptChars: len(prompt), CachedTokens: -1}
+// completionBody is a streamed completion of prompt.
+func (r *runner) completionBody(prompt []byte, maxTokens int, user string) []byte {
 	var p any = string(prompt)
 	if r.o.TokenIDs {
 		p = simtok.Encode(string(prompt), true)
@@ -315,14 +353,24 @@ func (r *runner) send(ctx context.Context, sess, turn int, key, user string, pro
 		Model: r.o.Model, Prompt: p, MaxTokens: maxTokens, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true, User: user,
 	})
+	return body
+}
+
+// send posts one streamed request of the run's API and measures it; it
+// returns the generated text.
+func (r *runner) send(ctx context.Context, sess, turn int, key, path string, body []byte, promptChars int) (Request, []byte) {
+	q := Request{Session: sess, Turn: turn, PromptChars: promptChars, CachedTokens: -1}
 	ctx, cancel := context.WithTimeout(ctx, r.o.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(r.o.URL, "/")+"/v1/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(r.o.URL, "/")+path, bytes.NewReader(body))
 	if err != nil {
 		q.Err = err.Error()
 		return q, nil
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if r.o.API == APIMessages {
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+	}
 	for k, vs := range r.o.Header {
 		for _, v := range vs {
 			req.Header.Add(k, v)
@@ -347,6 +395,11 @@ func (r *runner) send(ctx context.Context, sess, turn int, key, user string, pro
 		return q, nil
 	}
 	var out []byte
+	if r.o.API == APIMessages {
+		out = readMessagesStream(resp.Body, &q, start)
+		q.E2E = time.Since(start)
+		return q, out
+	}
 	last := start
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
