@@ -1,11 +1,9 @@
 package tokenize
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
 	"slices"
@@ -551,10 +549,16 @@ func renderHint(in ChatInput) int {
 // empty tool_calls are dropped. Only the fields vLLM forwards to the
 // template are kept.
 func prepareMessages(raw json.RawMessage, parts bool) ([]jinja.Value, error) {
-	var list []json.RawMessage
-	if err := json.Unmarshal(raw, &list); err != nil {
+	all, err := jsonValue(raw)
+	switch {
+	case err != nil:
 		return nil, fmt.Errorf("%w: messages: %w", ErrBadMessages, err)
+	case all.IsNone():
+		return nil, nil // null: no messages, as encoding/json reads it
+	case !all.IsList():
+		return nil, fmt.Errorf("%w: messages is not an array", ErrBadMessages)
 	}
+	list := all.AsList().Items
 	out := make([]jinja.Value, 0, len(list))
 	for i, m := range list {
 		v, err := prepareMessage(m, parts)
@@ -566,11 +570,17 @@ func prepareMessages(raw json.RawMessage, parts bool) ([]jinja.Value, error) {
 	return out, nil
 }
 
-func prepareMessage(raw json.RawMessage, parts bool) (jinja.Value, error) {
+// prepareRawMessage is prepareMessage on one message's JSON.
+func prepareRawMessage(raw json.RawMessage, parts bool) (jinja.Value, error) {
 	v, err := jsonValue(raw)
 	if err != nil {
 		return jinja.Value{}, err
 	}
+	return prepareMessage(v, parts)
+}
+
+// prepareMessage is prepareMessages' work on one decoded message.
+func prepareMessage(v jinja.Value, parts bool) (jinja.Value, error) {
 	if !v.IsDict() {
 		return jinja.Value{}, errors.New("not an object")
 	}
@@ -772,86 +782,4 @@ func normalizeToolCalls(calls *jinja.List) error {
 		}
 	}
 	return nil
-}
-
-// jsonValue decodes JSON into template values, keeping object key order (the
-// template's tojson must print tool schemas in the order the client sent
-// them, as Python's json.loads keeps it).
-func jsonValue(raw json.RawMessage) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
-	if err != nil {
-		return jinja.Value{}, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return jinja.Value{}, errors.New("trailing data after JSON value")
-	}
-	return v, nil
-}
-
-// maxJSONDepth bounds nesting so hostile input cannot exhaust the stack.
-const maxJSONDepth = 200
-
-func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
-	if depth > maxJSONDepth {
-		return jinja.Value{}, errors.New("JSON nested too deeply")
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Value{}, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			out := jinja.NewDict()
-			d := out.AsDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				k, ok := kt.(string)
-				if !ok {
-					return jinja.Value{}, errors.New("object key is not a string")
-				}
-				v, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				d.Set(k, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, err
-			}
-			return out, nil
-		case '[':
-			var items []jinja.Value
-			for dec.More() {
-				v, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				items = append(items, v)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, err
-			}
-			return jinja.NewList(items), nil
-		}
-		return jinja.Value{}, fmt.Errorf("unexpected %v", t)
-	case string:
-		if strings.HasPrefix(t, pyNumMark) {
-			return jinja.Value{}, fmt.Errorf("%w: string starting with U+FDD0", ErrUnsupported)
-		}
-		return jinja.NewString(t), nil
-	case json.Number:
-		return jsonNumberValue(string(t))
-	case bool:
-		return jinja.NewBool(t), nil
-	case nil:
-		return jinja.None(), nil
-	}
-	return jinja.Value{}, fmt.Errorf("unexpected JSON token %v", tok)
 }

@@ -22,7 +22,7 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 	for i := range msgs {
 		m := &msgs[i]
 		if !plainMessage(m) {
-			v, err := prepareMessage(m.Raw, false)
+			v, err := prepareRawMessage(m.Raw, false)
 			if err != nil {
 				return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
 			}
@@ -52,7 +52,7 @@ func prepareParsed(msgs []route.ChatMessage) ([]jinja.Value, error) {
 func prepareRawParsed(msgs []route.ChatMessage, parts bool) ([]jinja.Value, error) {
 	out := make([]jinja.Value, 0, len(msgs))
 	for i := range msgs {
-		v, err := prepareMessage(msgs[i].Raw, parts)
+		v, err := prepareRawMessage(msgs[i].Raw, parts)
 		if err != nil {
 			return nil, fmt.Errorf("%w: message %d: %w", ErrBadMessages, i, err)
 		}
@@ -73,7 +73,7 @@ var roleValues = func() map[string]jinja.Value {
 
 // plainMessage reports whether m's decoded fields are all its template
 // value needs: a role, text-only content, no U+FDD0 (the number marker
-// decodeValue refuses) and no top-level key but role, content and name (a
+// jsonValue refuses) and no top-level key but role, content and name (a
 // name key only when it decoded to a non-empty string).
 func plainMessage(m *route.ChatMessage) bool {
 	if m.Role == "" || m.NonText || len(m.Raw) == 0 {

@@ -34,7 +34,7 @@ type pyDumpOpts struct {
 // unbounded), and a float the engine would print differently from
 // Python's repr (it prints 2.0 as "2"). tojson and trim print the text
 // after the mark. Input strings starting with the mark are refused
-// (decodeValue), and so is a rendered prompt still holding it (the
+// (jsonValue), and so is a rendered prompt still holding it (the
 // template printed the number some other way), so a number is printed as
 // Python prints it or the request is refused: never silently different.
 const pyNumMark = "\ufdd0py:"
