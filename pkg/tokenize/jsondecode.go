@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/jsonstr"
 )
 
 // jsonValue decodes JSON into template values, keeping object key order (the
@@ -217,120 +218,55 @@ func (d *jsonDecoder) number() (string, error) {
 }
 
 // str decodes the string at d.i (its opening quote) as encoding/json
-// decodes it.
+// decodes it: the string is checked here (escapes complete, no control
+// character) and its bytes decoded by jsonstr.Unquote.
 func (d *jsonDecoder) str() (string, error) {
 	d.i++ // "
 	start := d.i
-	// The common case: no escape, no control character, valid UTF-8.
-	for d.i < len(d.b) {
-		c := d.b[d.i]
-		if c == '"' {
-			s := string(d.b[start:d.i])
-			d.i++
-			return s, nil
-		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
-		if c < utf8.RuneSelf {
-			d.i++
-			continue
-		}
-		r, size := utf8.DecodeRune(d.b[d.i:])
-		if r == utf8.RuneError && size == 1 {
-			break
-		}
-		d.i += size
-	}
-	buf := make([]byte, 0, d.i-start+16)
-	buf = append(buf, d.b[start:d.i]...)
+	escaped, high := false, false
 	for d.i < len(d.b) {
 		c := d.b[d.i]
 		switch {
 		case c == '"':
+			raw := d.b[start:d.i]
 			d.i++
-			return string(buf), nil
+			return jsonstr.Unquote(raw, escaped || high && !jsonstr.ValidUTF8(raw)), nil
 		case c < 0x20:
 			return "", d.errorf("invalid character %q in string literal", c)
 		case c == '\\':
+			escaped = true
 			if d.i+1 >= len(d.b) {
 				return "", d.errorf("unexpected end of input in string escape")
 			}
-			e := d.b[d.i+1]
-			d.i += 2
-			switch e {
-			case '"', '\\', '/':
-				buf = append(buf, e)
-			case 'b':
-				buf = append(buf, '\b')
-			case 'f':
-				buf = append(buf, '\f')
-			case 'n':
-				buf = append(buf, '\n')
-			case 'r':
-				buf = append(buf, '\r')
-			case 't':
-				buf = append(buf, '\t')
+			switch d.b[d.i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				d.i += 2
 			case 'u':
-				r, ok := d.hex4()
-				if !ok {
+				d.i += 2
+				if !d.hex4() {
 					return "", d.errorf("invalid \\u escape")
 				}
-				if utf16.IsSurrogate(r) {
-					// A pair decodes to one rune; anything else leaves the
-					// first half a U+FFFD and reads what follows anew.
-					if d.i+1 < len(d.b) && d.b[d.i] == '\\' && d.b[d.i+1] == 'u' {
-						save := d.i
-						d.i += 2
-						if r2, ok := d.hex4(); ok {
-							if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-								buf = utf8.AppendRune(buf, dec)
-								continue
-							}
-						}
-						d.i = save
-					}
-					r = utf8.RuneError
-				}
-				buf = utf8.AppendRune(buf, r)
 			default:
-				return "", d.errorf("invalid escape %q in string", e)
+				return "", d.errorf("invalid escape %q in string", d.b[d.i+1])
 			}
-		case c < utf8.RuneSelf:
-			buf = append(buf, c)
-			d.i++
 		default:
-			r, size := utf8.DecodeRune(d.b[d.i:])
-			if r == utf8.RuneError && size == 1 {
-				buf = utf8.AppendRune(buf, utf8.RuneError)
-			} else {
-				buf = append(buf, d.b[d.i:d.i+size]...)
-			}
-			d.i += size
+			high = high || c >= utf8.RuneSelf
+			d.i++
 		}
 	}
 	return "", d.errorf("unexpected end of input in string")
 }
 
-// hex4 reads the four hex digits of a \u escape.
-func (d *jsonDecoder) hex4() (rune, bool) {
+// hex4 skips the four hex digits of a \u escape; false when they are not.
+func (d *jsonDecoder) hex4() bool {
 	if len(d.b)-d.i < 4 {
-		return 0, false
+		return false
 	}
-	var r rune
 	for _, c := range d.b[d.i : d.i+4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return 0, false
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
 		}
-		r = r*16 + rune(c)
 	}
 	d.i += 4
-	return r, true
+	return true
 }
