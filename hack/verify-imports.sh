@@ -21,8 +21,9 @@ check pkg/index 'pkg/kvblock'
 check pkg/load '^$'
 check pkg/policy 'pkg/index|pkg/load'
 check pkg/route 'pkg/kvblock|pkg/index|pkg/load|pkg/policy'
-check pkg/openai '^$'
-check pkg/tokenize 'pkg/route'
+check pkg/jsonstr '^$'
+check pkg/openai 'pkg/jsonstr'
+check pkg/tokenize 'pkg/route|pkg/jsonstr'
 check pkg/discovery '^$'
 # The replica-set controller drives discovery's snapshots into events; it is
 # the one package besides cmd/ that may import those two edges.
