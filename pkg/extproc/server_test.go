@@ -184,7 +184,8 @@ func TestRequestTranscripts(t *testing.T) {
 		{
 			// An Anthropic Messages body (Claude Code's shape) reaches the
 			// router as the chat request vLLM renders for it: the billing
-			// block dropped, the session read from metadata.user_id, the
+			// block dropped, Claude Code's session in metadata.user_id a
+			// first turn's key (as prompt_cache_key is), the
 			// inline system message kept and, for templates that require
 			// it, merged; thinking disabled left for the template.
 			name: "a messages body is routed as its chat request",
@@ -198,7 +199,7 @@ func TestRequestTranscripts(t *testing.T) {
 				wantChunk(`{"model":"m","max_tokens":64,"stream":true,"metadata":{"user_id":"user_ab_account_cd_session_s-1"},"thinking":{"type":"disabled"},`+
 					`"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1"},{"type":"text","text":"Be brief."}],`+
 					`"messages":[{"role":"user","content":"hi"},{"role":"system","content":"Reminder."},{"role":"user","content":[{"type":"text","text":"go"}]}]}`, true)},
-			wantReqs: []route.Request{{Model: "m", BodySession: "s-1", Streams: true, MaxTokens: 64,
+			wantReqs: []route.Request{{Model: "m", CacheKey: "s-1", Streams: true, MaxTokens: 64,
 				Input: route.TokenizeInput{Chat: true, AddGenerationPrompt: true, ThinkingDisabled: true,
 					Messages:    json.RawMessage(`[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"},{"role":"system","content":"Reminder."},{"role":"user","content":"go"}]`),
 					SystemFirst: json.RawMessage(`[{"role":"system","content":"Be brief.Reminder."},{"role":"user","content":"hi"},{"role":"user","content":"go"}]`)}}},

@@ -20,7 +20,8 @@ const PathMessages = "/v1/messages"
 var ErrMessagesUnsupported = errors.New("openai: messages body not reproducible")
 
 // ParseMessages parses an Anthropic Messages (/v1/messages) body. The
-// identity fields (model, the session Claude Code's metadata.user_id names),
+// identity fields (model, the conversation, Claude Code's session in
+// metadata.user_id as PromptCacheKey: messagesIdentity),
 // stream and max_tokens are always read. The prompt is converted as vLLM
 // (0.33) converts it before its chat template runs
 // (entrypoints/anthropic/serving.py, to_chat_completion_request):
@@ -65,7 +66,7 @@ func ParseMessages(body []byte) (Request, error) {
 	if v, ok := top["max_tokens"]; ok && json.Unmarshal(v, &n) == nil && n > 0 {
 		req.MaxTokens = int(min(n, 1<<31-1))
 	}
-	req.SessionID, req.User = messagesIdentity(top)
+	req.SessionID, req.PromptCacheKey, req.User = messagesIdentity(top)
 	req.Convert = convertMessages(&req, top)
 	if req.Convert != nil {
 		req.Messages, req.SystemFirstMessages, req.Tools, req.ChatTemplateKwargs = nil, nil, nil, nil
@@ -73,12 +74,19 @@ func ParseMessages(body []byte) (Request, error) {
 	return req, nil
 }
 
-// messagesIdentity reads the conversation a Messages body names: the fields
-// a chat body's conversation comes from (sessionID), else the session in
-// metadata.user_id, which Claude Code fills as
-// "user_<hash>_account_<uuid>_session_<uuid>" or (since 2.1.78) as a JSON
-// string holding "session_id". A user_id without a session is the user.
-func messagesIdentity(top map[string]json.RawMessage) (session, user string) {
+// messagesIdentity reads who a Messages body says it comes from:
+//   - session: the conversation the body names, from the fields a chat
+//     body's conversation comes from (sessionID);
+//   - client: else the session in metadata.user_id, which Claude Code fills
+//     as "user_<hash>_account_<uuid>_session_<uuid>" or (since 2.1.78) as a
+//     JSON string holding "session_id". That session spans every
+//     conversation the client holds (its subagents', its compaction and
+//     title requests, each with prompts of its own), so it is reported as
+//     a client-chosen cache key, as prompt_cache_key is: it keys a
+//     conversation's first turn, and each conversation continues under its
+//     own opening;
+//   - user: a user_id without a session.
+func messagesIdentity(top map[string]json.RawMessage) (session, client, user string) {
 	str := stringValue
 	var meta map[string]json.RawMessage
 	if v := top["metadata"]; firstByte(v) == '{' {
@@ -86,23 +94,23 @@ func messagesIdentity(top map[string]json.RawMessage) (session, user string) {
 	}
 	if id := sessionID(str(top["session_id"]), str(top["conversation_id"]), str(top["conversation"]),
 		str(meta["session_id"]), str(meta["conversation_id"])); id != "" {
-		return id, ""
+		return id, "", ""
 	}
 	uid := meta["user_id"]
 	var obj struct {
 		SessionID string `json:"session_id"`
 	}
 	if firstByte(uid) == '{' && json.Unmarshal(uid, &obj) == nil && obj.SessionID != "" {
-		return obj.SessionID, ""
+		return "", obj.SessionID, ""
 	}
 	u := str(uid)
 	if strings.HasPrefix(u, "{") && json.Unmarshal([]byte(u), &obj) == nil && obj.SessionID != "" {
-		return obj.SessionID, ""
+		return "", obj.SessionID, ""
 	}
 	if i := strings.LastIndex(u, "_session_"); i >= 0 && i+len("_session_") < len(u) {
-		return u[i+len("_session_"):], ""
+		return "", u[i+len("_session_"):], ""
 	}
-	return "", u
+	return "", "", u
 }
 
 // stringValue is a JSON string's value; "" for anything else or nothing.

@@ -14,25 +14,25 @@ import (
 
 func TestMessagesIdentity(t *testing.T) {
 	for _, c := range []struct {
-		name, meta, session, user string
+		name, meta, session, client, user string
 	}{
-		{"legacy Claude Code user_id", `{"user_id":"user_0a1b_account_5f2e_session_9d3c-77aa"}`, "9d3c-77aa", ""},
-		{"legacy without an account", `{"user_id":"user_0a1b_account__session_abc"}`, "abc", ""},
-		{"JSON-string user_id (2.1.78+)", `{"user_id":"{\"device_id\":\"d1\",\"account_uuid\":\"\",\"session_id\":\"s-42\"}"}`, "s-42", ""},
-		{"object user_id", `{"user_id":{"session_id":"s-7"}}`, "s-7", ""},
-		{"plain user_id is the user", `{"user_id":"alice"}`, "", "alice"},
-		{"JSON-string user_id without a session", `{"user_id":"{\"device_id\":\"d1\"}"}`, "", `{"device_id":"d1"}`},
-		{"metadata.session_id first", `{"session_id":"conv-1","user_id":"user_x_account_y_session_z"}`, "conv-1", ""},
-		{"trailing _session_ names nothing", `{"user_id":"bob_session_"}`, "", "bob_session_"},
-		{"no metadata", `null`, "", ""},
+		{"legacy Claude Code user_id", `{"user_id":"user_0a1b_account_5f2e_session_9d3c-77aa"}`, "", "9d3c-77aa", ""},
+		{"legacy without an account", `{"user_id":"user_0a1b_account__session_abc"}`, "", "abc", ""},
+		{"JSON-string user_id (2.1.78+)", `{"user_id":"{\"device_id\":\"d1\",\"account_uuid\":\"\",\"session_id\":\"s-42\"}"}`, "", "s-42", ""},
+		{"object user_id", `{"user_id":{"session_id":"s-7"}}`, "", "s-7", ""},
+		{"plain user_id is the user", `{"user_id":"alice"}`, "", "", "alice"},
+		{"JSON-string user_id without a session", `{"user_id":"{\"device_id\":\"d1\"}"}`, "", "", `{"device_id":"d1"}`},
+		{"a named conversation first", `{"session_id":"conv-1","user_id":"user_x_account_y_session_z"}`, "conv-1", "", ""},
+		{"trailing _session_ names nothing", `{"user_id":"bob_session_"}`, "", "", "bob_session_"},
+		{"no metadata", `null`, "", "", ""},
 	} {
 		body := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"metadata":` + c.meta + `}`
 		req, err := ParseMessages([]byte(body))
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		if req.SessionID != c.session || req.User != c.user {
-			t.Errorf("%s: session %q user %q, want %q %q", c.name, req.SessionID, req.User, c.session, c.user)
+		if req.SessionID != c.session || req.PromptCacheKey != c.client || req.User != c.user {
+			t.Errorf("%s: session %q client %q user %q, want %q %q %q", c.name, req.SessionID, req.PromptCacheKey, req.User, c.session, c.client, c.user)
 		}
 	}
 }

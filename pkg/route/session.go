@@ -30,9 +30,11 @@ const DefaultSessionMemory = 1 << 16
 //     only when they opened identically and got the same first answer.
 //     A first turn (no assistant message yet) has no history anywhere and
 //     gets no key from its messages;
-//  4. "pck:" and Request.CacheKey, OpenAI's prompt_cache_key: a client's
-//     key for requests that share a prefix, one conversation's or a whole
-//     tenant's, so below the opening (a tenant's conversations must not
+//  4. "pck:" and Request.CacheKey, OpenAI's prompt_cache_key (or Claude
+//     Code's session, from an Anthropic body's metadata.user_id, which
+//     spans its subagents' conversations): a client's key for requests
+//     that share a prefix, one conversation's or a whole tenant's, so
+//     below the opening (a tenant's conversations must not
 //     share one home, where the load bound never applies);
 //  5. "user:" and Request.User, the OpenAI `user` field (one end user may
 //     run several conversations: the weakest hint).
