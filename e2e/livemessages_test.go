@@ -23,9 +23,9 @@ import (
 // request succeeds; kvroute counts each prompt exactly as the engine that
 // served it does (its decisions' prompt tokens are the requests' usage,
 // input plus cache read and written), on its local tokenizer; the
-// sessions are keyed by their header, their metadata.user_id session or
-// their opening, a keyless decision only for a first turn without
-// identity; and kvroute's runs find the histories cached more often than
+// sessions are keyed by their header, or by their metadata.user_id
+// session on a first turn and their opening after it, a keyless decision
+// only for a first turn without identity; and kvroute's runs find the histories cached more often than
 // round robin's.
 func TestLiveBenchMessages(t *testing.T) {
 	root, err := testbed.RepoRoot()
@@ -97,9 +97,12 @@ func TestLiveBenchMessages(t *testing.T) {
 	if !slices.Equal(served, decided) {
 		t.Errorf("kvroute's prompt tokens %v, the engines' %v", decided, served)
 	}
-	// Two sessions of each habit, four turns each.
-	if kinds["header"] != 8 || kinds["sid"] != 8 || kinds["keyless"] != 2 || kinds["conv"] != 6 {
-		t.Errorf("decisions by session kind %v, want 8 header, 8 sid, 2 keyless first turns and 6 conv", kinds)
+	// Two sessions of each habit, four turns each: the header's all its
+	// turns; Claude Code's session in metadata.user_id a first turn's
+	// (as prompt_cache_key), later turns their opening's, as a keyless
+	// session's later turns.
+	if kinds["header"] != 8 || kinds["pck"] != 2 || kinds["keyless"] != 2 || kinds["conv"] != 12 {
+		t.Errorf("decisions by session kind %v, want 8 header, 2 pck and 2 keyless first turns, and 12 conv", kinds)
 	}
 	if k.HitRate <= o.HitRate || k.HitRate < 0.5 {
 		t.Errorf("hit rate kvroute %.3f, round robin %.3f", k.HitRate, o.HitRate)
