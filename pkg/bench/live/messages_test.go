@@ -324,8 +324,8 @@ func TestRunMessagesIdentity(t *testing.T) {
 				headers++
 			}
 			if b.Metadata == nil {
-				if req.SessionID != "" || f.keys[i] != "" {
-					t.Fatalf("a body without metadata has session %q, header %q", req.SessionID, f.keys[i])
+				if req.SessionID != "" || req.PromptCacheKey != "" || f.keys[i] != "" {
+					t.Fatalf("a body without metadata has session %q/%q, header %q", req.SessionID, req.PromptCacheKey, f.keys[i])
 				}
 				sessions[salt][first] = ""
 				continue
@@ -336,8 +336,10 @@ func TestRunMessagesIdentity(t *testing.T) {
 				SessionID   string `json:"session_id"`
 			}
 			if err := json.Unmarshal([]byte(b.Metadata.UserID), &uid); err != nil || !uuidRE.MatchString(uid.SessionID) ||
-				!uuidRE.MatchString(uid.AccountUUID) || len(uid.DeviceID) != 64 || req.SessionID != uid.SessionID {
-				t.Fatalf("user_id %q (%v), parsed session %q", b.Metadata.UserID, err, req.SessionID)
+				!uuidRE.MatchString(uid.AccountUUID) || len(uid.DeviceID) != 64 || req.PromptCacheKey != uid.SessionID || req.SessionID != "" {
+				// The router reads Claude Code's session as a client's
+				// cache key (openai.ParseMessages).
+				t.Fatalf("user_id %q (%v), parsed session %q, client key %q", b.Metadata.UserID, err, req.SessionID, req.PromptCacheKey)
 			}
 			if prev, ok := sessions[salt][first]; ok && prev != uid.SessionID {
 				t.Fatalf("a session's turns name sessions %s and %s", prev, uid.SessionID)
