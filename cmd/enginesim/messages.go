@@ -467,13 +467,12 @@ func (g *generation) streamMessages() bool {
 		return err == nil
 	}
 	started, open := false, false
-	for g.fins[0] == nil {
-		it, ok := g.next()
+	for {
+		text, done, ok := g.nextText()
 		if !ok {
 			return false
 		}
-		if it.fin != nil {
-			g.fins[0] = it.fin
+		if done {
 			break
 		}
 		if !started {
@@ -486,9 +485,6 @@ func (g *generation) streamMessages() bool {
 				return false
 			}
 		}
-		g.emitted++
-		text := g.s.tokenText(it.tok.Token)
-		g.texts[0] = append(g.texts[0], text...)
 		if text == "" {
 			continue
 		}

@@ -337,17 +337,13 @@ func TestMessagesErrors(t *testing.T) {
 				t.Fatalf("%d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
 			}
 			if c.typ == "" {
+				// vLLM's request validation answers in the OpenAI shape.
+				checkVLLMError(t, resp.StatusCode, b, 400, "Bad Request", c.msg)
 				var e struct {
-					Error *struct {
-						Message string `json:"message"`
-						Type    string `json:"type"`
-						Param   any    `json:"param"`
-						Code    int    `json:"code"`
-					} `json:"error"`
+					Error struct{ Message string } `json:"error"`
 				}
-				if json.Unmarshal(b, &e) != nil || e.Error == nil || e.Error.Type != "Bad Request" || e.Error.Code != 400 ||
-					!strings.HasPrefix(e.Error.Message, "1 validation error:\n  ") || !strings.Contains(e.Error.Message, c.msg) {
-					t.Errorf("not vLLM's validation error containing %q: %s", c.msg, b)
+				if json.Unmarshal(b, &e) != nil || !strings.HasPrefix(e.Error.Message, "1 validation error:\n  ") {
+					t.Errorf("not vLLM's validation error: %s", b)
 				}
 				return
 			}

@@ -195,6 +195,25 @@ type (
 	}
 )
 
+// nextText waits for the next token of a one-sequence generation (the
+// Responses and Messages streams) and returns its text, kept in g.texts;
+// done when the sequence finished (g.fins[0] then set), ok false when the
+// client went away.
+func (g *generation) nextText() (text string, done, ok bool) {
+	it, ok := g.next()
+	if !ok {
+		return "", false, false
+	}
+	if it.fin != nil {
+		g.fins[0] = it.fin
+		return "", true, true
+	}
+	g.emitted++
+	text = g.s.tokenText(it.tok.Token)
+	g.texts[0] = append(g.texts[0], text...)
+	return text, false, true
+}
+
 // startEvents answers 200 with an event stream's headers and returns the
 // writer's flush (a no-op on a writer that cannot flush).
 func startEvents(w http.ResponseWriter) func() {
@@ -248,21 +267,17 @@ func (g *generation) streamResponse() bool {
 		}
 	}
 	flush()
-	for g.fins[0] == nil {
-		it, ok := g.next()
+	for {
+		text, done, ok := g.nextText()
 		if !ok {
 			return false
 		}
-		if it.fin != nil {
-			g.fins[0] = it.fin
+		if done {
 			break
 		}
 		if !started && !start() {
 			return false
 		}
-		g.emitted++
-		text := g.s.tokenText(it.tok.Token)
-		g.texts[0] = append(g.texts[0], text...)
 		if !send("response.output_text.delta", func(h eventHeader) any {
 			return deltaEvent{eventHeader: h, partRef: ref, Delta: text, Logprobs: []any{}}
 		}) {
