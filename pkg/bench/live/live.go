@@ -418,15 +418,8 @@ func (r *runner) send(ctx context.Context, sess, turn int, key, path string, bod
 			q.Err = fmt.Sprintf("bad chunk: %v", err)
 			return q, out
 		}
-		now := time.Now()
 		if len(c.Choices) > 0 && c.Choices[0].Text != "" {
-			if q.OutputChunks == 0 {
-				q.TTFT = now.Sub(start)
-			} else {
-				q.ITLs = append(q.ITLs, now.Sub(last))
-			}
-			last = now
-			q.OutputChunks++
+			last = q.chunk(start, last, time.Now())
 			out = append(out, c.Choices[0].Text...)
 		}
 		if c.Usage != nil {
@@ -489,4 +482,17 @@ func Summarize(rep *Report) Summary {
 		s.HitRate = float64(cached) / float64(prompt)
 	}
 	return s
+}
+
+// chunk records an output chunk that arrived at now, on a request sent at
+// start whose previous chunk came at last: the first chunk's time to first
+// token, a later one's gap. It returns now.
+func (q *Request) chunk(start, last, now time.Time) time.Time {
+	if q.OutputChunks == 0 {
+		q.TTFT = now.Sub(start)
+	} else {
+		q.ITLs = append(q.ITLs, now.Sub(last))
+	}
+	q.OutputChunks++
+	return now
 }

@@ -306,14 +306,7 @@ func readMessagesStream(body io.Reader, q *Request, start time.Time) []byte {
 			if ev.Delta == nil || ev.Delta.Text+ev.Delta.Thinking+ev.Delta.PartialJSON == "" {
 				continue
 			}
-			now := time.Now()
-			if q.OutputChunks == 0 {
-				q.TTFT = now.Sub(start)
-			} else {
-				q.ITLs = append(q.ITLs, now.Sub(last))
-			}
-			last = now
-			q.OutputChunks++
+			last = q.chunk(start, last, time.Now())
 			if ev.Delta.Type == "text_delta" {
 				out = append(out, ev.Delta.Text...)
 			}
