@@ -23,18 +23,7 @@ import (
 // each run's slowest requests with the engine that served them. Then the
 // same with both arms at once, round robin on 4 engines of its own.
 func TestLiveBench(t *testing.T) {
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := os.Getenv("KVROUTE_TOKENIZER_CACHE")
-	if dir == "" {
-		dir = filepath.Join(root, ".cache", "tokenizers")
-	}
-	dir = filepath.Join(dir, "qwen3")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
-	}
+	root, dir := qwen3Tokenizer(t)
 	w := sharedPromptSessions(4, 200)
 	for _, parallel := range []bool{false, true} {
 		reps := 2
@@ -85,4 +74,23 @@ type testLog struct{ t *testing.T }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Logf("%s", p)
 	return len(p), nil
+}
+
+// qwen3Tokenizer is the repository's root and the Qwen3 tokenizer files'
+// directory the live runs give their engines and kvroute.
+func qwen3Tokenizer(t *testing.T) (root, dir string) {
+	t.Helper()
+	root, err := testbed.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = os.Getenv("KVROUTE_TOKENIZER_CACHE")
+	if dir == "" {
+		dir = filepath.Join(root, ".cache", "tokenizers")
+	}
+	dir = filepath.Join(dir, "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
+	}
+	return root, dir
 }

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/bench"
 	"github.com/kvroute/kvroute/pkg/bench/live"
-	"github.com/kvroute/kvroute/pkg/testbed"
 )
 
 // TestLiveBenchMessages runs what `kvbench live -stack -api messages`
@@ -28,18 +26,7 @@ import (
 // only for a first turn without identity; and kvroute's runs find the histories cached more often than
 // round robin's.
 func TestLiveBenchMessages(t *testing.T) {
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := os.Getenv("KVROUTE_TOKENIZER_CACHE")
-	if dir == "" {
-		dir = filepath.Join(root, ".cache", "tokenizers")
-	}
-	dir = filepath.Join(dir, "qwen3")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("Qwen3 tokenizer files missing (%v): run `make fixtures`", err)
-	}
+	root, dir := qwen3Tokenizer(t)
 	w := agentSessions()
 	rep, err := live.Bench(t.Context(), live.BenchOptions{
 		Root: root, Bin: filepath.Dir(bins.KVRoute), Engines: 4, EngineSpeed: 10,
