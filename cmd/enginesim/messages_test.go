@@ -19,7 +19,6 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
-	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 // A Claude Code turn: the system blocks led by the per-request billing
@@ -393,11 +392,7 @@ const claudeCodeTurn = `{"model": "sim-model", "max_tokens": 3,
 // its result, the tools, no special tokens; count_tokens counts the same.
 func TestRealTokenizerMessages(t *testing.T) {
 	dir := tokenizerDir(t, "qwen3")
-	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
-		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := loadReference(t, dir)
 	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable")
 	p, err := openai.ParseMessages([]byte(claudeCodeTurn))
 	if err != nil || p.Convert != nil {
@@ -456,11 +451,7 @@ func TestRealTokenizerMessagesTemplateChoices(t *testing.T) {
 	if err := os.Symlink(abs, filepath.Join(dir, "tokenizer.json")); err != nil {
 		t.Fatal(err)
 	}
-	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
-		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := loadReference(t, dir)
 	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable")
 	body := `{"model": "sim-model", "max_tokens": 2, "thinking": {"type": "disabled"},
 		"system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.0;"}, {"type": "text", "text": "You are Claude Code."}],

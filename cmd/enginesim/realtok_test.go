@@ -164,11 +164,7 @@ func TestRealTokenizerSelfCheck(t *testing.T) {
 // template.
 func TestRealTokenizerPrompts(t *testing.T) {
 	dir := tokenizerDir(t, "qwen3")
-	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
-		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := loadReference(t, dir)
 	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable", "--enable-prompt-tokens-details")
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 20)
 	want, err := ref.Tokenize(route.TokenizeInput{Prompt: prompt, AddSpecialTokens: true})
@@ -214,4 +210,16 @@ func TestRealTokenizerPrompts(t *testing.T) {
 	if err := json.Unmarshal(b, &cr); err != nil || cr.Usage == nil || cr.Usage.PromptTokens != len(c.IDs) {
 		t.Fatalf("chat usage %s (%v), want %d prompt tokens", b, err, len(c.IDs))
 	}
+}
+
+// loadReference loads the tokenizer files in dir as the router's local
+// tokenizer: the reference a simulated engine's token counts are held to.
+func loadReference(t *testing.T, dir string) *tokenize.Local {
+	t.Helper()
+	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
+		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }

@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
-	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 type responsesJSON struct {
@@ -453,11 +451,7 @@ func abortMidEvents(t *testing.T, path, body, delta string) {
 // same chat request the same.
 func TestRealTokenizerResponses(t *testing.T) {
 	dir := tokenizerDir(t, "qwen3")
-	ref, err := tokenize.LoadLocal(tokenize.ModelConfig{Kind: tokenize.KindLocal,
-		TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := loadReference(t, dir)
 	s := startSim(t, "--tokenizer-dir", dir, "--kv-events-disable")
 	body := `{"model": "sim-model", "instructions": "You are a helpful assistant.", "max_output_tokens": 3, "input": [
 		{"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]},
