@@ -3,11 +3,8 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -117,34 +114,15 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 	// One more turn of session 1, streamed: Anthropic's events through
 	// Envoy, on the history's replica, its usage read by the router from
 	// message_delta.
-	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", c.metricsPort)
-	observed := func() float64 {
-		v, err := metricSum(t.Context(), metrics, "kvroute_fidelity_observations_total", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	observed := func() float64 { return fidelityObservations(t, c) }
 	before := observed()
 	msgs[1] = append(msgs[1], map[string]any{"role": "user", "content": []map[string]any{
 		{"type": "tool_result", "tool_use_id": fmt.Sprintf("toolu_1_%d", turns-1), "content": prompt("file1-last", 20)},
 		{"type": "text", "text": "Summarize what you found."}}})
 	body := claudeCodeBody(1, turns, false, msgs[1])
 	body["stream"] = true
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(t.Context(), "POST", fmt.Sprintf("http://127.0.0.1:%d/v1/messages", c.listenPort), bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postStream(t, c, "/v1/messages", body)
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		t.Fatalf("stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
 	var final struct {
 		Usage messagesUsage `json:"usage"`
 	}

@@ -82,6 +82,41 @@ func TestResponsesAgentSessionsStick(t *testing.T) {
 	tally.check(t, "input_tokens_details.cached_tokens")
 }
 
+// fidelityObservations is kvroute's count of answers whose cached tokens
+// it compared with its prediction (it read their usage).
+func fidelityObservations(t *testing.T, c *cluster) float64 {
+	t.Helper()
+	v, err := metricSum(t.Context(), fmt.Sprintf("http://127.0.0.1:%d/metrics", c.metricsPort), "kvroute_fidelity_observations_total", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// postStream posts body as JSON to path through Envoy and returns the
+// response, which must be a 200 event stream; the caller closes its body.
+func postStream(t *testing.T, c *cluster, path string, body any) *http.Response {
+	t.Helper()
+	b, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), "POST", fmt.Sprintf("http://127.0.0.1:%d%s", c.listenPort, path), bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body.Close()
+		t.Fatalf("stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return resp
+}
+
 // typedEvents reads an event stream whose data are JSON objects with a
 // "type" (the Responses and Anthropic streams), returns the types in
 // order, and decodes the event of type last into into.
@@ -186,30 +221,11 @@ func TestResponsesStreamObserved(t *testing.T) {
 	// Every stream sampled for its usage (by default one in
 	// routing.usage_sample_every is followed past its first token).
 	c := newCluster(t, clusterOpts{engines: 2, kvExtra: "routing: {usage_sample_every: 1}\n"})
-	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", c.metricsPort)
-	observed := func() float64 {
-		v, err := metricSum(t.Context(), metrics, "kvroute_fidelity_observations_total", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	observed := func() float64 { return fidelityObservations(t, c) }
 	before := observed()
-	body, _ := json.Marshal(map[string]any{"model": "sim-model", "stream": true, "max_output_tokens": 6,
+	resp := postStream(t, c, "/v1/responses", map[string]any{"model": "sim-model", "stream": true, "max_output_tokens": 6,
 		"instructions": prompt("stream-sys", 40), "input": prompt("stream-user", 20)})
-	req, err := http.NewRequestWithContext(t.Context(), "POST", fmt.Sprintf("http://127.0.0.1:%d/v1/responses", c.listenPort), bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
 	var completed struct {
 		Response struct {
 			Usage struct {
