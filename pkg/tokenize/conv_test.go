@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -302,4 +303,27 @@ func TestConversationMetrics(t *testing.T) {
 	if hits != 2 || misses != 1 || reused < 1000 || bytes <= 0 {
 		t.Fatalf("conversation memo: %v hits, %v misses, %v reused tokens, %v bytes; want 2 hits, 1 miss, the history reused", hits, misses, reused, bytes)
 	}
+}
+
+// FuzzArrayElements: on any valid JSON array, arrayElements splits it as
+// encoding/json does.
+func FuzzArrayElements(f *testing.F) {
+	for _, s := range []string{`[]`, `[1, "a,]", {"b": [2, {"c": "\\\""}]}, null]`, ` [ {"k": "]"} ] `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var want []json.RawMessage
+		if json.Unmarshal(raw, &want) != nil || want == nil {
+			return
+		}
+		got := arrayElements(raw)
+		if len(got) != len(want) {
+			t.Fatalf("%q: %d elements, encoding/json %d", raw, len(got), len(want))
+		}
+		for i := range got {
+			if string(got[i]) != string(bytes.TrimSpace(want[i])) {
+				t.Fatalf("%q: element %d %q, encoding/json %q", raw, i, got[i], want[i])
+			}
+		}
+	})
 }
