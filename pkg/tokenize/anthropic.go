@@ -129,14 +129,6 @@ func (c *ChatTemplate) probeDisabledThinking() string {
 	return "none"
 }
 
-// DisabledThinkingEffort is the reasoning effort the template gets for an
-// Anthropic Messages request with thinking disabled.
-func (c *ChatTemplate) DisabledThinkingEffort() string { return c.offEffort }
-
-// RejectsInlineSystem reports whether Anthropic Messages requests are
-// rendered with their inline system messages merged into the leading one.
-func (c *ChatTemplate) RejectsInlineSystem() bool { return c.systemFirst }
-
 // effortKwargs are the template arguments vLLM (0.33, build_chat_params)
 // gives a chat request with reasoning_effort effort and no arguments of
 // its own: the effort, and enable_thinking unless the effort is "none".

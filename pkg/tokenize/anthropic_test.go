@@ -73,14 +73,14 @@ func TestMessagesProbesOnFamilyTemplates(t *testing.T) {
 			t.Logf("%s: %v", family, err)
 			continue
 		}
-		if got := c.DisabledThinkingEffort(); got != want {
+		if got := c.offEffort; got != want {
 			t.Errorf("%s: disabled-thinking effort %q, vLLM %q", family, got, want)
 		}
 		wantMerge := false
 		for _, m := range merge[family] {
 			wantMerge = wantMerge || m
 		}
-		if got := c.RejectsInlineSystem(); got != wantMerge {
+		if got := c.systemFirst; got != wantMerge {
 			t.Errorf("%s: merges inline system messages %v, vLLM %v", family, got, wantMerge)
 		}
 		checked++
@@ -110,13 +110,13 @@ func TestMessagesChoicesInRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strict.RejectsInlineSystem() || lenient.RejectsInlineSystem() {
+	if !strict.systemFirst || lenient.systemFirst {
 		t.Fatal("probe")
 	}
 	// Both templates render reasoning_effort, so "none" differs from the
 	// efforts: vLLM keeps "none".
-	if strict.DisabledThinkingEffort() != "none" || lenient.DisabledThinkingEffort() != "none" {
-		t.Fatalf("efforts %q %q", strict.DisabledThinkingEffort(), lenient.DisabledThinkingEffort())
+	if strict.offEffort != "none" || lenient.offEffort != "none" {
+		t.Fatalf("efforts %q %q", strict.offEffort, lenient.offEffort)
 	}
 	for _, c := range []struct {
 		tmpl   *ChatTemplate
@@ -139,12 +139,12 @@ func TestMessagesChoicesInRender(t *testing.T) {
 	// A template that ignores the effort gets "low"; the engine's flag
 	// fixes it.
 	ignores, err := ParseChatTemplate(cfg(`{% for m in messages %}{{ m.content }}{% endfor %}`))
-	if err != nil || ignores.DisabledThinkingEffort() != "low" {
-		t.Fatalf("ignoring template: %v %q", err, ignores.DisabledThinkingEffort())
+	if err != nil || ignores.offEffort != "low" {
+		t.Fatalf("ignoring template: %v %q", err, ignores.offEffort)
 	}
 	fixed, err := parseChatTemplate(cfg(show), EngineChat{DisabledThinkingEffort: "medium"})
-	if err != nil || fixed.DisabledThinkingEffort() != "medium" {
-		t.Fatalf("engine flag: %v %q", err, fixed.DisabledThinkingEffort())
+	if err != nil || fixed.offEffort != "medium" {
+		t.Fatalf("engine flag: %v %q", err, fixed.offEffort)
 	}
 	if err := (EngineChat{DisabledThinkingEffort: "huge"}).Validate(); err == nil || !strings.Contains(err.Error(), "anthropic_disabled_thinking_effort") {
 		t.Errorf("Validate: %v", err)

@@ -167,11 +167,11 @@
 // the request parser; two of vLLM's choices for them depend on the
 // template, and are made here once per template as vLLM makes them: when
 // the template fails on [system, user, system, user] in a bare Jinja
-// environment (RejectsInlineSystem), the conversation with its inline
+// environment, the conversation with its inline
 // system messages merged into the first (ChatInput.SystemFirst) is
 // rendered; a request with thinking disabled gets reasoning_effort "none",
 // or "low" when the template fails on "none" or renders it as it renders
-// an effort (DisabledThinkingEffort; EngineChat.DisabledThinkingEffort
+// an effort (EngineChat.DisabledThinkingEffort
 // fixes it, as --anthropic-disabled-thinking-effort does). jinja2's bare
 // environment fails where this package's engine goes on: an undefined
 // name called (strftime_now is left undefined for the probe), an addition
