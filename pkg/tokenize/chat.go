@@ -261,7 +261,7 @@ type ChatInput struct {
 	// the template requires system-first ordering, as vLLM replaces them.
 	SystemFirst json.RawMessage
 	// ThinkingDisabled merges the template's disabled-thinking effort
-	// (ChatTemplate.DisabledThinkingEffort) into ChatTemplateKwargs.
+	// (the template's offEffort) into the template arguments.
 	ThinkingDisabled bool
 }
 
