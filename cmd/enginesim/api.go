@@ -86,8 +86,8 @@ func (m chatMessage) MarshalJSON() ([]byte, error) {
 // genRequest is the union of the completion, chat and tokenize request
 // fields the simulator reads; unknown fields are ignored, as vLLM does. A
 // Responses request is converted into one (responses.go). Tools and
-// ChatTemplateKwargs only reach a real tokenizer's template (the
-// simulator's renders neither).
+// ChatTemplateKwargs and ReasoningEffort only reach a real tokenizer's
+// template (the simulator's renders none of them).
 type genRequest struct {
 	Model                *string         `json:"model"`
 	Prompt               json.RawMessage `json:"prompt"`
@@ -104,6 +104,7 @@ type genRequest struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	Tools                json.RawMessage `json:"tools"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort      *string         `json:"reasoning_effort"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	ReturnTokenStrs      bool            `json:"return_token_strs"`
 	Tokens               []int64         `json:"tokens"`
@@ -161,6 +162,9 @@ func chatTokens(req *genRequest, rt *realTokenizer) ([]uint32, error) {
 	}
 	if req.ContinueFinalMessage {
 		return nil, badRequest("continue_final_message", "continue_final_message is not supported by the simulator")
+	}
+	if e := req.ReasoningEffort; e != nil && !openai.IsReasoningEffort(*e) {
+		return nil, badRequest("reasoning_effort", "reasoning_effort %q is not one of none, minimal, low, medium, high, xhigh, max", *e)
 	}
 	msgs := make([]simtok.Message, len(req.Messages))
 	for i, m := range req.Messages {

@@ -233,6 +233,9 @@ func (s *server) parseMessagesRequest(body []byte) (*genRequest, string, *loraMo
 		Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs, CacheSalt: sample.CacheSalt,
 		systemFirst: p.SystemFirstMessages, thinkingDisabled: p.ThinkingDisabled,
 	}
+	if p.ReasoningEffort != "" {
+		req.ReasoningEffort = &p.ReasoningEffort
+	}
 	if err := json.Unmarshal(p.Messages, &req.Messages); err != nil {
 		return nil, "", nil, badRequest("", "messages convert to invalid chat messages: %v", err)
 	}

@@ -399,7 +399,7 @@ func TestRealTokenizerMessages(t *testing.T) {
 		t.Fatalf("parse: %v, %v", err, p.Convert)
 	}
 	in := route.TokenizeInput{Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-		AddGenerationPrompt: p.AddGenerationPrompt}
+		ReasoningEffort: p.ReasoningEffort, AddGenerationPrompt: p.AddGenerationPrompt}
 	want, err := ref.Tokenize(in)
 	if err != nil {
 		t.Fatal(err)

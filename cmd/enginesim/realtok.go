@@ -64,7 +64,7 @@ func (rt *realTokenizer) chat(req *genRequest, gen, special bool) ([]uint32, err
 	}
 	t, err := rt.local.Tokenize(route.TokenizeInput{Chat: true, Messages: raw, Tools: req.Tools,
 		ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: gen, AddSpecialTokens: special,
-		SystemFirst: req.systemFirst, ThinkingDisabled: req.thinkingDisabled})
+		SystemFirst: req.systemFirst, ThinkingDisabled: req.thinkingDisabled, ReasoningEffort: effortOf(req)})
 	if err != nil {
 		if errors.Is(err, tokenize.ErrNoChatTemplate) {
 			return nil, badRequest("messages", "the tokenizer has no chat template")
@@ -72,6 +72,14 @@ func (rt *realTokenizer) chat(req *genRequest, gen, special bool) ([]uint32, err
 		return nil, badRequest("messages", "%v", err)
 	}
 	return t.IDs, nil
+}
+
+// effortOf is the request's reasoning effort, "" for none.
+func effortOf(req *genRequest) string {
+	if req.ReasoningEffort == nil {
+		return ""
+	}
+	return *req.ReasoningEffort
 }
 
 func fileExists(p string) bool {

@@ -125,7 +125,18 @@ func TestRealTokenizerSelfCheck(t *testing.T) {
 			t.Fatalf("chat %d: local ids differ from HuggingFace's", i)
 		}
 	}
-	want := uint64(2*len(prompts) + len(chats))
+	// A reasoning effort: rendered into the template arguments locally,
+	// sent in chat_template_kwargs to /tokenize (which takes no
+	// reasoning_effort), checked like the rest.
+	efforts := []string{"none", "high"}
+	for _, e := range efforts {
+		in := chats[0].input()
+		in.AddGenerationPrompt, in.ReasoningEffort = true, e
+		if _, err := tok.Tokenize(ctx, "sim-model", in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := uint64(2*len(prompts) + len(chats) + len(efforts))
 	st := waitState(t, tok, "all checks", func(s tokenize.SelfCheckState) bool { return s.Checks+s.Errors >= want })
 	if st.Checks != want || st.Mismatches != 0 || st.Demoted {
 		t.Errorf("same files on both sides: %+v", st)
@@ -209,6 +220,23 @@ func TestRealTokenizerPrompts(t *testing.T) {
 	var cr completionJSON
 	if err := json.Unmarshal(b, &cr); err != nil || cr.Usage == nil || cr.Usage.PromptTokens != len(c.IDs) {
 		t.Fatalf("chat usage %s (%v), want %d prompt tokens", b, err, len(c.IDs))
+	}
+	// reasoning_effort reaches the template as vLLM merges it: "none" turns
+	// Qwen3's thinking off, which its generation prompt shows.
+	plain, err := ref.Tokenize(route.TokenizeInput{Chat: true, Messages: json.RawMessage(c.MessagesJSON), AddGenerationPrompt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := ref.Tokenize(route.TokenizeInput{Chat: true, Messages: json.RawMessage(c.MessagesJSON), AddGenerationPrompt: true, ReasoningEffort: "none"})
+	if err != nil || len(off.IDs) <= len(plain.IDs) {
+		t.Fatalf("effort none: %d ids against %d without (%v)", len(off.IDs), len(plain.IDs), err)
+	}
+	code, b = s.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model": "sim-model", "messages": %s, "max_tokens": 2, "reasoning_effort": "none"}`, c.MessagesJSON))
+	if err := json.Unmarshal(b, &cr); code != 200 || err != nil || cr.Usage == nil || cr.Usage.PromptTokens != len(off.IDs) {
+		t.Fatalf("chat with reasoning_effort none: %d %s, want %d prompt tokens", code, b, len(off.IDs))
+	}
+	if code, b = s.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model": "sim-model", "messages": %s, "max_tokens": 2, "reasoning_effort": "huge"}`, c.MessagesJSON)); code != 400 || !strings.Contains(string(b), "reasoning_effort") {
+		t.Errorf("unknown effort: %d %s", code, b)
 	}
 }
 

@@ -56,6 +56,9 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 		AddSpecialTokens: &p.AddSpecialTokens, AddGenerationPrompt: &p.AddGenerationPrompt,
 		ContinueFinalMessage: p.ContinueFinalMessage, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 	}
+	if p.ReasoningEffort != "" {
+		req.ReasoningEffort = &p.ReasoningEffort
+	}
 	if err := json.Unmarshal(p.Messages, &req.Messages); err != nil {
 		writeError(w, badRequest("input", "input converts to invalid chat messages: %v", err))
 		return

@@ -464,7 +464,7 @@ func TestRealTokenizerResponses(t *testing.T) {
 		t.Fatalf("parse: %v, %v", err, p.Convert)
 	}
 	in := route.TokenizeInput{Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
-		AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: true}
+		ReasoningEffort: p.ReasoningEffort, AddGenerationPrompt: p.AddGenerationPrompt, AddSpecialTokens: true}
 	want, err := ref.Tokenize(in)
 	if err != nil {
 		t.Fatal(err)

@@ -470,6 +470,7 @@ func FillRequest(req *route.Request, p openai.Request) {
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 			AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
 			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages), Documents: p.Documents,
+			ReasoningEffort: p.ReasoningEffort,
 		}
 	case openai.KindResponses, openai.KindMessages:
 		// Converted to the chat request vLLM renders; a body whose prompt
@@ -479,6 +480,7 @@ func FillRequest(req *route.Request, p openai.Request) {
 				Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 				AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
 				AddSpecialTokens: p.AddSpecialTokens, SystemFirst: p.SystemFirstMessages, ThinkingDisabled: p.ThinkingDisabled,
+				ReasoningEffort: p.ReasoningEffort,
 			}
 		}
 	case openai.KindCompletion:

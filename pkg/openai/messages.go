@@ -43,15 +43,15 @@ var ErrMessagesUnsupported = errors.New("openai: messages body not reproducible"
 //   - tools become chat function tools, after the tool_addition and
 //     tool_removal blocks of system messages are applied.
 //
-// ChatTemplateKwargs is the body's chat_template_kwargs with
-// output_config.effort merged as a reasoning effort; with thinking
-// disabled, ThinkingDisabled is set instead and the tokenizer resolves the
-// effort for its template as vLLM does. AddGenerationPrompt is true and
-// AddSpecialTokens false (a chat completion's defaults). When the prompt
-// cannot be reproduced, Convert reports why (wrapping
-// ErrMessagesUnsupported) and Messages is nil. Only a body that is not a
-// JSON object is an error (wrapping ErrInvalidRequest): anything else vLLM
-// would reject is left for the engine to answer, in its own error format.
+// ChatTemplateKwargs is the body's chat_template_kwargs and ReasoningEffort
+// its output_config.effort; with thinking disabled, ThinkingDisabled is set
+// instead and the tokenizer resolves the effort for its template as vLLM
+// does. AddGenerationPrompt is true and AddSpecialTokens false (a chat
+// completion's defaults). When the prompt cannot be reproduced, Convert
+// reports why (wrapping ErrMessagesUnsupported) and Messages is nil. Only
+// a body that is not a JSON object is an error (wrapping
+// ErrInvalidRequest): anything else vLLM would reject is left for the
+// engine to answer, in its own error format.
 func ParseMessages(body []byte) (Request, error) {
 	req := Request{Kind: KindMessages, AddGenerationPrompt: true}
 	top, err := objectFields(body)
@@ -359,7 +359,7 @@ func convertMessages(req *Request, top map[string]json.RawMessage) error {
 	if req.Tools, err = messagesTools(top["tools"], msgs); err != nil {
 		return fail("%v", err)
 	}
-	if req.ChatTemplateKwargs, req.ThinkingDisabled, err = messagesKwargs(top); err != nil {
+	if req.ChatTemplateKwargs, req.ReasoningEffort, req.ThinkingDisabled, err = messagesKwargs(top); err != nil {
 		return fail("%v", err)
 	}
 	return nil
@@ -848,29 +848,28 @@ func messagesTools(raw json.RawMessage, msgs []anthropicMessage) (json.RawMessag
 var anthropicEfforts = map[string]bool{"low": true, "medium": true, "high": true, "xhigh": true, "max": true}
 
 // messagesKwargs are the template arguments vLLM passes a Messages
-// request: its chat_template_kwargs with output_config.effort merged as a
-// chat request's reasoning_effort. With thinking disabled the effort is
-// the template's own (disabled reports it; the kwargs are returned
-// unmerged).
-func messagesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, disabled bool, err error) {
+// request: its chat_template_kwargs, and output_config.effort, which the
+// tokenizer merges as a chat request's reasoning_effort. With thinking
+// disabled the effort is the template's own (disabled reports it; effort
+// is then "").
+func messagesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, effort string, disabled bool, err error) {
 	kw := top["chat_template_kwargs"]
 	if isNull(kw) {
 		kw = nil
 	}
 	if kw != nil && firstByte(kw) != '{' {
-		return nil, false, errors.New("chat_template_kwargs is not an object")
+		return nil, "", false, errors.New("chat_template_kwargs is not an object")
 	}
-	var effort string
 	if v, ok := top["output_config"]; ok && !isNull(v) {
 		var oc struct {
 			Effort *string `json:"effort"`
 		}
 		if json.Unmarshal(v, &oc) != nil {
-			return nil, false, errors.New("output_config is malformed")
+			return nil, "", false, errors.New("output_config is malformed")
 		}
 		if oc.Effort != nil {
 			if !anthropicEfforts[*oc.Effort] {
-				return nil, false, fmt.Errorf("output_config.effort %q is not low, medium, high, xhigh or max", *oc.Effort)
+				return nil, "", false, fmt.Errorf("output_config.effort %q is not low, medium, high, xhigh or max", *oc.Effort)
 			}
 			effort = *oc.Effort
 		}
@@ -882,13 +881,9 @@ func messagesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, dis
 		_ = json.Unmarshal(v, &th)
 	}
 	if th.Type == "disabled" {
-		return kw, true, nil
+		return kw, "", true, nil
 	}
-	if effort == "" {
-		return kw, false, nil
-	}
-	kw, err = withReasoningEffort(kw, effort)
-	return kw, false, err
+	return kw, effort, false, nil
 }
 
 // joinArray is a JSON array of the given values.

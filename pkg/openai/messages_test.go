@@ -94,23 +94,25 @@ func TestMessagesToolUseWithoutID(t *testing.T) {
 
 func TestMessagesKwargsAndFlags(t *testing.T) {
 	for _, c := range []struct {
-		extra, kwargs string
-		disabled      bool
+		extra, kwargs, effort string
+		disabled              bool
 	}{
-		{``, ``, false},
-		{`,"output_config":{"effort":"high"}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, false},
-		{`,"output_config":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"x":1}`, `{"enable_thinking":false,"x":1,"reasoning_effort":"low"}`, false},
+		{``, ``, ``, false},
+		{`,"output_config":{"effort":"high"}`, ``, `high`, false},
+		// The body's own arguments are passed as sent; the tokenizer merges
+		// the effort over them.
+		{`,"output_config":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"x":1}`, `{"enable_thinking":false,"x":1}`, `low`, false},
 		// Disabled thinking wins over an effort; the template decides.
-		{`,"output_config":{"effort":"max"},"thinking":{"type":"disabled"},"chat_template_kwargs":{"x":1}`, `{"x":1}`, true},
-		{`,"thinking":{"type":"adaptive"}`, ``, false},
-		{`,"thinking":{"type":"enabled","budget_tokens":1024}`, ``, false},
+		{`,"output_config":{"effort":"max"},"thinking":{"type":"disabled"},"chat_template_kwargs":{"x":1}`, `{"x":1}`, ``, true},
+		{`,"thinking":{"type":"adaptive"}`, ``, ``, false},
+		{`,"thinking":{"type":"enabled","budget_tokens":1024}`, ``, ``, false},
 	} {
 		req, err := ParseMessages([]byte(`{"model":"m","max_tokens":4096,"messages":[{"role":"user","content":"x"}]` + c.extra + `}`))
 		if err != nil || req.Convert != nil {
 			t.Fatalf("%s: %v %v", c.extra, err, req.Convert)
 		}
-		if string(req.ChatTemplateKwargs) != c.kwargs || req.ThinkingDisabled != c.disabled {
-			t.Errorf("%s: kwargs %s disabled %v, want %s %v", c.extra, req.ChatTemplateKwargs, req.ThinkingDisabled, c.kwargs, c.disabled)
+		if string(req.ChatTemplateKwargs) != c.kwargs || req.ReasoningEffort != c.effort || req.ThinkingDisabled != c.disabled {
+			t.Errorf("%s: kwargs %s effort %q disabled %v, want %s %q %v", c.extra, req.ChatTemplateKwargs, req.ReasoningEffort, req.ThinkingDisabled, c.kwargs, c.effort, c.disabled)
 		}
 		if !req.AddGenerationPrompt || req.AddSpecialTokens || req.Kind != KindMessages || req.MaxTokens != 4096 {
 			t.Errorf("%s: flags %+v", c.extra, req)
@@ -296,27 +298,23 @@ func TestMessagesConvertAsVLLMDoes(t *testing.T) {
 				t.Errorf("%s %s:\n got %s\nwant %s", c.Name, cmpCase.what, cmpCase.got, cmpCase.want)
 			}
 		}
-		// The template arguments: vLLM's chat_template_kwargs with its
-		// reasoning_effort merged as for a chat request; disabled thinking
-		// (the only way the fixture gets "none") is left to the tokenizer.
+		// The template arguments: vLLM's chat_template_kwargs, and its
+		// reasoning_effort, which the tokenizer merges as for a chat
+		// request; disabled thinking (the only way the fixture gets "none")
+		// leaves the effort to the tokenizer.
 		wantKw := c.Plain.Kwargs
 		if isNull(wantKw) {
 			wantKw = nil
 		}
 		switch e := c.Plain.ReasoningEffort; {
 		case e != nil && *e == "none":
-			if !req.ThinkingDisabled {
-				t.Errorf("%s: vLLM disables thinking, ThinkingDisabled false", c.Name)
+			if !req.ThinkingDisabled || req.ReasoningEffort != "" {
+				t.Errorf("%s: vLLM disables thinking, ThinkingDisabled %v, effort %q", c.Name, req.ThinkingDisabled, req.ReasoningEffort)
 			}
-		case e != nil:
-			if wantKw, err = withReasoningEffort(wantKw, *e); err != nil {
-				t.Fatal(err)
-			}
-			fallthrough
-		default:
-			if req.ThinkingDisabled {
-				t.Errorf("%s: ThinkingDisabled, vLLM's effort %v", c.Name, e)
-			}
+		case req.ThinkingDisabled:
+			t.Errorf("%s: ThinkingDisabled, vLLM's effort %v", c.Name, e)
+		case e != nil && req.ReasoningEffort != *e, e == nil && req.ReasoningEffort != "":
+			t.Errorf("%s: effort %q, vLLM's %v", c.Name, req.ReasoningEffort, e)
 		}
 		if !reflect.DeepEqual(fixtureValue(t, nullIfNil(req.ChatTemplateKwargs)), fixtureValue(t, nullIfNil(wantKw))) {
 			t.Errorf("%s kwargs: got %s want %s", c.Name, req.ChatTemplateKwargs, wantKw)

@@ -112,11 +112,16 @@ type Request struct {
 	PromptEmbeds bool
 	// Messages, Tools and ChatTemplateKwargs are the chat request's raw
 	// JSON values (nil when absent or null): slices of the body, not
-	// copies. A reasoning_effort is merged into ChatTemplateKwargs as vLLM
-	// merges it (withReasoningEffort; a copy then).
+	// copies.
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
+	// ReasoningEffort is the reasoning effort the request asks for (a
+	// chat request's reasoning_effort, a Responses request's
+	// reasoning.effort, a Messages request's output_config.effort; "" for
+	// none). ChatTemplateKwargs are the request's own: the tokenizer merges
+	// the effort into them as vLLM does (tokenize.ChatInput).
+	ReasoningEffort string
 	// Documents is a chat request's documents (raw JSON array, nil when
 	// absent or null), which vLLM hands the template (RAG templates).
 	Documents json.RawMessage
@@ -157,8 +162,8 @@ type Request struct {
 	SystemFirstMessages json.RawMessage
 	// ThinkingDisabled reports a Messages request with thinking disabled:
 	// vLLM then picks the reasoning effort for its template ("none", or
-	// "low" when the template ignores "none"), so ChatTemplateKwargs is
-	// left without one for the tokenizer to merge.
+	// "low" when the template ignores "none"), so ReasoningEffort is left
+	// empty for the tokenizer to resolve.
 	ThinkingDisabled bool
 	// Convert is, for a Responses or Messages request, why its prompt could
 	// not be converted into the chat request above (ErrResponsesUnsupported,
@@ -501,14 +506,10 @@ func (f *fields) finish(req Request) (Request, error) {
 		return Request{}, fmt.Errorf("%w: add_generation_prompt and continue_final_message are mutually exclusive (set add_generation_prompt to false)", ErrInvalidRequest)
 	}
 	if f.effort != nil {
-		if !reasoningEfforts[*f.effort] {
+		if !IsReasoningEffort(*f.effort) {
 			return Request{}, fmt.Errorf("%w: field \"reasoning_effort\": %q is not one of none, minimal, low, medium, high, xhigh, max", ErrInvalidRequest, *f.effort)
 		}
-		kw, err := withReasoningEffort(req.ChatTemplateKwargs, *f.effort)
-		if err != nil {
-			return Request{}, fmt.Errorf("%w: field \"chat_template_kwargs\": %w", ErrInvalidRequest, err)
-		}
-		req.ChatTemplateKwargs = kw
+		req.ReasoningEffort = *f.effort
 	}
 	return req, nil
 }
@@ -536,6 +537,10 @@ func TextPart(typ string) bool {
 // reasoningEfforts are the values vLLM 0.33 accepts for a chat request's
 // reasoning_effort.
 var reasoningEfforts = map[string]bool{"none": true, "minimal": true, "low": true, "medium": true, "high": true, "xhigh": true, "max": true}
+
+// IsReasoningEffort reports whether vLLM 0.33 accepts effort as a chat
+// request's reasoning_effort.
+func IsReasoningEffort(effort string) bool { return reasoningEfforts[effort] }
 
 // messages decodes the messages array at s.i: each element must be an
 // object; role, content and name are decoded, the rest validated and

@@ -318,22 +318,20 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// reasoning_effort reaches the template as vLLM 0.33 passes it: as
-// reasoning_effort over the request's kwargs, and enable_thinking unless
-// the request's kwargs set it.
+// reasoning_effort is carried beside the request's own kwargs, for the
+// tokenizer to merge as vLLM 0.33 does (tokenize's TestRenderReasoningEffort).
 func TestChatReasoningEffortAndDocuments(t *testing.T) {
-	for _, c := range []struct{ body, kwargs string }{
-		{`"reasoning_effort":"low"`, `{"enable_thinking":true,"reasoning_effort":"low"}`},
-		{`"reasoning_effort":"none","chat_template_kwargs":{"x":1,"reasoning_effort":"high"}`, `{"x":1,"reasoning_effort":"none","enable_thinking":false}`},
-		{`"chat_template_kwargs":{"enable_thinking":true},"reasoning_effort":"none"`, `{"enable_thinking":true,"reasoning_effort":"none"}`},
-		{`"reasoning_effort":null,"chat_template_kwargs":{"a":2}`, `{"a":2}`},
+	for _, c := range []struct{ body, kwargs, effort string }{
+		{`"reasoning_effort":"low"`, ``, `low`},
+		{`"reasoning_effort":"none","chat_template_kwargs":{"x":1,"reasoning_effort":"high"}`, `{"x":1,"reasoning_effort":"high"}`, `none`},
+		{`"reasoning_effort":null,"chat_template_kwargs":{"a":2}`, `{"a":2}`, ``},
 	} {
 		req, err := ParseChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],` + c.body + `}`))
 		if err != nil {
 			t.Fatalf("%s: %v", c.body, err)
 		}
-		if string(req.ChatTemplateKwargs) != c.kwargs {
-			t.Errorf("%s: kwargs %s, want %s", c.body, req.ChatTemplateKwargs, c.kwargs)
+		if string(req.ChatTemplateKwargs) != c.kwargs || req.ReasoningEffort != c.effort {
+			t.Errorf("%s: kwargs %s effort %q, want %s %q", c.body, req.ChatTemplateKwargs, req.ReasoningEffort, c.kwargs, c.effort)
 		}
 	}
 	req, err := ParseChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"documents":[{"title":"t","text":"x"}]}`))

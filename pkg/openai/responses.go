@@ -28,7 +28,8 @@ var ErrResponsesUnsupported = errors.New("openai: responses input not reproducib
 // function calls, reasoning and assistant output merged into the preceding
 // assistant message as vLLM merges them, function call outputs tool
 // messages, message items passed on. Messages, Tools and ChatTemplateKwargs
-// then hold that chat request's JSON, AddGenerationPrompt and
+// then hold that chat request's JSON, ReasoningEffort its reasoning.effort,
+// AddGenerationPrompt and
 // ContinueFinalMessage its flags, and AddSpecialTokens is true (vLLM
 // tokenizes a Responses prompt with the tokenizer's special tokens, unlike a
 // chat completion's). When the prompt cannot be reproduced, Convert reports
@@ -149,7 +150,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrResponsesUnsupported, err)
 	}
-	kwargs, err := responsesKwargs(top)
+	kwargs, effort, err := responsesKwargs(top)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrResponsesUnsupported, err)
 	}
@@ -162,7 +163,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 		m.write(&buf)
 	}
 	buf.WriteByte(']')
-	req.Messages, req.Tools, req.ChatTemplateKwargs = buf.Bytes(), tools, kwargs
+	req.Messages, req.Tools, req.ChatTemplateKwargs, req.ReasoningEffort = buf.Bytes(), tools, kwargs, effort
 	req.AddGenerationPrompt, req.ContinueFinalMessage = !continueFinal, continueFinal
 	return nil
 }
@@ -489,53 +490,29 @@ func functionFields(t *message, prefix string) *message {
 }
 
 // responsesKwargs are the template arguments vLLM passes a Responses
-// request: the body's chat_template_kwargs, with reasoning.effort merged
-// as for a chat request's reasoning_effort. The generation flags go in
-// AddGenerationPrompt and ContinueFinalMessage.
-func responsesKwargs(top map[string]json.RawMessage) (json.RawMessage, error) {
+// request: the body's chat_template_kwargs, and reasoning.effort, which
+// the tokenizer merges as a chat request's reasoning_effort. The
+// generation flags go in AddGenerationPrompt and ContinueFinalMessage.
+func responsesKwargs(top map[string]json.RawMessage) (kwargs json.RawMessage, effort string, err error) {
 	kw := top["chat_template_kwargs"]
 	if isNull(kw) {
 		kw = nil
 	}
 	if kw != nil && firstByte(kw) != '{' {
-		return nil, errors.New("chat_template_kwargs is not an object")
+		return nil, "", errors.New("chat_template_kwargs is not an object")
 	}
 	if v, ok := top["reasoning"]; ok && !isNull(v) {
 		var r struct {
 			Effort *string `json:"effort"`
 		}
 		if json.Unmarshal(v, &r) != nil {
-			return nil, errors.New("reasoning is not an object")
+			return nil, "", errors.New("reasoning is not an object")
 		}
 		if r.Effort != nil {
-			return withReasoningEffort(kw, *r.Effort)
+			return kw, *r.Effort, nil
 		}
 	}
-	return kw, nil
-}
-
-// withReasoningEffort is a request's chat_template_kwargs (raw, nil for
-// none) with its reasoning effort merged in as vLLM 0.33 merges it
-// (build_chat_params): over the request's own arguments, reasoning_effort
-// (unless the effort is "auto", which vLLM's merge drops), and, when they
-// do not set it, enable_thinking, true unless the effort is "none". The
-// server's reasoning_effort_map is not known here (identity).
-func withReasoningEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) {
-	kw := newObject()
-	if kwargs != nil {
-		o, err := orderedObject(kwargs)
-		if err != nil {
-			return nil, errors.New("not an object")
-		}
-		kw = o
-	}
-	if _, set := kw.get("enable_thinking"); !set {
-		kw.set("enable_thinking", json.RawMessage(fmt.Sprint(effort != "none")))
-	}
-	if effort != "auto" {
-		kw.set("reasoning_effort", jsonString(effort))
-	}
-	return kw.bytes(), nil
+	return kw, "", nil
 }
 
 // message is a JSON object with its keys in order (a chat message, or any

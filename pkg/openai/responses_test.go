@@ -108,13 +108,13 @@ func TestParseResponsesFields(t *testing.T) {
 	if !req.AddSpecialTokens || !req.AddGenerationPrompt || req.ContinueFinalMessage {
 		t.Errorf("flags: special %v, generation %v, continue %v", req.AddSpecialTokens, req.AddGenerationPrompt, req.ContinueFinalMessage)
 	}
-	// The body's kwargs keep their enable_thinking; reasoning_effort is added.
-	if got, want := string(req.ChatTemplateKwargs), `{"enable_thinking":false,"x":1,"reasoning_effort":"low"}`; got != want {
-		t.Errorf("kwargs %s, want %s", got, want)
+	// The body's kwargs are passed as sent, the effort beside them.
+	if got, want := string(req.ChatTemplateKwargs), `{"enable_thinking":false,"x":1}`; got != want || req.ReasoningEffort != "low" {
+		t.Errorf("kwargs %s effort %q, want %s low", got, req.ReasoningEffort, want)
 	}
-	for _, c := range []struct{ body, kwargs, session string }{
-		{`{"input":"x","reasoning":{"effort":"none"}}`, `{"enable_thinking":false,"reasoning_effort":"none"}`, ""},
-		{`{"input":"x","reasoning":{"effort":"high"},"metadata":{"session_id":"s1"}}`, `{"enable_thinking":true,"reasoning_effort":"high"}`, "s1"},
+	for _, c := range []struct{ body, effort, session string }{
+		{`{"input":"x","reasoning":{"effort":"none"}}`, "none", ""},
+		{`{"input":"x","reasoning":{"effort":"high"},"metadata":{"session_id":"s1"}}`, "high", "s1"},
 		{`{"input":"x","reasoning":{"summary":"auto"},"conversation":"conv_1"}`, ``, "conv_1"},
 		// The same precedence as a chat body's.
 		{`{"input":"x","metadata":{"conversation_id":"m2"},"conversation":{"id":"conv_2"},"session_id":"s0"}`, ``, "s0"},
@@ -125,8 +125,8 @@ func TestParseResponsesFields(t *testing.T) {
 		if err != nil || req.Convert != nil {
 			t.Fatalf("%s: %v %v", c.body, err, req.Convert)
 		}
-		if string(req.ChatTemplateKwargs) != c.kwargs || req.SessionID != c.session {
-			t.Errorf("%s: kwargs %s session %q, want %s %q", c.body, req.ChatTemplateKwargs, req.SessionID, c.kwargs, c.session)
+		if req.ChatTemplateKwargs != nil || req.ReasoningEffort != c.effort || req.SessionID != c.session {
+			t.Errorf("%s: kwargs %s effort %q session %q, want none %q %q", c.body, req.ChatTemplateKwargs, req.ReasoningEffort, req.SessionID, c.effort, c.session)
 		}
 	}
 	// History the engine stored is not the router's to see: routed by session.
@@ -179,7 +179,7 @@ func FuzzParseResponses(f *testing.F) {
 		// The converted request renders or is refused with an error; it
 		// never panics the tokenizer.
 		_, _ = tmpl.Render(tokenize.ChatInput{Messages: req.Messages, Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs,
-			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage})
+			ReasoningEffort: req.ReasoningEffort, AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage})
 	})
 }
 

@@ -102,9 +102,13 @@ type TokenizeInput struct {
 	// which the engine renders instead when its chat template rejects a
 	// system message after the first (nil: the same as Messages).
 	SystemFirst json.RawMessage
+	// ReasoningEffort is the request's reasoning effort ("" for none),
+	// which the engine merges into the template arguments
+	// (ChatTemplateKwargs are the request's own).
+	ReasoningEffort string
 	// ThinkingDisabled: an Anthropic Messages request with thinking
 	// disabled, whose reasoning effort the engine resolves for its template
-	// (ChatTemplateKwargs holds none).
+	// (ReasoningEffort is then "").
 	ThinkingDisabled bool
 	// AddSpecialTokens mirrors the engine's add_special_tokens.
 	AddSpecialTokens bool

@@ -3,7 +3,6 @@ package tokenize
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"regexp"
 	"strings"
 
@@ -112,7 +111,7 @@ func (c *ChatTemplate) probeDisabledThinking() string {
 	render := func(effort string) (string, bool) {
 		out, err := c.Render(ChatInput{
 			Messages:            json.RawMessage(`[{"role":"user","content":"Hi"}]`),
-			ChatTemplateKwargs:  effortKwargs(effort),
+			ReasoningEffort:     effort,
 			AddGenerationPrompt: true,
 		})
 		return out, err == nil
@@ -127,11 +126,4 @@ func (c *ChatTemplate) probeDisabledThinking() string {
 		}
 	}
 	return "none"
-}
-
-// effortKwargs are the template arguments vLLM (0.33, build_chat_params)
-// gives a chat request with reasoning_effort effort and no arguments of
-// its own: the effort, and enable_thinking unless the effort is "none".
-func effortKwargs(effort string) json.RawMessage {
-	return json.RawMessage(fmt.Sprintf(`{"enable_thinking":%t,"reasoning_effort":%q}`, effort != "none", effort))
 }

@@ -130,6 +130,8 @@ func TestMessagesChoicesInRender(t *testing.T) {
 		{lenient, ChatInput{Messages: plain, ThinkingDisabled: true}, "<user>a<system>R<user>b|False|none", false},
 		{lenient, ChatInput{Messages: plain, ThinkingDisabled: true, ChatTemplateKwargs: json.RawMessage(`{"enable_thinking":true,"reasoning_effort":"high"}`)},
 			"<user>a<system>R<user>b|True|none", false},
+		// Disabled thinking wins over a requested effort.
+		{lenient, ChatInput{Messages: plain, ThinkingDisabled: true, ReasoningEffort: "max"}, "<user>a<system>R<user>b|False|none", false},
 	} {
 		got, err := c.tmpl.Render(c.in)
 		if (err != nil) != c.failed || got != c.want {
@@ -182,5 +184,46 @@ func TestToolReferenceParts(t *testing.T) {
 	}
 	if _, err := str.Render(ChatInput{Messages: json.RawMessage(`[{"role":"tool","content":[{"type":"tool_reference"}]}]`)}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("a tool reference without a name: %v", err)
+	}
+}
+
+// TestRenderReasoningEffort: a request's reasoning effort reaches the
+// template as vLLM 0.33 (build_chat_params, merge_kwargs) passes it: as
+// reasoning_effort over the request's own arguments, unless "auto", and
+// enable_thinking, true unless "none", where the request's arguments do not
+// set it. The remote tokenizer sends the same arguments.
+func TestRenderReasoningEffort(t *testing.T) {
+	src, _ := json.Marshal(map[string]string{"chat_template": `{{ enable_thinking }}|{{ reasoning_effort }}|{{ x }}`})
+	tmpl, err := ParseChatTemplate(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+	for _, c := range []struct {
+		effort, kwargs, want, sent string
+	}{
+		{"", "", "||", ""},
+		{"low", "", "True|low|", `{"enable_thinking":true,"reasoning_effort":"low"}`},
+		{"none", `{"x":1,"reasoning_effort":"high"}`, "False|none|1", `{"enable_thinking":false,"reasoning_effort":"none","x":1}`},
+		{"none", `{"enable_thinking":true}`, "True|none|", `{"enable_thinking":true,"reasoning_effort":"none"}`},
+		{"auto", `{"reasoning_effort":"high"}`, "True|high|", `{"enable_thinking":true,"reasoning_effort":"high"}`},
+	} {
+		in := ChatInput{Messages: msgs, ReasoningEffort: c.effort}
+		if c.kwargs != "" {
+			in.ChatTemplateKwargs = json.RawMessage(c.kwargs)
+		}
+		if got, err := tmpl.Render(in); err != nil || got != c.want {
+			t.Errorf("effort %q kwargs %s: %q, %v; want %q", c.effort, c.kwargs, got, err, c.want)
+		}
+		if c.effort == "" {
+			continue
+		}
+		sent, err := withEffort(in.ChatTemplateKwargs, c.effort)
+		if err != nil || string(sent) != c.sent {
+			t.Errorf("effort %q kwargs %s: sends %s, %v; want %s", c.effort, c.kwargs, sent, err, c.sent)
+		}
+	}
+	if _, err := withEffort(json.RawMessage(`[1]`), "low"); !errors.Is(err, ErrBadMessages) {
+		t.Errorf("kwargs not an object: %v", err)
 	}
 }

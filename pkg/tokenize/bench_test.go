@@ -591,7 +591,7 @@ func BenchmarkToolChat(b *testing.B) {
 							b.Fatal(err, req.Convert)
 						}
 						in := route.TokenizeInput{Chat: true, Messages: req.Messages, Tools: req.Tools,
-							ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: true, AddSpecialTokens: req.AddSpecialTokens}
+							ChatTemplateKwargs: req.ChatTemplateKwargs, ReasoningEffort: req.ReasoningEffort, AddGenerationPrompt: true, AddSpecialTokens: req.AddSpecialTokens}
 						if api == "chat" {
 							in.ChatMessages = parsedchat.Messages(req.ChatMessages)
 						}

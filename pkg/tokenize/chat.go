@@ -260,8 +260,13 @@ type ChatInput struct {
 	// inline system messages merged into the first) replaces Messages when
 	// the template requires system-first ordering, as vLLM replaces them.
 	SystemFirst json.RawMessage
+	// ReasoningEffort is the request's reasoning effort ("" for none): a
+	// chat request's reasoning_effort, a Responses request's
+	// reasoning.effort, a Messages request's output_config.effort. It is
+	// merged into the template arguments as vLLM merges it (effortArgs).
+	ReasoningEffort string
 	// ThinkingDisabled merges the template's disabled-thinking effort
-	// (the template's offEffort) into the template arguments.
+	// (the template's offEffort) instead of ReasoningEffort.
 	ThinkingDisabled bool
 }
 
@@ -358,13 +363,18 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 		}
 		_, ownThinking = d.Data["enable_thinking"]
 	}
+	effort := in.ReasoningEffort
 	if in.ThinkingDisabled {
-		// vLLM merges the effort it resolved as a chat request's
-		// reasoning_effort (effortKwargs), over the request's arguments.
-		if !ownThinking {
-			data["enable_thinking"] = jinja.NewBool(c.offEffort != "none")
-		}
-		data["reasoning_effort"] = jinja.NewString(c.offEffort)
+		// vLLM merges the effort it resolved for the template as a chat
+		// request's reasoning_effort.
+		effort = c.offEffort
+	}
+	thinking, reasoning := effortArgs(effort, ownThinking)
+	if thinking != nil {
+		data["enable_thinking"] = jinja.NewBool(*thinking)
+	}
+	if reasoning != "" {
+		data["reasoning_effort"] = jinja.NewString(reasoning)
 	}
 	if !v.developer {
 		msgs = developerAsSystem(msgs)
@@ -782,4 +792,26 @@ func normalizeToolCalls(calls *jinja.List) error {
 		}
 	}
 	return nil
+}
+
+// effortArgs are the template arguments vLLM (0.33, build_chat_params)
+// merges over a chat request's own for its reasoning effort: reasoning_effort
+// ("" when not merged: no effort, or "auto", which vLLM's merge drops,
+// keeping the request's own) and, unless the request's arguments set it
+// (own), enable_thinking (nil when not merged), true unless the effort is
+// "none". The server's reasoning_effort_map is not known here (identity).
+// Render and the remote tokenizer apply them, each to its own form of the
+// arguments.
+func effortArgs(effort string, own bool) (thinking *bool, reasoning string) {
+	if effort == "" {
+		return nil, ""
+	}
+	if !own {
+		on := effort != "none"
+		thinking = &on
+	}
+	if effort != "auto" {
+		reasoning = effort
+	}
+	return thinking, reasoning
 }

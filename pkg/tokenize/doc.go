@@ -149,8 +149,13 @@
 // rendered as vLLM's ChatCompletionToolsParam.model_dump() gives them (key
 // order type, function{name, description, parameters, strict,
 // defer_loading}, description and parameters null when absent, other keys
-// dropped); documents reach the template's documents variable (the
-// request parser merges reasoning_effort into the template arguments);
+// dropped); documents reach the template's documents variable; the
+// request's reasoning effort (ChatInput.ReasoningEffort: a chat's
+// reasoning_effort, a Responses request's reasoning.effort, a Messages
+// request's output_config.effort) is merged over its template arguments
+// as vLLM's build_chat_params merges it (effortArgs: reasoning_effort
+// unless "auto", enable_thinking unless the request sets it), by Render
+// and, into the chat_template_kwargs it sends, by the remote tokenizer;
 // continue_final_message cuts the render at the final message's
 // end (transformers' tag and cut, the 5.16–5.23 versions vLLM 0.33
 // allows). SGLang hands templates each tool's function object alone; this

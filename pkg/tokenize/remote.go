@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,6 +75,15 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 		req.Messages, req.AddGenerationPrompt, req.ContinueFinal = in.Messages, &agp, in.ContinueFinalMessage
 		if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
 			req.ChatTemplateKwargs = in.ChatTemplateKwargs
+		}
+		if in.ReasoningEffort != "" {
+			// /tokenize takes no reasoning_effort: the arguments carry it
+			// as the chat route merges it.
+			kw, err := withEffort(req.ChatTemplateKwargs, in.ReasoningEffort)
+			if err != nil {
+				return nil, err
+			}
+			req.ChatTemplateKwargs = kw
 		}
 		if len(in.Tools) > 0 && string(in.Tools) != "null" {
 			req.Tools = in.Tools
@@ -336,4 +346,29 @@ func (c *idsCache) put(k xxh3.Uint128, ids []uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lru.put(k, ids, 1)
+}
+
+// withEffort is a request's template arguments (a JSON object, nil for
+// none) with its reasoning effort merged (effortArgs). The order of the
+// keys is not kept: the engine reads them into a dict.
+func withEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) {
+	kw := map[string]json.RawMessage{}
+	if kwargs != nil {
+		if err := json.Unmarshal(kwargs, &kw); err != nil || kw == nil {
+			return nil, fmt.Errorf("%w: chat_template_kwargs is not an object", ErrBadMessages)
+		}
+	}
+	_, own := kw["enable_thinking"]
+	thinking, reasoning := effortArgs(effort, own)
+	if thinking != nil {
+		kw["enable_thinking"] = json.RawMessage(strconv.FormatBool(*thinking))
+	}
+	if reasoning != "" {
+		b, err := json.Marshal(reasoning)
+		if err != nil {
+			return nil, err
+		}
+		kw["reasoning_effort"] = b
+	}
+	return json.Marshal(kw)
 }

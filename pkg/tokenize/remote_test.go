@@ -144,6 +144,9 @@ func TestRemoteRequestShapes(t *testing.T) {
 		{"messages with tools and kwargs", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"x"}]`),
 			Tools: json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`), ChatTemplateKwargs: json.RawMessage(`{"enable_thinking":false}`)},
 			[]uint32{9000, 31, 9002, 9003}, []string{"messages", "tools", "chat_template_kwargs"}, []string{"prompt"}},
+		// /tokenize takes no reasoning_effort: the kwargs carry it.
+		{"messages with an effort", route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), ReasoningEffort: "high"},
+			[]uint32{9000, 31, 9003}, []string{"messages", "chat_template_kwargs"}, []string{"prompt", "tools", "reasoning_effort"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,6 +170,9 @@ func TestRemoteRequestShapes(t *testing.T) {
 			}
 			if string(req["model"]) != `"m"` {
 				t.Errorf("model = %s", req["model"])
+			}
+			if tc.in.ReasoningEffort != "" && string(req["chat_template_kwargs"]) != `{"enable_thinking":true,"reasoning_effort":"high"}` {
+				t.Errorf("kwargs = %s", req["chat_template_kwargs"])
 			}
 		})
 	}
