@@ -309,7 +309,7 @@ func newActiveActive(t *testing.T, n int) *activeActive {
 	// Both start together: each replays every engine and turns ready warm.
 	extprocPorts := make([]int, n)
 	for i := range n {
-		k := &testbed.KVRoute{Name: fmt.Sprintf("kvroute-%d", i), Engines: tes, Model: "sim-model", Extra: kvrouteExtra}
+		k := &testbed.KVRoute{Name: fmt.Sprintf("kvroute-%d", i), Engines: tes, Model: "sim-model", Extra: kvrouteConfig("")}
 		if err := k.Launch(g, bins.KVRoute); err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -116,9 +117,15 @@ func engineArgs(seed int) []string {
 	return []string{"--enable-prompt-tokens-details", "--speed", "10", "--seed", strconv.Itoa(seed), "--log-level", "warn"}
 }
 
-// kvrouteExtra is the e2e kvroute config after listeners and replicas.
+// kvrouteConfig is the e2e kvroute config after listeners and replicas,
+// with tokenizer (a YAML flow mapping) as every model's tokenizer; "" is
+// the engines' own /tokenize.
+func kvrouteConfig(tokenizer string) string {
+	return fmt.Sprintf(kvrouteExtra, cmp.Or(tokenizer, "{kind: remote, timeout: 2s}"))
+}
+
 const kvrouteExtra = `tokenizer:
-  default: {kind: remote, timeout: 2s}
+  default: %s
 load:
   scrape_interval: 100ms
   scrape_timeout: 250ms
@@ -152,6 +159,7 @@ type clusterOpts struct {
 	kvEnv      []string // extra environment for kvroute (OTEL_*)
 	kvArgs     []string // further kvroute serve flags
 	kvExtra    string   // YAML appended to kvrouteExtra
+	tokenizer  string   // kvrouteConfig's tokenizer
 }
 
 func newCluster(t testing.TB, o clusterOpts) *cluster {
@@ -172,7 +180,7 @@ func newCluster(t testing.TB, o clusterOpts) *cluster {
 			}
 			return args
 		},
-		KVRouteExtra:   kvrouteExtra + o.kvExtra,
+		KVRouteExtra:   kvrouteConfig(o.tokenizer) + o.kvExtra,
 		KVRouteEnv:     o.kvEnv,
 		KVRouteArgs:    o.kvArgs,
 		UpstreamHeader: "x-e2e-upstream",

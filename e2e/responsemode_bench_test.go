@@ -38,7 +38,7 @@ func BenchmarkResponsePath(b *testing.B) {
 		EngineArgs: func(i int) []string {
 			return []string{"--enable-prompt-tokens-details", "--seed", fmt.Sprint(700 + i), "--log-level", "warn"}
 		},
-		KVRouteExtra: kvrouteExtra,
+		KVRouteExtra: kvrouteConfig(""),
 	})
 	if err != nil {
 		b.Fatal(err)

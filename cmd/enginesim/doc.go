@@ -66,6 +66,13 @@
 // tokenizer can be self-checked against it; the engine's text prompts and
 // chats are tokenized with it too (a chat's messages as sent, its tools and
 // chat_template_kwargs), generated tokens going out as one-token words.
+// With --enable-scale-out, POST /v1/chat/completions/render,
+// /v1/completions/render, /v1/responses/render and /v1/messages/render
+// answer as vLLM 0.33's render endpoints do: the request validated,
+// rendered and tokenized exactly as its generation endpoint would, and
+// answered with a GenerateRequest ({"request_id", "token_ids",
+// "sampling_params", "model", ...}; of the sampling parameters only
+// max_tokens) without generating, a list of them for completions.
 // Chat content parts "text", "input_text" and "output_text" are text. GET /v1/models,
 // /health, /metrics (vLLM's metric names on an own registry) and
 // /kv_event_sources (the bound endpoints); POST /reset_prefix_cache

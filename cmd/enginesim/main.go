@@ -42,6 +42,7 @@ type options struct {
 	port                 int
 	cfg                  engine.Config
 	promptDetails        bool
+	scaleOut             bool
 	loras                []loraModule
 	eventsDisable        bool
 	pub                  pubConfig
@@ -88,6 +89,7 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", 256, "max running requests")
 	fs.IntVar(&o.cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (prefill chunk size)")
 	fs.BoolVar(&o.promptDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&o.scaleOut, "enable-scale-out", false, "serve the render endpoints (POST /v1/chat/completions/render, /v1/completions/render, /v1/responses/render, /v1/messages/render): the prompt's token ids, as vLLM 0.33 serves them with this flag")
 	fs.Var(loraFlag{&o.loras}, "lora-modules", "LoRA adapters as name=path (repeatable, or comma/space separated)")
 	fs.BoolVar(&o.eventsDisable, "kv-events-disable", false, "publish no KV events")
 	fs.StringVar(&o.pub.endpoint, "kv-events-endpoint", "tcp://*:5557", "ZMQ PUB endpoint (binds if it has * or :: or is ipc/inproc or port 0, else connects)")
@@ -217,7 +219,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 		return fmt.Errorf("listen: %w", err)
 	}
 	s := &server{
-		model: o.model, maxModelLen: eng.Config().MaxModelLen, promptDetails: o.promptDetails,
+		model: o.model, maxModelLen: eng.Config().MaxModelLen, promptDetails: o.promptDetails, scaleOut: o.scaleOut,
 		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
 		blockSize: eng.Config().BlockSize,
 	}

@@ -25,6 +25,7 @@ type server struct {
 	model         string
 	maxModelLen   int
 	promptDetails bool
+	scaleOut      bool // --enable-scale-out: the render endpoints (render.go)
 	loras         []loraModule
 	d             *driver
 	pub           *publisher // nil with events disabled
@@ -70,6 +71,12 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", s.resetPrefixCache)
 	mux.HandleFunc("GET /kv_event_sources", s.eventSources)
+	if s.scaleOut {
+		mux.HandleFunc("POST /v1/completions/render", rendering(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiCompletions) }))
+		mux.HandleFunc("POST /v1/chat/completions/render", rendering(func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiChat) }))
+		mux.HandleFunc("POST /v1/responses/render", rendering(s.responses))
+		mux.HandleFunc("POST /v1/messages/render", rendering(s.messages))
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -162,10 +169,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, a api) {
 	s.run(w, r, &req, a, model, lora)
 }
 
-// run tokenizes and validates a parsed request, submits it to the engine
-// and answers in its API's format, streamed or not; it aborts the request
-// when the client goes away.
-func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a api, model string, lora *loraModule) {
+// prepare tokenizes and validates a parsed request into the engine
+// requests it runs: one a prompt, each with its max tokens, sampling seed,
+// cache salt and adapter.
+func (s *server) prepare(req *genRequest, a api, lora *loraModule) ([]engine.Request, error) {
 	chat := a.chat()
 	var prompts [][]uint32
 	var err error
@@ -184,11 +191,9 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		}
 	}
 	if err != nil {
-		a.writeError(w, err)
-		return
+		return nil, err
 	}
 	reqs := make([]engine.Request, len(prompts))
-	total := 0
 	for i, p := range prompts {
 		mt := s.maxTokens(req, chat, len(p))
 		if a == apiMessages {
@@ -201,7 +206,27 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		if lora != nil {
 			reqs[i].LoRAName, reqs[i].LoRAID = lora.name, lora.id
 		}
-		total += reqs[i].MaxTokens + 1
+	}
+	return reqs, nil
+}
+
+// run tokenizes and validates a parsed request, submits it to the engine
+// and answers in its API's format, streamed or not; it aborts the request
+// when the client goes away. On a render endpoint (rendering) it answers
+// with the requests it would run instead.
+func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a api, model string, lora *loraModule) {
+	reqs, err := s.prepare(req, a, lora)
+	if err != nil {
+		a.writeError(w, err)
+		return
+	}
+	if isRendering(r.Context()) {
+		writeRendered(w, a, model, reqs)
+		return
+	}
+	total := 0
+	for _, er := range reqs {
+		total += er.MaxTokens + 1
 	}
 	sk := &sink{ch: make(chan item, total)}
 	ids, err := s.d.submit(reqs, sk)

@@ -298,7 +298,7 @@ func parseRequest(path string, body []byte) (route.Request, error) {
 		return route.Request{}, fmt.Errorf("%w: %w", admin.ErrBadRequest, err)
 	}
 	var req route.Request
-	extproc.FillRequest(&req, p)
+	extproc.FillRequest(&req, p, body)
 	return req, nil
 }
 

@@ -389,7 +389,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 			if err != nil {
 				return nil, &rejection{code: http.StatusBadRequest, reason: ReasonBadRequest, message: err.Error()}
 			}
-			FillRequest(&req, parsed)
+			FillRequest(&req, parsed, body)
 		case jsonish:
 			req.Model = openai.Model(body)
 		}
@@ -460,8 +460,9 @@ func (st *procStream) decideError(err error, req route.Request) *rejection {
 // FillRequest copies a parsed OpenAI request into the routing request, as
 // every ext_proc stream does; the admin explain API uses it too, so that
 // explain reproduces real decisions. Batched prompts route by their first
-// element.
-func FillRequest(req *route.Request, p openai.Request) {
+// element. body is the JSON body p was parsed from, which the tokenize
+// input carries for an engine's render endpoint (route.TokenizeInput.Body).
+func FillRequest(req *route.Request, p openai.Request, body []byte) {
 	req.Model, req.CacheSalt, req.MaxTokens, req.Streams = p.Model, p.CacheSalt, p.MaxTokens, p.Stream
 	req.BodySession, req.CacheKey, req.User = p.SessionID, p.PromptCacheKey, p.User
 	switch p.Kind {
@@ -490,6 +491,9 @@ func FillRequest(req *route.Request, p openai.Request) {
 		case len(p.Prompt.Texts) > 0:
 			req.Input = route.TokenizeInput{Prompt: p.Prompt.Texts[0], AddSpecialTokens: p.AddSpecialTokens}
 		}
+	}
+	if req.Tokens == nil {
+		req.Input.Body, req.Input.API = body, p.Kind.Path()
 	}
 }
 

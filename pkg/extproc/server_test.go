@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
 )
 
@@ -349,10 +350,43 @@ func TestRequestTranscripts(t *testing.T) {
 			h := newHarness(t, cfg)
 			got := h.exchange(tc.msgs...)
 			diff(t, tc.want, got)
-			if d := cmp.Diff(tc.wantReqs, fd.requests()); d != "" {
+			reqs := fd.requests()
+			checkRenderInput(t, tc.msgs, reqs)
+			if d := cmp.Diff(tc.wantReqs, reqs); d != "" {
 				t.Errorf("decider requests mismatch (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// checkRenderInput checks, and then clears, what each decided request
+// carries for a render endpoint: the body as the client sent it and its
+// API's path, on every JSON body parsed from an OpenAI-compatible path but
+// one routed on the body's token ids (no tokenization).
+func checkRenderInput(t *testing.T, msgs []*extprocv3.ProcessingRequest, reqs []route.Request) {
+	t.Helper()
+	var body []byte
+	path, ctype := "", ""
+	for _, m := range msgs {
+		body = append(body, m.GetRequestBody().GetBody()...)
+		for _, h := range m.GetRequestHeaders().GetHeaders().GetHeaders() {
+			switch h.GetKey() {
+			case ":path":
+				path = string(h.GetRawValue()) + h.GetValue()
+			case "content-type":
+				ctype = string(h.GetRawValue()) + h.GetValue()
+			}
+		}
+	}
+	api := openai.KindOf(path).Path()
+	isJSON := ctype == "" || strings.Contains(ctype, "json")
+	for i := range reqs {
+		in := &reqs[i].Input
+		want := api != "" && isJSON && len(body) > 0 && reqs[i].Tokens == nil
+		if want != (in.Body != nil) || (want && (!bytes.Equal(in.Body, body) || in.API != api)) {
+			t.Errorf("request %d (%s): render input %q at %q, want the body at %q: %v", i, path, in.Body, in.API, api, want)
+		}
+		in.Body, in.API = nil, ""
 	}
 }
 

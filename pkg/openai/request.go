@@ -49,6 +49,22 @@ func (k Kind) String() string {
 	return "unknown"
 }
 
+// Path is the API's path (PathCompletions, PathChatCompletions,
+// PathResponses, PathMessages); "" for KindUnknown.
+func (k Kind) Path() string {
+	switch k {
+	case KindCompletion:
+		return PathCompletions
+	case KindChat:
+		return PathChatCompletions
+	case KindResponses:
+		return PathResponses
+	case KindMessages:
+		return PathMessages
+	}
+	return ""
+}
+
 // KindOf maps a request path (query string allowed) to the API it serves;
 // KindUnknown for every other path.
 func KindOf(path string) Kind {

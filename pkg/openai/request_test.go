@@ -28,6 +28,15 @@ func TestKindOf(t *testing.T) {
 			t.Errorf("KindOf(%q) = %v, want %v", path, got, want)
 		}
 	}
+	// Path is the inverse of KindOf on the APIs' own paths.
+	for _, k := range []Kind{KindCompletion, KindChat, KindResponses, KindMessages} {
+		if KindOf(k.Path()) != k {
+			t.Errorf("%v: path %q", k, k.Path())
+		}
+	}
+	if KindUnknown.Path() != "" {
+		t.Errorf("unknown kind's path %q", KindUnknown.Path())
+	}
 }
 
 func TestParseCompletion(t *testing.T) {

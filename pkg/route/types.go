@@ -114,6 +114,14 @@ type TokenizeInput struct {
 	AddSpecialTokens bool
 	// Chat reports whether this is a chat request (Messages set).
 	Chat bool
+	// Body is the request's JSON body as the client sent it, and API the
+	// path of the OpenAI-compatible API it was sent to (e.g.
+	// /v1/chat/completions): what an engine's render endpoint (API +
+	// "/render") takes. Set for every parsed request, including Responses
+	// and Messages bodies the router cannot convert (the fields above are
+	// then empty).
+	Body json.RawMessage
+	API  string
 }
 
 // ChatMessage is one decoded chat message (the fields of openai.Message):

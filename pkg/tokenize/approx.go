@@ -15,6 +15,7 @@ import (
 const (
 	SourcePassthrough = "passthrough"
 	SourceRemote      = "remote"
+	SourceRender      = "render"
 	SourceLocal       = "local"
 	SourceApproximate = "approximate"
 )

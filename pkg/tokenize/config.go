@@ -3,6 +3,7 @@ package tokenize
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 )
 
@@ -21,6 +22,14 @@ const (
 	KindLocal Kind = "local"
 	// KindApproximate: fixed byte blocks, no tokenizer; never exact.
 	KindApproximate Kind = "approximate"
+	// KindRender: vLLM's render endpoints (0.33 and later: POST
+	// /v1/chat/completions/render and its siblings for completions,
+	// Responses and Messages), given the request's own body: the engine's
+	// rendering and tokenization, exact for every request vLLM accepts,
+	// whatever its template or API. Asked of the render servers RenderURLs
+	// names (`vllm launch render`, no GPU), else of the model's replicas
+	// (which serve the endpoints when started with --enable-scale-out).
+	KindRender Kind = "render"
 	// KindAuto: local when the model's tokenizer files can be found
 	// (Config.SearchDirs, then the HuggingFace hub cache: see
 	// FindTokenizerFiles), remote otherwise. Found files load in the
@@ -98,6 +107,10 @@ type ModelConfig struct {
 	// for BreakerOpenFor (defaults 5 and 5s); then one probe is let through.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerOpenFor  time.Duration `yaml:"breaker_open_for"`
+	// RenderURLs are the render servers a render tokenizer asks, in order
+	// (base URLs, e.g. http://vllm-render:8000); empty, it asks the
+	// model's replicas as the remote tokenizer does.
+	RenderURLs []string `yaml:"render_urls"`
 	// EngineChat is what the model's engines were started with that
 	// changes their chat rendering (chat_template,
 	// chat_template_content_format, default_chat_template_kwargs), for the
@@ -141,15 +154,23 @@ func (c ModelConfig) withDefaults() ModelConfig {
 // defaults).
 func (c ModelConfig) Validate() error {
 	switch c.Kind {
-	case KindPassthrough, KindRemote, KindApproximate, KindAuto:
+	case KindPassthrough, KindRemote, KindApproximate, KindAuto, KindRender:
 	case KindLocal:
 		if c.TokenizerJSON == "" {
 			return errors.New("local tokenizer needs tokenizer_json")
 		}
 	case "":
-		return errors.New("kind is required (auto, passthrough, remote, local or approximate)")
+		return errors.New("kind is required (auto, passthrough, remote, render, local or approximate)")
 	default:
-		return fmt.Errorf("unknown kind %q (want auto, passthrough, remote, local or approximate)", c.Kind)
+		return fmt.Errorf("unknown kind %q (want auto, passthrough, remote, render, local or approximate)", c.Kind)
+	}
+	if len(c.RenderURLs) > 0 && c.Kind != KindRender {
+		return fmt.Errorf("render_urls is for kind render, not %s", c.Kind)
+	}
+	for i, u := range c.RenderURLs {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+			return fmt.Errorf("render_urls[%d] %q: want an http or https base URL", i, u)
+		}
 	}
 	switch c.Fallback {
 	case FallbackApproximate, FallbackNone:

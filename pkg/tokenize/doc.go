@@ -5,7 +5,7 @@
 // exactly (Tokens.Exact) or says it does not.
 //
 // Tokenizer (New) implements route.Tokenizer and dispatches per model to one
-// of four kinds, chosen in Config, or to a fifth that picks between two of
+// of five kinds, chosen in Config, or to a sixth that picks between two of
 // them:
 //
 //   - auto (kvroute's default): local when the model's tokenizer.json and
@@ -33,6 +33,17 @@
 //     until a class has been timed; a timed-out call counts as taking its
 //     deadline, so sustained slowness raises it. A fixed timeout can be
 //     configured instead.
+//   - render: vLLM's render endpoints (0.33 and later; POST
+//     /v1/chat/completions/render and its siblings for completions,
+//     Responses and Messages), given the request's own body
+//     (route.TokenizeInput.Body, at the path of its API) and read for the
+//     token_ids of the GenerateRequest they answer with (of the first, for
+//     a completions batch): the engine's own rendering and tokenization,
+//     exact for any request vLLM accepts. Asked of ModelConfig.RenderURLs
+//     (render servers, `vllm launch render`) in order, else of the model's
+//     replicas (served with --enable-scale-out), by the remote tokenizer's
+//     client: the same breakers, cache (keyed by API and body),
+//     coalescing and deadlines. An input without a body is ErrUnsupported.
 //   - local: a HuggingFace tokenizer.json implemented in Go in Encoder:
 //     byte-level BPE with the split patterns of Llama-3 (3, 3.1, 3.2),
 //     Qwen2/Qwen3, GPT-2, gpt-oss (o200k) and DeepSeek-V3 (three chained

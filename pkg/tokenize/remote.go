@@ -23,17 +23,20 @@ var (
 	ErrNoEndpoint = errors.New("tokenize: no replica to ask")
 	// ErrBreakerOpen: every candidate replica's breaker is open.
 	ErrBreakerOpen = errors.New("tokenize: circuit breaker open")
-	// ErrRemote: a replica answered /tokenize with an error or garbage.
-	ErrRemote = errors.New("tokenize: remote /tokenize failed")
+	// ErrRemote: a replica (or render server) answered /tokenize (or a
+	// render endpoint) with an error or garbage.
+	ErrRemote = errors.New("tokenize: remote tokenization failed")
 )
 
 // maxRemoteResponse bounds a /tokenize response body (a few bytes per id).
 const maxRemoteResponse = 256 << 20
 
-// remote asks a replica's POST /tokenize (vLLM's shape) for the ids.
+// remote asks a replica's POST /tokenize (vLLM's shape) for the ids, or,
+// render set, the render endpoint of the request's API (KindRender).
 type remote struct {
 	model    string
 	cfg      ModelConfig
+	render   bool
 	client   *http.Client
 	replicas func(model string) []string
 	cache    *idsCache
@@ -99,19 +102,44 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 	return b, nil
 }
 
+// request is the path and body of in's call: /tokenize and its body, or
+// the render endpoint of in's API and the request's own body.
+func (r *remote) request(in route.TokenizeInput) (path string, body []byte, err error) {
+	if !r.render {
+		body, err = r.body(in)
+		return "/tokenize", body, err
+	}
+	if len(in.Body) == 0 || in.API == "" {
+		return "", nil, fmt.Errorf("%w: no request body to render", ErrUnsupported)
+	}
+	return in.API + "/render", in.Body, nil
+}
+
+// source names the answers' origin (route.Tokens.Source).
+func (r *remote) source() string {
+	if r.render {
+		return SourceRender
+	}
+	return SourceRemote
+}
+
 func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.Tokens, error) {
-	body, err := r.body(in)
+	path, body, err := r.request(in)
 	if err != nil {
 		return route.Tokens{}, err
 	}
 	if len(body) > r.cfg.MaxInputBytes {
 		return route.Tokens{}, fmt.Errorf("%w: %d bytes > %d", ErrInputTooLarge, len(body), r.cfg.MaxInputBytes)
 	}
-	key := xxh3.Hash128(body)
+	var h xxh3.Hasher
+	_, _ = h.WriteString(path)
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(body)
+	key := h.Sum128()
 	if r.cache != nil {
 		if ids, ok := r.cache.get(key); ok {
 			r.hits()
-			return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: SourceRemote, Exact: true}, nil
+			return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: r.source(), Exact: true}, nil
 		}
 	}
 	fl, leader := r.flights.join(key)
@@ -123,7 +151,7 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 			if fl.err != nil {
 				return route.Tokens{}, fl.err
 			}
-			return route.Tokens{IDs: fl.ids[:len(fl.ids):len(fl.ids)], Source: SourceRemote, Exact: true}, nil
+			return route.Tokens{IDs: fl.ids[:len(fl.ids):len(fl.ids)], Source: r.source(), Exact: true}, nil
 		case <-ctx.Done():
 			return route.Tokens{}, ctx.Err()
 		}
@@ -139,7 +167,7 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 			cancelCall()
 		}
 	})
-	ids, err := r.callReplicas(callCtx, body)
+	ids, err := r.callReplicas(callCtx, path, body)
 	stop()
 	cancelCall()
 	r.flights.land(key, fl, ids, err)
@@ -149,12 +177,13 @@ func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.To
 	if r.cache != nil {
 		r.cache.put(key, ids)
 	}
-	return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: SourceRemote, Exact: true}, nil
+	return route.Tokens{IDs: ids[:len(ids):len(ids)], Source: r.source(), Exact: true}, nil
 }
 
-// callReplicas asks the candidate replicas in order until one answers,
-// within one deadline for all of them, and feeds the deadline estimate.
-func (r *remote) callReplicas(ctx context.Context, body []byte) ([]uint32, error) {
+// callReplicas asks the candidate replicas (or render servers) in order
+// until one answers, within one deadline for all of them, and feeds the
+// deadline estimate.
+func (r *remote) callReplicas(ctx context.Context, path string, body []byte) ([]uint32, error) {
 	limit := r.deadlines.deadline(len(body))
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -173,7 +202,7 @@ func (r *remote) callReplicas(ctx context.Context, body []byte) ([]uint32, error
 			continue
 		}
 		tried++
-		ids, err := r.call(ctx, base, body)
+		ids, err := r.call(ctx, base, path, body)
 		r.breakers.record(base, err == nil)
 		if err == nil {
 			r.deadlines.observe(len(body), time.Since(start))
@@ -192,33 +221,40 @@ func (r *remote) callReplicas(ctx context.Context, body []byte) ([]uint32, error
 	return nil, errors.Join(errs...)
 }
 
-func (r *remote) call(ctx context.Context, base string, body []byte) ([]uint32, error) {
-	url := strings.TrimRight(base, "/") + "/tokenize"
+func (r *remote) call(ctx context.Context, base, path string, body []byte) ([]uint32, error) {
+	url := strings.TrimRight(base, "/") + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, base, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, url, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, base, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemote, url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
-		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrRemote, base, resp.StatusCode, bytes.TrimSpace(msg))
+		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrRemote, url, resp.StatusCode, bytes.TrimSpace(msg))
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteResponse))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: read: %w", ErrRemote, base, err)
+		return nil, fmt.Errorf("%w: %s: read: %w", ErrRemote, url, err)
+	}
+	if r.render {
+		ids, err := parseRenderResponse(data)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: decode: %w", ErrRemote, url, err)
+		}
+		return ids, nil
 	}
 	out, err := parseTokenizeResponse(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: decode: %w", ErrRemote, base, err)
+		return nil, fmt.Errorf("%w: %s: decode: %w", ErrRemote, url, err)
 	}
 	if out.Tokens == nil || (out.Count != 0 && out.Count != len(out.Tokens)) {
-		return nil, fmt.Errorf("%w: %s: response has count %d and %d tokens", ErrRemote, base, out.Count, len(out.Tokens))
+		return nil, fmt.Errorf("%w: %s: response has count %d and %d tokens", ErrRemote, url, out.Count, len(out.Tokens))
 	}
 	return out.Tokens, nil
 }

@@ -70,6 +70,91 @@ func parseTokenizeResponse(b []byte) (tokenizeResponse, error) {
 	}
 }
 
+// parseRenderResponse reads a render endpoint's answer (vLLM's
+// GenerateRequest): an object whose "token_ids" member is the prompt's
+// token ids, or, from /v1/completions/render, an array of such objects,
+// one a prompt, of which the first is read (a batch routes by its first
+// prompt). Every other member is skipped, checked to be JSON. No
+// token_ids, or none in it, is an error.
+func parseRenderResponse(b []byte) ([]uint32, error) {
+	s := jscan{b: b}
+	s.ws()
+	list := s.eat('[')
+	if list {
+		s.ws()
+	}
+	ids, err := s.renderObject()
+	if err != nil {
+		return nil, err
+	}
+	if list {
+		for {
+			s.ws()
+			if s.eat(']') {
+				break
+			}
+			if !s.eat(',') {
+				return nil, s.fail("want ',' or ']'")
+			}
+			s.ws()
+			if err := s.skip(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := s.end(); err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("no token_ids")
+	}
+	return ids, nil
+}
+
+// renderObject reads one GenerateRequest object's token_ids.
+func (s *jscan) renderObject() ([]uint32, error) {
+	if !s.eat('{') {
+		return nil, s.fail("want an object")
+	}
+	var ids []uint32
+	s.ws()
+	if s.eat('}') {
+		return nil, nil
+	}
+	for {
+		s.ws()
+		key, err := s.key()
+		if err != nil {
+			return nil, err
+		}
+		s.ws()
+		if !s.eat(':') {
+			return nil, s.fail("want ':'")
+		}
+		s.ws()
+		switch {
+		case key == "token_ids" && s.peek() == '[':
+			if ids, err = s.ids(); err != nil {
+				return nil, err
+			}
+		case key == "token_ids":
+			return nil, s.fail("token_ids is not an array")
+		default:
+			if err := s.skip(); err != nil {
+				return nil, err
+			}
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat('}') {
+			return ids, nil
+		}
+		return nil, s.fail("want ',' or '}'")
+	}
+}
+
 // jscan is a cursor over JSON text.
 type jscan struct {
 	b []byte

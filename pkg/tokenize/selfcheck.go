@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,7 +169,9 @@ func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids
 	if c.ctx.Err() != nil {
 		return
 	}
-	// The request's buffers belong to the caller: copy what the check reads.
+	// The request's buffers belong to the caller: copy what the check
+	// reads (/tokenize takes no body of the request's own).
+	in.Body = nil
 	in.Messages = bytes.Clone(in.Messages)
 	in.Tools = bytes.Clone(in.Tools)
 	in.ChatTemplateKwargs = bytes.Clone(in.ChatTemplateKwargs)
@@ -360,13 +363,20 @@ func (m *modelTokenizer) explain() string {
 		}
 	}
 	switch {
-	case kind == KindRemote:
+	case kind == KindRemote || kind == KindRender:
+		what := "remote tokenizer (the replicas' /tokenize)"
+		switch {
+		case kind == KindRender && len(m.cfg.RenderURLs) > 0:
+			what = fmt.Sprintf("render tokenizer (the render endpoints of %s)", strings.Join(m.cfg.RenderURLs, ", "))
+		case kind == KindRender:
+			what = "render tokenizer (the replicas' render endpoints)"
+		}
 		d, n := m.remote.deadlines.learned()
 		if m.cfg.Timeout > 0 {
-			return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize)%s, fixed deadline %s", model, origin, d)
+			return fmt.Sprintf("model %q: %s%s, fixed deadline %s", model, what, origin, d)
 		}
-		return fmt.Sprintf("model %q: remote tokenizer (the replicas' /tokenize)%s, adaptive deadline %s for inputs under 16 KiB (learned from %d calls, within %s-%s)",
-			model, origin, d, n, m.cfg.TimeoutMin, m.cfg.TimeoutMax)
+		return fmt.Sprintf("model %q: %s%s, adaptive deadline %s for inputs under 16 KiB (learned from %d calls, within %s-%s)",
+			model, what, origin, d, n, m.cfg.TimeoutMin, m.cfg.TimeoutMax)
 	case kind != KindLocal:
 		return fmt.Sprintf("model %q: %s tokenizer", model, kind)
 	case m.check == nil:

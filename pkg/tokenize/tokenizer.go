@@ -243,6 +243,11 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 			return nil, errors.New("remote tokenizer needs Options.Replicas")
 		}
 		m.remote = t.newRemote(name, mc, opts, true)
+	case KindRender:
+		if opts.Replicas == nil && len(mc.RenderURLs) == 0 {
+			return nil, errors.New("render tokenizer needs render_urls or Options.Replicas")
+		}
+		m.remote = t.newRemote(name, mc, opts, true)
 	}
 	return m, nil
 }
@@ -301,12 +306,22 @@ func (t *Tokenizer) loadFound(m *modelTokenizer) {
 	t.log.Info("tokenize: local tokenizer from found files", "model", m.name, "dir", m.foundDir)
 }
 
-// newRemote builds a client of the replicas' /tokenize for model, with its
-// own breakers, and an LRU cache when cached is set and configured.
+// newRemote builds a client of the replicas' /tokenize for model (of the
+// render endpoints, on the render servers or the replicas, when mc's kind
+// is render), with its own breakers, and an LRU cache when cached is set
+// and configured.
 func (t *Tokenizer) newRemote(name string, mc ModelConfig, opts Options, cached bool) *remote {
+	kind := KindRemote
+	replicas := opts.Replicas
+	if mc.Kind == KindRender {
+		kind = KindRender
+		if urls := slices.Clone(mc.RenderURLs); len(urls) > 0 {
+			replicas = func(string) []string { return urls }
+		}
+	}
 	r := &remote{
-		model: name, cfg: mc, client: t.client, replicas: opts.Replicas, now: t.now,
-		hits:      t.metrics.cacheHits.WithLabelValues(string(KindRemote)).Inc,
+		model: name, cfg: mc, client: t.client, replicas: replicas, now: t.now, render: kind == KindRender,
+		hits:      t.metrics.cacheHits.WithLabelValues(string(kind)).Inc,
 		coalesced: t.metrics.coalesced.WithLabelValues(name).Inc,
 		deadlines: newDeadlines(mc),
 		breakers: &breakers{
@@ -390,7 +405,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		if err == nil && t.checker != nil {
 			t.checker.maybeSubmit(m, in, toks.IDs)
 		}
-	case KindRemote:
+	case KindRemote, KindRender:
 		toks, err = m.remote.tokenize(ctx, in)
 	case KindPassthrough:
 		toks, err = passthroughIDs(in)

@@ -1,0 +1,69 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestRenderTokenizerMessages: kvroute tokenizes with the engines' render
+// endpoints (tokenizer kind render; enginesims on the Qwen3 tokenizer with
+// --enable-scale-out). Claude Code sessions with thinking disabled, whose
+// effort the engine's template decides and which the engines' /tokenize
+// cannot reproduce, are routed on the engines' own tokens: every prompt is
+// the engine's to the token, from the render source, and later turns land
+// on the replica holding their history, the engines' cache reads
+// confirming it.
+func TestRenderTokenizerMessages(t *testing.T) {
+	_, dir := qwen3Tokenizer(t)
+	c := newCluster(t, clusterOpts{
+		engines: 3,
+		engineArgs: func(int) []string {
+			return []string{"--enable-scale-out", "--tokenizer-dir", dir, "--max-model-len", "16384"}
+		},
+		tokenizer: "{kind: render, timeout: 5s, fallback: none}",
+		kvExtra:   "routing: {decision_history: 64}\n",
+	})
+	const sessions, turns = 4, 3
+	msgs := make([][]any, sessions)
+	tally := newSessionTally(sessions)
+	for turn := range turns {
+		for s := range sessions {
+			user := []map[string]any{{"type": "text", "text": prompt(fmt.Sprintf("rd%d-t%d", s, turn), 25)}}
+			if turn > 0 {
+				user = append([]map[string]any{{"type": "tool_result", "tool_use_id": fmt.Sprintf("toolu_%d_%d", s, turn-1),
+					"content": prompt(fmt.Sprintf("rfile%d-%d", s, turn-1), 20)}}, user...)
+			}
+			msgs[s] = append(msgs[s], map[string]any{"role": "user", "content": user})
+			body := claudeCodeBody(s, turn, false, msgs[s])
+			body["thinking"] = map[string]any{"type": "disabled"}
+			r := postMessages(t, c, body)
+			tally.turn(t, c, s, turn, r.upstream, r.prompt, r.cached)
+			msgs[s] = append(msgs[s], map[string]any{"role": "assistant", "content": []map[string]any{
+				{"type": "text", "text": r.text},
+				{"type": "tool_use", "id": fmt.Sprintf("toolu_%d_%d", s, turn), "name": "Read",
+					"input": map[string]any{"file_path": fmt.Sprintf("src/r%d.go", turn)}},
+			}})
+		}
+	}
+	tally.check(t, "cache_read_input_tokens")
+	var out struct {
+		Decisions []struct {
+			Decision struct {
+				TokenSource string `json:"token_source"`
+			} `json:"decision"`
+		} `json:"decisions"`
+	}
+	if err := c.adminJSON("/debug/decisions?limit=64", &out); err != nil {
+		t.Fatal(err)
+	}
+	sources := map[string]int{}
+	for _, d := range out.Decisions {
+		sources[d.Decision.TokenSource]++
+	}
+	if sources["render"] != sessions*turns || len(sources) != 1 {
+		t.Errorf("token sources %v, want all %d from render", sources, sessions*turns)
+	}
+	t.Logf("token sources: %v", sources)
+}
