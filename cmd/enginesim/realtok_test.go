@@ -68,12 +68,17 @@ func (c referenceChat) input() route.TokenizeInput {
 // selfChecked is a router-side tokenizer serving "sim-model" locally with
 // family's files, checking every request against the simulator's /tokenize.
 func selfChecked(t *testing.T, family, base string) *tokenize.Tokenizer {
+	return selfCheckedWith(t, family, base, tokenize.SelfCheckTokenize)
+}
+
+// selfCheckedWith is selfChecked comparing with endpoint.
+func selfCheckedWith(t *testing.T, family, base string, endpoint tokenize.SelfCheckEndpoint) *tokenize.Tokenizer {
 	t.Helper()
 	dir := tokenizerDir(t, family)
 	tok, err := tokenize.New(tokenize.Config{
 		Models: map[string]tokenize.ModelConfig{"sim-model": {Kind: tokenize.KindLocal,
 			TokenizerJSON: filepath.Join(dir, "tokenizer.json"), TokenizerConfig: filepath.Join(dir, "tokenizer_config.json")}},
-		SelfCheck: tokenize.SelfCheckConfig{SampleRate: 1, Timeout: 30 * time.Second},
+		SelfCheck: tokenize.SelfCheckConfig{SampleRate: 1, Timeout: 30 * time.Second, Endpoint: endpoint},
 	}, tokenize.Options{Replicas: func(string) []string { return []string{base} }})
 	if err != nil {
 		t.Fatal(err)

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/route"
+	"github.com/kvroute/kvroute/pkg/tokenize"
 )
 
 // renderedJSON is the part of a render endpoint's answer the tests read.
@@ -102,5 +104,82 @@ func TestRenderEndpoints(t *testing.T) {
 	plain := startSim(t, "--kv-events-disable")
 	if code, _ := plain.post(t, "/v1/chat/completions/render", chat); code != http.StatusNotFound {
 		t.Errorf("without --enable-scale-out: %d", code)
+	}
+}
+
+// renderInput is what ext_proc hands the tokenizer for body on path (as
+// extproc.FillRequest maps it), the body and its API included.
+func renderInput(t *testing.T, path, body string) route.TokenizeInput {
+	t.Helper()
+	p, err := openai.Parse(path, []byte(body))
+	if err != nil || p.Convert != nil {
+		t.Fatalf("%s: %v %v", path, err, p.Convert)
+	}
+	in := route.TokenizeInput{Body: []byte(body), API: path, AddSpecialTokens: p.AddSpecialTokens}
+	if p.Kind == openai.KindCompletion {
+		in.Prompt = p.Prompt.Texts[0]
+		return in
+	}
+	in.Chat, in.Messages, in.Tools, in.ChatTemplateKwargs = true, p.Messages, p.Tools, p.ChatTemplateKwargs
+	in.ReasoningEffort, in.AddGenerationPrompt, in.ContinueFinalMessage = p.ReasoningEffort, p.AddGenerationPrompt, p.ContinueFinalMessage
+	in.SystemFirst, in.ThinkingDisabled = p.SystemFirstMessages, p.ThinkingDisabled
+	return in
+}
+
+// TestRenderSelfCheck: a local tokenizer self-checked against the engine's
+// render endpoints is checked on requests /tokenize cannot reproduce (a
+// Messages turn with thinking disabled and inline system text, a
+// Responses body, an empty tools list), and they all match; with another
+// model's files on the engine it is demoted, and its requests are then
+// served by the render endpoints, from their bodies.
+func TestRenderSelfCheck(t *testing.T) {
+	ctx := t.Context()
+	sim := startSim(t, "--tokenizer-dir", tokenizerDir(t, "qwen3"), "--kv-events-disable", "--enable-scale-out", "--max-model-len", "8192")
+	tok := selfCheckedWith(t, "qwen3", sim.base, tokenize.SelfCheckRender)
+	defer tok.Close()
+	disabled := `{"model": "sim-model", "max_tokens": 4, "thinking": {"type": "disabled"},
+		"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+		{"role": "system", "content": "Be brief from now on."}, {"role": "user", "content": "second"}]}`
+	inputs := []route.TokenizeInput{
+		renderInput(t, "/v1/messages", disabled),
+		renderInput(t, "/v1/messages", claudeCodeTurn),
+		renderInput(t, "/v1/responses", `{"model": "sim-model", "instructions": "Be terse.", "input": "Hi", "reasoning": {"effort": "low"}}`),
+		renderInput(t, "/v1/chat/completions", `{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "tools": []}`),
+		renderInput(t, "/v1/completions", `{"model": "sim-model", "prompt": "Hello world"}`),
+	}
+	if !inputs[0].ThinkingDisabled || inputs[0].SystemFirst == nil {
+		t.Fatalf("the Messages body: thinking disabled %v, inline system text %v", inputs[0].ThinkingDisabled, inputs[0].SystemFirst != nil)
+	}
+	for _, in := range inputs {
+		got, err := tok.Tokenize(ctx, "sim-model", in)
+		if err != nil || got.Source != tokenize.SourceLocal {
+			t.Fatalf("%s: %+v %v", in.API, got.Source, err)
+		}
+	}
+	want := uint64(len(inputs))
+	st := waitState(t, tok, "all checks", func(s tokenize.SelfCheckState) bool { return s.Checks+s.Errors >= want })
+	if st.Checks != want || st.Mismatches != 0 || st.Demoted {
+		t.Errorf("same files on both sides, every request checked: %+v", st)
+	}
+
+	// The engine serves Llama-3.1's tokenizer; the router wrongly has Qwen3's.
+	wrong := startSim(t, "--tokenizer-dir", tokenizerDir(t, "llama3_1"), "--kv-events-disable", "--enable-scale-out", "--max-model-len", "8192")
+	tok2 := selfCheckedWith(t, "qwen3", wrong.base, tokenize.SelfCheckRender)
+	defer tok2.Close()
+	in := inputs[0]
+	first, err := tok2.Tokenize(ctx, "sim-model", in)
+	if err != nil || first.Source != tokenize.SourceLocal {
+		t.Fatalf("before the check: %+v, %v", first.Source, err)
+	}
+	st = waitState(t, tok2, "demotion", func(s tokenize.SelfCheckState) bool { return s.Demoted })
+	if st.Mismatches != 1 || st.Serving != "render" || !strings.Contains(st.Reason, "render endpoint") {
+		t.Errorf("demoted state: %+v", st)
+	}
+	after, err := tok2.Tokenize(ctx, "sim-model", in)
+	if err != nil || after.Source != tokenize.SourceRender || len(after.IDs) == 0 || after.IDs[0] != 128000 {
+		t.Fatalf("after demotion: source %s, err %v, ids %v", after.Source, err, after.IDs[:min(4, len(after.IDs))])
+	}
+	if !strings.Contains(tok2.Explain("sim-model"), "serving the engine's render endpoint instead") {
+		t.Errorf("explain: %s", tok2.Explain("sim-model"))
 	}
 }

@@ -201,16 +201,19 @@
 // whose template rejects it fails the call, and the request falls back).
 //
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
-// tokenizations (not chats with documents or an empty tools list, which
-// vLLM's /tokenize renders unlike its chat route, nor Messages requests
-// whose rendering depends on a template probe) (Config.SelfCheck.SampleRate, default 1%) is compared off
+// tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off
 // the request path with the engine's own POST /tokenize (chat requests
-// through the engine's chat rendering), by a bounded pool of workers fed
-// through a bounded queue (a full queue drops the sample; the request never
-// waits). The first mismatch demotes that model's local tokenizer: its
-// requests go to the remote tokenizer from then on, the mismatch is counted
-// (kvroute_tokenizer_self_checks_total{model,result}; a sample /tokenize
-// cannot reproduce is counted as result="unreproducible", not sent;
+// through the engine's chat rendering; not chats with documents or an
+// empty tools list, which vLLM's /tokenize renders unlike its chat route,
+// nor Messages requests whose rendering depends on a template probe), or
+// with SelfCheckConfig.Endpoint render with the engine's render endpoint
+// given the request's body (every request with a body), by a bounded pool
+// of workers fed through a bounded queue (a full queue drops the sample;
+// the request never waits). The first mismatch demotes that model's local
+// tokenizer: its requests go to the same engine endpoint from then on, the
+// mismatch is counted (kvroute_tokenizer_self_checks_total{model,result};
+// a sample the endpoint cannot reproduce is counted as
+// result="unreproducible", not sent;
 // kvroute_tokenizer_local_exact{model} drops to 0), logged once with the
 // first differing token position, and shown by Tokenizer.SelfCheckStates and
 // Tokenizer.Explain. Engine errors are counted, never demote.

@@ -82,18 +82,28 @@ func TestDocumentsAndWhatTheSelfCheckSamples(t *testing.T) {
 	if _, err := ct.Render(ChatInput{Messages: msgs, Documents: json.RawMessage(`{"title": "a"}`)}); err == nil {
 		t.Error("documents that are not an array rendered")
 	}
+	// What /tokenize can be asked, and what a render endpoint can: every
+	// request with its body.
+	body := json.RawMessage(`{"model":"m","messages":[]}`)
 	for _, c := range []struct {
-		in   route.TokenizeInput
-		want bool
+		in                 route.TokenizeInput
+		tokenize, rendered bool
 	}{
-		{route.TokenizeInput{Prompt: "x"}, true},
-		{route.TokenizeInput{Chat: true, Messages: msgs}, true},
-		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(`[{"function": {"name": "f"}}]`)}, true},
-		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(` [ ] `)}, false},
-		{route.TokenizeInput{Chat: true, Messages: msgs, Documents: json.RawMessage(`[{"title": "a"}]`)}, false},
+		{route.TokenizeInput{Prompt: "x"}, true, false},
+		{route.TokenizeInput{Prompt: "x", Body: body, API: "/v1/completions"}, true, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs}, true, false},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(`[{"function": {"name": "f"}}]`)}, true, false},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Tools: json.RawMessage(` [ ] `), Body: body, API: "/v1/chat/completions"}, false, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs, Documents: json.RawMessage(`[{"title": "a"}]`), Body: body, API: "/v1/chat/completions"}, false, true},
+		{route.TokenizeInput{Chat: true, Messages: msgs, ThinkingDisabled: true, Body: body, API: "/v1/messages"}, false, true},
+		// A body the router could not convert: no local prompt to compare.
+		{route.TokenizeInput{Body: body, API: "/v1/messages"}, false, false},
 	} {
-		if got := remoteReproduces(c.in); got != c.want {
-			t.Errorf("%+v: sampled %v, want %v", c.in, got, c.want)
+		if got := reproduces(&remote{}, c.in); got != c.tokenize {
+			t.Errorf("%+v: sampled for /tokenize %v, want %v", c.in, got, c.tokenize)
+		}
+		if got := reproduces(&remote{render: true}, c.in); got != c.rendered {
+			t.Errorf("%+v: sampled for render %v, want %v", c.in, got, c.rendered)
 		}
 	}
 }

@@ -115,6 +115,14 @@ func (r *remote) request(in route.TokenizeInput) (path string, body []byte, err 
 	return in.API + "/render", in.Body, nil
 }
 
+// endpoint names what r asks, for messages.
+func (r *remote) endpoint() string {
+	if r.render {
+		return "the engine's render endpoint"
+	}
+	return "the engine's /tokenize"
+}
+
 // source names the answers' origin (route.Tokens.Source).
 func (r *remote) source() string {
 	if r.render {

@@ -20,11 +20,14 @@ import (
 // tokenizer file that is not the engine's, a template the engine renders
 // differently) would silently zero the hit rate. So a sample of local
 // tokenizations is compared, off the request path, with the engine's own
-// POST /tokenize (chat requests through the engine's chat rendering). The
+// POST /tokenize (chat requests through the engine's chat rendering), or,
+// with endpoint render, with the engine's render endpoint given the
+// request's own body (which checks every API, conversion included). The
 // first mismatch demotes that model's local tokenizer: its requests go to
-// the remote tokenizer from then on (with the model's usual fallback when
-// that fails), the mismatch is counted, logged once with the first
-// differing position, and shown by Tokenizer.SelfCheckStates and Explain.
+// the engine from then on (its /tokenize, or its render endpoints; with the
+// model's usual fallback when that fails), the mismatch is counted, logged
+// once with the first differing position, and shown by
+// Tokenizer.SelfCheckStates and Explain.
 
 // Self-check defaults.
 const (
@@ -48,9 +51,27 @@ type SelfCheckConfig struct {
 	// waited for.
 	Workers int `yaml:"workers"`
 	Queue   int `yaml:"queue"`
-	// Timeout bounds one engine /tokenize call (default 2s).
+	// Timeout bounds one engine call (default 2s).
 	Timeout time.Duration `yaml:"timeout"`
+	// Endpoint is what local tokens are compared with: "tokenize" (the
+	// default), the replicas' POST /tokenize, or "render", their render
+	// endpoints given the request's own body (vLLM 0.33 started with
+	// --enable-scale-out), which reproduce every request as the engine
+	// serves it: Messages and Responses conversions, documents and empty
+	// tools lists included, which /tokenize cannot be asked. A demoted
+	// model, and an auto model before its files load, are then served by
+	// the same endpoint.
+	Endpoint SelfCheckEndpoint `yaml:"endpoint"`
 }
+
+// SelfCheckEndpoint is what the self-check compares local tokens with.
+type SelfCheckEndpoint string
+
+// Self-check endpoints.
+const (
+	SelfCheckTokenize SelfCheckEndpoint = "tokenize"
+	SelfCheckRender   SelfCheckEndpoint = "render"
+)
 
 // WithDefaults fills zero fields.
 func (c SelfCheckConfig) WithDefaults() SelfCheckConfig {
@@ -65,6 +86,9 @@ func (c SelfCheckConfig) WithDefaults() SelfCheckConfig {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultSelfCheckTimeout
+	}
+	if c.Endpoint == "" {
+		c.Endpoint = SelfCheckTokenize
 	}
 	return c
 }
@@ -83,6 +107,11 @@ func (c SelfCheckConfig) Validate() error {
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout: must be positive, got %v", c.Timeout))
+	}
+	switch c.Endpoint {
+	case "", SelfCheckTokenize, SelfCheckRender:
+	default:
+		errs = append(errs, fmt.Errorf("endpoint: want tokenize or render, got %q", c.Endpoint))
 	}
 	return errors.Join(errs...)
 }
@@ -136,14 +165,22 @@ func (c *selfChecker) stop() {
 	})
 }
 
-// remoteReproduces reports whether the engine's /tokenize renders in as its
-// chat route does: vLLM's /tokenize takes no documents and drops an empty
-// tools list, which its chat route passes on, and knows nothing of the
-// choices its Anthropic Messages route makes per template (inline system
-// messages merged, the effort for disabled thinking), so such requests are
-// not sampled (a difference there says nothing about the local tokenizer).
-func remoteReproduces(in route.TokenizeInput) bool {
-	if !in.Chat {
+// reproduces reports whether the engine endpoint the check asks (r)
+// tokenizes in as the engine serves it. A render endpoint does for every
+// request with a body. vLLM's /tokenize takes no documents and drops an
+// empty tools list, which its chat route passes on, and knows nothing of
+// the choices its Anthropic Messages route makes per template (inline
+// system messages merged, the effort for disabled thinking), so such
+// requests are not sampled (a difference there says nothing about the
+// local tokenizer). An input with no prompt (a body the router could not
+// convert) has nothing to compare.
+func reproduces(r *remote, in route.TokenizeInput) bool {
+	switch {
+	case !in.Chat && in.Prompt == "":
+		return false
+	case r.render:
+		return len(in.Body) > 0 && in.API != ""
+	case !in.Chat:
 		return true
 	}
 	return (len(in.Documents) == 0 || string(in.Documents) == "null") && !emptyArray(in.Tools) &&
@@ -162,7 +199,7 @@ func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids
 	if m.check == nil || m.check.demoted.Load() || rand.Float64() >= c.cfg.SampleRate {
 		return
 	}
-	if !remoteReproduces(in) {
+	if !reproduces(m.check.engine, in) {
 		c.t.metrics.selfChecks.WithLabelValues(m.name, "unreproducible").Inc()
 		return
 	}
@@ -170,8 +207,12 @@ func (c *selfChecker) maybeSubmit(m *modelTokenizer, in route.TokenizeInput, ids
 		return
 	}
 	// The request's buffers belong to the caller: copy what the check
-	// reads (/tokenize takes no body of the request's own).
-	in.Body = nil
+	// reads (the body for a render endpoint only).
+	if m.check.engine.render {
+		in.Body = bytes.Clone(in.Body)
+	} else {
+		in.Body = nil
+	}
 	in.Messages = bytes.Clone(in.Messages)
 	in.Tools = bytes.Clone(in.Tools)
 	in.ChatTemplateKwargs = bytes.Clone(in.ChatTemplateKwargs)
@@ -223,7 +264,7 @@ func firstDiff(a, b []uint32) int {
 
 // checkState is one local model's self-check record.
 type checkState struct {
-	engine *remote // the engine's /tokenize, uncached, Timeout of the check
+	engine *remote // the engine's /tokenize or render endpoints, uncached, Timeout of the check
 
 	demoted    atomic.Bool
 	checks     atomic.Uint64
@@ -249,8 +290,8 @@ func (t *Tokenizer) demote(m *modelTokenizer, pos int, local, engine []uint32, c
 		if chat {
 			mode = "chat"
 		}
-		st.reason = fmt.Sprintf("a sampled %s request tokenized locally to %d ids, the engine's /tokenize to %d; first difference at token %d (local %v, engine %v)",
-			mode, len(local), len(engine), pos, window(local, pos), window(engine, pos))
+		st.reason = fmt.Sprintf("a sampled %s request tokenized locally to %d ids, %s to %d; first difference at token %d (local %v, engine %v)",
+			mode, len(local), st.engine.endpoint(), len(engine), pos, window(local, pos), window(engine, pos))
 		st.demoted.Store(true)
 	}
 	reason := st.reason
@@ -270,7 +311,9 @@ func window(ids []uint32, pos int) []uint32 {
 // SelfCheckState is one local model's self-check status.
 type SelfCheckState struct {
 	Model string
-	// Serving is "local", or "remote" once the local tokenizer was demoted.
+	// Serving is "local", or once the local tokenizer was demoted the
+	// engine's endpoint serving it instead: "remote" (/tokenize) or
+	// "render".
 	Serving    string
 	Demoted    bool
 	DemotedAt  time.Time
@@ -278,7 +321,7 @@ type SelfCheckState struct {
 	Reason     string // what the demoting check saw
 	Checks     uint64 // comparisons completed
 	Mismatches uint64
-	Errors     uint64 // engine /tokenize failures (not counted as checks)
+	Errors     uint64 // failed engine calls (not counted as checks)
 	Dropped    uint64 // samples dropped because the queue was full
 }
 
@@ -313,7 +356,7 @@ func (m *modelTokenizer) selfCheckState() SelfCheckState {
 	}
 	if st.demoted.Load() {
 		st.mu.Lock()
-		s.Serving, s.Demoted, s.DemotedAt, s.FirstDiff, s.Reason = string(KindRemote), true, st.demotedAt, st.firstDiff, st.reason
+		s.Serving, s.Demoted, s.DemotedAt, s.FirstDiff, s.Reason = st.engine.source(), true, st.demotedAt, st.firstDiff, st.reason
 		st.mu.Unlock()
 	}
 	return s
@@ -366,9 +409,9 @@ func (m *modelTokenizer) explain() string {
 	case kind == KindRemote || kind == KindRender:
 		what := "remote tokenizer (the replicas' /tokenize)"
 		switch {
-		case kind == KindRender && len(m.cfg.RenderURLs) > 0:
+		case m.remote.render && len(m.cfg.RenderURLs) > 0:
 			what = fmt.Sprintf("render tokenizer (the render endpoints of %s)", strings.Join(m.cfg.RenderURLs, ", "))
-		case kind == KindRender:
+		case m.remote.render:
 			what = "render tokenizer (the replicas' render endpoints)"
 		}
 		d, n := m.remote.deadlines.learned()
@@ -384,9 +427,9 @@ func (m *modelTokenizer) explain() string {
 	}
 	s := m.selfCheckState()
 	if s.Demoted {
-		return fmt.Sprintf("model %q: local tokenizer%s demoted at %s, serving the engine's /tokenize instead: %s",
-			model, origin, s.DemotedAt.UTC().Format(time.RFC3339), s.Reason)
+		return fmt.Sprintf("model %q: local tokenizer%s demoted at %s, serving %s instead: %s",
+			model, origin, s.DemotedAt.UTC().Format(time.RFC3339), m.check.engine.endpoint(), s.Reason)
 	}
-	return fmt.Sprintf("model %q: local tokenizer%s, %d of %d sampled comparisons with the engine's /tokenize matched (%d failed to reach the engine, %d dropped)",
-		model, origin, s.Checks-s.Mismatches, s.Checks, s.Errors, s.Dropped)
+	return fmt.Sprintf("model %q: local tokenizer%s, %d of %d sampled comparisons with %s matched (%d failed to reach the engine, %d dropped)",
+		model, origin, s.Checks-s.Mismatches, s.Checks, m.check.engine.endpoint(), s.Errors, s.Dropped)
 }

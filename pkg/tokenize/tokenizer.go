@@ -174,10 +174,10 @@ func New(cfg Config, opts Options) (*Tokenizer, error) {
 			if m.cfg.Kind != KindLocal {
 				continue
 			}
-			engineCfg := m.cfg
+			engineCfg := t.engineConfig(m.cfg)
 			engineCfg.Timeout = sc.Timeout
 			m.check = &checkState{engine: t.newRemote(m.name, engineCfg, opts, false)}
-			m.remote = t.newRemote(m.name, m.cfg, opts, true)
+			m.remote = t.newRemote(m.name, t.engineConfig(m.cfg), opts, true)
 			t.metrics.localExact.WithLabelValues(m.name).Set(1)
 		}
 		if t.hasChecks() || t.hasAuto(cfg) {
@@ -233,7 +233,7 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 		if opts.Replicas == nil {
 			return nil, errors.New("auto tokenizer needs Options.Replicas (it is remote until local files are found)")
 		}
-		m.remote = t.newRemote(name, mc, opts, true)
+		m.remote = t.newRemote(name, t.engineConfig(mc), opts, true)
 		if m.foundDir = FindTokenizerFiles(name, t.searchDirs); m.foundDir != "" {
 			t.loads.Add(1)
 			go t.loadFound(m)
@@ -297,13 +297,25 @@ func (t *Tokenizer) loadFound(m *modelTokenizer) {
 		return
 	}
 	if !t.selfCheck.Disabled {
-		engineCfg := m.cfg
+		engineCfg := t.engineConfig(m.cfg)
 		engineCfg.Timeout = t.selfCheck.Timeout
 		m.check = &checkState{engine: t.newRemote(m.name, engineCfg, t.opts, false)}
 		t.metrics.localExact.WithLabelValues(m.name).Set(1)
 	}
 	m.found.Store(l)
 	t.log.Info("tokenize: local tokenizer from found files", "model", m.name, "dir", m.foundDir)
+}
+
+// engineConfig is mc as the engine is asked for a local model's tokens
+// (its self-check; a demoted model; an auto model before its files load):
+// the replicas' /tokenize, or their render endpoints when the self-check's
+// endpoint is render.
+func (t *Tokenizer) engineConfig(mc ModelConfig) ModelConfig {
+	mc.Kind, mc.RenderURLs = KindRemote, nil
+	if t.selfCheck.Endpoint == SelfCheckRender {
+		mc.Kind = KindRender
+	}
+	return mc
 }
 
 // newRemote builds a client of the replicas' /tokenize for model (of the
