@@ -66,7 +66,7 @@ func runLive(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return nil
 	})
 	fs.IntVar(&bo.Reps, "reps", 3, "-stack: repetitions")
-	fs.StringVar(&bo.Tokenizer, "tokenizer", "", "-stack: local (kvroute's default tokenizer, kind auto, finds the model's files; the default when -tokenizer-dir has them), remote (the engines' /tokenize) or ids (as -token-ids)")
+	fs.StringVar(&bo.Tokenizer, "tokenizer", "", "-stack: local (kvroute's default tokenizer, kind auto, finds the model's files; the default when -tokenizer-dir has them), remote (the engines' /tokenize), render (the engines' render endpoints, engines started with --enable-scale-out) or ids (as -token-ids)")
 	fs.StringVar(&bo.TokenizerDir, "tokenizer-dir", "", "-stack: the model's tokenizer.json and tokenizer_config.json, used by the engines and found by kvroute (default $KVROUTE_TOKENIZER_CACHE/qwen3 or .cache/tokenizers/qwen3)")
 	fs.BoolVar(&bo.Parallel, "parallel", true, "-stack: run kvroute and round robin at the same time, each on its own enginesims, so both see the same machine load; -parallel=false runs them one after the other on the same engines, order alternating")
 	fs.StringVar(&bo.KVRouteExtra, "kvroute-yaml", "", "-stack: YAML merged into kvroute's config, section by section, its values winning (e.g. 'policy: {name: leastload}')")

@@ -27,8 +27,20 @@ const minCachedTools = 2 << 10
 // tools cannot change the next request's. The zero value is ready; it is
 // safe for concurrent use.
 type toolsCache struct {
-	mu  sync.Mutex
-	lru *lru[toolsKey, jinja.Value]
+	mu           sync.Mutex
+	lru          *lru[toolsKey, jinja.Value]
+	hits, misses uint64 // lookups of tools lists large enough to cache
+}
+
+// stats returns the cache's hits and misses and the raw JSON bytes it
+// holds.
+func (tc *toolsCache) stats() (hits, misses uint64, bytes int) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.lru != nil {
+		bytes = tc.lru.size()
+	}
+	return tc.hits, tc.misses, bytes
 }
 
 type toolsKey struct {
@@ -48,6 +60,11 @@ func (c *ChatTemplate) toolsValue(raw json.RawMessage) (jinja.Value, error) {
 		tc.lru = newLRU[toolsKey, jinja.Value](toolsCacheBytes)
 	}
 	v, ok := tc.lru.get(k)
+	if ok {
+		tc.hits++
+	} else {
+		tc.misses++
+	}
 	tc.mu.Unlock()
 	if ok {
 		return copyValue(v), nil

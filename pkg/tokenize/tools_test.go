@@ -1,11 +1,16 @@
 package tokenize
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // The reshaping the fixtures check against HuggingFace's rendering is also
@@ -193,5 +198,36 @@ func TestToolsCacheCopies(t *testing.T) {
 	}
 	if ct.toolsCache.lru == nil || len(ct.toolsCache.lru.items) != 1 {
 		t.Fatal("the tools were not cached")
+	}
+}
+
+// TestToolsCacheMetrics: an agent's tools list, resent every turn, is
+// decoded once, and the per-model figures say so; a short list is not
+// cached and not counted.
+func TestToolsCacheMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tok, err := New(Config{Models: map[string]ModelConfig{"q": localConfig(t, "qwen3")}}, Options{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	var tools []map[string]any
+	for i := range 8 {
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+			"name": fmt.Sprintf("tool%d", i), "description": strings.Repeat("Reads a file. ", 20)}})
+	}
+	raw, _ := json.Marshal(tools)
+	short := json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
+	for turn, list := range []json.RawMessage{raw, raw, short, raw} {
+		in := route.TokenizeInput{Chat: true, Messages: json.RawMessage(fmt.Sprintf(`[{"role":"user","content":"turn %d"}]`, turn)), Tools: list, AddGenerationPrompt: true}
+		if _, err := tok.Tokenize(context.Background(), "q", in); err != nil {
+			t.Fatalf("turn %d: %v", turn, err)
+		}
+	}
+	hits := counterValue(t, reg, "kvroute_tokenizer_tools_cache_hits_total", "q")
+	misses := counterValue(t, reg, "kvroute_tokenizer_tools_cache_misses_total", "q")
+	bytes := gaugeValue(t, reg, "kvroute_tokenizer_tools_cache_bytes", "q")
+	if hits != 2 || misses != 1 || bytes != float64(len(raw)) {
+		t.Fatalf("tools cache: %v hits, %v misses, %v bytes; want 2, 1 and %d", hits, misses, bytes, len(raw))
 	}
 }

@@ -31,6 +31,10 @@ const (
 	// TokenizerRemote: kvroute tokenizes through the engines' /tokenize,
 	// answered with the same real tokenizer.
 	TokenizerRemote = "remote"
+	// TokenizerRender: kvroute tokenizes through the engines' render
+	// endpoints (engines started with --enable-scale-out), given each
+	// request's body.
+	TokenizerRender = "render"
 	// TokenizerIDs: prompts go as the simulator's token ids
 	// (Options.TokenIDs); nobody tokenizes.
 	TokenizerIDs = "ids"
@@ -211,13 +215,13 @@ func (o *BenchOptions) defaults() error {
 		}
 	}
 	switch o.Tokenizer {
-	case TokenizerLocal, TokenizerRemote:
+	case TokenizerLocal, TokenizerRemote, TokenizerRender:
 		if !haveFiles {
 			return fmt.Errorf("%w: tokenizer %s needs tokenizer.json and tokenizer_config.json in %s (make fixtures)", ErrOptions, o.Tokenizer, o.TokenizerDir)
 		}
 	case TokenizerIDs:
 	default:
-		return fmt.Errorf("%w: tokenizer %q: want %s, %s or %s", ErrOptions, o.Tokenizer, TokenizerLocal, TokenizerRemote, TokenizerIDs)
+		return fmt.Errorf("%w: tokenizer %q: want %s, %s, %s or %s", ErrOptions, o.Tokenizer, TokenizerLocal, TokenizerRemote, TokenizerRender, TokenizerIDs)
 	}
 	switch o.Run.API {
 	case "":
@@ -225,7 +229,7 @@ func (o *BenchOptions) defaults() error {
 	case APICompletions:
 	case APIMessages:
 		if o.Tokenizer == TokenizerIDs {
-			return fmt.Errorf("%w: the Messages API sends text: it needs tokenizer %s or %s (tokenizer.json and tokenizer_config.json in %s; make fixtures)", ErrOptions, TokenizerLocal, TokenizerRemote, o.TokenizerDir)
+			return fmt.Errorf("%w: the Messages API sends text: it needs tokenizer %s, %s or %s (tokenizer.json and tokenizer_config.json in %s; make fixtures)", ErrOptions, TokenizerLocal, TokenizerRemote, TokenizerRender, o.TokenizerDir)
 		}
 	default:
 		return fmt.Errorf("%w: API %q: want %s or %s", ErrOptions, o.Run.API, APICompletions, APIMessages)
@@ -261,7 +265,7 @@ func fileExists(p string) bool {
 // kvrouteExtra is kvroute's tokenizer section: local and ids runs use
 // kvroute's default (kind auto) with a search directory holding the
 // model's files under its name, as a user who ships them would; remote
-// pins the engines' /tokenize.
+// pins the engines' /tokenize, render their render endpoints.
 func (o *BenchOptions) kvrouteExtra(dir string) (string, error) {
 	cfg := map[string]any{"telemetry": map[string]any{"log_level": "warn"}}
 	switch o.Tokenizer {
@@ -280,6 +284,8 @@ func (o *BenchOptions) kvrouteExtra(dir string) (string, error) {
 		cfg["tokenizer"] = map[string]any{"search_dirs": []any{search}}
 	case TokenizerRemote:
 		cfg["tokenizer"] = map[string]any{"default": map[string]any{"kind": "remote"}}
+	case TokenizerRender:
+		cfg["tokenizer"] = map[string]any{"default": map[string]any{"kind": "render"}}
 	}
 	if o.Requests {
 		// Keep the decisions, so a report with every request has the
@@ -333,6 +339,9 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	engineArgs := []string{"--enable-prompt-tokens-details", "--speed", strconv.FormatFloat(o.EngineSpeed, 'f', -1, 64), "--log-level", "warn"}
 	if o.Tokenizer != TokenizerIDs {
 		engineArgs = append(engineArgs, "--tokenizer-dir", o.TokenizerDir)
+	}
+	if o.Tokenizer == TokenizerRender {
+		engineArgs = append(engineArgs, "--enable-scale-out")
 	}
 	engineArgs = append(engineArgs, o.EngineArgs...)
 	so := testbed.StackOptions{

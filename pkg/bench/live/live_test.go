@@ -422,6 +422,11 @@ func TestKVRouteExtraMergesTheUsersYAML(t *testing.T) {
 		cfg.Telemetry.LogLevel != "debug" || cfg.Tokenizer.Default.Kind != "remote" || cfg.Policy.Name != "leastload" {
 		t.Errorf("merged config %+v\n%s", cfg, got)
 	}
+	// The render arm's kvroute asks the engines' render endpoints.
+	o.Tokenizer, o.KVRouteExtra = TokenizerRender, ""
+	if got, err = o.kvrouteExtra(t.TempDir()); err != nil || yaml.Unmarshal([]byte(got), &cfg) != nil || cfg.Tokenizer.Default.Kind != "render" {
+		t.Errorf("render tokenizer: %v\n%s", err, got)
+	}
 	o.KVRouteExtra = "routing: [1, 2"
 	if _, err := o.kvrouteExtra(t.TempDir()); err == nil {
 		t.Error("malformed extra YAML accepted")
