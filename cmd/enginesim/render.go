@@ -40,7 +40,6 @@ type rendered struct {
 	SamplingParams renderedSampling `json:"sampling_params"`
 	Model          string           `json:"model"`
 	CacheSalt      *string          `json:"cache_salt"`
-	Stream         bool             `json:"stream"`
 }
 
 type renderedSampling struct {

@@ -131,6 +131,14 @@ func (r *remote) source() string {
 	return SourceRemote
 }
 
+// kind is the tokenizer kind r serves (metrics and fallbacks name it).
+func (r *remote) kind() Kind {
+	if r.render {
+		return KindRender
+	}
+	return KindRemote
+}
+
 func (r *remote) tokenize(ctx context.Context, in route.TokenizeInput) (route.Tokens, error) {
 	path, body, err := r.request(in)
 	if err != nil {

@@ -400,7 +400,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	var toks route.Tokens
 	kind, local := m.cfg.Kind, m.local
 	if kind == KindAuto {
-		kind = KindRemote
+		kind = m.remote.kind()
 		if local = m.found.Load(); local != nil {
 			kind = KindLocal
 		}
@@ -409,7 +409,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	case KindLocal:
 		if m.check != nil && m.check.demoted.Load() {
 			// The engine disagreed with this local tokenizer: ask it.
-			kind = KindRemote
+			kind = m.remote.kind()
 			toks, err = m.remote.tokenize(ctx, in)
 			break
 		}
