@@ -19,54 +19,65 @@ func parseTokenizeResponse(b []byte) (tokenizeResponse, error) {
 	var out tokenizeResponse
 	s := jscan{b: b}
 	s.ws()
+	err := s.members(func(key string) error {
+		var err error
+		switch {
+		case key == "tokens" && s.peek() == '[':
+			out.Tokens, err = s.ids()
+		case key == "tokens" && s.literal("null"):
+			out.Tokens = nil
+		case key == "tokens":
+			err = s.fail("tokens is not an array")
+		case key == "count":
+			start := s.i
+			if err = s.skip(); err == nil {
+				if err = json.Unmarshal(b[start:s.i], &out.Count); err != nil {
+					err = fmt.Errorf("count: %w", err)
+				}
+			}
+		default:
+			err = s.skip()
+		}
+		return err
+	})
+	if err != nil {
+		return out, err
+	}
+	return out, s.end()
+}
+
+// members reads an object at the cursor, calling member with each key and
+// the cursor at its value, which member must read.
+func (s *jscan) members(member func(key string) error) error {
 	if !s.eat('{') {
-		return out, s.fail("want an object")
+		return s.fail("want an object")
 	}
 	s.ws()
 	if s.eat('}') {
-		return out, s.end()
+		return nil
 	}
 	for {
 		s.ws()
 		key, err := s.key()
 		if err != nil {
-			return out, err
+			return err
 		}
 		s.ws()
 		if !s.eat(':') {
-			return out, s.fail("want ':'")
+			return s.fail("want ':'")
 		}
 		s.ws()
-		switch {
-		case key == "tokens" && s.peek() == '[':
-			if out.Tokens, err = s.ids(); err != nil {
-				return out, err
-			}
-		case key == "tokens" && s.literal("null"):
-			out.Tokens = nil
-		case key == "tokens":
-			return out, s.fail("tokens is not an array")
-		case key == "count":
-			start := s.i
-			if err := s.skip(); err != nil {
-				return out, err
-			}
-			if err := json.Unmarshal(b[start:s.i], &out.Count); err != nil {
-				return out, fmt.Errorf("count: %w", err)
-			}
-		default:
-			if err := s.skip(); err != nil {
-				return out, err
-			}
+		if err := member(key); err != nil {
+			return err
 		}
 		s.ws()
 		if s.eat(',') {
 			continue
 		}
 		if s.eat('}') {
-			return out, s.end()
+			return nil
 		}
-		return out, s.fail("want ',' or '}'")
+		return s.fail("want ',' or '}'")
 	}
 }
 
@@ -113,46 +124,20 @@ func parseRenderResponse(b []byte) ([]uint32, error) {
 
 // renderObject reads one GenerateRequest object's token_ids.
 func (s *jscan) renderObject() ([]uint32, error) {
-	if !s.eat('{') {
-		return nil, s.fail("want an object")
-	}
 	var ids []uint32
-	s.ws()
-	if s.eat('}') {
-		return nil, nil
-	}
-	for {
-		s.ws()
-		key, err := s.key()
-		if err != nil {
-			return nil, err
-		}
-		s.ws()
-		if !s.eat(':') {
-			return nil, s.fail("want ':'")
-		}
-		s.ws()
+	err := s.members(func(key string) error {
+		var err error
 		switch {
 		case key == "token_ids" && s.peek() == '[':
-			if ids, err = s.ids(); err != nil {
-				return nil, err
-			}
+			ids, err = s.ids()
 		case key == "token_ids":
-			return nil, s.fail("token_ids is not an array")
+			err = s.fail("token_ids is not an array")
 		default:
-			if err := s.skip(); err != nil {
-				return nil, err
-			}
+			err = s.skip()
 		}
-		s.ws()
-		if s.eat(',') {
-			continue
-		}
-		if s.eat('}') {
-			return ids, nil
-		}
-		return nil, s.fail("want ',' or '}'")
-	}
+		return err
+	})
+	return ids, err
 }
 
 // jscan is a cursor over JSON text.
