@@ -471,7 +471,7 @@ func FillRequest(req *route.Request, p openai.Request, body []byte) {
 			Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 			AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
 			AddSpecialTokens: p.AddSpecialTokens, ChatMessages: parsedchat.Messages(p.ChatMessages), Documents: p.Documents,
-			ReasoningEffort: p.ReasoningEffort,
+			ReasoningEffort: p.ReasoningEffort, ToolChoice: p.ToolChoice,
 		}
 	case openai.KindResponses, openai.KindMessages:
 		// Converted to the chat request vLLM renders; a body whose prompt

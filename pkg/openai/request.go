@@ -132,6 +132,10 @@ type Request struct {
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
+	// ToolChoice is a chat request's tool_choice (raw JSON, nil when absent
+	// or null): vLLM renders every tool whatever it says; SGLang renders
+	// only the named tool, and none for "none".
+	ToolChoice json.RawMessage
 	// ReasoningEffort is the reasoning effort the request asks for (a
 	// chat request's reasoning_effort, a Responses request's
 	// reasoning.effort, a Messages request's output_config.effort; "" for
@@ -303,7 +307,7 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		} else {
 			req.Documents = nil
 		}
-	case "tools", "chat_template_kwargs":
+	case "tools", "chat_template_kwargs", "tool_choice":
 		var raw []byte
 		if raw, err = s.raw(depth); err != nil {
 			return true, err
@@ -311,9 +315,12 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		if string(raw) == "null" {
 			raw = nil
 		}
-		if key == "tools" {
+		switch key {
+		case "tools":
 			req.Tools = raw
-		} else {
+		case "tool_choice":
+			req.ToolChoice = raw
+		default:
 			req.ChatTemplateKwargs = raw
 		}
 	case "add_generation_prompt":

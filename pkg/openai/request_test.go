@@ -343,6 +343,13 @@ func TestChatReasoningEffortAndDocuments(t *testing.T) {
 			t.Errorf("%s: kwargs %s effort %q, want %s %q", c.body, req.ChatTemplateKwargs, req.ReasoningEffort, c.kwargs, c.effort)
 		}
 	}
+	// tool_choice is kept raw (SGLang's rendering depends on it).
+	for body, want := range map[string]string{`"tool_choice":"none"`: `"none"`, `"tool_choice":{"type":"function","function":{"name":"f"}}`: `{"type":"function","function":{"name":"f"}}`, `"tool_choice":null`: ``} {
+		req, err := ParseChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],` + body + `}`))
+		if err != nil || string(req.ToolChoice) != want {
+			t.Errorf("%s: tool_choice %s, %v", body, req.ToolChoice, err)
+		}
+	}
 	req, err := ParseChat([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"documents":[{"title":"t","text":"x"}]}`))
 	if err != nil || string(req.Documents) != `[{"title":"t","text":"x"}]` {
 		t.Errorf("documents: %s, %v", req.Documents, err)

@@ -37,6 +37,12 @@ const (
 	KindAuto Kind = "auto"
 )
 
+// Engines a model's tokenizer renders for (ModelConfig.Engine).
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+)
+
 // Fallback says what a failed tokenization turns into.
 type Fallback string
 
@@ -107,6 +113,17 @@ type ModelConfig struct {
 	// for BreakerOpenFor (defaults 5 and 5s); then one probe is let through.
 	BreakerFailures int           `yaml:"breaker_failures"`
 	BreakerOpenFor  time.Duration `yaml:"breaker_open_for"`
+	// Engine is the engine serving the model: "vllm" (the default) or
+	// "sglang". SGLang renders chats otherwise than vLLM (tools dumped
+	// whole, text parts joined by a space, tools filtered by tool_choice,
+	// developer messages kept, reasoning_effort also setting thinking), and
+	// the local renderer renders vLLM's way: with sglang, an auto model
+	// tokenizes chats through the replicas' /tokenize (SGLang's own chat
+	// pipeline) and only text prompts locally, and the remote tokenizer
+	// asks /tokenize as SGLang's chat route would render the request
+	// (tool_choice and reasoning_effort as fields, no
+	// add_generation_prompt).
+	Engine string `yaml:"engine"`
 	// RenderURLs are the render servers a render tokenizer asks, in order
 	// (base URLs, e.g. http://vllm-render:8000); empty, it asks the
 	// model's replicas as the remote tokenizer does.
@@ -163,6 +180,14 @@ func (c ModelConfig) Validate() error {
 		return errors.New("kind is required (auto, passthrough, remote, render, local or approximate)")
 	default:
 		return fmt.Errorf("unknown kind %q (want auto, passthrough, remote, render, local or approximate)", c.Kind)
+	}
+	switch c.Engine {
+	case "", EngineVLLM, EngineSGLang:
+	default:
+		return fmt.Errorf("engine %q: want vllm or sglang", c.Engine)
+	}
+	if c.Engine == EngineSGLang && c.Kind == KindRender {
+		return errors.New("kind render is vLLM's render endpoints; an sglang model wants kind remote or auto")
 	}
 	if len(c.RenderURLs) > 0 && c.Kind != KindRender {
 		return fmt.Errorf("render_urls is for kind render, not %s", c.Kind)

@@ -200,6 +200,13 @@
 // the engine's choice) and sends the unmerged conversation (an engine
 // whose template rejects it fails the call, and the request falls back).
 //
+// SGLang (ModelConfig.Engine "sglang") renders chats otherwise than vLLM,
+// and the local renderer renders vLLM's way: an SGLang model's chats are
+// tokenized by its replicas' /tokenize (SGLang's own chat pipeline), asked
+// without add_generation_prompt and with tool_choice and reasoning_effort
+// as fields, so that SGLang renders them as its chat route does; its text
+// prompts stay local.
+//
 // Self-check (selfcheck.go): with Options.Replicas set, a sample of local
 // tokenizations (Config.SelfCheck.SampleRate, default 1%) is compared off
 // the request path with the engine's own POST /tokenize (chat requests

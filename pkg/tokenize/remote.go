@@ -59,6 +59,9 @@ type tokenizeRequest struct {
 	AddSpecialTokens    bool            `json:"add_special_tokens"`
 	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
+	// SGLang's /tokenize reads these as its chat route does.
+	ToolChoice      json.RawMessage `json:"tool_choice,omitempty"`
+	ReasoningEffort string          `json:"reasoning_effort,omitempty"`
 }
 
 type tokenizeResponse struct {
@@ -73,28 +76,46 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 		// template, which /tokenize does not apply for it.
 		return nil, fmt.Errorf("%w: an Anthropic Messages request with thinking disabled", ErrUnsupported)
 	}
-	if in.Chat {
-		agp := in.AddGenerationPrompt
-		req.Messages, req.AddGenerationPrompt, req.ContinueFinal = in.Messages, &agp, in.ContinueFinalMessage
-		if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
-			req.ChatTemplateKwargs = in.ChatTemplateKwargs
-		}
-		if in.ReasoningEffort != "" {
-			// /tokenize takes no reasoning_effort: the arguments carry it
-			// as the chat route merges it.
-			kw, err := withEffort(req.ChatTemplateKwargs, in.ReasoningEffort)
-			if err != nil {
-				return nil, err
-			}
-			req.ChatTemplateKwargs = kw
-		}
-		if len(in.Tools) > 0 && string(in.Tools) != "null" {
-			req.Tools = in.Tools
-		}
-	} else {
+	switch {
+	case !in.Chat:
 		p := in.Prompt
 		req.Prompt = &p
+		return marshalTokenize(req)
+	case len(in.Tools) > 0 && string(in.Tools) != "null":
+		req.Tools = in.Tools
 	}
+	req.Messages, req.ContinueFinal = in.Messages, in.ContinueFinalMessage
+	if len(in.ChatTemplateKwargs) > 0 && string(in.ChatTemplateKwargs) != "null" {
+		req.ChatTemplateKwargs = in.ChatTemplateKwargs
+	}
+	if r.cfg.Engine == EngineSGLang {
+		// SGLang's /tokenize renders the request as its chat route does
+		// when add_generation_prompt is left out (the chat route always
+		// adds it and turns a trailing assistant message into a user one),
+		// and reads tool_choice and reasoning_effort as the chat route
+		// does.
+		if len(in.ToolChoice) > 0 && string(in.ToolChoice) != "null" {
+			req.ToolChoice = in.ToolChoice
+		}
+		req.ReasoningEffort = in.ReasoningEffort
+		return marshalTokenize(req)
+	}
+	agp := in.AddGenerationPrompt
+	req.AddGenerationPrompt = &agp
+	if in.ReasoningEffort != "" {
+		// vLLM's /tokenize takes no reasoning_effort: the arguments carry
+		// it as the chat route merges it.
+		kw, err := withEffort(req.ChatTemplateKwargs, in.ReasoningEffort)
+		if err != nil {
+			return nil, err
+		}
+		req.ChatTemplateKwargs = kw
+	}
+	return marshalTokenize(req)
+}
+
+// marshalTokenize encodes a /tokenize request body.
+func marshalTokenize(req tokenizeRequest) ([]byte, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadMessages, err)

@@ -387,3 +387,63 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ..
 	}
 	return 0
 }
+
+// TestRemoteSGLangShape: for a model served by SGLang, /tokenize is asked
+// as SGLang's chat route renders the request (no add_generation_prompt, so
+// SGLang applies its chat route's own; tool_choice and reasoning_effort as
+// fields), where vLLM's /tokenize gets add_generation_prompt and the effort
+// merged into chat_template_kwargs, and no tool_choice. An auto or local
+// SGLang model tokenizes chats through /tokenize and text prompts locally.
+func TestRemoteSGLangShape(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	fake := &fakeVLLM{}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	in := route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), AddGenerationPrompt: true,
+		Tools: json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`), ToolChoice: json.RawMessage(`"none"`), ReasoningEffort: "low"}
+	for _, c := range []struct {
+		engine string
+		want   map[string]string
+		absent []string
+	}{
+		{EngineSGLang, map[string]string{"tool_choice": `"none"`, "reasoning_effort": `"low"`}, []string{"add_generation_prompt", "chat_template_kwargs"}},
+		{"", map[string]string{"add_generation_prompt": "true", "chat_template_kwargs": `{"enable_thinking":true,"reasoning_effort":"low"}`}, []string{"tool_choice", "reasoning_effort"}},
+	} {
+		tok, _, _ := newRemoteTokenizer(t, ModelConfig{Timeout: 10 * time.Second, CacheSize: -1, Engine: c.engine}, func() []string { return []string{srv.URL} })
+		if _, err := tok.Tokenize(context.Background(), "m", in); err != nil {
+			t.Fatal(err)
+		}
+		req := fake.last()
+		for k, v := range c.want {
+			if string(req[k]) != v {
+				t.Errorf("engine %q: %s = %s, want %s", c.engine, k, req[k], v)
+			}
+		}
+		for _, k := range c.absent {
+			if _, ok := req[k]; ok {
+				t.Errorf("engine %q: %s sent: %s", c.engine, k, req[k])
+			}
+		}
+		if string(req["tools"]) != string(in.Tools) {
+			t.Errorf("engine %q: tools %s", c.engine, req["tools"])
+		}
+	}
+
+	// A local SGLang model: chats to /tokenize, text prompts local.
+	mc := localConfig(t, "qwen3")
+	mc.Engine = EngineSGLang
+	tok, err := New(Config{Models: map[string]ModelConfig{"m": mc}}, Options{Replicas: func(string) []string { return []string{srv.URL} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	calls := fake.calls.Load()
+	chat, err := tok.Tokenize(context.Background(), "m", in)
+	if err != nil || chat.Source != SourceRemote || fake.calls.Load() != calls+1 {
+		t.Errorf("an SGLang model's chat: %s, %v, %d calls", chat.Source, err, fake.calls.Load()-calls)
+	}
+	text, err := tok.Tokenize(context.Background(), "m", route.TokenizeInput{Prompt: "hello", AddSpecialTokens: true})
+	if err != nil || text.Source != SourceLocal {
+		t.Errorf("an SGLang model's text prompt: %s, %v", text.Source, err)
+	}
+}

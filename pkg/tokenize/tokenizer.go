@@ -229,6 +229,10 @@ func (t *Tokenizer) build(name string, mc ModelConfig, opts Options) (*modelToke
 		if m.local, err = t.loadLocal(mc); err != nil {
 			return nil, err
 		}
+		if mc.Engine == EngineSGLang && opts.Replicas != nil {
+			// SGLang renders chats otherwise: they go to its /tokenize.
+			m.remote = t.newRemote(name, t.engineConfig(mc), opts, true)
+		}
 	case KindAuto:
 		if opts.Replicas == nil {
 			return nil, errors.New("auto tokenizer needs Options.Replicas (it is remote until local files are found)")
@@ -307,12 +311,13 @@ func (t *Tokenizer) loadFound(m *modelTokenizer) {
 }
 
 // engineConfig is mc as the engine is asked for a local model's tokens
-// (its self-check; a demoted model; an auto model before its files load):
-// the replicas' /tokenize, or their render endpoints when the self-check's
-// endpoint is render.
+// (its self-check; a demoted model; an auto model before its files load;
+// an SGLang model's chats): the replicas' /tokenize, or their render
+// endpoints when the self-check's endpoint is render and the engine vLLM
+// (SGLang serves none).
 func (t *Tokenizer) engineConfig(mc ModelConfig) ModelConfig {
 	mc.Kind, mc.RenderURLs = KindRemote, nil
-	if t.selfCheck.Endpoint == SelfCheckRender {
+	if t.selfCheck.Endpoint == SelfCheckRender && mc.Engine != EngineSGLang {
 		mc.Kind = KindRender
 	}
 	return mc
@@ -407,8 +412,9 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 	}
 	switch kind {
 	case KindLocal:
-		if m.check != nil && m.check.demoted.Load() {
-			// The engine disagreed with this local tokenizer: ask it.
+		if m.check != nil && m.check.demoted.Load() || in.Chat && m.cfg.Engine == EngineSGLang && m.remote != nil {
+			// The engine disagreed with this local tokenizer, or renders
+			// chats otherwise than the local renderer: ask it.
 			kind = m.remote.kind()
 			toks, err = m.remote.tokenize(ctx, in)
 			break

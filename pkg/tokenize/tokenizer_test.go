@@ -69,6 +69,8 @@ default:
 		{"empty search dir", Config{Default: &ModelConfig{Kind: KindAuto}, SearchDirs: []string{""}}},
 		{"bad content format", Config{Models: map[string]ModelConfig{"m": {Kind: KindAuto, EngineChat: EngineChat{ContentFormat: "list"}}}}},
 		{"default kwargs not an object", Config{Models: map[string]ModelConfig{"m": {Kind: KindAuto, EngineChat: EngineChat{DefaultKwargs: `["x"]`}}}}},
+		{"unknown engine", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, Engine: "trt"}}}},
+		{"render for sglang", Config{Models: map[string]ModelConfig{"m": {Kind: KindRender, Engine: EngineSGLang}}}},
 		{"render_urls on a remote tokenizer", Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, RenderURLs: []string{"http://r:8000"}}}}},
 		{"render_urls not a URL", Config{Models: map[string]ModelConfig{"m": {Kind: KindRender, RenderURLs: []string{"r:8000"}}}}},
 	}
