@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -66,4 +68,65 @@ func TestRenderTokenizerMessages(t *testing.T) {
 		t.Errorf("token sources %v, want all %d from render", sources, sessions*turns)
 	}
 	t.Logf("token sources: %v", sources)
+}
+
+// TestEngineAPIKey: engines started with --api-key refuse kvroute's render
+// calls (a /v1 path) unless kvroute sends the key (engine_auth): with it,
+// every decision is on the engines' render tokens; without it, none is
+// (the calls get 401 and fall back to approximate tokens). Clients send
+// their own key through Envoy.
+func TestEngineAPIKey(t *testing.T) {
+	_, dir := qwen3Tokenizer(t)
+	keyFile := filepath.Join(t.TempDir(), "api-key")
+	if err := os.WriteFile(keyFile, []byte("sk-e2e-engines\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sources := func(withKey bool) map[string]int {
+		extra := "routing: {decision_history: 64}\n"
+		if withKey {
+			extra += fmt.Sprintf("engine_auth: {api_key_file: %q}\n", keyFile)
+		}
+		c := newCluster(t, clusterOpts{
+			engines: 2,
+			engineArgs: func(int) []string {
+				return []string{"--api-key", "sk-e2e-engines", "--enable-scale-out", "--tokenizer-dir", dir}
+			},
+			tokenizer: "{kind: render, timeout: 5s}",
+			kvExtra:   extra,
+		})
+		auth := map[string]string{"Authorization": "Bearer sk-e2e-engines"}
+		for i := range 6 {
+			r := c.chat(t.Context(), []message{{Role: "user", Content: prompt(fmt.Sprintf("key%d", i), 30)}}, 4, auth)
+			if r.err != nil || r.status != 200 {
+				t.Fatalf("request %d: %d %v %s", i, r.status, r.err, r.body)
+			}
+		}
+		if r := c.chat(t.Context(), []message{{Role: "user", Content: "no key"}}, 4, nil); r.status != 401 {
+			t.Errorf("a client without the key: %d %s", r.status, r.body)
+		}
+		var out struct {
+			Decisions []struct {
+				Decision struct {
+					TokenSource string `json:"token_source"`
+				} `json:"decision"`
+			} `json:"decisions"`
+		}
+		if err := c.adminJSON("/debug/decisions?limit=64", &out); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, d := range out.Decisions {
+			got[d.Decision.TokenSource]++
+		}
+		return got
+	}
+	if got := sources(true); got["render"] != 7 || len(got) != 1 {
+		t.Errorf("with engine_auth: token sources %v, want all 7 from render", got)
+	}
+	// Without the key each render call is refused (and, after a few, the
+	// replicas' breakers open): every decision on approximate tokens.
+	got := sources(false)
+	if got["approximate:render_remote_error"] == 0 || got["approximate:render_remote_error"]+got["approximate:render_breaker_open"] != 7 {
+		t.Errorf("without engine_auth: token sources %v, want all 7 approximate after refused renders", got)
+	}
 }

@@ -43,6 +43,7 @@ type options struct {
 	cfg                  engine.Config
 	promptDetails        bool
 	scaleOut             bool
+	apiKey               string
 	loras                []loraModule
 	eventsDisable        bool
 	pub                  pubConfig
@@ -89,6 +90,7 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", 256, "max running requests")
 	fs.IntVar(&o.cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "token budget per step (prefill chunk size)")
 	fs.BoolVar(&o.promptDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	fs.StringVar(&o.apiKey, "api-key", "", "refuse /v1, /v2, /inference and /cohere requests without \"Authorization: Bearer KEY\" (401 {\"error\": \"Unauthorized\"}), as vLLM's --api-key does; /health, /metrics and /tokenize stay open")
 	fs.BoolVar(&o.scaleOut, "enable-scale-out", false, "serve the render endpoints (POST /v1/chat/completions/render, /v1/completions/render, /v1/responses/render, /v1/messages/render): the prompt's token ids, as vLLM 0.33 serves them with this flag")
 	fs.Var(loraFlag{&o.loras}, "lora-modules", "LoRA adapters as name=path (repeatable, or comma/space separated)")
 	fs.BoolVar(&o.eventsDisable, "kv-events-disable", false, "publish no KV events")
@@ -223,7 +225,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
 		blockSize: eng.Config().BlockSize,
 	}
-	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: guarded(s.handler(), o.apiKey), ReadHeaderTimeout: 10 * time.Second}
 
 	driverCtx, stopDriver := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

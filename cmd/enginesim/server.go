@@ -2,11 +2,15 @@ package main
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -604,4 +608,30 @@ func (s *server) eventSources(w http.ResponseWriter, _ *http.Request) {
 		})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sources": sources})
+}
+
+// guardedPrefixes are the paths vLLM's --api-key guards.
+var guardedPrefixes = []string{"/v1", "/v2", "/inference", "/cohere"}
+
+// guarded refuses, as vLLM's --api-key middleware does, a request to a
+// guarded path without "Authorization: Bearer key" (the scheme in any
+// case): 401 {"error": "Unauthorized"}. An empty key guards nothing.
+func guarded(h http.Handler, key string) http.Handler {
+	if key == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte(key))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodOptions && slices.ContainsFunc(guardedPrefixes, func(p string) bool { return strings.HasPrefix(r.URL.Path, p) }) {
+			scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			got := sha256.Sum256([]byte(token))
+			if !strings.EqualFold(scheme, "bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusUnauthorized)
+				_, _ = w.Write([]byte(`{"error":"Unauthorized"}`))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/enginehttp"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/index"
@@ -48,6 +49,9 @@ type Config struct {
 	Telemetry telemetry.Config `yaml:"telemetry"`
 	Readiness ReadinessConfig  `yaml:"readiness"`
 	TLS       TLSConfig        `yaml:"tls"`
+	// EngineAuth is the engines' API key (vLLM or SGLang --api-key), sent
+	// on every request kvroute makes of them.
+	EngineAuth enginehttp.Config `yaml:"engine_auth"`
 }
 
 // TLSConfig is each listener's TLS (tlsfiles.Config); a listener without a
@@ -324,6 +328,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, inSection("tls.extproc", c.TLS.ExtProc.Validate())...)
 	errs = append(errs, inSection("tls.admin", c.TLS.Admin.Validate())...)
 	errs = append(errs, inSection("tls.metrics", c.TLS.Metrics.Validate())...)
+	if err := c.EngineAuth.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+	}
 	if _, err := policy.New(c.Policy.Name, c.Policy.Config); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err)) // "policy: invalid config: blended.<knob>: ..."
 	}

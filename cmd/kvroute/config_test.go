@@ -255,6 +255,7 @@ index: {max_bytes: -1}
 routing: {block_size: -1, session_header: X, approximate: {ttl: -1s, max_entries: -1}, max_request_lifetime: -1s, max_streams_per_connection: -2, max_connection_idle: -1s}
 telemetry: {log_level: loud, log_format: xml}
 readiness: {warm_timeout: -1s}
+engine_auth: {reload_interval: 5s}
 `))
 	if err == nil {
 		t.Fatal("no error")
@@ -270,6 +271,7 @@ readiness: {warm_timeout: -1s}
 		"routing.max_request_lifetime", "routing.max_streams_per_connection", "routing.max_connection_idle",
 		"telemetry.log_level", "telemetry.log_format",
 		"readiness.warm_timeout",
+		"engine_auth.reload_interval",
 	}
 	var lines []string
 	for _, l := range strings.Split(err.Error(), "\n") {

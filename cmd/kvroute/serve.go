@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/admin"
 	"github.com/kvroute/kvroute/pkg/discovery"
+	"github.com/kvroute/kvroute/pkg/enginehttp"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/fleet"
@@ -141,6 +142,17 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	r.reg.MustRegister(buildInfo)
 
 	var err error
+	// The engines' HTTP client: nil (each component's own) unless the
+	// engines ask for an API key.
+	var engines *http.Client
+	if cfg.EngineAuth.Enabled() {
+		keyLog := log.With("component", "engine_auth")
+		if engines, err = enginehttp.Client(cfg.EngineAuth, func(err error) {
+			keyLog.Warn("engine API key file not re-read; the previous key stays in use", "err", err)
+		}); err != nil {
+			return nil, err
+		}
+	}
 	r.idx = index.New(cfg.Index)
 	r.reg.MustRegister(newIndexCollector(r.idx))
 	r.events = events.NewManager(r.idx, cfg.Events, r.reg, log.With("component", "events"))
@@ -151,6 +163,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	sc := cfg.Load.Scraper()
 	sc.Logger, sc.Registerer = log.With("component", "scraper"), r.reg
 	sc.Tracker = tracker // sampled at each scrape: View tells other routers' requests from ours
+	sc.Client = engines
 	if r.scrape, err = load.NewScraper(sc); err != nil {
 		return nil, fmt.Errorf("load scraper: %w", err)
 	}
@@ -160,13 +173,13 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	r.view = &load.View{Tracker: tracker, Scraper: r.scrape, Fidelity: r.fid, StaleAfter: cfg.Load.StaleAfter}
 	// LoRA adapters: the replica specs' lora_adapters plus each engine's
 	// /v1/models (vLLM lists adapters with their parent).
-	if r.models, err = fleet.NewModels(fleet.ModelsConfig{Logger: log.With("component", "models")}); err != nil {
+	if r.models, err = fleet.NewModels(fleet.ModelsConfig{Logger: log.With("component", "models"), Client: engines}); err != nil {
 		return nil, fmt.Errorf("models prober: %w", err)
 	}
 	r.set = fleet.NewSet(fleet.SetConfig{Loads: r.view, Events: r.events, Fidelity: r.fid, BlockSize: cfg.Routing.BlockSize, Models: r.models})
 
 	if r.tok, err = tokenize.New(cfg.Tokenizer, tokenize.Options{
-		Registerer: r.reg, Replicas: r.set.TokenizerURLs, Logger: log.With("component", "tokenize"),
+		Registerer: r.reg, Replicas: r.set.TokenizerURLs, Logger: log.With("component", "tokenize"), HTTPClient: engines,
 	}); err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
