@@ -50,20 +50,7 @@ func TestRenderTokenizerMessages(t *testing.T) {
 		}
 	}
 	tally.check(t, "cache_read_input_tokens")
-	var out struct {
-		Decisions []struct {
-			Decision struct {
-				TokenSource string `json:"token_source"`
-			} `json:"decision"`
-		} `json:"decisions"`
-	}
-	if err := c.adminJSON("/debug/decisions?limit=64", &out); err != nil {
-		t.Fatal(err)
-	}
-	sources := map[string]int{}
-	for _, d := range out.Decisions {
-		sources[d.Decision.TokenSource]++
-	}
+	sources := tokenSources(t, c)
 	if sources["render"] != sessions*turns || len(sources) != 1 {
 		t.Errorf("token sources %v, want all %d from render", sources, sessions*turns)
 	}
@@ -104,21 +91,7 @@ func TestEngineAPIKey(t *testing.T) {
 		if r := c.chat(t.Context(), []message{{Role: "user", Content: "no key"}}, 4, nil); r.status != 401 {
 			t.Errorf("a client without the key: %d %s", r.status, r.body)
 		}
-		var out struct {
-			Decisions []struct {
-				Decision struct {
-					TokenSource string `json:"token_source"`
-				} `json:"decision"`
-			} `json:"decisions"`
-		}
-		if err := c.adminJSON("/debug/decisions?limit=64", &out); err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]int{}
-		for _, d := range out.Decisions {
-			got[d.Decision.TokenSource]++
-		}
-		return got
+		return tokenSources(t, c)
 	}
 	if got := sources(true); got["render"] != 7 || len(got) != 1 {
 		t.Errorf("with engine_auth: token sources %v, want all 7 from render", got)
@@ -129,4 +102,25 @@ func TestEngineAPIKey(t *testing.T) {
 	if got["approximate:render_remote_error"] == 0 || got["approximate:render_remote_error"]+got["approximate:render_breaker_open"] != 7 {
 		t.Errorf("without engine_auth: token sources %v, want all 7 approximate after refused renders", got)
 	}
+}
+
+// tokenSources counts the kept decisions (up to 64) by the source of their
+// tokens.
+func tokenSources(t *testing.T, c *cluster) map[string]int {
+	t.Helper()
+	var out struct {
+		Decisions []struct {
+			Decision struct {
+				TokenSource string `json:"token_source"`
+			} `json:"decision"`
+		} `json:"decisions"`
+	}
+	if err := c.adminJSON("/debug/decisions?limit=64", &out); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, d := range out.Decisions {
+		got[d.Decision.TokenSource]++
+	}
+	return got
 }
