@@ -59,6 +59,13 @@
 //     false, and the router never matches such ids against keys learned
 //     from engine events.
 //
+// A request the local tokenizer knows it cannot reproduce (ErrUnsupported:
+// a template printing a number or a list as only Python prints it, and
+// the like) is asked of the engine instead when the model has an engine
+// client (an auto model, a self-checked local one, an SGLang one): its
+// /tokenize, or its render endpoints (SelfCheckConfig.Endpoint). Only
+// without one does it fall back as below.
+//
 // On failure (timeout, breaker open, remote error, invalid UTF-8, input over
 // the size limit, a template that raises, malformed messages) a model whose
 // fallback is "approximate" gets approximate tokens instead, counted in

@@ -447,3 +447,43 @@ func TestRemoteSGLangShape(t *testing.T) {
 		t.Errorf("an SGLang model's text prompt: %s, %v", text.Source, err)
 	}
 }
+
+// TestLocalUnsupportedAsksTheEngine: a request the local tokenizer knows
+// it cannot reproduce (here a template printing a float as only Python
+// prints it) is tokenized by the engine when one can be asked, and only
+// without one falls back to approximate tokens.
+func TestLocalUnsupportedAsksTheEngine(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	fake := &fakeVLLM{}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	mc := localConfig(t, "qwen3")
+	mc.EngineChat.Template = "{{ messages[0].content }}|{{ tools[0].function.parameters.properties.days.default }}"
+	in := route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), AddGenerationPrompt: true,
+		Tools: json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"days":{"type":"number","default":2.0}}}}}]`)}
+	reg := prometheus.NewRegistry()
+	tok, err := New(Config{Models: map[string]ModelConfig{"m": mc}}, Options{Registerer: reg, Replicas: func(string) []string { return []string{srv.URL} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	got, err := tok.Tokenize(context.Background(), "m", in)
+	if err != nil || got.Source != SourceRemote || !got.Exact || fake.calls.Load() != 1 {
+		t.Fatalf("with an engine: %s exact %v, %v, %d calls", got.Source, got.Exact, err, fake.calls.Load())
+	}
+	if n := counterValue(t, reg, "kvroute_tokenizer_requests_total", "local", "unsupported"); n != 1 {
+		t.Errorf("local unsupported counted %v times", n)
+	}
+	// A plain chat stays local.
+	if got, err := tok.Tokenize(context.Background(), "m", route.TokenizeInput{Chat: true, Messages: in.Messages, AddGenerationPrompt: true}); err != nil || got.Source != SourceLocal {
+		t.Errorf("a chat the template prints: %s, %v", got.Source, err)
+	}
+	alone, err := New(Config{Models: map[string]ModelConfig{"m": mc}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alone.Close()
+	if got, err := alone.Tokenize(context.Background(), "m", in); err != nil || got.Source != "approximate:local_unsupported" {
+		t.Errorf("without an engine: %s, %v", got.Source, err)
+	}
+}

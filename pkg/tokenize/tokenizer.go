@@ -423,6 +423,14 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		if err == nil && t.checker != nil {
 			t.checker.maybeSubmit(m, in, toks.IDs)
 		}
+		if errors.Is(err, ErrUnsupported) && m.remote != nil && ctx.Err() == nil {
+			// The local tokenizer knows it cannot reproduce this request
+			// (a template printing a number or a list as only Python
+			// prints it, ...): the engine can.
+			t.metrics.requests.WithLabelValues(string(KindLocal), "unsupported").Inc()
+			kind = m.remote.kind()
+			toks, err = m.remote.tokenize(ctx, in)
+		}
 	case KindRemote, KindRender:
 		toks, err = m.remote.tokenize(ctx, in)
 	case KindPassthrough:
