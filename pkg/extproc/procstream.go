@@ -481,7 +481,7 @@ func FillRequest(req *route.Request, p openai.Request, body []byte) {
 				Chat: true, Messages: p.Messages, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 				AddGenerationPrompt: p.AddGenerationPrompt, ContinueFinalMessage: p.ContinueFinalMessage,
 				AddSpecialTokens: p.AddSpecialTokens, SystemFirst: p.SystemFirstMessages, ThinkingDisabled: p.ThinkingDisabled,
-				ReasoningEffort: p.ReasoningEffort,
+				ReasoningEffort: p.ReasoningEffort, ToolChoice: p.ToolChoice,
 			}
 		}
 	case openai.KindCompletion:

@@ -69,7 +69,7 @@ func ParseMessages(body []byte) (Request, error) {
 	req.SessionID, req.PromptCacheKey, req.User = messagesIdentity(top)
 	req.Convert = convertMessages(&req, top)
 	if req.Convert != nil {
-		req.Messages, req.SystemFirstMessages, req.Tools, req.ChatTemplateKwargs = nil, nil, nil, nil
+		req.Messages, req.SystemFirstMessages, req.Tools, req.ChatTemplateKwargs, req.ToolChoice = nil, nil, nil, nil, nil
 	}
 	return req, nil
 }
@@ -293,6 +293,12 @@ func convertMessages(req *Request, top map[string]json.RawMessage) error {
 		}
 		if tc.Type == "tool" && (tc.Name == nil || *tc.Name == "") {
 			return fail("tool_choice.name is required when type is 'tool'")
+		}
+		if tc.Type == "none" {
+			// vLLM's chat request gets tool_choice "none" (what the
+			// engine's --exclude-tools-when-tool-choice-none reads); the
+			// other types do not change the prompt.
+			req.ToolChoice = json.RawMessage(`"none"`)
 		}
 	}
 	var system *anthropicMessage

@@ -118,6 +118,14 @@ func TestMessagesKwargsAndFlags(t *testing.T) {
 			t.Errorf("%s: flags %+v", c.extra, req)
 		}
 	}
+	// tool_choice none becomes the chat request's "none"; the other types
+	// do not change the prompt and are not carried.
+	for extra, want := range map[string]string{`,"tool_choice":{"type":"none"}`: `"none"`, `,"tool_choice":{"type":"auto"}`: ``, `,"tool_choice":{"type":"tool","name":"f"}`: ``, ``: ``} {
+		req, err := ParseMessages([]byte(`{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"x"}]` + extra + `}`))
+		if err != nil || req.Convert != nil || string(req.ToolChoice) != want {
+			t.Errorf("%s: tool_choice %s, %v %v", extra, req.ToolChoice, err, req.Convert)
+		}
+	}
 	if KindOf("/v1/messages?beta=true") != KindMessages || KindOf("/v1/messages/count_tokens") != KindUnknown {
 		t.Error("KindOf")
 	}

@@ -132,9 +132,11 @@ type Request struct {
 	Messages           json.RawMessage
 	Tools              json.RawMessage
 	ChatTemplateKwargs json.RawMessage
-	// ToolChoice is a chat request's tool_choice (raw JSON, nil when absent
-	// or null): vLLM renders every tool whatever it says; SGLang renders
-	// only the named tool, and none for "none".
+	// ToolChoice is a chat or Responses request's tool_choice (raw JSON,
+	// nil when absent or null; a Messages request's type none is "none"):
+	// vLLM renders every tool whatever it says, unless started with
+	// --exclude-tools-when-tool-choice-none and it is "none"; SGLang
+	// renders only the named tool, and none for "none".
 	ToolChoice json.RawMessage
 	// ReasoningEffort is the reasoning effort the request asks for (a
 	// chat request's reasoning_effort, a Responses request's

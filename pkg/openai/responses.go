@@ -164,6 +164,9 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 	}
 	buf.WriteByte(']')
 	req.Messages, req.Tools, req.ChatTemplateKwargs, req.ReasoningEffort = buf.Bytes(), tools, kwargs, effort
+	if v := top["tool_choice"]; !isNull(v) {
+		req.ToolChoice = v
+	}
 	req.AddGenerationPrompt, req.ContinueFinalMessage = !continueFinal, continueFinal
 	return nil
 }

@@ -108,6 +108,12 @@ func TestParseResponsesFields(t *testing.T) {
 	if !req.AddSpecialTokens || !req.AddGenerationPrompt || req.ContinueFinalMessage {
 		t.Errorf("flags: special %v, generation %v, continue %v", req.AddSpecialTokens, req.AddGenerationPrompt, req.ContinueFinalMessage)
 	}
+	if req.ToolChoice != nil {
+		t.Errorf("tool_choice %s without one in the body", req.ToolChoice)
+	}
+	if r, err := ParseResponses([]byte(`{"input":"x","tool_choice":"none"}`)); err != nil || string(r.ToolChoice) != `"none"` {
+		t.Errorf("tool_choice: %s, %v", r.ToolChoice, err)
+	}
 	// The body's kwargs are passed as sent, the effort beside them.
 	if got, want := string(req.ChatTemplateKwargs), `{"enable_thinking":false,"x":1}`; got != want || req.ReasoningEffort != "low" {
 		t.Errorf("kwargs %s effort %q, want %s low", got, req.ReasoningEffort, want)

@@ -102,8 +102,9 @@ type TokenizeInput struct {
 	// which the engine renders instead when its chat template rejects a
 	// system message after the first (nil: the same as Messages).
 	SystemFirst json.RawMessage
-	// ToolChoice is a chat request's tool_choice (raw JSON, nil for none),
-	// which SGLang's rendering depends on.
+	// ToolChoice is the request's tool_choice (raw JSON, nil for none),
+	// which SGLang's rendering depends on, and vLLM's with
+	// --exclude-tools-when-tool-choice-none.
 	ToolChoice json.RawMessage
 	// ReasoningEffort is the request's reasoning effort ("" for none),
 	// which the engine merges into the template arguments

@@ -47,6 +47,8 @@ type ChatTemplate struct {
 	// request with thinking disabled: "none", or "low" when the template
 	// fails on "none" or renders it as it renders an effort.
 	offEffort string
+	// excludeToolsNone is the engine's --exclude-tools-when-tool-choice-none.
+	excludeToolsNone bool
 	// toolsCache keeps the decoded tools of recent requests (agents resend the
 	// same list every turn), handing each render its own copy.
 	toolsCache toolsCache
@@ -201,6 +203,7 @@ func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 			c.globals["additional_special_tokens"] = jinja.NewList(items)
 		}
 	}
+	c.excludeToolsNone = e.ExcludeToolsWhenNone
 	c.offEffort = e.DisabledThinkingEffort
 	if c.offEffort == "" || c.offEffort == "auto" {
 		c.offEffort = c.probeDisabledThinking()
@@ -260,6 +263,10 @@ type ChatInput struct {
 	// inline system messages merged into the first) replaces Messages when
 	// the template requires system-first ordering, as vLLM replaces them.
 	SystemFirst json.RawMessage
+	// ToolChoice is the request's tool_choice (raw JSON, nil for none): with
+	// the engine's --exclude-tools-when-tool-choice-none, "none" renders
+	// without the tools.
+	ToolChoice json.RawMessage
 	// ReasoningEffort is the request's reasoning effort ("" for none): a
 	// chat request's reasoning_effort, a Responses request's
 	// reasoning.effort, a Messages request's output_config.effort. It is
@@ -274,6 +281,9 @@ type ChatInput struct {
 func (c *ChatTemplate) Render(in ChatInput) (string, error) {
 	if in.SystemFirst != nil && c.systemFirst {
 		in.Messages, in.Parsed = in.SystemFirst, nil
+	}
+	if c.excludeToolsNone && noToolChoice(in.ToolChoice) {
+		in.Tools = nil
 	}
 	tools, err := c.toolsValue(in.Tools)
 	if err != nil {

@@ -38,6 +38,14 @@ type EngineChat struct {
 	// ("none", or "low" when the template ignores "none"); none, low,
 	// medium, high, xhigh or max fix it.
 	DisabledThinkingEffort string `yaml:"anthropic_disabled_thinking_effort"`
+	// ExcludeToolsWhenNone is --exclude-tools-when-tool-choice-none: a
+	// request whose tool_choice is "none" renders without its tools.
+	ExcludeToolsWhenNone bool `yaml:"exclude_tools_when_tool_choice_none"`
+}
+
+// noToolChoice reports a request's tool_choice of "none" (raw JSON).
+func noToolChoice(raw json.RawMessage) bool {
+	return strings.TrimSpace(string(raw)) == `"none"`
 }
 
 // Validate reports the first problem of e.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/route"
@@ -104,6 +105,46 @@ func TestDocumentsAndWhatTheSelfCheckSamples(t *testing.T) {
 		}
 		if got := reproduces(&remote{render: true}, c.in); got != c.rendered {
 			t.Errorf("%+v: sampled for render %v, want %v", c.in, got, c.rendered)
+		}
+	}
+}
+
+// TestExcludeToolsWhenToolChoiceNone: with the engine's
+// --exclude-tools-when-tool-choice-none (exclude_tools_when_tool_choice_none),
+// a request whose tool_choice is "none" renders without its tools, locally
+// and in what the remote tokenizer sends /tokenize; any other choice, or
+// the flag off, keeps them.
+func TestExcludeToolsWhenToolChoiceNone(t *testing.T) {
+	src, _ := json.Marshal(map[string]string{"chat_template": `{% if tools %}[{{ tools|length }} tools]{% endif %}{{ messages[0].content }}`})
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
+	msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+	for _, c := range []struct {
+		exclude bool
+		choice  string
+		want    string
+	}{
+		{true, `"none"`, "hi"},
+		{true, ` "none" `, "hi"},
+		{true, `"auto"`, "[1 tools]hi"},
+		{true, `{"type":"function","function":{"name":"f"}}`, "[1 tools]hi"},
+		{true, ``, "[1 tools]hi"},
+		{false, `"none"`, "[1 tools]hi"},
+	} {
+		ct, err := parseChatTemplate(src, EngineChat{ExcludeToolsWhenNone: c.exclude})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := ChatInput{Messages: msgs, Tools: tools}
+		if c.choice != "" {
+			in.ToolChoice = json.RawMessage(c.choice)
+		}
+		if got, err := ct.Render(in); err != nil || got != c.want {
+			t.Errorf("exclude %v, tool_choice %s: %q, %v; want %q", c.exclude, c.choice, got, err, c.want)
+		}
+		r := &remote{cfg: ModelConfig{EngineChat: EngineChat{ExcludeToolsWhenNone: c.exclude}}}
+		body, err := r.body(route.TokenizeInput{Chat: true, Messages: msgs, Tools: tools, ToolChoice: in.ToolChoice})
+		if sent := strings.Contains(string(body), `"tools"`); err != nil || sent != strings.HasPrefix(c.want, "[") {
+			t.Errorf("exclude %v, tool_choice %s: /tokenize body %s (%v)", c.exclude, c.choice, body, err)
 		}
 	}
 }

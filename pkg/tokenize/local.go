@@ -92,7 +92,7 @@ func (l *Local) TokenizeContext(ctx context.Context, in route.TokenizeInput) (ro
 		text, err = l.tmpl.Render(ChatInput{
 			Messages: in.Messages, Tools: in.Tools, ChatTemplateKwargs: in.ChatTemplateKwargs,
 			AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage, Parsed: in.ChatMessages,
-			Documents: in.Documents, SystemFirst: in.SystemFirst, ReasoningEffort: in.ReasoningEffort, ThinkingDisabled: in.ThinkingDisabled,
+			Documents: in.Documents, SystemFirst: in.SystemFirst, ReasoningEffort: in.ReasoningEffort, ThinkingDisabled: in.ThinkingDisabled, ToolChoice: in.ToolChoice,
 		})
 		if err != nil {
 			return route.Tokens{}, err

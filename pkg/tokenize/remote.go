@@ -81,7 +81,9 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 		p := in.Prompt
 		req.Prompt = &p
 		return marshalTokenize(req)
-	case len(in.Tools) > 0 && string(in.Tools) != "null":
+	case len(in.Tools) > 0 && string(in.Tools) != "null" && !(r.cfg.ExcludeToolsWhenNone && noToolChoice(in.ToolChoice)):
+		// (vLLM's /tokenize takes no tool_choice: a request the engine
+		// renders without its tools is sent without them.)
 		req.Tools = in.Tools
 	}
 	req.Messages, req.ContinueFinal = in.Messages, in.ContinueFinalMessage
