@@ -49,6 +49,8 @@ type ChatTemplate struct {
 	offEffort string
 	// excludeToolsNone is the engine's --exclude-tools-when-tool-choice-none.
 	excludeToolsNone bool
+	// effortMap is the engine's --reasoning-effort-map (nil: none).
+	effortMap map[string]string
 	// toolsCache keeps the decoded tools of recent requests (agents resend the
 	// same list every turn), handing each render its own copy.
 	toolsCache toolsCache
@@ -204,6 +206,9 @@ func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 		}
 	}
 	c.excludeToolsNone = e.ExcludeToolsWhenNone
+	if c.effortMap, err = e.effortMap(); err != nil {
+		return nil, err
+	}
 	c.offEffort = e.DisabledThinkingEffort
 	if c.offEffort == "" || c.offEffort == "auto" {
 		c.offEffort = c.probeDisabledThinking()
@@ -379,7 +384,7 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 		// request's reasoning_effort.
 		effort = c.offEffort
 	}
-	thinking, reasoning := effortArgs(effort, ownThinking)
+	thinking, reasoning := effortArgs(mapEffort(effort, c.effortMap), ownThinking)
 	if thinking != nil {
 		data["enable_thinking"] = jinja.NewBool(*thinking)
 	}
@@ -809,9 +814,9 @@ func normalizeToolCalls(calls *jinja.List) error {
 // ("" when not merged: no effort, or "auto", which vLLM's merge drops,
 // keeping the request's own) and, unless the request's arguments set it
 // (own), enable_thinking (nil when not merged), true unless the effort is
-// "none". The server's reasoning_effort_map is not known here (identity).
-// Render and the remote tokenizer apply them, each to its own form of the
-// arguments.
+// "none". effort is already rewritten through the engine's
+// --reasoning-effort-map (mapEffort). Render and the remote tokenizer
+// apply them, each to its own form of the arguments.
 func effortArgs(effort string, own bool) (thinking *bool, reasoning string) {
 	if effort == "" {
 		return nil, ""

@@ -41,6 +41,41 @@ type EngineChat struct {
 	// ExcludeToolsWhenNone is --exclude-tools-when-tool-choice-none: a
 	// request whose tool_choice is "none" renders without its tools.
 	ExcludeToolsWhenNone bool `yaml:"exclude_tools_when_tool_choice_none"`
+	// ReasoningEffortMap is --reasoning-effort-map, the same JSON object
+	// (e.g. {"minimal": "low", "xhigh": "high"}): a request's reasoning
+	// effort is rewritten through it before it reaches the template, as
+	// vLLM rewrites it (an effort it does not name is kept).
+	ReasoningEffortMap string `yaml:"reasoning_effort_map"`
+}
+
+// reasoningEfforts are the efforts --reasoning-effort-map may name (vLLM
+// 0.33's ReasoningEffort).
+var reasoningEfforts = map[string]bool{"none": true, "minimal": true, "low": true, "medium": true, "high": true, "xhigh": true, "max": true}
+
+// effortMap is the parsed ReasoningEffortMap (nil when unset); the error
+// says what is wrong with it.
+func (e EngineChat) effortMap() (map[string]string, error) {
+	if e.ReasoningEffortMap == "" {
+		return nil, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(e.ReasoningEffortMap), &m); err != nil || m == nil {
+		return nil, errors.New("reasoning_effort_map must be a JSON object mapping reasoning efforts to strings")
+	}
+	for k := range m {
+		if !reasoningEfforts[k] {
+			return nil, fmt.Errorf("reasoning_effort_map: unknown effort %q (want none, minimal, low, medium, high, xhigh or max)", k)
+		}
+	}
+	return m, nil
+}
+
+// mapEffort is effort rewritten through m, as vLLM's map_reasoning_effort.
+func mapEffort(effort string, m map[string]string) string {
+	if to, ok := m[effort]; ok && effort != "" {
+		return to
+	}
+	return effort
 }
 
 // noToolChoice reports a request's tool_choice of "none" (raw JSON).
@@ -59,6 +94,9 @@ func (e EngineChat) Validate() error {
 	case "", "auto", "none", "low", "medium", "high", "xhigh", "max":
 	default:
 		return fmt.Errorf("anthropic_disabled_thinking_effort %q: want auto, none, low, medium, high, xhigh or max", e.DisabledThinkingEffort)
+	}
+	if _, err := e.effortMap(); err != nil {
+		return err
 	}
 	if e.DefaultKwargs != "" {
 		var m map[string]json.RawMessage

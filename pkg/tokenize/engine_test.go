@@ -148,3 +148,36 @@ func TestExcludeToolsWhenToolChoiceNone(t *testing.T) {
 		}
 	}
 }
+
+// TestReasoningEffortMap: the engine's --reasoning-effort-map rewrites a
+// request's effort before it reaches the template (an effort it does not
+// name is kept), in the local render and in what the remote tokenizer
+// sends /tokenize, and a malformed map is refused.
+func TestReasoningEffortMap(t *testing.T) {
+	src, _ := json.Marshal(map[string]string{"chat_template": `{{ enable_thinking }}|{{ reasoning_effort }}`})
+	ct, err := parseChatTemplate(src, EngineChat{ReasoningEffortMap: `{"xhigh": "high", "minimal": "none"}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role":"user","content":"x"}]`)
+	for effort, want := range map[string]string{"xhigh": "True|high", "minimal": "False|none", "low": "True|low", "": "|"} {
+		if got, err := ct.Render(ChatInput{Messages: msgs, ReasoningEffort: effort}); err != nil || got != want {
+			t.Errorf("effort %q: %q, %v; want %q", effort, got, err, want)
+		}
+	}
+	tok, err := New(Config{Models: map[string]ModelConfig{"m": {Kind: KindRemote, EngineChat: EngineChat{ReasoningEffortMap: `{"xhigh": "high"}`}}}},
+		Options{Replicas: func(string) []string { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	body, err := tok.models["m"].remote.body(route.TokenizeInput{Chat: true, Messages: msgs, ReasoningEffort: "xhigh"})
+	if err != nil || !strings.Contains(string(body), `"chat_template_kwargs":{"enable_thinking":true,"reasoning_effort":"high"}`) {
+		t.Errorf("/tokenize body %s, %v", body, err)
+	}
+	for _, bad := range []string{`["low"]`, `{"extreme": "high"}`, `{"low": 1}`} {
+		if err := (EngineChat{ReasoningEffortMap: bad}).Validate(); err == nil {
+			t.Errorf("map %s accepted", bad)
+		}
+	}
+}

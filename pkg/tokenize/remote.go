@@ -34,15 +34,18 @@ const maxRemoteResponse = 256 << 20
 // remote asks a replica's POST /tokenize (vLLM's shape) for the ids, or,
 // render set, the render endpoint of the request's API (KindRender).
 type remote struct {
-	model    string
-	cfg      ModelConfig
-	render   bool
-	client   *http.Client
-	replicas func(model string) []string
-	cache    *idsCache
-	breakers *breakers
-	now      func() time.Time
-	hits     func()
+	model  string
+	cfg    ModelConfig
+	render bool
+	// effortMap is cfg's --reasoning-effort-map, parsed (validated with
+	// the configuration).
+	effortMap map[string]string
+	client    *http.Client
+	replicas  func(model string) []string
+	cache     *idsCache
+	breakers  *breakers
+	now       func() time.Time
+	hits      func()
 	// deadlines is the per-call deadline (fixed or learned); flights
 	// coalesces identical in-flight calls (coalesced counts the waiters).
 	deadlines *deadlines
@@ -107,7 +110,7 @@ func (r *remote) body(in route.TokenizeInput) ([]byte, error) {
 	if in.ReasoningEffort != "" {
 		// vLLM's /tokenize takes no reasoning_effort: the arguments carry
 		// it as the chat route merges it.
-		kw, err := withEffort(req.ChatTemplateKwargs, in.ReasoningEffort)
+		kw, err := withEffort(req.ChatTemplateKwargs, mapEffort(in.ReasoningEffort, r.effortMap))
 		if err != nil {
 			return nil, err
 		}

@@ -336,8 +336,9 @@ func (t *Tokenizer) newRemote(name string, mc ModelConfig, opts Options, cached 
 			replicas = func(string) []string { return urls }
 		}
 	}
+	effortMap, _ := mc.effortMap() // validated with the configuration
 	r := &remote{
-		model: name, cfg: mc, client: t.client, replicas: replicas, now: t.now, render: kind == KindRender,
+		model: name, cfg: mc, client: t.client, replicas: replicas, now: t.now, render: kind == KindRender, effortMap: effortMap,
 		hits:      t.metrics.cacheHits.WithLabelValues(string(kind)).Inc,
 		coalesced: t.metrics.coalesced.WithLabelValues(name).Inc,
 		deadlines: newDeadlines(mc),
