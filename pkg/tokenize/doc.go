@@ -23,7 +23,9 @@
 //     replica URL (consecutive failures open it; after a pause one probe
 //     goes through), an LRU cache keyed by a hash of the request body
 //     (model included), and failover to the next candidate URL that
-//     Options.Replicas returned. Identical inputs in flight at once make
+//     Options.Replicas returned. A 4xx other than 401, 403, 408 and 429
+//     refuses the input, not the server: no failover, and the breaker
+//     does not count it. Identical inputs in flight at once make
 //     one call: later callers wait for the first one's answer
 //     (kvroute_tokenizer_coalesced_total), and that call is not cut short
 //     when the first caller's own request ends. Each call's deadline is

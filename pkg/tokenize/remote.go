@@ -245,6 +245,15 @@ func (r *remote) callReplicas(ctx context.Context, path string, body []byte) ([]
 		}
 		tried++
 		ids, err := r.call(ctx, base, path, body)
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			// The server is up and refuses this input (a body vLLM
+			// validates otherwise, a Responses body continuing a stored
+			// response): no other replica would take it, and the breaker,
+			// which guards against servers that are down, is not moved.
+			r.breakers.record(base, true)
+			return nil, err
+		}
 		r.breakers.record(base, err == nil)
 		if err == nil {
 			r.deadlines.observe(len(body), time.Since(start))
@@ -278,7 +287,11 @@ func (r *remote) call(ctx context.Context, base, path string, body []byte) ([]ui
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable
-		return nil, fmt.Errorf("%w: %s: status %d: %s", ErrRemote, url, resp.StatusCode, bytes.TrimSpace(msg))
+		err := fmt.Errorf("%w: %s: status %d: %s", ErrRemote, url, resp.StatusCode, bytes.TrimSpace(msg))
+		if refusesInput(resp.StatusCode) {
+			return nil, &refusedError{err}
+		}
+		return nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteResponse))
 	if err != nil {
@@ -450,3 +463,18 @@ func withEffort(kwargs json.RawMessage, effort string) (json.RawMessage, error) 
 	}
 	return json.Marshal(kw)
 }
+
+// refusesInput reports a status by which a server that is up refuses the
+// input itself (400, 404, 413, 422, ...), not a transient or server-side
+// failure (408 and 429 are transient; 5xx are the server's).
+func refusesInput(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests &&
+		status != http.StatusUnauthorized && status != http.StatusForbidden
+}
+
+// refusedError is a call's error when the server refused the input
+// (refusesInput); it wraps the ErrRemote error.
+type refusedError struct{ err error }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }

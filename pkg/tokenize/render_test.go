@@ -228,3 +228,41 @@ func FuzzParseRenderResponse(f *testing.F) {
 		}
 	})
 }
+
+// TestRefusedInputKeepsTheBreakerClosed: a server that answers a body with
+// a 4xx refuses that input, not every input: the next server is not asked
+// (it would refuse it too), and however many such bodies come, the
+// breaker stays closed, so the requests the server does take are still
+// sent to it. A 5xx is the server's failure: the next one is asked.
+func TestRefusedInputKeepsTheBreakerClosed(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	first, second := &fakeRender{}, &fakeRender{}
+	s1, s2 := httptest.NewServer(first), httptest.NewServer(second)
+	defer s1.Close()
+	defer s2.Close()
+	tok, reg := newRenderTokenizer(t, ModelConfig{Timeout: 10 * time.Second, CacheSize: -1, BreakerFailures: 3, RenderURLs: []string{s1.URL, s2.URL}}, nil)
+	ctx := context.Background()
+	first.status.Store(http.StatusNotFound) // e.g. previous_response_id the render server has no store for
+	for i := range 10 {
+		body := []byte(fmt.Sprintf(`{"model":"m","input":"x","previous_response_id":"resp_%d"}`, i))
+		got, err := tok.Tokenize(ctx, "m", route.TokenizeInput{Body: body, API: "/v1/responses"})
+		if err != nil || got.Source != "approximate:render_remote_error" {
+			t.Fatalf("refused body %d: %s, %v", i, got.Source, err)
+		}
+	}
+	if second.calls.Load() != 0 || first.calls.Load() != 10 {
+		t.Errorf("calls: first %d, second %d; want 10 and 0", first.calls.Load(), second.calls.Load())
+	}
+	if n := counterValue(t, reg, "kvroute_tokenizer_breaker_transitions_total", "m", "open"); n != 0 {
+		t.Errorf("the breaker opened %v times on refused inputs", n)
+	}
+	first.status.Store(0)
+	if got, err := tok.Tokenize(ctx, "m", route.TokenizeInput{Body: []byte(`{"model":"m","input":"y"}`), API: "/v1/responses"}); err != nil || got.Source != SourceRender {
+		t.Errorf("a body the server takes: %s, %v", got.Source, err)
+	}
+	// A server error: the next server answers.
+	first.status.Store(http.StatusInternalServerError)
+	if got, err := tok.Tokenize(ctx, "m", route.TokenizeInput{Body: []byte(`{"model":"m","input":"z"}`), API: "/v1/responses"}); err != nil || got.Source != SourceRender || second.calls.Load() != 1 {
+		t.Errorf("after a 500: %s, %v, second asked %d times", got.Source, err, second.calls.Load())
+	}
+}
