@@ -177,6 +177,19 @@ type Request struct {
 	// PreviousResponseID is a Responses request's previous_response_id: the
 	// engine prepends history it stored, which the router never sees.
 	PreviousResponseID string
+	// ResponseID is a Responses request's request_id, "" when absent: vLLM
+	// and SGLang name the response (and store it) under it, and generate
+	// one ("resp_...") when the client sets none.
+	ResponseID string
+	// Store is a Responses request's store (true when absent): the engine
+	// keeps the response for a later previous_response_id or retrieval,
+	// when its response store is enabled. Background is its background.
+	Store, Background bool
+	// Turn is, for a Responses request with PreviousResponseID, the part
+	// of the prompt the request itself brings, converted as vLLM converts
+	// it before it prepends the stored history; nil otherwise, or when the
+	// input cannot be converted (Convert says why).
+	Turn *ResponsesTurn
 	// SystemFirstMessages is, for a Messages request with inline system
 	// messages, Messages with those merged into the leading system message:
 	// what vLLM renders when the chat template rejects a system message

@@ -68,6 +68,17 @@ func ParseResponses(body []byte) (Request, error) {
 	if req.PreviousResponseID, err = str("previous_response_id"); err != nil {
 		return Request{}, err
 	}
+	if req.ResponseID, err = str("request_id"); err != nil {
+		return Request{}, err
+	}
+	req.Store = true
+	for key, dst := range map[string]*bool{"store": &req.Store, "background": &req.Background} {
+		if v, ok := top[key]; ok && !isNull(v) {
+			if json.Unmarshal(v, dst) != nil {
+				return Request{}, fmt.Errorf("%w: %s is not a boolean", ErrInvalidRequest, key)
+			}
+		}
+	}
 	if v, ok := top["stream"]; ok && !isNull(v) {
 		if json.Unmarshal(v, &req.Stream) != nil {
 			return Request{}, fmt.Errorf("%w: stream is not a boolean", ErrInvalidRequest)
@@ -111,11 +122,24 @@ func responsesSession(top map[string]json.RawMessage) string {
 	return sessionID(str(top["session_id"]), str(top["conversation_id"]), conv, str(meta["session_id"]), str(meta["conversation_id"]))
 }
 
+// ResponsesTurn is what a Responses request continuing a stored response
+// brings to its prompt. vLLM builds that prompt as System (when not nil),
+// the stored conversation's messages other than system ones, the stored
+// response's output messages as assistant messages, then Input.
+type ResponsesTurn struct {
+	// System is the instructions' system message (a JSON object), nil
+	// without instructions.
+	System json.RawMessage
+	// Input is the request's input converted to chat messages (a JSON
+	// array).
+	Input json.RawMessage
+}
+
 // convertResponses fills req's chat fields from the body; nil when done.
+// A body continuing a stored response (previous_response_id) is converted
+// into req.Turn, with Messages left nil, and reported as unsupported: its
+// prompt starts with history only the engine has.
 func convertResponses(req *Request, top map[string]json.RawMessage) error {
-	if req.PreviousResponseID != "" {
-		return fmt.Errorf("%w: previous_response_id names history stored by the engine", ErrResponsesUnsupported)
-	}
 	var msgs []*message
 	if v, ok := top["instructions"]; ok && !isNull(v) {
 		var s string
@@ -126,6 +150,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 			msgs = append(msgs, newMessage("system").set("content", jsonString(s)))
 		}
 	}
+	system := len(msgs)
 	input := top["input"]
 	continueFinal := false
 	var s string
@@ -154,6 +179,27 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrResponsesUnsupported, err)
 	}
+	req.Tools, req.ChatTemplateKwargs, req.ReasoningEffort = tools, kwargs, effort
+	if v := top["tool_choice"]; !isNull(v) {
+		req.ToolChoice = v
+	}
+	req.AddGenerationPrompt, req.ContinueFinalMessage = !continueFinal, continueFinal
+	if req.PreviousResponseID != "" {
+		t := &ResponsesTurn{Input: writeMessages(msgs[system:])}
+		if system > 0 {
+			var b bytes.Buffer
+			msgs[0].write(&b)
+			t.System = b.Bytes()
+		}
+		req.Turn = t
+		return fmt.Errorf("%w: previous_response_id names history stored by the engine", ErrResponsesUnsupported)
+	}
+	req.Messages = writeMessages(msgs)
+	return nil
+}
+
+// writeMessages is msgs as a JSON array.
+func writeMessages(msgs []*message) json.RawMessage {
 	var buf bytes.Buffer
 	buf.WriteByte('[')
 	for i, m := range msgs {
@@ -163,12 +209,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 		m.write(&buf)
 	}
 	buf.WriteByte(']')
-	req.Messages, req.Tools, req.ChatTemplateKwargs, req.ReasoningEffort = buf.Bytes(), tools, kwargs, effort
-	if v := top["tool_choice"]; !isNull(v) {
-		req.ToolChoice = v
-	}
-	req.AddGenerationPrompt, req.ContinueFinalMessage = !continueFinal, continueFinal
-	return nil
+	return buf.Bytes()
 }
 
 // addItem converts one input item and appends or merges it into msgs, as
