@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/kvblock"
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/respstore"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
 	"github.com/kvroute/kvroute/pkg/tlsfiles"
@@ -52,6 +53,9 @@ type Config struct {
 	// EngineAuth is the engines' API key (vLLM or SGLang --api-key), sent
 	// on every request kvroute makes of them.
 	EngineAuth enginehttp.Config `yaml:"engine_auth"`
+	// Responses is the memory of which replica stores each response of the
+	// Responses API (pkg/respstore), and its lookups.
+	Responses respstore.Config `yaml:"responses"`
 }
 
 // TLSConfig is each listener's TLS (tlsfiles.Config); a listener without a
@@ -302,6 +306,7 @@ func (c Config) WithDefaults() Config {
 	if c.Readiness.WarmTimeout == 0 {
 		c.Readiness.WarmTimeout = DefaultWarmTimeout
 	}
+	c.Responses = c.Responses.WithDefaults()
 	return c
 }
 
@@ -339,6 +344,7 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, inSection("events", c.Events.Validate())...)
 	errs = append(errs, inSection("load", c.Load.Validate())...)
+	errs = append(errs, inSection("responses", c.Responses.Validate())...)
 	errs = append(errs, inSection("index", c.Index.Validate())...)
 	if c.Routing.RemovedDestinationHeader != nil {
 		bad("routing.destination_header", "removed: the pick is always sent as %s (header, and the envoy.lb metadata key Envoy's override_host load balancer reads, which the shipped Envoy configs and the chart use); delete this key", extproc.DefaultDestinationHeader)

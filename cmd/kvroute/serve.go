@@ -29,6 +29,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/openai"
 	"github.com/kvroute/kvroute/pkg/policy"
+	"github.com/kvroute/kvroute/pkg/respstore"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
 	"github.com/kvroute/kvroute/pkg/tlsfiles"
@@ -230,6 +231,11 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	ec.Tracker = tracker
 	ec.Fidelity = r.fid
 	ec.Rates = rates
+	if ec.Responses, err = respstore.New(cfg.Responses, respstore.Options{
+		Addresses: r.set.Addresses, Client: engines, Registerer: r.reg, Logger: log.With("component", "responses"),
+	}); err != nil {
+		return nil, err
+	}
 	ec.BlockSize = r.set.BlockSize
 	ec.TracerProvider = tr.Provider
 	ec.Propagator = tr.Propagator

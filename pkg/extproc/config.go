@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/index"
 	"github.com/kvroute/kvroute/pkg/load"
+	"github.com/kvroute/kvroute/pkg/respstore"
 	"github.com/kvroute/kvroute/pkg/route"
 )
 
@@ -32,6 +33,19 @@ type Decider interface {
 // it).
 type RateObserver interface {
 	Observe(replica index.ReplicaID, s route.RateSample)
+}
+
+// ResponseStore knows which replica stores each response of the Responses
+// API (respstore.Store implements it): a request continuing, retrieving or
+// cancelling one is pinned to its holder (route.Request.Pin).
+type ResponseStore interface {
+	// Holder returns the address of the replica storing response id ("" when
+	// none is known to); model is the request's, "" when it names none.
+	Holder(ctx context.Context, model, id string) (string, respstore.Source)
+	// Stored records that the replica at addr stores response id.
+	Stored(id, addr string)
+	// Lost forgets addr as the holder of id (it answered 404 for it).
+	Lost(id, addr string)
 }
 
 // DeciderFunc adapts a function to Decider.
@@ -100,6 +114,9 @@ type Config struct {
 	// prompt, cached and output tokens (route.Rates); nil disables it. A
 	// JSON response carries no first-token time and feeds nothing.
 	Rates RateObserver `yaml:"-"`
+	// Responses pins requests naming a stored response to its holder and
+	// learns the holders of the responses it routes; nil: no pinning.
+	Responses ResponseStore `yaml:"-"`
 	// BlockSize returns a replica's KV block size in tokens, to turn matched
 	// blocks into predicted cached tokens. Nil (or a result <= 0) falls
 	// back to estimating it from the decision (PromptTokens/PromptBlocks).

@@ -80,6 +80,16 @@
 // of ip:port) is passed as route.Request.Subset; present but empty is a
 // 503 without a decision.
 //
+// Stored responses (Config.Responses, a respstore.Store): a /v1/responses
+// body with previous_response_id, and GET /v1/responses/{id} or POST
+// /v1/responses/{id}/cancel, name a response one engine stores in its own
+// memory; the request is pinned to that holder (route.Request.Pin) when
+// the store knows or finds it. A /v1/responses body the engine will store
+// (store not false) records its pick as the holder: at once under the
+// body's request_id, else under the id the response's first bytes name
+// (openai.ResponseID; the observer reads up to 64 KB for it). A pinned
+// request answered 404 unlearns its holder.
+//
 // Errors are immediate responses with an OpenAI-style JSON error body (on
 // /v1/messages the Anthropic API's {"type":"error","error":{type,
 // message}}, which its clients read) and header x-kvroute-reason: 400

@@ -38,6 +38,10 @@ type flight struct {
 	timer    *time.Timer // lifetime, then the unclaimed deadline
 	expired  atomic.Bool // MaxRequestLifetime passed: no feedback any more
 
+	// stored tells the response side of the Responses API's store: see
+	// storedResponse.
+	stored storedResponse
+
 	// endsWithRouter: Envoy closes the router stream only when it is done
 	// with the request (a buffered body), so that close is the request's
 	// end. full: the observer follows this response to its end (usage,
@@ -51,6 +55,16 @@ type flight struct {
 	routerDone bool
 	routerEnd  time.Time // when the router stream ended
 	ended      bool
+}
+
+// storedResponse is what a flight's response side does for the Responses
+// API's store (Config.Responses): learn reads the id the engine names the
+// response with from its first bytes and records the pick as its holder;
+// pin is the stored response the request was pinned for, forgotten at the
+// holder when it answers 404 for it.
+type storedResponse struct {
+	learn bool
+	pin   string
 }
 
 // flights is the registry of a server's flights, by decision id. A
@@ -112,10 +126,10 @@ func (f *flights) nextID() (string, uint64) {
 }
 
 // start registers a new flight and arms its lifetime.
-func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span, endsWithRouter bool) *flight {
+func (s *Server) startFlight(dec route.Decision, life *load.Handle, span trace.Span, endsWithRouter bool, stored storedResponse) *flight {
 	id, n := s.flights.nextID()
 	now := time.Now()
-	fl := &flight{s: s, id: id, decision: dec, life: life, span: span, pickedAt: now, endsWithRouter: endsWithRouter,
+	fl := &flight{s: s, id: id, decision: dec, life: life, span: span, pickedAt: now, endsWithRouter: endsWithRouter, stored: stored,
 		full: s.flights.sampleFull(dec.Replica, now, n, s.cfg.UsageSampleEvery, s.cfg.UsageSampleInterval)}
 	s.flights.m.Store(fl.id, fl)
 	s.flights.n.Add(1)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/load"
 	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/respstore"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/tokenize/parsedchat"
 )
@@ -82,6 +83,8 @@ type procStream struct {
 	ssePending bool // the last chunk fed to parser ended inside an event
 	respBody   []byte
 	respOver   bool
+	idRead     bool   // the stored response's id was looked for (flight.stored.learn)
+	idPrefix   []byte // the response's first bytes, while its id is not in them
 	first      bool
 	finished   bool
 }
@@ -361,6 +364,11 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	if st.subsetSet {
 		req.Subset = st.subset
 	}
+	// A stored response's retrieval or cancellation names it in the path,
+	// a continuation in the body.
+	var stored storedResponse
+	pinID, _ := openai.StoredResponsePath(st.path)
+	ownID := ""
 	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
 	defer cancel()
 	if st.s.slots != nil && len(body) >= LargeBody {
@@ -390,9 +398,22 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 				return nil, &rejection{code: http.StatusBadRequest, reason: ReasonBadRequest, message: err.Error()}
 			}
 			FillRequest(&req, parsed, body)
+			if parsed.Kind == openai.KindResponses {
+				if parsed.PreviousResponseID != "" {
+					pinID = parsed.PreviousResponseID
+				}
+				stored.learn, ownID = parsed.Store, parsed.ResponseID
+			}
 		case jsonish:
 			req.Model = openai.Model(body)
 		}
+	}
+
+	rs := st.s.cfg.Responses
+	if rs != nil && pinID != "" {
+		var src respstore.Source
+		req.Pin, src = rs.Holder(ctx, req.Model, pinID)
+		st.span.SetAttributes(attribute.String("kvroute.stored_response.holder", string(src)))
 	}
 
 	ctx, span := st.s.tracer.Start(ctx, "kvroute.decide")
@@ -428,7 +449,19 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		life = st.s.cfg.Tracker.Start(replica, dec.PrefillBlocks, dec.PromptBlocks)
 	}
 	buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
-	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless)
+	if rs == nil {
+		stored = storedResponse{}
+	} else {
+		if dec.Pin != "" {
+			stored.pin = pinID
+		}
+		if stored.learn && ownID != "" {
+			// The engine stores the response under the body's request_id.
+			rs.Stored(ownID, dec.Address)
+			stored.learn = false
+		}
+	}
+	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless, stored)
 	return st.pickFor(dec), nil
 }
 
@@ -561,6 +594,10 @@ func (st *procStream) responseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Pro
 	if st.fl.span != nil && st.respStatus != 0 {
 		st.fl.span.SetAttributes(attribute.Int("http.response.status_code", st.respStatus))
 	}
+	if st.respStatus == http.StatusNotFound && st.fl.stored.pin != "" {
+		// The holder no longer has it (its engine restarted).
+		st.s.cfg.Responses.Lost(st.fl.stored.pin, st.fl.decision.Address)
+	}
 	if h.GetEndOfStream() {
 		st.finish()
 	}
@@ -617,6 +654,9 @@ func (st *procStream) observeBody(chunk []byte) {
 		return
 	}
 	ok := st.respStatus == 0 || (st.respStatus >= 200 && st.respStatus < 300)
+	if ok && st.fl.stored.learn && !st.idRead {
+		st.readResponseID(chunk)
+	}
 	switch {
 	case !ok:
 	case st.sse:
@@ -639,6 +679,31 @@ func (st *procStream) observeBody(chunk []byte) {
 		if st.fl.span != nil {
 			st.fl.span.AddEvent("first_token")
 		}
+	}
+}
+
+// maxIDPrefix bounds the response bytes kept while looking for its id.
+const maxIDPrefix = 64 << 10
+
+// readResponseID looks for the id the engine stores the response under in
+// its first bytes (openai.ResponseID), and records the pick as its holder
+// (Config.Responses) once found.
+func (st *procStream) readResponseID(chunk []byte) {
+	buf := chunk
+	if len(st.idPrefix) > 0 {
+		st.idPrefix = append(st.idPrefix, chunk...)
+		buf = st.idPrefix
+	}
+	id, more := openai.ResponseID(buf, st.sse)
+	if more && len(buf) < maxIDPrefix {
+		if len(st.idPrefix) == 0 {
+			st.idPrefix = append([]byte(nil), chunk...)
+		}
+		return
+	}
+	st.idRead, st.idPrefix = true, nil
+	if id != "" {
+		st.s.cfg.Responses.Stored(id, st.fl.decision.Address)
 	}
 }
 

@@ -210,6 +210,23 @@ func (s *Set) BlockSize(id index.ReplicaID) int {
 	return s.blockSizeOf(m.replica)
 }
 
+// Addresses returns the addresses (ip:port) of the ready replicas serving
+// model, as their base model or a LoRA adapter, each once (data-parallel
+// ranks share theirs); every ready replica's when model is "". It is where
+// a stored response of the Responses API is looked for (respstore).
+func (s *Set) Addresses(model string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, r := range s.snap.Load().routable {
+		if (model != "" && r.Model != model && !slices.Contains(r.Adapters, model)) || seen[r.Address] {
+			continue
+		}
+		seen[r.Address] = true
+		out = append(out, r.Address)
+	}
+	return out
+}
+
 // TokenizerURLs returns the base URLs of ready, healthy replicas serving
 // model, for the remote tokenizer; when none is healthy, every ready one.
 func (s *Set) TokenizerURLs(model string) []string {

@@ -27,6 +27,7 @@ func TestSet(t *testing.T) {
 		{ID: "c", Address: "10.0.0.3:80", Model: "m", EventsEndpoint: "tcp://10.0.0.3:5557", BlockSize: 32},
 		{ID: "d", Address: "10.0.0.4:80", Model: "m", EventsEndpoint: "tcp://10.0.0.4:5557", DPRanks: 2},
 		{ID: "e", Address: "10.0.0.5:80", Model: "m", Ready: new(bool)},
+		{ID: "f", Address: "10.0.0.6:80", Model: "m2", LoRAAdapters: []string{"ad"}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +39,7 @@ func TestSet(t *testing.T) {
 	for _, r := range s.Replicas() {
 		ids = append(ids, string(r.ID))
 	}
-	if got, want := strings.Join(ids, ","), "a,b,c,d,d#dp1"; got != want {
+	if got, want := strings.Join(ids, ","), "a,b,c,d,d#dp1,f"; got != want {
 		t.Errorf("routable = %s, want %s (not-ready e excluded, d expanded per rank)", got, want)
 	}
 	credits := []struct {
@@ -67,6 +68,16 @@ func TestSet(t *testing.T) {
 	}
 	if got := s.TokenizerURLs("m"); len(got) != 4 {
 		t.Errorf("TokenizerURLs = %v, want the 4 ready replicas", got)
+	}
+	// Where a stored response is looked for: each ready replica of the
+	// model (or serving it as an adapter) once, ranks sharing an address.
+	for model, want := range map[string]string{
+		"m": "10.0.0.1:80,10.0.0.2:80,10.0.0.3:80,10.0.0.4:80", "ad": "10.0.0.6:80", "m2": "10.0.0.6:80", "zz": "",
+		"": "10.0.0.1:80,10.0.0.2:80,10.0.0.3:80,10.0.0.4:80,10.0.0.6:80",
+	} {
+		if got := strings.Join(s.Addresses(model), ","); got != want {
+			t.Errorf("Addresses(%q) = %s, want %s", model, got, want)
+		}
 	}
 	srcs, errs := eventSources(rs, s.blockSizeOf)
 	if len(errs) != 0 || len(srcs) != 4 {

@@ -10,7 +10,11 @@
 // candidate's match per tier, trust, load, cost and eligibility.
 //
 // Candidates are the replicas serving the request's model (all of them when
-// it names none) that the request's subset admits. A model that is no
+// it names none) that the request's subset admits; of those, a request
+// with a Pin (the holder of a stored Responses API response it continues,
+// retrieves or cancels: no other engine has it) keeps only the replicas at
+// that address, healthy or not, and routes as any other when none is
+// there (Decision.Pin says which happened). A model that is no
 // replica's base model but some replicas' LoRA adapter (Replica.Adapters)
 // is routed among those replicas only, keyed under the adapter's root
 // (kvblock.Root) and tokenized with their base model; each candidate's keys

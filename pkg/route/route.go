@@ -335,7 +335,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	// matched against engine events (an event-fed replica gets trust 0),
 	// replicas without events use the dispatch-learned index when there
 	// is one.
-	d.Session = SessionKey(req)
+	d.Session, d.Pin = SessionKey(req), req.Pin
 	home, hasHome := r.homes.get(d.Session)
 	// A conversation's first turn has no assistant message yet: a client
 	// that sends OpenAI's prompt_cache_key or user field has it keyed by
@@ -464,6 +464,9 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		healthy = healthy || c.Load.Healthy
 	}
 	if !healthy {
+		if req.Pin != "" {
+			return d, fmt.Errorf("%w: the replica at %s, which stores the response the request names, is not healthy", ErrNoReplica, req.Pin)
+		}
 		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
 	}
 	if usePending {
@@ -662,7 +665,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 }
 
 // candidates returns the indexes into reps of the replicas serving the
-// request's model (all when it names none) and admitted by its subset. A
+// request's model (all when it names none) and admitted by its subset,
+// only those at its Pin when any is (req.Pin is cleared when none is). A
 // model no replica serves as its base model but some list among their
 // Adapters is a LoRA request: req.LoRA is set to it and the candidates are
 // the replicas serving that adapter (whose keys kvblock.Root roots at the
@@ -698,6 +702,19 @@ func candidates(reps []Replica, req *Request, out []int) ([]int, error) {
 	}
 	if len(out) == 0 {
 		return out, fmt.Errorf("%w: the subset admits none of model %q's replicas", ErrNoReplica, req.Model)
+	}
+	if req.Pin != "" {
+		held := out[:0:0]
+		for _, i := range out {
+			if reps[i].Address == req.Pin {
+				held = append(held, i)
+			}
+		}
+		if len(held) == 0 {
+			req.Pin = "" // its replica left: nowhere holds what it names
+			return out, nil
+		}
+		out = append(out[:0], held...)
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,6 +169,55 @@ func TestDecideCandidates(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	})
+}
+
+// A pinned request (a stored response's follow-up, retrieval or
+// cancellation) goes to the replica at its pin whatever the others offer,
+// within its model and subset; an unhealthy holder is an error naming it,
+// and a holder gone from the set leaves the request routed as any other.
+func TestDecidePin(t *testing.T) {
+	st := fleet(4)
+	st.loads["r3"] = load.Load{Healthy: false}
+	st.reps = append(st.reps, Replica{ID: "other", Address: "10.0.1.1:8000", Model: "other", BlockSize: 16})
+	ix := index.New(index.Config{})
+	prompt := seq(64, 1)
+	store(t, ix, "r1", model, prompt, 16)
+	rt := newRouter(t, st, ix, nil)
+	free, err := rt.Decide(t.Context(), Request{Model: model, Tokens: prompt})
+	if err != nil || free.Replica == "r2" {
+		t.Fatalf("without a pin: %s, %v (the test pins elsewhere)", free.Replica, err)
+	}
+	for _, tt := range []struct {
+		name   string
+		req    Request
+		want   index.ReplicaID
+		pin    string
+		err    string
+		nCands int
+	}{
+		{name: "held to the holder", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.2:8000"}, want: "r2", pin: "10.0.0.2:8000", nCands: 1},
+		{name: "no model: any replica at the pin", req: Request{Pin: "10.0.1.1:8000"}, want: "other", pin: "10.0.1.1:8000", nCands: 1},
+		{name: "holder gone: routed as any other", req: Request{Model: model, Tokens: prompt, Pin: "10.9.9.9:8000"}, want: free.Replica, nCands: 4},
+		{name: "holder of another model: not a candidate", req: Request{Model: model, Tokens: prompt, Pin: "10.0.1.1:8000"}, want: free.Replica, nCands: 4},
+		{name: "outside the subset: dropped", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.2:8000", Subset: []string{"10.0.0.0:8000"}}, want: "r0", nCands: 1},
+		{name: "unhealthy holder", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.3:8000"}, err: "the replica at 10.0.0.3:8000, which stores the response"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := rt.Decide(t.Context(), tt.req)
+			if tt.err != "" {
+				if !errors.Is(err, ErrNoReplica) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want ErrNoReplica naming %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Replica != tt.want || d.Pin != tt.pin || len(d.Candidates) != tt.nCands {
+				t.Fatalf("picked %s (pin %q) from %d candidates, want %s (pin %q) from %d", d.Replica, d.Pin, len(d.Candidates), tt.want, tt.pin, tt.nCands)
+			}
+		})
+	}
 }
 
 func TestDecideTokenizer(t *testing.T) {

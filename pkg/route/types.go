@@ -76,6 +76,14 @@ type Request struct {
 	// Subset, when not nil, restricts the pick to these addresses (the
 	// ext_proc subset hint). An empty non-nil subset admits nothing.
 	Subset []string
+	// Pin, when set, is the one address that can serve the request: the
+	// replica whose engine stores the response it continues, retrieves or
+	// cancels (an engine's Responses API store is its own process's
+	// memory). Among the candidates the model and Subset admit, only the
+	// replicas at Pin are kept, healthy or not: elsewhere the request is
+	// a 404. When none is at Pin (the replica left the set) the pin is
+	// dropped and the request routed as any other (Decision.Pin is "").
+	Pin string
 }
 
 // TokenizeInput is what a tokenizer needs to reproduce the engine's tokens.
@@ -257,6 +265,9 @@ type Decision struct {
 	// (SessionKey gave none) but the conversation its prompt continues
 	// (the router's record of the prompts it sent).
 	SessionFromPrompt bool
+	// Pin is Request.Pin when the pick was held to it, "" when the
+	// request had no pin or its replica had left the set.
+	Pin string
 	// QueuedTokens are the uncached prompt tokens the router estimates were
 	// still queued for prefill ahead of the request on its replica when it
 	// was sent: the replica's fluid queue (policy.Candidate.Queued) capped

@@ -1,0 +1,143 @@
+package extproc
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/kvroute/kvroute/pkg/respstore"
+)
+
+// storeLog is a ResponseStore that answers Holder from a fixed map and
+// logs every call.
+type storeLog struct {
+	mu      sync.Mutex
+	holders map[string]string
+	asked   []string // "model id"
+	stored  []string // "id addr"
+	lost    []string // "id addr"
+}
+
+func (s *storeLog) Holder(_ context.Context, model, id string) (string, respstore.Source) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked = append(s.asked, model+" "+id)
+	if a, ok := s.holders[id]; ok {
+		return a, respstore.SourceBook
+	}
+	return "", respstore.SourceUnknown
+}
+
+func (s *storeLog) Stored(id, addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stored = append(s.stored, id+" "+addr)
+}
+
+func (s *storeLog) Lost(id, addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lost = append(s.lost, id+" "+addr)
+}
+
+func (s *storeLog) calls() (asked, stored, lost []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.asked), slices.Clone(s.stored), slices.Clone(s.lost)
+}
+
+// A request naming a stored response (in the body or the path) is pinned
+// to its holder; the responses the router sends to be stored have their
+// holder recorded, from the body's request_id or the response's own id;
+// a pinned request answered 404 unlearns its holder.
+func TestStoredResponses(t *testing.T) {
+	const addr = "10.0.0.1:8000" // decision()'s pick
+	created := "event: response.created\ndata: {\"response\":{\"id\":\"resp_new\",\"object\":\"response\",\"status\":\"in_progress\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"
+	delta := "event: response.output_text.delta\ndata: {\"delta\":\"Hi\",\"type\":\"response.output_text.delta\"}\n\n"
+	jsonResp := `{"id":"resp_json","object":"response","status":"completed","output":[]}`
+	sse := []string{":status", "200", "content-type", "text/event-stream"}
+	js := []string{":status", "200", "content-type", "application/json"}
+	for _, c := range []struct {
+		name                string
+		path, body          string
+		resp                []string // response headers
+		chunks              []string
+		asked, stored, lost []string
+		pin                 string
+	}{
+		{
+			name: "a continuation, pinned; its own response learned from the stream",
+			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_prev","stream":true}`,
+			resp: sse, chunks: []string{created[:40], created[40:] + delta},
+			asked: []string{"m resp_prev"}, stored: []string{"resp_new " + addr}, pin: "10.0.0.9:8000",
+		},
+		{
+			name: "an unknown continuation goes unpinned",
+			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_gone"}`,
+			resp: js, chunks: []string{jsonResp[:12], jsonResp[12:]},
+			asked: []string{"m resp_gone"}, stored: []string{"resp_json " + addr},
+		},
+		{
+			name: "the body's request_id is recorded at the pick",
+			path: "/v1/responses", body: `{"model":"m","input":"hi","request_id":"resp_mine"}`,
+			resp: js, chunks: []string{`{"id":"resp_other"}`},
+			stored: []string{"resp_mine " + addr},
+		},
+		{
+			name: "store false: nothing recorded",
+			path: "/v1/responses", body: `{"model":"m","input":"hi","store":false}`,
+			resp: js, chunks: []string{jsonResp},
+		},
+		{
+			name: "an error response stores nothing",
+			path: "/v1/responses", body: `{"model":"m","input":"hi"}`,
+			resp: []string{":status", "500", "content-type", "application/json"}, chunks: []string{jsonResp},
+		},
+		{
+			name: "retrieval, pinned by its path; the holder's 404 unlearns it",
+			path: "/v1/responses/resp_prev?stream=false",
+			resp: []string{":status", "404", "content-type", "application/json"}, chunks: []string{`{"error":{"message":"Response with id 'resp_prev' not found."}}`},
+			asked: []string{" resp_prev"}, lost: []string{"resp_prev " + addr}, pin: "10.0.0.9:8000",
+		},
+		{
+			name: "cancellation, pinned by its path",
+			path: "/v1/responses/resp_prev/cancel", body: `{}`,
+			resp: js, chunks: []string{`{"id":"resp_prev","status":"cancelled"}`},
+			asked: []string{" resp_prev"}, pin: "10.0.0.9:8000",
+		},
+		{
+			name: "a chat completion is none of the store's business",
+			path: "/v1/chat/completions", body: chatBody,
+			resp: sse, chunks: []string{sseStream},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &storeLog{holders: map[string]string{"resp_prev": "10.0.0.9:8000"}}
+			dec := &fakeDecider{dec: decision()}
+			if c.pin != "" {
+				dec.dec.Pin = dec.dec.Address // the router held the pick to the pin
+			}
+			h := newHarness(t, Config{Decider: dec, Responses: store})
+			msgs := []*extprocv3.ProcessingRequest{withMode(reqHeaders(c.body == "", ":path", c.path), buffered, streamed)}
+			if c.body != "" {
+				msgs = append(msgs, reqBody(c.body, true))
+			}
+			msgs = append(msgs, respHeaders(false, c.resp...))
+			for i, ch := range c.chunks {
+				msgs = append(msgs, respBody(ch, i == len(c.chunks)-1))
+			}
+			h.exchange(msgs...)
+			reqs := dec.requests()
+			if len(reqs) != 1 || reqs[0].Pin != c.pin {
+				t.Fatalf("decided %d requests, pin %q, want one pinned to %q", len(reqs), reqs[0].Pin, c.pin)
+			}
+			asked, stored, lost := store.calls()
+			if !slices.Equal(asked, c.asked) || !slices.Equal(stored, c.stored) || !slices.Equal(lost, c.lost) {
+				t.Errorf("asked %q stored %q lost %q, want %q %q %q", asked, stored, lost, c.asked, c.stored, c.lost)
+			}
+		})
+	}
+}

@@ -1,0 +1,63 @@
+package openai
+
+import (
+	"testing"
+)
+
+func TestStoredResponsePath(t *testing.T) {
+	for _, c := range []struct {
+		path, id string
+		ok       bool
+	}{
+		{"/v1/responses/resp_1", "resp_1", true},
+		{"/v1/responses/resp_1/cancel", "resp_1", true},
+		{"/v1/responses/resp_1?stream=true&starting_after=3", "resp_1", true},
+		{"/v1/responses/a%2Fb%20c", "a/b c", true},
+		{"/v1/responses", "", false},
+		{"/v1/responses/", "", false},
+		{"/v1/responses/a/b", "", false},
+		{"/v1/responses/cancel", "cancel", true}, // an id named "cancel", as FastAPI reads it
+		{"/v1/responses//cancel", "", false},
+		{"/v1/responses/%zz", "", false},
+		{"/v1/chat/completions", "", false},
+		{"/v2/responses/resp_1", "", false},
+	} {
+		id, ok := StoredResponsePath(c.path)
+		if id != c.id || ok != c.ok {
+			t.Errorf("%s: %q %v, want %q %v", c.path, id, ok, c.id, c.ok)
+		}
+	}
+}
+
+func TestResponseID(t *testing.T) {
+	body := `{"id":"resp_abc","created_at":1,"output":[{"id":"msg_1"}],"usage":null}`
+	stream := "event: response.created\ndata: {\"response\":{\"id\":\"resp_s\",\"object\":\"response\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n" +
+		"event: response.in_progress\ndata: {\"response\":{\"id\":\"resp_s\"}}\n\n"
+	for _, c := range []struct {
+		name   string
+		prefix string
+		sse    bool
+		id     string
+		more   bool
+	}{
+		{"whole body", body, false, "resp_abc", false},
+		{"id first, the rest to come", body[:20], false, "resp_abc", false},
+		{"cut inside the id", body[:10], false, "", true},
+		{"id after other keys", `{"object":"response","nested":{"id":"no"},"id":"resp_late"}`, false, "resp_late", false},
+		{"id later than the prefix", `{"object":"response","nested":{"id":"no"}`, false, "", true},
+		{"no id", `{"object":"response"}`, false, "", false},
+		{"not an object", `[1]`, false, "", false},
+		{"empty", ``, false, "", true},
+		{"an id that is not a string", `{"id":7}`, false, "", false},
+		{"event stream", stream, true, "resp_s", false},
+		{"first event cut", stream[:60], true, "", true},
+		{"CRLF and split data lines", "event: response.queued\r\ndata: {\"response\":\r\ndata: {\"id\":\"resp_q\"}}\r\n\r\n", true, "resp_q", false},
+		{"first event without a response", "data: {\"type\":\"error\"}\n\n" + stream, true, "", false},
+		{"leading blank lines", "\n\n" + stream, true, "resp_s", false},
+	} {
+		id, more := ResponseID([]byte(c.prefix), c.sse)
+		if id != c.id || more != c.more {
+			t.Errorf("%s: %q more=%v, want %q more=%v", c.name, id, more, c.id, c.more)
+		}
+	}
+}

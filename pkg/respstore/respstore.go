@@ -1,0 +1,344 @@
+package respstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults of Config.
+const (
+	DefaultMemory            = 1 << 16
+	DefaultLookupTimeout     = 250 * time.Millisecond
+	DefaultLookupConcurrency = 4
+	DefaultLookupFanout      = 64
+)
+
+// MaxIDBytes is the longest response id a Store remembers or looks up.
+const MaxIDBytes = 256
+
+// MissTTL is how long an id a lookup found nowhere is not looked up again.
+const MissTTL = 10 * time.Second
+
+// missMemory is how many ids found nowhere are remembered.
+const missMemory = 4096
+
+// Config is the "responses" section of kvroute's config file. Zero fields
+// take the Default* values (WithDefaults).
+type Config struct {
+	// Memory is how many response ids, with their holders, are
+	// remembered (the oldest told is forgotten first).
+	Memory int `yaml:"memory"`
+	// LookupTimeout bounds a lookup: the replicas' answers to GET
+	// /v1/responses/{id}, asked at once. It is spent in the request's
+	// routing decision, so it must stay below the decision's deadline.
+	LookupTimeout time.Duration `yaml:"lookup_timeout"`
+	// LookupConcurrency is how many lookups may run at once; a request
+	// arriving past it is routed without one.
+	LookupConcurrency int `yaml:"lookup_concurrency"`
+	// LookupFanout is how many replicas a lookup asks, at most.
+	LookupFanout int `yaml:"lookup_fanout"`
+	// DisableLookup: never ask the replicas; only ids told (Stored) are
+	// pinned.
+	DisableLookup bool `yaml:"disable_lookup"`
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Memory == 0 {
+		c.Memory = DefaultMemory
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = DefaultLookupTimeout
+	}
+	if c.LookupConcurrency == 0 {
+		c.LookupConcurrency = DefaultLookupConcurrency
+	}
+	if c.LookupFanout == 0 {
+		c.LookupFanout = DefaultLookupFanout
+	}
+	return c
+}
+
+// Validate reports every problem of a defaulted Config, each prefixed with
+// its field's YAML path.
+func (c Config) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		field string
+		v     int
+	}{{"memory", c.Memory}, {"lookup_concurrency", c.LookupConcurrency}, {"lookup_fanout", c.LookupFanout}} {
+		if f.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: %d: must be positive", f.field, f.v))
+		}
+	}
+	if c.LookupTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("lookup_timeout: %v: must be positive", c.LookupTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Options are a Store's collaborators.
+type Options struct {
+	// Addresses returns the ip:port of the replicas a lookup for model
+	// asks ("" model: every replica), without duplicates. Nil: no lookup.
+	Addresses func(model string) []string
+	// Client reaches the engines (enginehttp's, when they ask for an API
+	// key); nil: a client of the Store's own.
+	Client *http.Client
+	// Registerer, when not nil, gets the Store's metrics.
+	Registerer prometheus.Registerer
+	// Logger hears of lookups that failed; nil: slog.Default().
+	Logger *slog.Logger
+	// Now is the clock (tests); nil: time.Now.
+	Now func() time.Time
+}
+
+// Source says how Holder came to its answer.
+type Source string
+
+// Holder's sources.
+const (
+	SourceBook    Source = "book"    // told (Stored), or found by an earlier lookup
+	SourceLookup  Source = "lookup"  // found now by asking the replicas
+	SourceUnknown Source = "unknown" // asked: no replica answered that it stores it
+	SourceSkipped Source = "skipped" // not asked: lookups off or busy, a recent miss, an overlong id, no replica
+)
+
+// Store is the router's memory of response holders.
+type Store struct {
+	cfg    Config
+	opts   Options
+	client *http.Client
+	slots  chan struct{} // one per lookup running
+
+	mu     sync.Mutex
+	held   ring[string]    // id -> holder address
+	missed ring[time.Time] // id -> when a lookup found it nowhere
+
+	holders  *prometheus.CounterVec
+	requests *prometheus.CounterVec
+}
+
+// New returns a Store for a defaulted, valid cfg.
+func New(cfg Config, opts Options) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("respstore: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Store{
+		cfg: cfg, opts: opts, client: opts.Client,
+		slots:  make(chan struct{}, cfg.LookupConcurrency),
+		held:   newRing[string](cfg.Memory),
+		missed: newRing[time.Time](missMemory),
+		holders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_responses_holder_total",
+			Help: "Requests naming a stored response (previous_response_id, retrieval, cancellation), by how its holder was found: book, lookup, unknown, skipped.",
+		}, []string{"source"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_responses_lookup_requests_total",
+			Help: "Lookup requests (GET /v1/responses/{id}) sent to replicas, by outcome: found, not_found, error.",
+		}, []string{"outcome"}),
+	}
+	if s.client == nil {
+		s.client = &http.Client{}
+	}
+	if opts.Registerer != nil {
+		remembered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvroute_responses_remembered",
+			Help: "Response ids whose holder the router remembers.",
+		}, func() float64 { return float64(s.Len()) })
+		for _, c := range []prometheus.Collector{s.holders, s.requests, remembered} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("respstore: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Len is how many ids the Store remembers a holder of.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held.m)
+}
+
+// Stored records that the replica at addr stores (or is about to store)
+// the response id.
+func (s *Store) Stored(id, addr string) {
+	if id == "" || len(id) > MaxIDBytes || addr == "" {
+		return
+	}
+	s.mu.Lock()
+	s.held.put(id, addr)
+	s.missed.drop(id)
+	s.mu.Unlock()
+}
+
+// Lost forgets that the replica at addr stores id (it answered 404 for
+// it); a holder recorded since, elsewhere, stays.
+func (s *Store) Lost(id, addr string) {
+	s.mu.Lock()
+	if a, ok := s.held.get(id); ok && a == addr {
+		s.held.drop(id)
+	}
+	s.mu.Unlock()
+}
+
+// Holder returns the address of the replica storing response id, asking
+// model's replicas when it is not known (see the package comment); "" when
+// none is known to, with how the answer was reached.
+func (s *Store) Holder(ctx context.Context, model, id string) (string, Source) {
+	addr, src := s.holder(ctx, model, id)
+	s.holders.WithLabelValues(string(src)).Inc()
+	return addr, src
+}
+
+func (s *Store) holder(ctx context.Context, model, id string) (string, Source) {
+	if id == "" || len(id) > MaxIDBytes {
+		return "", SourceSkipped
+	}
+	now := s.opts.Now()
+	s.mu.Lock()
+	addr, ok := s.held.get(id)
+	missedAt, missed := s.missed.get(id)
+	s.mu.Unlock()
+	switch {
+	case ok:
+		return addr, SourceBook
+	case s.cfg.DisableLookup || s.opts.Addresses == nil:
+		return "", SourceSkipped
+	case missed && now.Sub(missedAt) < MissTTL:
+		return "", SourceSkipped
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		return "", SourceSkipped // as many lookups as allowed are running
+	}
+	addrs := s.opts.Addresses(model)
+	if len(addrs) == 0 {
+		return "", SourceSkipped
+	}
+	addrs = addrs[:min(len(addrs), s.cfg.LookupFanout)]
+	if addr = s.lookup(ctx, addrs, id); addr == "" {
+		s.mu.Lock()
+		s.missed.put(id, now)
+		s.mu.Unlock()
+		return "", SourceUnknown
+	}
+	s.Stored(id, addr)
+	return addr, SourceLookup
+}
+
+// lookup asks every address at once whether it stores id, and returns the
+// first that does ("" when none did within the timeout). Every request has
+// ended when it returns.
+func (s *Store) lookup(ctx context.Context, addrs []string, id string) string {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.LookupTimeout)
+	defer cancel()
+	found := make(chan string, len(addrs))
+	var wg sync.WaitGroup
+	for _, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s.stores(ctx, a, id) {
+				found <- a
+				cancel() // the others need not answer
+			}
+		}()
+	}
+	wg.Wait()
+	close(found)
+	return <-found // "" when the channel is empty
+}
+
+// stores asks the replica at addr for response id: 200 is a yes.
+func (s *Store) stores(ctx context.Context, addr, id string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/responses/"+url.PathEscape(id), nil)
+	if err != nil {
+		s.requests.WithLabelValues("error").Inc()
+		return false
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.requests.WithLabelValues("error").Inc()
+			s.opts.Logger.Debug("response lookup failed", "addr", addr, "err", err)
+		}
+		return false
+	}
+	// The stored response itself is not needed; a bounded drain lets the
+	// connection be reused for a short one.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		s.requests.WithLabelValues("found").Inc()
+		return true
+	case http.StatusNotFound:
+		s.requests.WithLabelValues("not_found").Inc()
+	default:
+		s.requests.WithLabelValues("error").Inc()
+	}
+	return false
+}
+
+// ring is a map of at most len(order) entries that forgets the oldest put
+// first.
+type ring[V any] struct {
+	m     map[string]ringEntry[V]
+	order []string // ids in the order put; "" for a free slot
+	next  int      // the slot the next put takes
+}
+
+type ringEntry[V any] struct {
+	v    V
+	slot int
+}
+
+func newRing[V any](n int) ring[V] {
+	return ring[V]{m: make(map[string]ringEntry[V]), order: make([]string, n)}
+}
+
+func (r *ring[V]) get(id string) (V, bool) {
+	e, ok := r.m[id]
+	return e.v, ok
+}
+
+// put sets id's value, as the newest entry; the oldest is forgotten when
+// the ring is full.
+func (r *ring[V]) put(id string, v V) {
+	if e, ok := r.m[id]; ok {
+		r.order[e.slot] = ""
+	}
+	if old := r.order[r.next]; old != "" {
+		delete(r.m, old)
+	}
+	r.order[r.next] = id
+	r.m[id] = ringEntry[V]{v: v, slot: r.next}
+	r.next = (r.next + 1) % len(r.order)
+}
+
+func (r *ring[V]) drop(id string) {
+	if e, ok := r.m[id]; ok {
+		r.order[e.slot] = ""
+		delete(r.m, id)
+	}
+}

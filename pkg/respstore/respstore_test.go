@@ -1,0 +1,238 @@
+package respstore
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// engine is a replica's response store as seen over HTTP: GET
+// /v1/responses/{id} is 200 for the ids it holds, 404 otherwise.
+type engine struct {
+	srv   *httptest.Server
+	hits  atomic.Int64
+	paths chan string
+}
+
+func newEngine(t *testing.T, ids ...string) *engine {
+	e := &engine{paths: make(chan string, 64)}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.hits.Add(1)
+		select {
+		case e.paths <- r.URL.EscapedPath():
+		default:
+		}
+		id, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/")
+		if r.Method != http.MethodGet || !ok {
+			http.Error(w, "no route", http.StatusMethodNotAllowed)
+			return
+		}
+		for _, held := range ids {
+			if id == held {
+				_, _ = w.Write([]byte(`{"id":"` + id + `","object":"response","status":"completed","output":[]}`))
+				return
+			}
+		}
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"message":"Response with id '` + id + `' not found.","type":"invalid_request_error","param":"response_id","code":404}}`))
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *engine) addr() string { return strings.TrimPrefix(e.srv.URL, "http://") }
+
+func newStore(t *testing.T, cfg Config, addrs func(string) []string) (*Store, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s, err := New(cfg.WithDefaults(), Options{Addresses: addrs, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, reg
+}
+
+func TestBook(t *testing.T) {
+	s, reg := newStore(t, Config{Memory: 2, DisableLookup: true}, nil)
+	s.Stored("resp_a", "10.0.0.1:8000")
+	if a, src := s.Holder(t.Context(), "m", "resp_a"); a != "10.0.0.1:8000" || src != SourceBook {
+		t.Fatalf("holder %q (%s)", a, src)
+	}
+	// A 404 from another replica does not unlearn the holder; its own does.
+	s.Lost("resp_a", "10.0.0.2:8000")
+	if a, _ := s.Holder(t.Context(), "m", "resp_a"); a != "10.0.0.1:8000" {
+		t.Fatalf("after another's 404: %q", a)
+	}
+	s.Lost("resp_a", "10.0.0.1:8000")
+	if a, src := s.Holder(t.Context(), "m", "resp_a"); a != "" || src != SourceSkipped {
+		t.Fatalf("after its holder's 404: %q (%s)", a, src)
+	}
+	// Bounded: the oldest told is forgotten first; telling again renews.
+	s.Stored("resp_1", "a:1")
+	s.Stored("resp_2", "a:2")
+	s.Stored("resp_1", "a:3") // moved: the newest
+	s.Stored("resp_3", "a:4")
+	if s.Len() != 2 {
+		t.Fatalf("remembered %d, want 2", s.Len())
+	}
+	if a, _ := s.Holder(t.Context(), "", "resp_2"); a != "" {
+		t.Errorf("resp_2 should be forgotten, holder %q", a)
+	}
+	if a, _ := s.Holder(t.Context(), "", "resp_1"); a != "a:3" {
+		t.Errorf("resp_1 holder %q, want a:3", a)
+	}
+	if got := testutil.ToFloat64(s.holders.WithLabelValues("book")); got != 3 {
+		t.Errorf("book answers %v, want 3", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "kvroute_responses_remembered"); err != nil || n != 1 {
+		t.Errorf("remembered gauge: %d, %v", n, err)
+	}
+	// Empty and overlong ids are never kept.
+	long := strings.Repeat("x", MaxIDBytes+1)
+	s.Stored(long, "a:5")
+	s.Stored("", "a:5")
+	s.Stored("resp_x", "")
+	if a, src := s.Holder(t.Context(), "", long); a != "" || src != SourceSkipped || s.Len() != 2 {
+		t.Errorf("overlong id: %q (%s), %d remembered", a, src, s.Len())
+	}
+}
+
+func TestLookup(t *testing.T) {
+	e1, e2, e3 := newEngine(t), newEngine(t, "resp_b", "id/with slash"), newEngine(t)
+	var asked []string
+	var mu sync.Mutex
+	addrs := func(model string) []string {
+		mu.Lock()
+		asked = append(asked, model)
+		mu.Unlock()
+		return []string{e1.addr(), e2.addr(), e3.addr()}
+	}
+	now := time.Unix(1000, 0)
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{}.WithDefaults(), Options{Addresses: addrs, Registerer: reg, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, src := s.Holder(t.Context(), "m", "resp_b"); a != e2.addr() || src != SourceLookup {
+		t.Fatalf("holder %q (%s), want %s by lookup", a, src, e2.addr())
+	}
+	// Found once, then known.
+	hits := e1.hits.Load() + e2.hits.Load() + e3.hits.Load()
+	if a, src := s.Holder(t.Context(), "m", "resp_b"); a != e2.addr() || src != SourceBook {
+		t.Fatalf("second holder %q (%s)", a, src)
+	}
+	if h := e1.hits.Load() + e2.hits.Load() + e3.hits.Load(); h != hits {
+		t.Errorf("a known holder was looked up again: %d requests, were %d", h, hits)
+	}
+	if len(asked) != 1 || asked[0] != "m" {
+		t.Errorf("addresses asked for %q", asked)
+	}
+	// The id is one path segment, escaped.
+	for len(e2.paths) > 0 {
+		<-e2.paths
+	}
+	if a, _ := s.Holder(t.Context(), "m", "id/with slash"); a != e2.addr() {
+		t.Fatalf("escaped id: holder %q", a)
+	}
+	if p := <-e2.paths; p != "/v1/responses/id%2Fwith%20slash" {
+		t.Errorf("path %q", p)
+	}
+	// Found nowhere: unknown, then not asked again for MissTTL.
+	if a, src := s.Holder(t.Context(), "m", "resp_none"); a != "" || src != SourceUnknown {
+		t.Fatalf("unknown id: %q (%s)", a, src)
+	}
+	hits = e1.hits.Load() + e2.hits.Load() + e3.hits.Load()
+	if _, src := s.Holder(t.Context(), "m", "resp_none"); src != SourceSkipped {
+		t.Fatalf("a recent miss: %s", src)
+	}
+	if h := e1.hits.Load() + e2.hits.Load() + e3.hits.Load(); h != hits {
+		t.Errorf("a recent miss was asked again")
+	}
+	now = now.Add(MissTTL)
+	if _, src := s.Holder(t.Context(), "m", "resp_none"); src != SourceUnknown {
+		t.Fatalf("a miss past MissTTL: %s", src)
+	}
+	// A holder told later replaces the miss at once.
+	s.Stored("resp_none", e3.addr())
+	if a, src := s.Holder(t.Context(), "m", "resp_none"); a != e3.addr() || src != SourceBook {
+		t.Fatalf("told after a miss: %q (%s)", a, src)
+	}
+	if got := testutil.ToFloat64(s.requests.WithLabelValues("found")); got != 2 {
+		t.Errorf("found answers %v, want 2", got)
+	}
+}
+
+// A lookup ends at its timeout, and past LookupConcurrency requests go
+// without one.
+func TestLookupBounds(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(slow.Close)
+	addr := strings.TrimPrefix(slow.URL, "http://")
+	s, _ := newStore(t, Config{LookupTimeout: 300 * time.Millisecond, LookupConcurrency: 1, LookupFanout: 1},
+		func(string) []string { return []string{addr, "127.0.0.1:1"} })
+
+	done := make(chan Source)
+	start := time.Now()
+	go func() {
+		_, src := s.Holder(context.Background(), "m", "resp_slow")
+		done <- src
+	}()
+	// Wait for the first lookup to hold the only slot.
+	for deadline := time.Now().Add(2 * time.Second); len(s.slots) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the first lookup never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, src := s.Holder(t.Context(), "m", "resp_other"); src != SourceSkipped {
+		t.Errorf("a lookup past the concurrency bound: %s", src)
+	}
+	if src := <-done; src != SourceUnknown {
+		t.Errorf("timed-out lookup: %s", src)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("a lookup took %v with a 300ms timeout", el)
+	}
+	once.Do(func() { close(release) })
+	// The fan-out bound: only the first address was asked (the second
+	// would have been a refused connection, counted as an error).
+	if got := testutil.ToFloat64(s.requests.WithLabelValues("error")); got != 0 {
+		t.Errorf("errors %v: the address past lookup_fanout was asked", got)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	c := Config{}.WithDefaults()
+	if c.Memory != DefaultMemory || c.LookupTimeout != DefaultLookupTimeout || c.LookupConcurrency != DefaultLookupConcurrency || c.LookupFanout != DefaultLookupFanout {
+		t.Fatalf("defaults %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err := Config{Memory: -1, LookupTimeout: -time.Second, LookupConcurrency: -2, LookupFanout: -3}.Validate()
+	for _, want := range []string{"memory: -1", "lookup_timeout: -1s", "lookup_concurrency: -2", "lookup_fanout: -3"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want %q", err, want)
+		}
+	}
+	if _, err := New(Config{}, Options{}); err == nil {
+		t.Error("New accepted an undefaulted config")
+	}
+}
