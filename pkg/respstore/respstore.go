@@ -280,7 +280,7 @@ func (s *Store) stores(ctx context.Context, addr, id string) bool {
 	if err != nil {
 		if ctx.Err() == nil {
 			s.requests.WithLabelValues("error").Inc()
-			s.opts.Logger.Debug("response lookup failed", "addr", addr, "err", err)
+			s.opts.Logger.Debug("response lookup failed", slog.String("addr", addr), slog.Any("err", err))
 		}
 		return false
 	}
