@@ -113,6 +113,12 @@ type genRequest struct {
 	// ThinkingDisabled (openai.Request), for a real tokenizer's template.
 	systemFirst      json.RawMessage
 	thinkingDisabled bool
+
+	// A converted Responses request's request_id ("" for a new id) and
+	// previous_response_id, and whether its response is stored (store
+	// true, the response store enabled).
+	responseID, previousID string
+	keep                   bool
 }
 
 func decodeBody(r *http.Request, v any) error {

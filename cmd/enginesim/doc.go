@@ -18,9 +18,10 @@
 // openai.ParseResponses into the chat request vLLM renders for it, tokenized
 // as a chat completion with add_special_tokens true and generated as
 // one (max_output_tokens, else the rest of the context). The answer is
-// {"id": "resp_...", "object": "response", "created_at", "model", "status":
-// "incomplete" with "incomplete_details": {"reason": "max_output_tokens"}
-// (every request stops on length), "output": [one assistant "message" item
+// {"id": the body's request_id, else "resp_...", "object": "response",
+// "created_at", "model", "status": "incomplete" with "incomplete_details":
+// {"reason": "max_output_tokens"} (every request stops on length),
+// "previous_response_id", "output": [one assistant "message" item
 // "msg_..." with one "output_text" part], "usage": {"input_tokens",
 // "input_tokens_details": {"cached_tokens"} (always present),
 // "output_tokens", "output_tokens_details": {"reasoning_tokens": 0},
@@ -30,10 +31,24 @@
 // response.output_item.added, response.content_part.added, one
 // response.output_text.delta per token, response.output_text.done,
 // response.content_part.done, response.output_item.done and
-// response.completed with the whole response; no [DONE] line. No response
-// store: previous_response_id is 404 "Response with id '...' not found.";
-// input vLLM refuses, and a partial final message (continue_final_message,
-// which chat refuses too), are 400. POST /v1/messages (the Anthropic
+// response.completed with the whole response; no [DONE] line. Input vLLM
+// refuses, and a partial final message (continue_final_message, which chat
+// refuses too), are 400. The response store (store.go) is off by default,
+// as in vLLM: previous_response_id, GET /v1/responses/{id} and POST
+// /v1/responses/{id}/cancel are then 404 "Response with id '...' not
+// found." (type invalid_request_error, param response_id), and background
+// true vLLM's 400. With VLLM_ENABLE_RESPONSES_API_STORE=1 (or "true") or
+// --enable-responses-store, a response with store true (the default) is
+// kept, with the chat it was rendered from, once it has finished (streamed
+// too), at most --responses-store-max of them (the oldest dropped; vLLM
+// drops none); a request with previous_response_id is rendered from its
+// instructions, the stored chat without its system messages, the stored
+// output as assistant messages and its own input (vLLM's
+// construct_input_messages), so its prompt is the whole conversation and
+// a prefix-cache hit on this replica only; GET returns the stored
+// response (stream=true 400: no background event store), cancel is 400
+// "Cannot cancel a synchronous response.", and background mode is not
+// simulated (400). POST /v1/messages (the Anthropic
 // Messages API, as vLLM 0.33 serves it): the body is converted by
 // openai.ParseMessages into the chat request vLLM makes of it (system
 // blocks without Claude Code's billing header, tool_use and tool_result

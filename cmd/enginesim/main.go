@@ -56,6 +56,8 @@ type options struct {
 	stepMs, stepPerSeqMs float64
 	logLevel             string
 	tokenizerDir         string
+	responsesStore       bool // the Responses API response store (store.go)
+	responsesStoreMax    int
 }
 
 type loraFlag struct{ mods *[]loraModule }
@@ -75,6 +77,10 @@ func (l loraFlag) Set(v string) error {
 
 func parseFlags(args []string, out io.Writer) (*options, error) {
 	o := &options{}
+	storeDefault, err := storeEnabled(os.Getenv(storeEnv))
+	if err != nil {
+		return nil, err
+	}
 	fs := flag.NewFlagSet("enginesim", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&o.host, "host", "0.0.0.0", "HTTP listen host")
@@ -111,6 +117,8 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	seed := fs.Uint64("seed", 0, "seed for block hashes, generated text and drops (default: random per process)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.tokenizerDir, "tokenizer-dir", "", "directory with a HuggingFace tokenizer.json (and tokenizer_config.json for chat) that POST /tokenize and the engine's text prompts use instead of the simulator's byte tokens; generated tokens then go out as one-token words (\" q\")")
+	fs.BoolVar(&o.responsesStore, "enable-responses-store", storeDefault, "keep Responses API responses for previous_response_id and GET /v1/responses/{id}, as vLLM does with "+storeEnv+"=1 (the default is that variable's value)")
+	fs.IntVar(&o.responsesStoreMax, "responses-store-max", 10000, "responses the store keeps, the oldest dropped (vLLM drops none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -134,7 +142,6 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 	o.cfg.Model = o.model
 	o.cfg.StepTime = time.Duration(o.stepMs * float64(time.Millisecond))
 	o.cfg.StepTimePerSeq = time.Duration(o.stepPerSeqMs * float64(time.Millisecond))
-	var err error
 	if o.pub.wire.Format, err = kvwire.ParseFormat(o.format); err != nil {
 		return nil, err
 	}
@@ -152,6 +159,8 @@ func parseFlags(args []string, out io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--kv-events-buffer-steps must be positive, got %d", o.pub.bufferSteps)
 	case o.stepMs <= 0 || o.stepPerSeqMs < 0:
 		return nil, errors.New("--decode-step-ms must be positive and --decode-step-per-seq-ms not negative")
+	case o.responsesStoreMax < 1:
+		return nil, fmt.Errorf("--responses-store-max must be positive, got %d", o.responsesStoreMax)
 	case o.port < 0 || o.port > 65535:
 		return nil, fmt.Errorf("--port %d out of range", o.port)
 	}
@@ -225,6 +234,9 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
 		blockSize: eng.Config().BlockSize,
 	}
+	if o.responsesStore {
+		s.store = newResponseStore(o.responsesStoreMax)
+	}
 	srv := &http.Server{Handler: guarded(s.handler(), o.apiKey), ReadHeaderTimeout: 10 * time.Second}
 
 	driverCtx, stopDriver := context.WithCancel(context.Background())
@@ -243,7 +255,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	}
 	log.Info("enginesim serving", slog.String("http", info.HTTPAddr), slog.String("model", o.model),
 		slog.String("kv_events", info.Endpoint), slog.String("kv_replay", info.ReplayEndpoint),
-		slog.Uint64("seed", o.seed), slog.Float64("speed", o.speed))
+		slog.Uint64("seed", o.seed), slog.Float64("speed", o.speed), slog.Bool("responses_store", o.responsesStore))
 	if ready != nil {
 		ready(info)
 	}

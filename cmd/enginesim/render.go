@@ -47,12 +47,17 @@ type renderedSampling struct {
 }
 
 // writeRendered answers a render endpoint: one GenerateRequest, or for
-// completions a list of them, one a prompt.
-func writeRendered(w http.ResponseWriter, a api, model string, reqs []engine.Request) {
+// completions a list of them, one a prompt. Its request_id is id (a
+// Responses body's request_id, as vLLM names it), else a new one.
+func writeRendered(w http.ResponseWriter, a api, model, id string, reqs []engine.Request) {
 	prefix := map[api]string{apiCompletions: "cmpl-", apiChat: "chatcmpl-", apiResponses: "resp_", apiMessages: "chatcmpl-"}[a]
 	out := make([]rendered, len(reqs))
 	for i, er := range reqs {
-		out[i] = rendered{RequestID: randomID(prefix), TokenIDs: er.Prompt, SamplingParams: renderedSampling{MaxTokens: er.MaxTokens}, Model: model}
+		rid := id
+		if rid == "" {
+			rid = randomID(prefix)
+		}
+		out[i] = rendered{RequestID: rid, TokenIDs: er.Prompt, SamplingParams: renderedSampling{MaxTokens: er.MaxTokens}, Model: model}
 		if er.CacheSalt != "" {
 			salt := er.CacheSalt
 			out[i].CacheSalt = &salt

@@ -15,8 +15,11 @@ import (
 // for it (openai.ParseResponses), which then runs exactly as a chat
 // completion does (chat template, add_special_tokens true as vLLM
 // tokenizes a Responses prompt, max_output_tokens or the rest of the
-// context, sampling), and the answer is a Responses object or event stream.
-// vLLM keeps no response store by default: previous_response_id is 404.
+// context, sampling), and the answer is a Responses object or event stream
+// named by the body's request_id (else "resp_" and 32 hex digits). With the
+// response store (store.go) a request with store true is kept, and one
+// with previous_response_id continues a stored response; without it
+// previous_response_id is 404.
 func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 64<<20))
 	if err != nil {
@@ -26,6 +29,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 	p, err := openai.ParseResponses(body)
 	if err != nil {
 		writeError(w, badRequest("", "%s", strings.TrimPrefix(err.Error(), openai.ErrInvalidRequest.Error()+": ")))
+		return
+	}
+	if p.Background && !p.Store {
+		// vLLM's request model refuses it (validate_background).
+		writeError(w, &apiError{status: http.StatusBadRequest, typ: "Bad Request", param: "background",
+			msg: "background can only be used when `store` is true"})
 		return
 	}
 	// The sampling fields the conversion does not carry.
@@ -42,26 +51,19 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if p.Convert != nil {
-		if p.PreviousResponseID != "" {
-			writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
-				msg: fmt.Sprintf("Response with id '%s' not found.", p.PreviousResponseID)})
-			return
-		}
-		writeError(w, badRequest("input", "%s", strings.TrimPrefix(p.Convert.Error(), openai.ErrResponsesUnsupported.Error()+": ")))
+	msgs, err := s.responsesPrompt(isRendering(r.Context()), &p)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	req := genRequest{
-		Model: &p.Model, Stream: p.Stream, Temperature: sample.Temperature, Seed: sample.Seed,
+		Model: &p.Model, Messages: msgs, Stream: p.Stream, Temperature: sample.Temperature, Seed: sample.Seed,
 		AddSpecialTokens: &p.AddSpecialTokens, AddGenerationPrompt: &p.AddGenerationPrompt,
 		ContinueFinalMessage: p.ContinueFinalMessage, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
+		responseID: p.ResponseID, previousID: p.PreviousResponseID, keep: p.Store && s.store != nil,
 	}
 	if p.ReasoningEffort != "" {
 		req.ReasoningEffort = &p.ReasoningEffort
-	}
-	if err := json.Unmarshal(p.Messages, &req.Messages); err != nil {
-		writeError(w, badRequest("input", "input converts to invalid chat messages: %v", err))
-		return
 	}
 	if p.MaxTokens > 0 {
 		req.MaxCompletionTokens = &p.MaxTokens
@@ -72,20 +74,87 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 	s.run(w, r, &req, apiResponses, model, lora)
 }
 
+// responsesPrompt is the chat a parsed Responses request is rendered from,
+// checked in vLLM's order: background mode (refused), then the stored
+// response previous_response_id names (404 when unknown), then the input's
+// conversion (400 when vLLM refuses it). A render endpoint (rendering)
+// refuses previous_response_id, as vLLM's stateless one does, and does not
+// look at background.
+func (s *server) responsesPrompt(rendering bool, p *openai.Request) ([]chatMessage, error) {
+	switch {
+	case rendering && p.PreviousResponseID != "":
+		return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "previous_response_id",
+			msg: "previous_response_id is not supported by the stateless render endpoint."}
+	case !rendering && p.Background && s.store == nil:
+		return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "background",
+			msg: "This vLLM engine does not support `store=True` and therefore does not support the background mode. " +
+				"To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server."}
+	case !rendering && p.Background:
+		return nil, badRequest("background", "background mode is not supported by the simulator (its response store keeps finished responses only); send the request without background")
+	}
+	convertErr := func() error {
+		return badRequest("input", "%s", strings.TrimPrefix(p.Convert.Error(), openai.ErrResponsesUnsupported.Error()+": "))
+	}
+	if p.PreviousResponseID != "" {
+		prev := s.store.get(p.PreviousResponseID)
+		switch {
+		case prev == nil:
+			return nil, responseNotFound(p.PreviousResponseID)
+		case p.Turn == nil:
+			return nil, convertErr()
+		}
+		return continued(p.Turn, prev)
+	}
+	if p.Convert != nil {
+		return nil, convertErr()
+	}
+	var msgs []chatMessage
+	if err := json.Unmarshal(p.Messages, &msgs); err != nil {
+		return nil, badRequest("input", "input converts to invalid chat messages: %v", err)
+	}
+	return msgs, nil
+}
+
+// startResponse names a Responses generation (its id the request's
+// request_id, else a new one; its message item's id) and, when the request
+// is to be stored, has it keep the response with the chat it was rendered
+// from.
+func (g *generation) startResponse(req *genRequest) {
+	g.id, g.msgID, g.previousID = req.responseID, randomID("msg_"), req.previousID
+	if g.id == "" {
+		g.id = randomID("resp_")
+	}
+	if req.keep {
+		msgs := req.Messages
+		g.keep = func(o *responseObject) { g.s.store.put(o, msgs) }
+	}
+}
+
+// finalResponse is the finished response, kept in the store first when the
+// request is to be stored (as vLLM stores it before it answers).
+func (g *generation) finalResponse() *responseObject {
+	o := g.responseObject()
+	if g.keep != nil {
+		g.keep(o)
+	}
+	return o
+}
+
 // responseObject is a Responses API response.
 type responseObject struct {
-	ID                string             `json:"id"`
-	Object            string             `json:"object"`
-	CreatedAt         int64              `json:"created_at"`
-	Model             string             `json:"model"`
-	Status            string             `json:"status"`
-	IncompleteDetails *incompleteDetails `json:"incomplete_details"`
-	Output            []outputMessage    `json:"output"`
-	ParallelToolCalls bool               `json:"parallel_tool_calls"`
-	ToolChoice        string             `json:"tool_choice"`
-	Tools             []any              `json:"tools"`
-	MaxOutputTokens   int                `json:"max_output_tokens"`
-	Usage             *responsesUsage    `json:"usage"`
+	ID                 string             `json:"id"`
+	Object             string             `json:"object"`
+	CreatedAt          int64              `json:"created_at"`
+	Model              string             `json:"model"`
+	Status             string             `json:"status"`
+	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
+	Output             []outputMessage    `json:"output"`
+	ParallelToolCalls  bool               `json:"parallel_tool_calls"`
+	ToolChoice         string             `json:"tool_choice"`
+	Tools              []any              `json:"tools"`
+	MaxOutputTokens    int                `json:"max_output_tokens"`
+	PreviousResponseID *string            `json:"previous_response_id"`
+	Usage              *responsesUsage    `json:"usage"`
 }
 
 type incompleteDetails struct {
@@ -126,6 +195,9 @@ func (g *generation) responseObject() *responseObject {
 		ID: g.id, Object: "response", CreatedAt: g.created, Model: g.model, Status: "in_progress",
 		Output: []outputMessage{}, ParallelToolCalls: true, ToolChoice: "auto", Tools: []any{},
 		MaxOutputTokens: g.reqs[0].MaxTokens,
+	}
+	if g.previousID != "" {
+		o.PreviousResponseID = &g.previousID
 	}
 	f := g.fins[0]
 	if f == nil {
@@ -295,6 +367,9 @@ func (g *generation) streamResponse() bool {
 	if !started && !start() {
 		return true
 	}
+	// The response is stored (finalResponse) once the events before the
+	// last are out, as vLLM stores it after its processor's events and
+	// before response.completed.
 	_ = send("response.output_text.done", func(h eventHeader) any {
 		return textDoneEvent{eventHeader: h, partRef: ref, Text: string(g.texts[0]), Logprobs: []any{}}
 	}) && send("response.content_part.done", func(h eventHeader) any {
@@ -302,7 +377,7 @@ func (g *generation) streamResponse() bool {
 	}) && send("response.output_item.done", func(h eventHeader) any {
 		return itemEvent{eventHeader: h, Item: g.outputMessage("completed")}
 	}) && send("response.completed", func(h eventHeader) any {
-		return responseEvent{eventHeader: h, Response: g.responseObject()}
+		return responseEvent{eventHeader: h, Response: g.finalResponse()}
 	})
 	flush()
 	return true

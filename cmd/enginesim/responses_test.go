@@ -368,7 +368,7 @@ func TestResponsesErrors(t *testing.T) {
 		code       int
 		typ, msg   string
 	}{
-		{"previous response", `{"input": "and then?", "previous_response_id": "resp_abc"}`, 404, "NotFoundError", "Response with id 'resp_abc' not found."},
+		{"previous response", `{"input": "and then?", "previous_response_id": "resp_abc"}`, 404, "invalid_request_error", "Response with id 'resp_abc' not found."},
 		{"no input", `{"model": "sim-model"}`, 400, "BadRequestError", "input is required"},
 		{"malformed json", `{"input": "x",`, 400, "BadRequestError", ""},
 		{"not an object", `["input"]`, 400, "BadRequestError", ""},

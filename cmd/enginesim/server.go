@@ -38,6 +38,7 @@ type server struct {
 	log           *slog.Logger
 	realTok       *realTokenizer // --tokenizer-dir: /tokenize with a real tokenizer
 	blockSize     int            // tokens per KV block
+	store         *responseStore // the Responses API response store (store.go); nil when disabled
 }
 
 // tokenText renders a generated token: simtok's text, or with a real
@@ -67,6 +68,8 @@ func (s *server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiCompletions) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, apiChat) })
 	mux.HandleFunc("POST /v1/responses", s.responses)
+	mux.HandleFunc("GET /v1/responses/{response_id}", s.retrieveResponse)
+	mux.HandleFunc("POST /v1/responses/{response_id}/cancel", s.cancelResponse)
 	mux.HandleFunc("POST /v1/messages", s.messages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", s.countTokens)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
@@ -225,7 +228,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		return
 	}
 	if isRendering(r.Context()) {
-		writeRendered(w, a, model, reqs)
+		writeRendered(w, a, model, req.responseID, reqs)
 		return
 	}
 	total := 0
@@ -250,7 +253,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 	case apiChat:
 		g.id = randomID("chatcmpl-")
 	case apiResponses:
-		g.id, g.msgID = randomID("resp_"), randomID("msg_")
+		g.startResponse(req)
 	case apiMessages:
 		// vLLM's chat request id: the X-Request-Id header, else 16 random
 		// hex digits.
@@ -350,6 +353,11 @@ type generation struct {
 	fins    []*engine.Finished
 	texts   [][]byte
 	emitted int
+
+	// A Responses answer's previous_response_id ("" for none), and keep
+	// (nil when it is not stored) stores its final response (startResponse).
+	previousID string
+	keep       func(*responseObject)
 }
 
 func (g *generation) usage() *usage {
@@ -400,7 +408,7 @@ func (g *generation) collect() bool {
 	}
 	switch g.api {
 	case apiResponses:
-		writeJSON(g.w, http.StatusOK, g.responseObject())
+		writeJSON(g.w, http.StatusOK, g.finalResponse())
 		return true
 	case apiMessages:
 		writeCompactJSON(g.w, http.StatusOK, g.messageObject())
