@@ -97,10 +97,11 @@ func TestResponsesStoreFollowUps(t *testing.T) {
 	for turn := range turns {
 		for ch := range chains {
 			body := map[string]any{"model": "sim-model", "max_output_tokens": 6,
-				"input": prompt(fmt.Sprintf("stored%d-t%d", ch, turn), 30), "stream": (ch+turn)%2 == 1}
-			if turn == 0 {
-				body["instructions"] = prompt(fmt.Sprintf("stored-sys%d", ch), 40)
-			} else {
+				"input": prompt(fmt.Sprintf("stored%d-t%d", ch, turn), 30), "stream": (ch+turn)%2 == 1,
+				// Instructions do not carry over a stored response: clients
+				// send them every turn.
+				"instructions": prompt(fmt.Sprintf("stored-sys%d", ch), 40)}
+			if turn > 0 {
 				body["previous_response_id"] = last[ch].id
 			}
 			if ch == chains-1 {
@@ -150,7 +151,7 @@ func TestResponsesStoreFollowUps(t *testing.T) {
 	c.waitExtProcHealthy(true)
 	metrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", c.metricsPort)
 	for ch := range chains {
-		r := respond(t, c, map[string]any{"model": "sim-model", "max_output_tokens": 6,
+		r := respond(t, c, map[string]any{"model": "sim-model", "max_output_tokens": 6, "instructions": prompt(fmt.Sprintf("stored-sys%d", ch), 40),
 			"input": prompt(fmt.Sprintf("stored%d-after", ch), 30), "previous_response_id": last[ch].id})
 		if r.upstream != holder[ch] {
 			t.Errorf("after the restart, chain %d served by %s, its history is on %s", ch, r.upstream, holder[ch])
