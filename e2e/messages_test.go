@@ -126,7 +126,7 @@ func TestMessagesClaudeCodeSessionsStick(t *testing.T) {
 	var final struct {
 		Usage messagesUsage `json:"usage"`
 	}
-	types := typedEvents(t, resp.Body, "message_delta", &final)
+	types := typedEvents(t, resp.Body, &final, "message_delta")
 	if len(types) < 5 || types[0] != "message_start" || types[len(types)-2] != "message_delta" || types[len(types)-1] != "message_stop" {
 		t.Fatalf("events %v", types)
 	}

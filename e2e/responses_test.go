@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,8 +120,8 @@ func postStream(t *testing.T, c *cluster, path string, body any) *http.Response 
 
 // typedEvents reads an event stream whose data are JSON objects with a
 // "type" (the Responses and Anthropic streams), returns the types in
-// order, and decodes the event of type last into into.
-func typedEvents(t *testing.T, body io.Reader, last string, into any) []string {
+// order, and decodes the events of the types in lasts into into.
+func typedEvents(t *testing.T, body io.Reader, into any, lasts ...string) []string {
 	t.Helper()
 	var types []string
 	sc := bufio.NewScanner(body)
@@ -137,7 +138,7 @@ func typedEvents(t *testing.T, body io.Reader, last string, into any) []string {
 			t.Fatalf("event %q: %v", data, err)
 		}
 		types = append(types, ev.Type)
-		if ev.Type == last {
+		if slices.Contains(lasts, ev.Type) {
 			_ = json.Unmarshal([]byte(data), into)
 		}
 	}
@@ -233,12 +234,13 @@ func TestResponsesStreamObserved(t *testing.T) {
 			} `json:"usage"`
 		} `json:"response"`
 	}
-	types := typedEvents(t, resp.Body, "response.completed", &completed)
-	if len(types) < 4 || types[0] != "response.created" || types[len(types)-1] != "response.completed" {
+	// Cut at max_output_tokens: vLLM ends the stream with response.incomplete.
+	types := typedEvents(t, resp.Body, &completed, "response.completed", "response.incomplete")
+	if len(types) < 4 || types[0] != "response.created" || types[len(types)-1] != "response.incomplete" {
 		t.Fatalf("events %v", types)
 	}
 	if completed.Response.Usage.InputTokens == 0 {
-		t.Fatal("response.completed carries no usage")
+		t.Fatal("response.incomplete carries no usage")
 	}
 	waitFor(t, 10*time.Second, "the router to read the stream's usage", func() bool { return observed() > before })
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,7 +40,8 @@ func respond(t *testing.T, c *cluster, body map[string]any) storedTurn {
 		var done struct {
 			Response storedResponseObject `json:"response"`
 		}
-		if types := typedEvents(t, resp.Body, "response.completed", &done); len(types) == 0 || types[len(types)-1] != "response.completed" {
+		terminal := []string{"response.completed", "response.incomplete"}
+		if types := typedEvents(t, resp.Body, &done, terminal...); len(types) == 0 || !slices.Contains(terminal, types[len(types)-1]) {
 			t.Fatalf("stream events %v", types)
 		}
 		r := done.Response

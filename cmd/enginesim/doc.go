@@ -31,7 +31,8 @@
 // response.output_item.added, response.content_part.added, one
 // response.output_text.delta per token, response.output_text.done,
 // response.content_part.done, response.output_item.done and
-// response.completed with the whole response; no [DONE] line. Input vLLM
+// response.completed with the whole response (response.incomplete for one
+// cut at max_output_tokens, as vLLM 0.33 ends it); no [DONE] line. Input vLLM
 // refuses, and a partial final message (continue_final_message, which chat
 // refuses too), are 400. The response store (store.go) is off by default,
 // as in vLLM: previous_response_id, GET /v1/responses/{id} and POST

@@ -121,7 +121,7 @@ func TestOpenAIPythonClient(t *testing.T) {
 	}
 	wantEvents := "response.created response.in_progress response.output_item.added response.content_part.added " +
 		strings.Repeat("response.output_text.delta ", 5) +
-		"response.output_text.done response.content_part.done response.output_item.done response.completed"
+		"response.output_text.done response.content_part.done response.output_item.done response.incomplete"
 	if got := strings.Join(got.ResponsesStream.Events, " "); got != wantEvents {
 		t.Errorf("responses stream events %s", got)
 	}

@@ -308,7 +308,8 @@ func startEvents(w http.ResponseWriter) func() {
 // response.in_progress at once; the message item and its text part when
 // the first token exists (a client times the first token from them); a
 // response.output_text.delta per token; then the done events of the text,
-// part and item, and response.completed with the whole response. The
+// part and item, and response.completed with the whole response
+// (response.incomplete for one cut short, as vLLM 0.33 ends it). The
 // stream has no [DONE] line. False when the client went away.
 func (g *generation) streamResponse() bool {
 	flush := startEvents(g.w)
@@ -376,9 +377,16 @@ func (g *generation) streamResponse() bool {
 		return partEvent{eventHeader: h, partRef: ref, Part: g.outputText()}
 	}) && send("response.output_item.done", func(h eventHeader) any {
 		return itemEvent{eventHeader: h, Item: g.outputMessage("completed")}
-	}) && send("response.completed", func(h eventHeader) any {
-		return responseEvent{eventHeader: h, Response: g.finalResponse()}
-	})
+	}) && func() bool {
+		// vLLM ends a response cut short (max_output_tokens, the context's
+		// end) with response.incomplete, any other with response.completed.
+		final := g.finalResponse()
+		terminal := "response.completed"
+		if final.Status == "incomplete" {
+			terminal = "response.incomplete"
+		}
+		return send(terminal, func(h eventHeader) any { return responseEvent{eventHeader: h, Response: final} })
+	}()
 	flush()
 	return true
 }

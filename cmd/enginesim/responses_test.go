@@ -253,7 +253,7 @@ func TestResponsesStream(t *testing.T) {
 	for range tokens {
 		wantTypes = append(wantTypes, "response.output_text.delta")
 	}
-	wantTypes = append(wantTypes, "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed")
+	wantTypes = append(wantTypes, "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete")
 	var got []string
 	for _, ev := range evs {
 		got = append(got, ev.name)
@@ -308,7 +308,7 @@ func TestResponsesStream(t *testing.T) {
 		t.Errorf("output_item.added %v", evs[2].data)
 	}
 	for _, ev := range evs[3:] {
-		if ev.name == "response.output_item.done" || ev.name == "response.completed" {
+		if ev.name == "response.output_item.done" || ev.name == "response.incomplete" {
 			continue
 		}
 		if ev.str(t, "item_id") != item.ID || string(ev.data["output_index"]) != "0" || string(ev.data["content_index"]) != "0" {

@@ -214,6 +214,7 @@ var chunkCases = []string{
 	`{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":42}}}`,
 	`{"type":"response.completed","response":{"usage":{"input_tokens":4,"input_tokens_details":null}}}`,
 	`{"type":"response.completed","response":null}`,
+	`{"type":"response.incomplete","response":{"id":"resp_2","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0},"output_tokens":5,"total_tokens":14}}}`,
 	`{"type":null,"response":{"usage":{"output_tokens":1}}}`,
 	`{"type":3}`,
 	`{"type":"response.failed","response":[]}`,

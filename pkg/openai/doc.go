@@ -36,7 +36,8 @@
 // chunks (bytes as they arrive, events split anywhere), remembers the last
 // usage object seen (the final chunk when stream_options.include_usage is
 // set; every chunk under continuous usage stats; a Responses stream's
-// response.completed; an Anthropic stream's message_delta) and reports the
+// response.completed or response.incomplete, read from any event's
+// response object; an Anthropic stream's message_delta) and reports the
 // first event carrying generated content (for a Responses stream, the
 // first event after response.created and response.in_progress; for an
 // Anthropic one, the first after message_start and ping). Both read JSON with the request's scanner

@@ -66,11 +66,15 @@ out["responses"] = {"text": r.output_text, "status": r.status, "object": r.objec
                     "usage": responses_usage(r.usage)}
 
 # The client's stream helper checks the event sequence as it accumulates it.
+# A response cut at max_output_tokens ends with response.incomplete, as
+# vLLM ends it (the helper's get_final_response wants response.completed).
 events = []
+final = None
 with client.responses.stream(model="sim-model", input=prompt, max_output_tokens=5, temperature=0) as stream:
     for event in stream:
         events.append(event.type)
-    final = stream.get_final_response()
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
 out["responses_stream"] = {"text": final.output_text, "status": final.status, "object": final.object,
                            "usage": responses_usage(final.usage), "events": events}
 
