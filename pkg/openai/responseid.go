@@ -33,25 +33,60 @@ func StoredResponsePath(path string) (string, bool) {
 // ResponseID reads the id of a Responses API response from the first
 // bytes of its body: a JSON object's top-level "id", or, in an event
 // stream, the "id" of the "response" object its first event carries
-// (response.created, or response.queued for a background response). more
-// reports that prefix ends before the answer; with more false, "" means
-// the body names no id where one was expected.
+// (response.created, or response.queued for a background response). It
+// reads no further than the id: the engines write it first, ahead of the
+// instructions and tools the response object repeats. more reports that
+// prefix ends before the answer; with more false, "" means the body names
+// no id where one was expected.
 func ResponseID(prefix []byte, sse bool) (id string, more bool) {
-	if sse {
-		return streamResponseID(prefix)
+	if !sse {
+		return idMember(prefix)
 	}
-	dec := json.NewDecoder(bytes.NewReader(prefix))
-	if t, err := dec.Token(); err != nil {
-		return "", len(bytes.TrimSpace(prefix)) == 0
-	} else if t != json.Delim('{') {
-		return "", false
+	data, whole := firstEventData(prefix)
+	if len(data) == 0 {
+		return "", !whole
 	}
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
+	id, more = idMember(data, "response")
+	return id, more && !whole
+}
+
+// idMember reads the string "id" member of a JSON object, inside the
+// objects named by path (each a member of the one before). more reports
+// that b ends before the answer.
+func idMember(b []byte, path ...string) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	for depth := 0; ; depth++ {
+		if t, err := dec.Token(); err != nil {
 			return "", true
+		} else if t != json.Delim('{') {
+			return "", false
 		}
-		if k == "id" {
+		want := "id"
+		if depth < len(path) {
+			want = path[depth]
+		}
+		found := false
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return "", true
+			}
+			if k == want {
+				found = true
+				break
+			}
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return "", true
+			}
+		}
+		if !found {
+			if _, err := dec.Token(); err != nil { // the object's end
+				return "", true
+			}
+			return "", false
+		}
+		if depth == len(path) {
 			var v any
 			if err := dec.Decode(&v); err != nil {
 				return "", true
@@ -59,39 +94,22 @@ func ResponseID(prefix []byte, sse bool) (id string, more bool) {
 			s, _ := v.(string)
 			return s, false
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return "", true
-		}
 	}
-	if _, err := dec.Token(); err != nil {
-		return "", true
-	}
-	return "", false
 }
 
-// streamResponseID is ResponseID for an event stream: the first event's
-// data, once whole.
-func streamResponseID(prefix []byte) (string, bool) {
-	var data []byte
+// firstEventData is the data of an event stream's first event, its data
+// lines joined by newlines, as far as prefix holds it; whole reports that
+// the event ended within prefix.
+func firstEventData(prefix []byte) (data []byte, whole bool) {
 	for len(prefix) > 0 {
 		line, rest, found := bytes.Cut(prefix, []byte("\n"))
-		if !found {
-			return "", true // the event goes on past the prefix
-		}
 		prefix = rest
 		line = bytes.TrimSuffix(line, []byte("\r"))
-		if len(line) == 0 {
-			if data == nil {
-				continue // blank lines before the first event
+		if found && len(line) == 0 {
+			if data != nil {
+				return data, true
 			}
-			var ev struct {
-				Response struct {
-					ID string `json:"id"`
-				} `json:"response"`
-			}
-			_ = json.Unmarshal(data, &ev)
-			return ev.Response.ID, false
+			continue // blank lines before the first event
 		}
 		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			if data != nil {
@@ -100,5 +118,5 @@ func streamResponseID(prefix []byte) (string, bool) {
 			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
 		}
 	}
-	return "", true
+	return data, false
 }
