@@ -365,10 +365,10 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		req.Subset = st.subset
 	}
 	// A stored response's retrieval or cancellation names it in the path,
-	// a continuation in the body.
-	var stored storedResponse
+	// a continuation in the body (pinID). A Responses body the engine will
+	// store (toStore) names the response ownID, or the engine does.
 	pinID, _ := openai.StoredResponsePath(st.path)
-	ownID := ""
+	toStore, ownID := false, ""
 	ctx, cancel := context.WithTimeout(st.spanCtx, st.s.cfg.DecideTimeout)
 	defer cancel()
 	if st.s.slots != nil && len(body) >= LargeBody {
@@ -402,7 +402,7 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 				if parsed.PreviousResponseID != "" {
 					pinID = parsed.PreviousResponseID
 				}
-				stored.learn, ownID = parsed.Store, parsed.ResponseID
+				toStore, ownID = parsed.Store, parsed.ResponseID
 			}
 		case jsonish:
 			req.Model = openai.Model(body)
@@ -449,17 +449,16 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		life = st.s.cfg.Tracker.Start(replica, dec.PrefillBlocks, dec.PromptBlocks)
 	}
 	buffered := st.reqMode == filterv3.ProcessingMode_BUFFERED || st.reqMode == filterv3.ProcessingMode_BUFFERED_PARTIAL
-	if rs == nil {
-		stored = storedResponse{}
-	} else {
+	var stored storedResponse
+	if rs != nil {
 		if dec.Pin != "" {
 			stored.pin = pinID
+			st.span.SetAttributes(attribute.Bool("kvroute.stored_response.pinned", true))
 		}
-		if stored.learn && ownID != "" {
-			// The engine stores the response under the body's request_id.
-			rs.Stored(ownID, dec.Address)
-			stored.learn = false
+		if toStore && ownID != "" {
+			rs.Stored(ownID, dec.Address) // the engine stores it under the body's request_id
 		}
+		stored.learn = toStore && ownID == ""
 	}
 	st.fl = st.s.startFlight(dec, life, st.span, buffered && !st.bodyless, stored)
 	return st.pickFor(dec), nil
@@ -477,6 +476,9 @@ func (st *procStream) commitRecords() {
 func (st *procStream) decideError(err error, req route.Request) *rejection {
 	switch {
 	case errors.Is(err, route.ErrNoReplica):
+		if req.Pin != "" {
+			return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "the replica storing the response this request names is not healthy"}
+		}
 		if req.Subset != nil {
 			return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "no eligible replica in the proxy's endpoint subset"}
 		}

@@ -2,13 +2,16 @@ package extproc
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvroute/kvroute/pkg/respstore"
+	"github.com/kvroute/kvroute/pkg/route"
 )
 
 // storeLog is a ResponseStore that answers Holder from a fixed map and
@@ -67,6 +70,7 @@ func TestStoredResponses(t *testing.T) {
 		chunks              []string
 		asked, stored, lost []string
 		pin                 string
+		refused             string // the decision fails: a 503 with this message
 	}{
 		{
 			name: "a continuation, pinned; its own response learned from the stream",
@@ -109,6 +113,11 @@ func TestStoredResponses(t *testing.T) {
 			asked: []string{" resp_prev"}, pin: "10.0.0.9:8000",
 		},
 		{
+			name: "an unhealthy holder: 503 naming it",
+			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_prev"}`,
+			asked: []string{"m resp_prev"}, pin: "10.0.0.9:8000", refused: "the replica storing the response this request names is not healthy",
+		},
+		{
 			name: "a chat completion is none of the store's business",
 			path: "/v1/chat/completions", body: chatBody,
 			resp: sse, chunks: []string{sseStream},
@@ -117,6 +126,9 @@ func TestStoredResponses(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			store := &storeLog{holders: map[string]string{"resp_prev": "10.0.0.9:8000"}}
 			dec := &fakeDecider{dec: decision()}
+			if c.refused != "" {
+				dec.err = fmt.Errorf("%w: the holder is down", route.ErrNoReplica)
+			}
 			if c.pin != "" {
 				dec.dec.Pin = dec.dec.Address // the router held the pick to the pin
 			}
@@ -125,11 +137,19 @@ func TestStoredResponses(t *testing.T) {
 			if c.body != "" {
 				msgs = append(msgs, reqBody(c.body, true))
 			}
-			msgs = append(msgs, respHeaders(false, c.resp...))
+			if c.resp != nil {
+				msgs = append(msgs, respHeaders(false, c.resp...))
+			}
 			for i, ch := range c.chunks {
 				msgs = append(msgs, respBody(ch, i == len(c.chunks)-1))
 			}
-			h.exchange(msgs...)
+			out := h.exchange(msgs...)
+			if c.refused != "" {
+				ir := out[len(out)-1].GetImmediateResponse()
+				if ir.GetStatus().GetCode() != 503 || !strings.Contains(string(ir.GetBody()), c.refused) {
+					t.Errorf("refused with %v %s, want 503 %q", ir.GetStatus().GetCode(), ir.GetBody(), c.refused)
+				}
+			}
 			reqs := dec.requests()
 			if len(reqs) != 1 || reqs[0].Pin != c.pin {
 				t.Fatalf("decided %d requests, pin %q, want one pinned to %q", len(reqs), reqs[0].Pin, c.pin)
