@@ -231,11 +231,13 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	ec.Tracker = tracker
 	ec.Fidelity = r.fid
 	ec.Rates = rates
-	if ec.Responses, err = respstore.New(cfg.Responses, respstore.Options{
+	stored, err := respstore.New(cfg.Responses, respstore.Options{
 		Addresses: r.set.Addresses, Client: engines, Registerer: r.reg, Logger: log.With("component", "responses"),
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
+	ec.Responses = stored
 	ec.BlockSize = r.set.BlockSize
 	ec.TracerProvider = tr.Provider
 	ec.Propagator = tr.Propagator
@@ -247,7 +249,7 @@ func build(cfg *Config, log *slog.Logger, tr *telemetry.Tracing) (*wiring, error
 	}
 	if r.admin, err = admin.New(admin.Config{
 		Explainer: explainerFunc(explainer.Explain),
-		Parse:     parseRequest,
+		Parse:     explainParser(stored),
 		Replicas:  adminReplicas{fleet: r.fleet},
 		Index:     r.idx,
 		Decisions: decisionHistory{r.ext},
@@ -298,6 +300,21 @@ type explainerFunc func(context.Context, route.Request) (route.Decision, error)
 
 func (f explainerFunc) Explain(ctx context.Context, req route.Request) (route.Decision, error) {
 	return f(ctx, req)
+}
+
+// explainParser is the admin API's body parser: parseRequest, with a body
+// continuing a stored response pinned to the holder the router remembers
+// (explaining asks no replica: it moves nothing).
+func explainParser(stored *respstore.Store) func(string, []byte) (route.Request, error) {
+	return func(path string, body []byte) (route.Request, error) {
+		req, err := parseRequest(path, body)
+		if err == nil && req.Input.API == openai.PathResponses {
+			if p, perr := openai.ParseResponses(body); perr == nil && p.PreviousResponseID != "" {
+				req.Pin = stored.Remembered(p.PreviousResponseID)
+			}
+		}
+		return req, err
+	}
 }
 
 // parseRequest is the admin API's body parser: the same OpenAI parsing and

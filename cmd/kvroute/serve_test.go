@@ -24,6 +24,7 @@ import (
 
 	kvroutev1 "github.com/kvroute/kvroute/proto/kvroute/v1"
 
+	"github.com/kvroute/kvroute/pkg/respstore"
 	"github.com/kvroute/kvroute/pkg/route"
 	"github.com/kvroute/kvroute/pkg/telemetry"
 )
@@ -487,5 +488,32 @@ readiness: {warm_timeout: 5s}
 		if got[id] != w {
 			t.Errorf("replica %s: predicted/served %+v, want %+v", id, got[id], w)
 		}
+	}
+}
+
+// Explaining a body that continues a stored response pins it where the
+// router remembers the response, as routing it would, without asking a
+// replica.
+func TestExplainParserPinsStoredResponses(t *testing.T) {
+	stored, err := respstore.New(respstore.Config{}.WithDefaults(), respstore.Options{
+		Addresses: func(string) []string { t.Error("explaining looked a response up"); return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored.Stored("resp_1", "10.0.0.1:8000")
+	parse := explainParser(stored)
+	for body, want := range map[string]string{
+		`{"model":"m","input":"next","previous_response_id":"resp_1"}`:   "10.0.0.1:8000",
+		`{"model":"m","input":"next","previous_response_id":"resp_new"}`: "",
+		`{"model":"m","input":"first"}`:                                  "",
+	} {
+		req, err := parse("/v1/responses", []byte(body))
+		if err != nil || req.Pin != want {
+			t.Errorf("%s: pin %q, %v; want %q", body, req.Pin, err, want)
+		}
+	}
+	if req, err := parse("/v1/chat/completions", []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"previous_response_id":"resp_1"}`)); err != nil || req.Pin != "" {
+		t.Errorf("a chat body: pin %q, %v", req.Pin, err)
 	}
 }

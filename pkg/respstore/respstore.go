@@ -199,6 +199,15 @@ func (s *Store) Lost(id, addr string) {
 	s.mu.Unlock()
 }
 
+// Remembered returns the holder of id the Store remembers, "" for none; it
+// asks no replica and counts nothing (the admin API's explanations).
+func (s *Store) Remembered(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addr, _ := s.held.get(id)
+	return addr
+}
+
 // Holder returns the address of the replica storing response id, asking
 // model's replicas when it is not known (see the package comment); "" when
 // none is known to, with how the answer was reached.
