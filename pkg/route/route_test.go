@@ -216,6 +216,9 @@ func TestDecidePin(t *testing.T) {
 			if d.Replica != tt.want || d.Pin != tt.pin || len(d.Candidates) != tt.nCands {
 				t.Fatalf("picked %s (pin %q) from %d candidates, want %s (pin %q) from %d", d.Replica, d.Pin, len(d.Candidates), tt.want, tt.pin, tt.nCands)
 			}
+			if d.Pin != "" && len(d.Fallbacks) != 0 {
+				t.Errorf("a pinned pick has fallbacks %v: a retry there is a 404", d.Fallbacks)
+			}
 		})
 	}
 }
