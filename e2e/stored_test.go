@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // storedTurn is one turn of a conversation kept in the engines' response
@@ -170,5 +171,170 @@ func TestResponsesStoreFollowUps(t *testing.T) {
 	}
 	if v, err := metricSum(t.Context(), metrics, "kvroute_responses_holder_total", `source="unknown"`); err != nil || v != 1 {
 		t.Errorf("unknown holders: %v (%v), want 1", v, err)
+	}
+}
+
+// backgroundObject is the part of a background Responses object the test
+// reads.
+type backgroundObject struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Output []any  `json:"output"`
+	Usage  *struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+}
+
+// decodeBackground decodes a Responses object or fails the test.
+func decodeBackground(t *testing.T, what string, b []byte) backgroundObject {
+	t.Helper()
+	var o backgroundObject
+	if err := json.Unmarshal(b, &o); err != nil || o.ID == "" {
+		t.Fatalf("%s: not a response object (%v): %s", what, err, b)
+	}
+	return o
+}
+
+// TestResponsesStoreBackground: background Responses requests (vLLM's
+// background mode, the engines' response store on) through Envoy and
+// kvroute. Each is answered queued at once by the replica that then runs
+// and stores it; polling GET /v1/responses/{id} reaches that replica every
+// time (never another, which would answer 404) until the response has
+// ended; a long one is cancelled there mid-generation (aborted in its
+// engine) and stays cancelled; a finished one is continued by
+// previous_response_id on its replica, its history cached there; a
+// streamed one is replayed there with stream=true.
+func TestResponsesStoreBackground(t *testing.T) {
+	// 5 ms a token (10 speed, 50 ms steps): 100 tokens take 0.5 s, 3000 15 s.
+	c := newCluster(t, clusterOpts{engines: 4, engineArgs: func(int) []string {
+		return []string{"--enable-responses-store", "--decode-step-ms", "50"}
+	}})
+	const n, tokens = 8, 100
+	type bg struct {
+		id, holder string
+		input      int
+	}
+	post := func(body map[string]any) (backgroundObject, string) {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		r := c.post(t.Context(), "/v1/responses", b, nil)
+		if r.err != nil || r.status != 200 || r.upstream == "" {
+			t.Fatalf("background /v1/responses: %d %v from %q: %s", r.status, r.err, r.upstream, r.body)
+		}
+		o := decodeBackground(t, "background answer", r.body)
+		if o.Status != "queued" || len(o.Output) != 0 || o.Usage != nil {
+			t.Errorf("background answer %s, want queued without output or usage", r.body)
+		}
+		return o, r.upstream
+	}
+	// get retrieves a response from its holder: any other replica would
+	// answer 404.
+	get := func(id, holder string) backgroundObject {
+		t.Helper()
+		code, up, b := storedCall(t, c, http.MethodGet, "/v1/responses/"+id)
+		if code != 200 || up != holder {
+			t.Fatalf("GET %s: %d from %s, its holder is %s: %s", id, code, up, holder, b)
+		}
+		return decodeBackground(t, "GET "+id, b)
+	}
+	bgs := make([]bg, n)
+	holders := map[string]bool{}
+	for i := range bgs {
+		o, up := post(map[string]any{"model": "sim-model", "background": true, "max_output_tokens": tokens,
+			"instructions": prompt(fmt.Sprintf("bg-sys%d", i), 40), "input": prompt(fmt.Sprintf("bg%d", i), 30)})
+		bgs[i] = bg{id: o.ID, holder: up}
+		holders[up] = true
+	}
+	if len(holders) < 2 {
+		t.Errorf("%d background requests all went to %v", n, holders)
+	}
+	queuedPolls := 0
+	for i, b := range bgs {
+		polls := 0
+		for deadline := time.Now().Add(30 * time.Second); ; polls++ {
+			o := get(b.id, b.holder)
+			if o.Status != "queued" {
+				// The simulator stops every request on length.
+				if o.Status != "incomplete" || o.Usage == nil || o.Usage.OutputTokens != tokens || len(o.Output) != 1 {
+					t.Fatalf("background %d ended %+v, want incomplete with %d output tokens", i, o, tokens)
+				}
+				bgs[i].input = o.Usage.InputTokens
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("background %d still queued after 30s", i)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("background %d (%s on %s) ended after %d polls", i, b.id, b.holder, polls)
+		queuedPolls += polls
+	}
+	if queuedPolls == 0 {
+		t.Error("no poll saw a background response queued")
+	}
+
+	// A long one, cancelled mid-generation by its holder.
+	long, holder := post(map[string]any{"model": "sim-model", "background": true, "max_output_tokens": 3000, "input": prompt("bg-long", 30)})
+	metrics := fmt.Sprintf("http://%s/metrics", holder)
+	before, err := metricSum(t.Context(), metrics, "vllm:generation_tokens_total", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the long request to generate", func() bool {
+		v, err := metricSum(t.Context(), metrics, "vllm:generation_tokens_total", "")
+		return err == nil && v >= before+20
+	})
+	if o := get(long.ID, holder); o.Status != "queued" {
+		t.Fatalf("the long request is %q before its cancel", o.Status)
+	}
+	code, up, b := storedCall(t, c, http.MethodPost, "/v1/responses/"+long.ID+"/cancel")
+	if code != 200 || up != holder {
+		t.Fatalf("cancel: %d from %s, its holder is %s: %s", code, up, holder, b)
+	}
+	if o := decodeBackground(t, "cancel", b); o.Status != "cancelled" || o.ID != long.ID {
+		t.Errorf("cancel answered %s, want the response cancelled", b)
+	}
+	if v, err := metricSum(t.Context(), metrics, "vllm:num_requests_running", ""); err != nil || v != 0 {
+		t.Errorf("the holder runs %v requests (%v) after the cancel, want 0", v, err)
+	}
+	if o := get(long.ID, holder); o.Status != "cancelled" {
+		t.Errorf("after the cancel, GET: %q", o.Status)
+	}
+	code, up, b = storedCall(t, c, http.MethodPost, "/v1/responses/"+long.ID+"/cancel")
+	if code != 400 || up != holder || !strings.Contains(string(b), "Cannot cancel a synchronous response") {
+		t.Errorf("a second cancel: %d from %s: %s", code, up, b)
+	}
+
+	// A finished one continued on its holder, its history cached there.
+	for i, b := range bgs[:2] {
+		r := respond(t, c, map[string]any{"model": "sim-model", "max_output_tokens": 6, "previous_response_id": b.id,
+			"instructions": prompt(fmt.Sprintf("bg-sys%d", i), 40), "input": prompt(fmt.Sprintf("bg%d-next", i), 30)})
+		if r.upstream != b.holder {
+			t.Errorf("background %d continued on %s, it is stored on %s", i, r.upstream, b.holder)
+		}
+		if r.input <= b.input || r.cached < b.input/2 {
+			t.Errorf("background %d continued: %d input tokens (%d cached) after %d: the stored history was not prepended and cached", i, r.input, r.cached, b.input)
+		}
+	}
+
+	// A streamed one: its own stream, then a replay from its holder.
+	resp := postStream(t, c, "/v1/responses", map[string]any{"model": "sim-model", "background": true, "stream": true,
+		"max_output_tokens": tokens, "input": prompt("bg-stream", 30)})
+	var done struct {
+		Response backgroundObject `json:"response"`
+	}
+	types := typedEvents(t, resp.Body, &done, "response.incomplete")
+	resp.Body.Close()
+	sholder := resp.Header.Get("x-e2e-upstream")
+	if len(types) != tokens+8 || types[len(types)-1] != "response.incomplete" || done.Response.ID == "" {
+		t.Fatalf("background stream events %v", types)
+	}
+	code, up, b = storedCall(t, c, http.MethodGet, "/v1/responses/"+done.Response.ID+"?stream=true&starting_after=1")
+	if code != 200 || up != sholder {
+		t.Fatalf("replay: %d from %s, its holder is %s: %s", code, up, sholder, b)
+	}
+	if replayed := typedEvents(t, strings.NewReader(string(b)), &done, "response.incomplete"); !slices.Equal(replayed, types[2:]) {
+		t.Errorf("replayed %v\nwant %v", replayed, types[2:])
 	}
 }

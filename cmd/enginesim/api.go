@@ -115,10 +115,11 @@ type genRequest struct {
 	thinkingDisabled bool
 
 	// A converted Responses request's request_id ("" for a new id) and
-	// previous_response_id, and whether its response is stored (store
-	// true, the response store enabled).
+	// previous_response_id, whether its response is stored (store true,
+	// the response store enabled), and whether it runs in the background
+	// (background.go; the store is then enabled).
 	responseID, previousID string
-	keep                   bool
+	keep, background       bool
 }
 
 func decodeBody(r *http.Request, v any) error {

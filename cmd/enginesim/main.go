@@ -232,7 +232,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	s := &server{
 		model: o.model, maxModelLen: eng.Config().MaxModelLen, promptDetails: o.promptDetails, scaleOut: o.scaleOut,
 		loras: o.loras, d: d, pub: pub, reg: reg, created: time.Now().Unix(), log: log, realTok: realTok,
-		blockSize: eng.Config().BlockSize,
+		blockSize: eng.Config().BlockSize, bg: newBackgroundRuns(),
 	}
 	if o.responsesStore {
 		s.store = newResponseStore(o.responsesStoreMax)
@@ -265,6 +265,10 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	case err = <-serveErr:
 		err = fmt.Errorf("http serve: %w", err)
 	}
+	// Background responses are aborted first (their runs joined): the
+	// streams that replay their events then end, and the HTTP server can
+	// drain.
+	s.bg.close()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if e := srv.Shutdown(shutdownCtx); e != nil {
 		_ = srv.Close()

@@ -28,6 +28,9 @@ type sim struct {
 	info   runInfo
 	base   string
 	client *http.Client
+	// stop stops the simulator and waits until it has stopped (at most
+	// 30 s); the test's cleanup calls it too.
+	stop func()
 }
 
 // startTimeout bounds a simulator's start. Loading a real tokenizer file
@@ -59,7 +62,7 @@ func startSim(t *testing.T, args ...string) *sim {
 		t.Fatalf("simulator did not start in %v", startTimeout)
 	}
 	s.base = "http://" + s.info.HTTPAddr
-	t.Cleanup(func() {
+	s.stop = sync.OnceFunc(func() {
 		s.client.CloseIdleConnections()
 		cancel()
 		select {
@@ -71,6 +74,7 @@ func startSim(t *testing.T, args ...string) *sim {
 			t.Error("simulator did not stop in 30s")
 		}
 	})
+	t.Cleanup(s.stop)
 	return s
 }
 

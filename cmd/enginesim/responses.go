@@ -17,9 +17,10 @@ import (
 // tokenizes a Responses prompt, max_output_tokens or the rest of the
 // context, sampling), and the answer is a Responses object or event stream
 // named by the body's request_id (else "resp_" and 32 hex digits). With the
-// response store (store.go) a request with store true is kept, and one
-// with previous_response_id continues a stored response; without it
-// previous_response_id is 404.
+// response store (store.go) a request with store true is kept, one with
+// previous_response_id continues a stored response, and one with
+// background true runs in the background (background.go); without it
+// previous_response_id is 404 and background 400.
 func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 64<<20))
 	if err != nil {
@@ -61,6 +62,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 		AddSpecialTokens: &p.AddSpecialTokens, AddGenerationPrompt: &p.AddGenerationPrompt,
 		ContinueFinalMessage: p.ContinueFinalMessage, Tools: p.Tools, ChatTemplateKwargs: p.ChatTemplateKwargs,
 		responseID: p.ResponseID, previousID: p.PreviousResponseID, keep: p.Store && s.store != nil,
+		background: p.Background,
 	}
 	if p.ReasoningEffort != "" {
 		req.ReasoningEffort = &p.ReasoningEffort
@@ -75,11 +77,12 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 }
 
 // responsesPrompt is the chat a parsed Responses request is rendered from,
-// checked in vLLM's order: background mode (refused), then the stored
-// response previous_response_id names (404 when unknown), then the input's
-// conversion (400 when vLLM refuses it). A render endpoint (rendering)
-// refuses previous_response_id, as vLLM's stateless one does, and does not
-// look at background.
+// checked in vLLM's order: background mode without the store (refused),
+// then the stored response previous_response_id names (404 when unknown;
+// a queued background response is known, its output still empty), then
+// the input's conversion (400 when vLLM refuses it). A render endpoint
+// (rendering) refuses previous_response_id, as vLLM's stateless one does,
+// and does not look at background.
 func (s *server) responsesPrompt(rendering bool, p *openai.Request) ([]chatMessage, error) {
 	switch {
 	case rendering && p.PreviousResponseID != "":
@@ -89,8 +92,6 @@ func (s *server) responsesPrompt(rendering bool, p *openai.Request) ([]chatMessa
 		return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "background",
 			msg: "This vLLM engine does not support `store=True` and therefore does not support the background mode. " +
 				"To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server."}
-	case !rendering && p.Background:
-		return nil, badRequest("background", "background mode is not supported by the simulator (its response store keeps finished responses only); send the request without background")
 	}
 	convertErr := func() error {
 		return badRequest("input", "%s", strings.TrimPrefix(p.Convert.Error(), openai.ErrResponsesUnsupported.Error()+": "))
@@ -304,29 +305,40 @@ func startEvents(w http.ResponseWriter) func() {
 	}
 }
 
-// streamResponse streams the Responses events: response.created and
-// response.in_progress at once; the message item and its text part when
-// the first token exists (a client times the first token from them); a
-// response.output_text.delta per token; then the done events of the text,
-// part and item, and response.completed with the whole response
-// (response.incomplete for one cut short, as vLLM 0.33 ends it). The
-// stream has no [DONE] line. False when the client went away.
+// streamResponse streams the Responses events (responseEvents) to the
+// client. False when the client went away.
 func (g *generation) streamResponse() bool {
 	flush := startEvents(g.w)
+	write := func(ev []byte) bool {
+		_, err := g.w.Write(ev)
+		return err == nil
+	}
+	return g.responseEvents(write, flush)
+}
+
+// responseEvents makes the Responses events, each "event: T\ndata:
+// {...}\n\n" passed to write: response.created and response.in_progress
+// at once; the message item and its text part when the first token exists
+// (a client times the first token from them); a response.output_text.delta
+// per token; then the done events of the text, part and item, and
+// response.completed with the whole response (response.incomplete for one
+// cut short, as vLLM 0.33 ends it). The stream has no [DONE] line. flush
+// is called when the events so far should reach the client (after a token
+// only when no other is waiting). False when write failed or the
+// generation's context ended before the request did.
+func (g *generation) responseEvents(write func([]byte) bool, flush func()) bool {
 	seq := 0
 	header := func(typ string) eventHeader {
 		seq++
 		return eventHeader{Type: typ, SequenceNumber: seq - 1}
 	}
-	write := func(typ string, v any) bool {
-		b, err := json.Marshal(v)
+	send := func(typ string, ev func(eventHeader) any) bool {
+		b, err := json.Marshal(ev(header(typ)))
 		if err != nil {
 			return false
 		}
-		_, err = fmt.Fprintf(g.w, "event: %s\ndata: %s\n\n", typ, b)
-		return err == nil
+		return write(fmt.Appendf(nil, "event: %s\ndata: %s\n\n", typ, b))
 	}
-	send := func(typ string, ev func(eventHeader) any) bool { return write(typ, ev(header(typ))) }
 	ref := partRef{ItemID: g.msgID}
 	started := false
 	start := func() bool {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -36,9 +37,10 @@ type server struct {
 	reg           *prometheus.Registry
 	created       int64
 	log           *slog.Logger
-	realTok       *realTokenizer // --tokenizer-dir: /tokenize with a real tokenizer
-	blockSize     int            // tokens per KV block
-	store         *responseStore // the Responses API response store (store.go); nil when disabled
+	realTok       *realTokenizer  // --tokenizer-dir: /tokenize with a real tokenizer
+	blockSize     int             // tokens per KV block
+	store         *responseStore  // the Responses API response store (store.go); nil when disabled
+	bg            *backgroundRuns // background Responses requests' runs (background.go)
 }
 
 // tokenText renders a generated token: simtok's text, or with a real
@@ -231,6 +233,10 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		writeRendered(w, a, model, req.responseID, reqs)
 		return
 	}
+	if req.background {
+		s.runBackground(w, r, req, reqs, model)
+		return
+	}
 	total := 0
 	for _, er := range reqs {
 		total += er.MaxTokens + 1
@@ -242,7 +248,7 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		return
 	}
 	g := &generation{
-		s: s, w: w, r: r, api: a, model: model, reqs: reqs, sink: sk,
+		s: s, w: w, ctx: r.Context(), api: a, model: model, reqs: reqs, sink: sk,
 		created: time.Now().Unix(),
 		fins:    make([]*engine.Finished, len(reqs)),
 		texts:   make([][]byte, len(reqs)),
@@ -339,10 +345,12 @@ func (s *server) validate(req *genRequest, prompts [][]uint32, chat bool) error 
 }
 
 // generation is one HTTP request's run: its prompts' tokens and finishes.
+// It ends early when ctx does: the client went away or, for a background
+// response (w nil), the run was cancelled.
 type generation struct {
 	s       *server
 	w       http.ResponseWriter
-	r       *http.Request
+	ctx     context.Context
 	api     api
 	id      string
 	msgID   string // a Responses answer's message item
@@ -386,12 +394,14 @@ func (g *generation) next() (item, bool) {
 	select {
 	case it := <-g.sink.ch:
 		return it, true
-	case <-g.r.Context().Done():
+	case <-g.ctx.Done():
 		return item{}, false
 	}
 }
 
-func (g *generation) collect() bool {
+// gather waits until every prompt has finished, keeping their texts;
+// false when the client went away first.
+func (g *generation) gather() bool {
 	left := len(g.reqs)
 	for left > 0 {
 		it, ok := g.next()
@@ -405,6 +415,13 @@ func (g *generation) collect() bool {
 			g.fins[it.idx] = it.fin
 			left--
 		}
+	}
+	return true
+}
+
+func (g *generation) collect() bool {
+	if !g.gather() {
+		return false
 	}
 	switch g.api {
 	case apiResponses:

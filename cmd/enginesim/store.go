@@ -21,16 +21,18 @@ import (
 // /v1/responses/{id}. A follow-up therefore only works on the replica that
 // served the response it continues, and its prompt, the whole conversation
 // so far, is a prefix-cache hit there. Without the store a request's store
-// is silently ignored and every id is unknown (404).
+// is silently ignored and every id is unknown (404). A background
+// response (background.go) is stored queued when it is accepted and
+// replaced by its final response when it ends, unless it was cancelled.
 //
 // Differences from vLLM: vLLM never drops an entry (its FIXME: a memory
 // leak); the simulator keeps the newest --responses-store-max and drops
-// the oldest. vLLM keeps the messages when the request starts and the
+// the oldest, and a background response dropped (or replaced by a new
+// response of its id) while it runs is aborted, since no one could
+// retrieve or cancel it any more (vLLM lets it run). vLLM keeps a
+// synchronous response's messages when the request starts and the
 // response when it ends; the simulator keeps both when the response ends
-// (an unfinished response is unknown to both). Background mode is not
-// simulated: background true is refused with 400, so every stored response
-// is finished and synchronous (a cancel is always 400, a retrieval never
-// streams).
+// (an unfinished synchronous response is unknown to both).
 
 // storeEnv is the environment variable that enables vLLM's response store.
 const storeEnv = "VLLM_ENABLE_RESPONSES_API_STORE"
@@ -55,17 +57,21 @@ func storeEnabled(v string) (bool, error) {
 	return false, fmt.Errorf("%s=%q: want an integer (1 enables the response store, 0 disables it)", storeEnv, v)
 }
 
-// storedResponse is one entry of the store: the response as answered
-// (vLLM's response_store) and the chat messages its prompt was rendered
-// from, history included (vLLM's msg_store).
+// storedResponse is one entry of the store: the response as answered or,
+// for a background response, as it stands (vLLM's response_store), the
+// chat messages its prompt was rendered from, history included (vLLM's
+// msg_store), and a streamed background response's events (vLLM's
+// event_store; nil for any other response).
 type storedResponse struct {
 	resp     *responseObject
 	messages []chatMessage
+	events   *eventLog
 }
 
 // responseStore holds the newest capacity stored responses by id; it is
 // safe for concurrent use. A nil store is vLLM's disabled one: it holds
-// nothing.
+// nothing. A stored responseObject is never modified (a change stores a
+// new one), so what get returns may be read without the lock.
 type responseStore struct {
 	mu       sync.Mutex
 	capacity int
@@ -73,11 +79,12 @@ type responseStore struct {
 	order    *list.List               // oldest first
 }
 
-// storeEntry is a list element's value: the id it is stored under and the
-// entry.
+// storeEntry is a list element's value: the id it is stored under, the
+// entry, and a background response's run (nil for a synchronous one).
 type storeEntry struct {
 	id string
 	storedResponse
+	run *bgRun
 }
 
 // newResponseStore is an empty store of at most capacity responses.
@@ -85,7 +92,7 @@ func newResponseStore(capacity int) *responseStore {
 	return &responseStore{capacity: capacity, byID: map[string]*list.Element{}, order: list.New()}
 }
 
-// get is the entry stored under id, nil when there is none.
+// get is (a copy of) the entry stored under id, nil when there is none.
 func (st *responseStore) get(id string) *storedResponse {
 	if st == nil {
 		return nil
@@ -93,26 +100,85 @@ func (st *responseStore) get(id string) *storedResponse {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if e, ok := st.byID[id]; ok {
-		return &e.Value.(*storeEntry).storedResponse
+		sr := e.Value.(*storeEntry).storedResponse
+		return &sr
 	}
 	return nil
 }
 
-// put stores resp and the messages its prompt was rendered from under
-// resp's id, replacing an entry of that id as vLLM does (the newest then),
-// and drops the oldest entries beyond the capacity.
+// put stores a finished synchronous response and the messages its prompt
+// was rendered from under resp's id (add).
 func (st *responseStore) put(resp *responseObject, messages []chatMessage) {
+	st.add(&storeEntry{id: resp.ID, storedResponse: storedResponse{resp: resp, messages: messages}})
+}
+
+// add stores e under its id, replacing an entry of that id as vLLM does
+// (the newest then), and drops the oldest entries beyond the capacity. A
+// replaced or dropped entry's background run is cancelled (not waited
+// for: it ends on its own, and finish then finds its entry gone). It
+// returns e's element, which finish names.
+func (st *responseStore) add(e *storeEntry) *list.Element {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if e, ok := st.byID[resp.ID]; ok {
-		st.order.Remove(e)
+	if old, ok := st.byID[e.id]; ok {
+		st.remove(old)
 	}
-	st.byID[resp.ID] = st.order.PushBack(&storeEntry{id: resp.ID, storedResponse: storedResponse{resp: resp, messages: messages}})
+	el := st.order.PushBack(e)
+	st.byID[e.id] = el
 	for st.order.Len() > st.capacity {
-		oldest := st.order.Front()
-		st.order.Remove(oldest)
-		delete(st.byID, oldest.Value.(*storeEntry).id)
+		st.remove(st.order.Front())
 	}
+	return el
+}
+
+// remove drops el; st.mu is held.
+func (st *responseStore) remove(el *list.Element) {
+	e := el.Value.(*storeEntry)
+	st.order.Remove(el)
+	delete(st.byID, e.id)
+	if e.run != nil {
+		e.run.cancel()
+	}
+}
+
+// finish stores a background response's final response in its entry el,
+// unless the response was cancelled (as vLLM's responses_full_generator
+// leaves a cancelled one), or the entry dropped or replaced, meanwhile.
+func (st *responseStore) finish(el *list.Element, resp *responseObject) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	e := el.Value.(*storeEntry)
+	if cur, ok := st.byID[e.id]; !ok || cur != el || e.resp.Status == "cancelled" {
+		return
+	}
+	e.resp = resp
+}
+
+// cancel marks the response stored under id cancelled, as vLLM's
+// cancel_responses does, and returns the cancelled response and its run
+// (nil if none) for the caller to cancel and wait for: 404 when unknown,
+// 400 unless it is queued or in progress (a synchronous response is
+// always finished, and so is a background one that completed or was
+// cancelled).
+func (st *responseStore) cancel(id string) (*responseObject, *bgRun, error) {
+	if st == nil {
+		return nil, nil, responseNotFound(id)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	el, ok := st.byID[id]
+	if !ok {
+		return nil, nil, responseNotFound(id)
+	}
+	e := el.Value.(*storeEntry)
+	if s := e.resp.Status; s != "queued" && s != "in_progress" {
+		return nil, nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "response_id",
+			msg: "Cannot cancel a synchronous response."}
+	}
+	c := *e.resp
+	c.Status = "cancelled"
+	e.resp = &c
+	return &c, e.run, nil
 }
 
 // responseNotFound is vLLM's _make_not_found_error, for an unknown
@@ -176,17 +242,28 @@ func mustJSONString(s string) json.RawMessage {
 }
 
 // retrieveResponse serves GET /v1/responses/{response_id}: the stored
-// response as it was answered, 404 when unknown (or the store disabled).
-// vLLM streams (stream=true) only a background stream's events from its
-// event store; the simulator has no background mode, so it answers a
-// stored response's stream=true with 400 (vLLM would fail that stream
-// with "Unknown response_id") and ignores starting_after.
+// response as it stands (a background one queued until it ends, then as
+// it ended, or cancelled), 404 when unknown (or the store disabled). With
+// stream=true it streams a streamed background response's events from
+// the one after starting_after (from the first without it) and follows
+// them until the response ends (follow), as vLLM's
+// responses_background_stream_generator does. Any other response has no
+// events: vLLM starts a 200 stream and fails it with "Unknown
+// response_id"; the simulator answers that error as a 400.
 func (s *server) retrieveResponse(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("response_id")
-	stream, ok := queryBool(r.URL.Query().Get("stream"))
+	q := r.URL.Query()
+	var invalid []string
+	stream, ok := queryBool(q.Get("stream"))
 	if !ok {
-		writeError(w, &apiError{status: http.StatusBadRequest, typ: "Bad Request", param: "query.stream",
-			msg: "1 validation error: query.stream: Input should be a valid boolean, unable to interpret input"})
+		invalid = append(invalid, "query.stream: Input should be a valid boolean, unable to interpret input")
+	}
+	startingAfter, hasStart, ok := queryInt(q.Get("starting_after"))
+	if !ok {
+		invalid = append(invalid, "query.starting_after: Input should be a valid integer, unable to parse string as an integer")
+	}
+	if len(invalid) > 0 {
+		writeError(w, queryValidationError(invalid))
 		return
 	}
 	st := s.store.get(id)
@@ -194,25 +271,64 @@ func (s *server) retrieveResponse(w http.ResponseWriter, r *http.Request) {
 		writeError(w, responseNotFound(id))
 		return
 	}
-	if stream {
-		writeError(w, badRequest("response_id", "Unknown response_id: %s (the simulator streams no stored response: it has no background mode)", id))
+	if !stream {
+		writeJSON(w, http.StatusOK, st.resp)
 		return
 	}
-	writeJSON(w, http.StatusOK, st.resp)
+	if st.events == nil {
+		writeError(w, badRequest("response_id", "Unknown response_id: %s", id))
+		return
+	}
+	from := 0
+	if hasStart {
+		// vLLM starts at starting_after + 1, and below -1 would index its
+		// event deque from the end; the simulator starts at the first.
+		from = max(0, startingAfter+1)
+	}
+	follow(w, r, st.events, from)
 }
 
-// cancelResponse serves POST /v1/responses/{response_id}/cancel: 404 when
-// unknown; vLLM cancels only a queued or running background response, and
-// every response the simulator stores is a finished synchronous one, so a
-// known id is 400.
+// cancelResponse serves POST /v1/responses/{response_id}/cancel as vLLM's
+// cancel_responses does: 404 when unknown; a queued or running background
+// response is marked cancelled, its run cancelled (its request aborted in
+// the engine) and waited for, and answered 200 with the cancelled
+// response; any other is 400 "Cannot cancel a synchronous response.".
 func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("response_id")
-	if s.store.get(id) == nil {
-		writeError(w, responseNotFound(id))
+	resp, run, err := s.store.cancel(r.PathValue("response_id"))
+	if err != nil {
+		writeError(w, err)
 		return
 	}
-	writeError(w, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "response_id",
-		msg: "Cannot cancel a synchronous response."})
+	if run != nil {
+		run.cancel()
+		<-run.done
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// queryValidationError is vLLM's 400 for query parameters its request
+// validation refuses, invalid each "loc: message" (the first names the
+// param).
+func queryValidationError(invalid []string) *apiError {
+	label := "error"
+	if len(invalid) > 1 {
+		label = "errors"
+	}
+	param, _, _ := strings.Cut(invalid[0], ":")
+	return &apiError{status: http.StatusBadRequest, typ: "Bad Request", param: param,
+		msg: fmt.Sprintf("%d validation %s: %s", len(invalid), label, strings.Join(invalid, "; "))}
+}
+
+// queryInt parses an optional integer query parameter as vLLM's request
+// validation does (pydantic, surrounding spaces allowed): set is false
+// when it is empty, ok false when it is not an integer.
+func queryInt(v string) (n int, set, ok bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false, true
+	}
+	n, err := strconv.Atoi(v)
+	return n, err == nil, err == nil
 }
 
 // queryBool parses a boolean query parameter as vLLM's request validation
