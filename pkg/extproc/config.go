@@ -44,6 +44,9 @@ type ResponseStore interface {
 	Holder(ctx context.Context, model, id string) (string, respstore.Source)
 	// Stored records that the replica at addr stores response id.
 	Stored(id, addr string)
+	// Elsewhere looks for id on the replicas other than the one at not (an
+	// unhealthy holder), "" when none has it.
+	Elsewhere(ctx context.Context, model, id, not string) (string, respstore.Source)
 	// Lost forgets addr as the holder of id (it answered 404 for it).
 	Lost(id, addr string)
 }

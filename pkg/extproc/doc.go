@@ -88,7 +88,9 @@
 // (store not false) records its pick as the holder: at once under the
 // body's request_id, else under the id the response's first bytes name
 // (openai.ResponseID; the observer reads up to 64 KB for it). A pinned
-// request answered 404 unlearns its holder.
+// request answered 404 unlearns its holder; one whose holder is not
+// healthy is pinned to another replica that answers for the response
+// (ResponseStore.Elsewhere), else refused 503.
 //
 // Errors are immediate responses with an OpenAI-style JSON error body (on
 // /v1/messages the Anthropic API's {"type":"error","error":{type,

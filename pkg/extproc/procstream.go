@@ -419,6 +419,14 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	ctx, span := st.s.tracer.Start(ctx, "kvroute.decide")
 	start := time.Now()
 	dec, err := st.s.cfg.Decider.Decide(ctx, req)
+	if err != nil && req.Pin != "" && errors.Is(err, route.ErrNoReplica) {
+		// The holder is not healthy. Had the proxy retried the request that
+		// stored the response on another replica, that one holds it.
+		if addr, _ := rs.Elsewhere(ctx, req.Model, pinID, req.Pin); addr != "" {
+			req.Pin = addr
+			dec, err = st.s.cfg.Decider.Decide(ctx, req)
+		}
+	}
 	elapsed := time.Since(start)
 	st.s.metrics.decideDur.Observe(elapsed.Seconds())
 	if err != nil {

@@ -17,11 +17,12 @@ import (
 // storeLog is a ResponseStore that answers Holder from a fixed map and
 // logs every call.
 type storeLog struct {
-	mu      sync.Mutex
-	holders map[string]string
-	asked   []string // "model id"
-	stored  []string // "id addr"
-	lost    []string // "id addr"
+	mu        sync.Mutex
+	holders   map[string]string
+	elsewhere map[string]string // Elsewhere's answers
+	asked     []string          // "model id", and "model id not" for Elsewhere
+	stored    []string          // "id addr"
+	lost      []string          // "id addr"
 }
 
 func (s *storeLog) Holder(_ context.Context, model, id string) (string, respstore.Source) {
@@ -30,6 +31,16 @@ func (s *storeLog) Holder(_ context.Context, model, id string) (string, respstor
 	s.asked = append(s.asked, model+" "+id)
 	if a, ok := s.holders[id]; ok {
 		return a, respstore.SourceBook
+	}
+	return "", respstore.SourceUnknown
+}
+
+func (s *storeLog) Elsewhere(_ context.Context, model, id, not string) (string, respstore.Source) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked = append(s.asked, model+" "+id+" "+not)
+	if a, ok := s.elsewhere[id]; ok {
+		return a, respstore.SourceLookup
 	}
 	return "", respstore.SourceUnknown
 }
@@ -115,7 +126,7 @@ func TestStoredResponses(t *testing.T) {
 		{
 			name: "an unhealthy holder: 503 naming it",
 			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_prev"}`,
-			asked: []string{"m resp_prev"}, pin: "10.0.0.9:8000", refused: "the replica storing the response this request names is not healthy",
+			asked: []string{"m resp_prev", "m resp_prev 10.0.0.9:8000"}, pin: "10.0.0.9:8000", refused: "the replica storing the response this request names is not healthy",
 		},
 		{
 			name: "a chat completion is none of the store's business",
@@ -159,5 +170,32 @@ func TestStoredResponses(t *testing.T) {
 				t.Errorf("asked %q stored %q lost %q, want %q %q %q", asked, stored, lost, c.asked, c.stored, c.lost)
 			}
 		})
+	}
+}
+
+// An unhealthy holder is looked past: a replica that answers for the
+// response (the proxy retried the storing request there) takes the pin.
+func TestStoredResponseHolderElsewhere(t *testing.T) {
+	store := &storeLog{holders: map[string]string{"resp_prev": "10.0.0.9:8000"}, elsewhere: map[string]string{"resp_prev": "10.0.0.1:8000"}}
+	var pins []string
+	dec := DeciderFunc(func(_ context.Context, req route.Request) (route.Decision, error) {
+		pins = append(pins, req.Pin)
+		if req.Pin == "10.0.0.9:8000" {
+			return route.Decision{}, fmt.Errorf("%w: the holder is down", route.ErrNoReplica)
+		}
+		d := decision()
+		d.Pin = req.Pin
+		return d, nil
+	})
+	h := newHarness(t, Config{Decider: dec, Responses: store})
+	out := h.exchange(withMode(reqHeaders(true, ":path", "/v1/responses/resp_prev"), buffered, none))
+	if len(out) == 0 || out[0].GetImmediateResponse() != nil {
+		t.Fatalf("refused: %v", out)
+	}
+	if !slices.Equal(pins, []string{"10.0.0.9:8000", "10.0.0.1:8000"}) {
+		t.Errorf("decided with pins %q, want the remembered holder then the one found elsewhere", pins)
+	}
+	if asked, _, _ := store.calls(); !slices.Equal(asked, []string{" resp_prev", " resp_prev 10.0.0.9:8000"}) {
+		t.Errorf("asked %q", asked)
 	}
 }

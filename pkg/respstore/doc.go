@@ -25,7 +25,9 @@
 // one (routed as any other, where the engine answers 404), so that
 // clients sending unknown ids cannot multiply their requests by the fleet
 // size. Lost forgets a holder that answered 404 for an id (the engine
-// restarted and lost its store).
+// restarted and lost its store). Elsewhere looks past a remembered holder
+// that is not healthy, on the other replicas: a proxy that retried the
+// storing request on a fallback made that one the holder.
 //
 // The memory is bounded: the last Config.Memory ids told or found
 // (first in, first out), and the last missMemory ids found nowhere. Ids

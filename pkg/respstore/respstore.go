@@ -217,18 +217,41 @@ func (s *Store) Holder(ctx context.Context, model, id string) (string, Source) {
 	return addr, src
 }
 
+// Elsewhere looks for response id on model's replicas other than the one at
+// not, the holder remembered (or found) for it that the caller cannot use:
+// a proxy that retried the request that stored it on another replica made
+// that one the holder. The answer is remembered as Holder's is; "" when no
+// other replica has it (the remembered holder is kept).
+func (s *Store) Elsewhere(ctx context.Context, model, id, not string) (string, Source) {
+	addr, src := s.find(ctx, model, id, not)
+	s.holders.WithLabelValues(string(src)).Inc()
+	return addr, src
+}
+
 func (s *Store) holder(ctx context.Context, model, id string) (string, Source) {
+	if id == "" || len(id) > MaxIDBytes {
+		return "", SourceSkipped
+	}
+	s.mu.Lock()
+	addr, ok := s.held.get(id)
+	s.mu.Unlock()
+	if ok {
+		return addr, SourceBook
+	}
+	return s.find(ctx, model, id, "")
+}
+
+// find looks id up on model's replicas other than the one at not (see
+// the package comment for the bounds).
+func (s *Store) find(ctx context.Context, model, id, not string) (string, Source) {
 	if id == "" || len(id) > MaxIDBytes {
 		return "", SourceSkipped
 	}
 	now := s.opts.Now()
 	s.mu.Lock()
-	addr, ok := s.held.get(id)
 	missedAt, missed := s.missed.get(id)
 	s.mu.Unlock()
 	switch {
-	case ok:
-		return addr, SourceBook
 	case s.cfg.DisableLookup || s.opts.Addresses == nil:
 		return "", SourceSkipped
 	case missed && now.Sub(missedAt) < MissTTL:
@@ -240,12 +263,17 @@ func (s *Store) holder(ctx context.Context, model, id string) (string, Source) {
 	default:
 		return "", SourceSkipped // as many lookups as allowed are running
 	}
-	addrs := s.opts.Addresses(model)
+	var addrs []string
+	for _, a := range s.opts.Addresses(model) {
+		if a != not && len(addrs) < s.cfg.LookupFanout {
+			addrs = append(addrs, a)
+		}
+	}
 	if len(addrs) == 0 {
 		return "", SourceSkipped
 	}
-	addrs = addrs[:min(len(addrs), s.cfg.LookupFanout)]
-	if addr = s.lookup(ctx, addrs, id); addr == "" {
+	addr := s.lookup(ctx, addrs, id)
+	if addr == "" {
 		s.mu.Lock()
 		s.missed.put(id, now)
 		s.mu.Unlock()

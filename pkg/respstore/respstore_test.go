@@ -236,3 +236,27 @@ func TestConfig(t *testing.T) {
 		t.Error("New accepted an undefaulted config")
 	}
 }
+
+// Elsewhere skips the holder it is told cannot serve, and remembers the
+// replica it finds instead; when none has it the remembered holder stays.
+func TestElsewhere(t *testing.T) {
+	down, e2 := newEngine(t, "resp_moved", "resp_here"), newEngine(t, "resp_moved")
+	s, _ := newStore(t, Config{}, func(string) []string { return []string{down.addr(), e2.addr()} })
+	s.Stored("resp_moved", down.addr())
+	s.Stored("resp_here", down.addr())
+	if a, src := s.Elsewhere(t.Context(), "m", "resp_moved", down.addr()); a != e2.addr() || src != SourceLookup {
+		t.Fatalf("elsewhere: %q (%s), want %s", a, src, e2.addr())
+	}
+	if down.hits.Load() != 0 {
+		t.Errorf("the holder to look past was asked %d times", down.hits.Load())
+	}
+	if a, _ := s.Holder(t.Context(), "m", "resp_moved"); a != e2.addr() {
+		t.Errorf("holder after elsewhere: %q", a)
+	}
+	if a, src := s.Elsewhere(t.Context(), "m", "resp_here", down.addr()); a != "" || src != SourceUnknown {
+		t.Fatalf("nowhere else: %q (%s)", a, src)
+	}
+	if a, src := s.Holder(t.Context(), "m", "resp_here"); a != down.addr() || src != SourceBook {
+		t.Errorf("the remembered holder after a miss elsewhere: %q (%s)", a, src)
+	}
+}
