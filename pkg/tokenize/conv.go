@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"sort"
@@ -145,68 +144,22 @@ func messageKeys(in route.TokenizeInput) []xxh3.Uint128 {
 }
 
 // arrayElements splits a JSON array into its elements' raw bytes (slices of
-// raw) by its brackets, braces and strings alone; nil when raw is not an
-// array it can split (the memo is then not used: keys only find a turn to
-// reuse, whose text is compared anyway).
+// raw); nil when raw is not one JSON array (the memo is then not used:
+// keys only find a turn to reuse, whose text is compared anyway).
 func arrayElements(raw []byte) [][]byte {
-	i := 0
-	skipSpace := func() {
-		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
-			i++
-		}
-	}
-	skipSpace()
-	if i >= len(raw) || raw[i] != '[' {
+	s := jsonScanner{b: raw}
+	s.ws()
+	out := [][]byte{}
+	err := s.elements(func() error {
+		start := s.i
+		err := s.skip(1)
+		out = append(out, raw[start:s.i])
+		return err
+	})
+	if err != nil || s.end() != nil {
 		return nil
 	}
-	i++
-	var out [][]byte
-	depth, start := 0, -1
-	for ; i < len(raw); i++ {
-		c := raw[i]
-		if start < 0 && c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != ',' && c != ']' {
-			start = i
-		}
-		if c == ']' && depth == 0 && start < 0 && len(out) == 0 {
-			return [][]byte{} // []
-		}
-		switch c {
-		case '"':
-			for i++; i < len(raw) && raw[i] != '"'; i++ {
-				if raw[i] == '\\' {
-					i++
-				}
-			}
-			if i >= len(raw) {
-				return nil
-			}
-		case '[', '{':
-			depth++
-		case '}':
-			depth--
-		case ']':
-			if depth == 0 {
-				if start < 0 {
-					return nil
-				}
-				out = append(out, bytes.TrimRight(raw[start:i], " \t\n\r"))
-				return out
-			}
-			depth--
-		case ',':
-			if depth == 0 {
-				if start < 0 {
-					return nil
-				}
-				out = append(out, bytes.TrimRight(raw[start:i], " \t\n\r"))
-				start = -1
-			}
-		}
-		if depth < 0 {
-			return nil
-		}
-	}
-	return nil
+	return out
 }
 
 // commonPrefix is the length of the longest common prefix of a and b.

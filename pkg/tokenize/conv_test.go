@@ -171,6 +171,11 @@ func TestArrayElements(t *testing.T) {
 		`[1,`:             nil,
 		`[,1]`:            nil,
 		`["unterminated]`: nil,
+		`[tru]`:           nil,
+		`[1 2]`:           nil,
+		`[1] x`:           nil,
+		`[}]`:             nil,
+		`[{"\q":1}]`:      nil,
 	} {
 		got := arrayElements([]byte(raw))
 		if (got == nil) != (want == nil) || len(got) != len(want) {
@@ -305,18 +310,22 @@ func TestConversationMetrics(t *testing.T) {
 	}
 }
 
-// FuzzArrayElements: on any valid JSON array, arrayElements splits it as
-// encoding/json does.
+// FuzzArrayElements: arrayElements splits exactly the JSON arrays
+// encoding/json reads, as encoding/json splits them.
 func FuzzArrayElements(f *testing.F) {
-	for _, s := range []string{`[]`, `[1, "a,]", {"b": [2, {"c": "\\\""}]}, null]`, ` [ {"k": "]"} ] `} {
+	for _, s := range []string{`[]`, `[1, "a,]", {"b": [2, {"c": "\\\""}]}, null]`, ` [ {"k": "]"} ] `, `[tru]`, `[1 2]`, `[{"\q":1}]`, `[1] x`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var want []json.RawMessage
-		if json.Unmarshal(raw, &want) != nil || want == nil {
+		ok := json.Unmarshal(raw, &want) == nil && want != nil
+		got := arrayElements(raw)
+		if (got != nil) != ok {
+			t.Fatalf("%q: split %v, encoding/json reads an array %v", raw, got != nil, ok)
+		}
+		if !ok {
 			return
 		}
-		got := arrayElements(raw)
 		if len(got) != len(want) {
 			t.Fatalf("%q: %d elements, encoding/json %d", raw, len(got), len(want))
 		}
