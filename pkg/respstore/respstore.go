@@ -92,7 +92,7 @@ type Options struct {
 	// asks ("" model: every replica), without duplicates. Nil: no lookup.
 	Addresses func(model string) []string
 	// Client reaches the engines (enginehttp's, when they ask for an API
-	// key); nil: a client of the Store's own.
+	// key); nil: a client of the Store's own (direct, no proxy).
 	Client *http.Client
 	// Registerer, when not nil, gets the Store's metrics.
 	Registerer prometheus.Registerer
@@ -154,7 +154,9 @@ func New(cfg Config, opts Options) (*Store, error) {
 		}, []string{"outcome"}),
 	}
 	if s.client == nil {
-		s.client = &http.Client{}
+		// Direct, as the router's other engine clients: an HTTP_PROXY in
+		// the environment is not the way to the replicas.
+		s.client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
 	}
 	if opts.Registerer != nil {
 		remembered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
