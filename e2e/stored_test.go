@@ -338,3 +338,48 @@ func TestResponsesStoreBackground(t *testing.T) {
 		t.Errorf("replayed %v\nwant %v", replayed, types[2:])
 	}
 }
+
+// TestResponsesStoreActiveActive: two routers behind one Envoy share no
+// memory. A follow-up that reaches the router which did not route its
+// previous turn (or whose observer stream Envoy sent to the other router,
+// so that no router read the response's id) finds the holder by asking the
+// replicas. Every turn is served by the replica holding its conversation.
+func TestResponsesStoreActiveActive(t *testing.T) {
+	t.Setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1") // the engines inherit it
+	aa := newActiveActive(t, 2)
+	c := aa.front
+	const chains, turns = 4, 6
+	last := make([]storedTurn, chains)
+	for turn := range turns {
+		for ch := range chains {
+			body := map[string]any{"model": "sim-model", "max_output_tokens": 6,
+				"instructions": prompt(fmt.Sprintf("aa-sys%d", ch), 40), "input": prompt(fmt.Sprintf("aa%d-t%d", ch, turn), 30)}
+			if turn > 0 {
+				body["previous_response_id"] = last[ch].id
+			}
+			r := respond(t, c, body)
+			if turn > 0 && r.upstream != last[ch].upstream {
+				t.Errorf("chain %d turn %d served by %s, its history is on %s", ch, turn, r.upstream, last[ch].upstream)
+			}
+			last[ch] = r
+		}
+	}
+	by := map[string]float64{}
+	for i, r := range aa.routers {
+		url := fmt.Sprintf("http://127.0.0.1:%d/metrics", r.metricsPort)
+		for _, src := range []string{"book", "lookup", "unknown", "skipped"} {
+			v, err := metricSum(t.Context(), url, "kvroute_responses_holder_total", `source="`+src+`"`)
+			if err != nil {
+				t.Fatalf("router %d: %v", i, err)
+			}
+			by[src] += v
+		}
+	}
+	t.Logf("holders found, both routers: %v", by)
+	if by["book"]+by["lookup"] != chains*(turns-1) || by["unknown"]+by["skipped"] != 0 {
+		t.Errorf("holders %v: want all %d follow-ups' found, none unknown or skipped", by, chains*(turns-1))
+	}
+	if by["lookup"] == 0 {
+		t.Errorf("no follow-up reached a router without its holder: the two routers did not share the traffic")
+	}
+}
