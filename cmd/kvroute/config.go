@@ -345,6 +345,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, inSection("events", c.Events.Validate())...)
 	errs = append(errs, inSection("load", c.Load.Validate())...)
 	errs = append(errs, inSection("responses", c.Responses.Validate())...)
+	if c.Responses.LookupTimeout >= extproc.DefaultDecideTimeout {
+		bad("responses.lookup_timeout", "%v: must be below the routing decision's deadline (%v), which a lookup spends", c.Responses.LookupTimeout, extproc.DefaultDecideTimeout)
+	}
 	errs = append(errs, inSection("index", c.Index.Validate())...)
 	if c.Routing.RemovedDestinationHeader != nil {
 		bad("routing.destination_header", "removed: the pick is always sent as %s (header, and the envoy.lb metadata key Envoy's override_host load balancer reads, which the shipped Envoy configs and the chart use); delete this key", extproc.DefaultDestinationHeader)

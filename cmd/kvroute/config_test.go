@@ -173,6 +173,8 @@ replicas:
 		{"approximate ttl", minimal + "routing: {approximate: {ttl: -1s}}\n", []string{"routing.approximate.ttl"}},
 		{"approximate entries", minimal + "routing: {approximate: {max_entries: -5}}\n", []string{"routing.approximate.max_entries"}},
 		{"request lifetime", minimal + "routing: {max_request_lifetime: -1s}\n", []string{"routing.max_request_lifetime"}},
+		{"response lookup timeout", minimal + "responses: {lookup_timeout: 2s}\n", []string{"responses.lookup_timeout", "deadline"}},
+		{"response memory", minimal + "responses: {memory: -1}\n", []string{"responses.memory"}},
 		{"connection idle", minimal + "routing: {max_connection_idle: -1m}\n", []string{"routing.max_connection_idle"}},
 		{"negative stream limit", minimal + "routing: {max_streams_per_connection: -1}\n", []string{"routing.max_streams_per_connection", "-1"}},
 		{"negative decide concurrency", minimal + "routing: {decide_concurrency: -1}\n", []string{"routing.decide_concurrency", "-1"}},
