@@ -664,9 +664,6 @@ func (st *procStream) observeBody(chunk []byte) {
 		return
 	}
 	ok := st.respStatus == 0 || (st.respStatus >= 200 && st.respStatus < 300)
-	if ok && st.fl.stored.learn && !st.idRead {
-		st.readResponseID(chunk)
-	}
 	switch {
 	case !ok:
 	case st.sse:
@@ -681,6 +678,9 @@ func (st *procStream) observeBody(chunk []byte) {
 		} else {
 			st.respBody = append(st.respBody, chunk...)
 		}
+	}
+	if ok && st.fl.stored.learn && !st.idRead {
+		st.readResponseID(chunk)
 	}
 	if !st.first && (!st.sse || st.parser.SawContent() || !ok) {
 		st.first = true
@@ -697,16 +697,21 @@ const maxIDPrefix = 64 << 10
 
 // readResponseID looks for the id the engine stores the response under in
 // its first bytes (openai.ResponseID), and records the pick as its holder
-// (Config.Responses) once found.
+// (Config.Responses) once found. A JSON answer's bytes so far are the ones
+// observeBody keeps for its usage (respBody); an event stream's, which the
+// stream parser does not keep, are kept here until the id is in them.
 func (st *procStream) readResponseID(chunk []byte) {
 	buf := chunk
-	if len(st.idPrefix) > 0 {
+	switch {
+	case !st.sse:
+		buf = st.respBody // chunk included; nil past MaxResponseBodyBytes
+	case len(st.idPrefix) > 0:
 		st.idPrefix = append(st.idPrefix, chunk...)
 		buf = st.idPrefix
 	}
 	id, more := openai.ResponseID(buf, st.sse)
-	if more && len(buf) < maxIDPrefix {
-		if len(st.idPrefix) == 0 {
+	if more && len(buf) > 0 && len(buf) < maxIDPrefix {
+		if st.sse && len(st.idPrefix) == 0 {
 			st.idPrefix = append([]byte(nil), chunk...)
 		}
 		return
