@@ -37,6 +37,7 @@
 // call: a lookup's requests are joined before Holder returns.
 //
 // Metrics: kvroute_responses_holder_total{source} (book, lookup, unknown,
-// skipped), kvroute_responses_lookup_requests_total{outcome} (found,
+// skipped, busy), kvroute_responses_forgotten_total (ids pushed out of
+// Config.Memory), kvroute_responses_lookup_requests_total{outcome} (found,
 // not_found, error), kvroute_responses_remembered (ids in memory).
 package respstore

@@ -110,7 +110,8 @@ const (
 	SourceBook    Source = "book"    // told (Stored), or found by an earlier lookup
 	SourceLookup  Source = "lookup"  // found now by asking the replicas
 	SourceUnknown Source = "unknown" // asked: no replica answered that it stores it
-	SourceSkipped Source = "skipped" // not asked: lookups off or busy, a recent miss, an overlong id, no replica
+	SourceSkipped Source = "skipped" // not asked: lookups off, a recent miss, an overlong id, no replica
+	SourceBusy    Source = "busy"    // not asked: lookup_concurrency lookups were running
 )
 
 // Store is the router's memory of response holders.
@@ -124,8 +125,9 @@ type Store struct {
 	held   ring[string]    // id -> holder address
 	missed ring[time.Time] // id -> when a lookup found it nowhere
 
-	holders  *prometheus.CounterVec
-	requests *prometheus.CounterVec
+	holders   *prometheus.CounterVec
+	requests  *prometheus.CounterVec
+	forgotten prometheus.Counter
 }
 
 // New returns a Store for a defaulted, valid cfg.
@@ -152,6 +154,10 @@ func New(cfg Config, opts Options) (*Store, error) {
 			Name: "kvroute_responses_lookup_requests_total",
 			Help: "Lookup requests (GET /v1/responses/{id}) sent to replicas, by outcome: found, not_found, error.",
 		}, []string{"outcome"}),
+		forgotten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_responses_forgotten_total",
+			Help: "Response ids forgotten to keep within responses.memory (their next request needs a lookup).",
+		}),
 	}
 	if s.client == nil {
 		// Direct, as the router's other engine clients: an HTTP_PROXY in
@@ -163,7 +169,7 @@ func New(cfg Config, opts Options) (*Store, error) {
 			Name: "kvroute_responses_remembered",
 			Help: "Response ids whose holder the router remembers.",
 		}, func() float64 { return float64(s.Len()) })
-		for _, c := range []prometheus.Collector{s.holders, s.requests, remembered} {
+		for _, c := range []prometheus.Collector{s.holders, s.requests, s.forgotten, remembered} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("respstore: %w", err)
 			}
@@ -186,9 +192,12 @@ func (s *Store) Stored(id, addr string) {
 		return
 	}
 	s.mu.Lock()
-	s.held.put(id, addr)
+	evicted := s.held.put(id, addr)
 	s.missed.drop(id)
 	s.mu.Unlock()
+	if evicted {
+		s.forgotten.Inc()
+	}
 }
 
 // Lost forgets that the replica at addr stores id (it answered 404 for
@@ -231,9 +240,6 @@ func (s *Store) Elsewhere(ctx context.Context, model, id, not string) (string, S
 }
 
 func (s *Store) holder(ctx context.Context, model, id string) (string, Source) {
-	if id == "" || len(id) > MaxIDBytes {
-		return "", SourceSkipped
-	}
 	s.mu.Lock()
 	addr, ok := s.held.get(id)
 	s.mu.Unlock()
@@ -263,7 +269,7 @@ func (s *Store) find(ctx context.Context, model, id, not string) (string, Source
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		return "", SourceSkipped // as many lookups as allowed are running
+		return "", SourceBusy
 	}
 	var addrs []string
 	for _, a := range s.opts.Addresses(model) {
@@ -362,17 +368,19 @@ func (r *ring[V]) get(id string) (V, bool) {
 }
 
 // put sets id's value, as the newest entry; the oldest is forgotten when
-// the ring is full.
-func (r *ring[V]) put(id string, v V) {
+// the ring is full (evicted reports it).
+func (r *ring[V]) put(id string, v V) (evicted bool) {
 	if e, ok := r.m[id]; ok {
 		r.order[e.slot] = ""
 	}
 	if old := r.order[r.next]; old != "" {
 		delete(r.m, old)
+		evicted = true
 	}
 	r.order[r.next] = id
 	r.m[id] = ringEntry[V]{v: v, slot: r.next}
 	r.next = (r.next + 1) % len(r.order)
+	return evicted
 }
 
 func (r *ring[V]) drop(id string) {

@@ -83,6 +83,11 @@ func TestBook(t *testing.T) {
 	if s.Len() != 2 {
 		t.Fatalf("remembered %d, want 2", s.Len())
 	}
+	// Only resp_2 was pushed out (resp_a's slot was freed by Lost, resp_1's
+	// old one by its renewal), and it is counted.
+	if got := testutil.ToFloat64(s.forgotten); got != 1 {
+		t.Errorf("forgotten ids counted %v, want 1", got)
+	}
 	if a, _ := s.Holder(t.Context(), "", "resp_2"); a != "" {
 		t.Errorf("resp_2 should be forgotten, holder %q", a)
 	}
@@ -201,8 +206,8 @@ func TestLookupBounds(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if _, src := s.Holder(t.Context(), "m", "resp_other"); src != SourceSkipped {
-		t.Errorf("a lookup past the concurrency bound: %s", src)
+	if _, src := s.Holder(t.Context(), "m", "resp_other"); src != SourceBusy {
+		t.Errorf("a lookup past the concurrency bound: %s, want busy", src)
 	}
 	if src := <-done; src != SourceUnknown {
 		t.Errorf("timed-out lookup: %s", src)
