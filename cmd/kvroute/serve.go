@@ -302,24 +302,23 @@ func (f explainerFunc) Explain(ctx context.Context, req route.Request) (route.De
 	return f(ctx, req)
 }
 
-// explainParser is the admin API's body parser: parseRequest, with a body
+// explainParser is the admin API's body parser: parseBody, with a body
 // continuing a stored response pinned to the holder the router remembers
 // (explaining asks no replica: it moves nothing).
 func explainParser(stored *respstore.Store) func(string, []byte) (route.Request, error) {
 	return func(path string, body []byte) (route.Request, error) {
-		req, err := parseRequest(path, body)
-		if err == nil && req.Input.API == openai.PathResponses {
-			if p, perr := openai.ParseResponses(body); perr == nil && p.PreviousResponseID != "" {
-				req.Pin = stored.Remembered(p.PreviousResponseID)
-			}
+		p, req, err := parseBody(path, body)
+		if err == nil && p.Kind == openai.KindResponses && p.PreviousResponseID != "" {
+			req.Pin = stored.Remembered(p.PreviousResponseID)
 		}
 		return req, err
 	}
 }
 
-// parseRequest is the admin API's body parser: the same OpenAI parsing and
-// request mapping ext_proc uses.
-func parseRequest(path string, body []byte) (route.Request, error) {
+// parseBody is the admin API's body parsing: the same OpenAI parsing and
+// request mapping ext_proc uses. A body without a path is read as the API
+// its keys name.
+func parseBody(path string, body []byte) (openai.Request, route.Request, error) {
 	if path == "" {
 		path = "/v1/completions"
 		switch {
@@ -331,11 +330,11 @@ func parseRequest(path string, body []byte) (route.Request, error) {
 	}
 	p, err := openai.Parse(path, body)
 	if err != nil {
-		return route.Request{}, fmt.Errorf("%w: %w", admin.ErrBadRequest, err)
+		return openai.Request{}, route.Request{}, fmt.Errorf("%w: %w", admin.ErrBadRequest, err)
 	}
 	var req route.Request
 	extproc.FillRequest(&req, p, body)
-	return req, nil
+	return p, req, nil
 }
 
 // adminReplicas is the admin API's view of the replica set.

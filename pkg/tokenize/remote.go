@@ -250,7 +250,8 @@ func (r *remote) callReplicas(ctx context.Context, path string, body []byte) ([]
 			// The server is up and refuses this input (a body vLLM
 			// validates otherwise, a Responses body continuing a stored
 			// response): no other replica would take it, and the breaker,
-			// which guards against servers that are down, is not moved.
+			// which guards against servers that are down, hears that this
+			// one is up.
 			r.breakers.record(base, true)
 			return nil, err
 		}
