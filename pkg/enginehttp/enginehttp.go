@@ -57,6 +57,10 @@ func Client(c Config, onError func(error)) (*http.Client, error) {
 	return &http.Client{Transport: &bearer{key: k, next: transport()}}, nil
 }
 
+// Plain returns an HTTP client for engines that ask for no key, on the
+// same transport as Client's.
+func Plain() *http.Client { return &http.Client{Transport: transport()} }
+
 // transport is the pooled keep-alive transport engines are reached with
 // (direct: no proxy).
 func transport() *http.Transport {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/enginehttp"
 )
 
 // Defaults of Config.
@@ -92,7 +94,7 @@ type Options struct {
 	// asks ("" model: every replica), without duplicates. Nil: no lookup.
 	Addresses func(model string) []string
 	// Client reaches the engines (enginehttp's, when they ask for an API
-	// key); nil: a client of the Store's own (direct, no proxy).
+	// key); nil: enginehttp.Plain().
 	Client *http.Client
 	// Registerer, when not nil, gets the Store's metrics.
 	Registerer prometheus.Registerer
@@ -160,9 +162,7 @@ func New(cfg Config, opts Options) (*Store, error) {
 		}),
 	}
 	if s.client == nil {
-		// Direct, as the router's other engine clients: an HTTP_PROXY in
-		// the environment is not the way to the replicas.
-		s.client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}}
+		s.client = enginehttp.Plain() // direct: an HTTP_PROXY is not the way to the replicas
 	}
 	if opts.Registerer != nil {
 		remembered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
