@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -641,5 +642,58 @@ func BenchmarkAgentTools(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkPrintTags is the cost of printing output tags as Python does
+// (printTags): each family's template renders a 64-message chat compiled
+// as it was before (split concatenations only) and as it is (every
+// dynamic output tag through kvroute_print).
+func BenchmarkPrintTags(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var msgs []map[string]any
+	for len(msgs) < 64 {
+		role := "user"
+		if len(msgs)%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]any{"role": role, "content": longMessage(rng, len(msgs))[:512]})
+	}
+	raw, _ := json.Marshal(msgs)
+	v, err := jsonValue(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range []string{"qwen3", "llama3_1", "gemma3"} {
+		_, cfgPath := tokenizerFiles(b, name)
+		cfg, err := os.ReadFile(cfgPath)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var tc struct {
+			ChatTemplate string `json:"chat_template"`
+		}
+		if err := json.Unmarshal(cfg, &tc); err != nil || tc.ChatTemplate == "" {
+			b.Fatalf("%s: no chat template (%v)", name, err)
+		}
+		for _, form := range []struct{ name, src string }{
+			{"split", splitConcat(tc.ChatTemplate)},
+			{"printed", printTags(splitConcat(tc.ChatTemplate))},
+		} {
+			tmpl, err := jinja.Compile(form.src)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data := map[string]jinja.Value{"messages": v, "add_generation_prompt": jinja.NewBool(true),
+				"bos_token": jinja.NewString("<s>"), "eos_token": jinja.NewString("</s>")}
+			b.Run(name+"/"+form.name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := renderSafe(tmpl, data, 64<<10); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

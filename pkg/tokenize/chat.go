@@ -217,11 +217,17 @@ func parseChatTemplate(data []byte, e EngineChat) (*ChatTemplate, error) {
 }
 
 // compileTemplate compiles src with its concatenations split into one
-// output tag per operand (splitConcat), or as written if the split form
-// does not compile.
+// output tag per operand (splitConcat) and every output tag printing as
+// Python's str() (printTags). A rewritten form that does not compile falls
+// back to the next: printed without the split, then split alone, then src
+// as written.
 func compileTemplate(src string) (*jinja.Template, error) {
-	if split := splitConcat(src); split != src {
-		if t, err := jinja.Compile(split); err == nil {
+	split := splitConcat(src)
+	for _, form := range []string{printTags(split), printTags(src), split} {
+		if form == src {
+			continue
+		}
+		if t, err := jinja.Compile(form); err == nil {
 			return t, nil
 		}
 	}

@@ -124,6 +124,14 @@
 //     sort_keys, key order as sent, float repr: 2.0 stays 2.0, 1e16 is
 //     1e+16; U+2028/U+2029 raw); trim is str.strip (U+001C..U+001F
 //     included). Both replace the Jinja engine's own filters (jinjafix.go).
+//   - What an output tag prints is Python's str() (pyprint.go): None is
+//     "None", a float its repr, a list or a dict its repr with Python's
+//     quoting and escapes (str.isprintable by Go's Unicode 15.0 tables,
+//     CPython 3.12's version). The engine prints None as nothing and
+//     containers its own way, with no hook for either, so every output tag
+//     whose value is not a string by construction is compiled through a
+//     kvroute_print filter (printTags), and the string and join filters are
+//     replaced with ones printing the same str().
 //   - Two changes of how a template runs, neither of what it prints: an
 //     output tag concatenating onto a string literal ({{ '<|im_start|>' +
 //     role + '\n' + content }}) is compiled as one tag per operand
@@ -134,8 +142,9 @@
 //     Tests render every family's template both ways.
 //   - JSON numbers become what json.loads makes of them. An integer beyond
 //     int64, or a float the engine would print unlike Python's repr, is
-//     carried as its Python text behind an internal mark that tojson and
-//     trim print; a template printing it any other way gets ErrUnsupported
+//     carried as its Python text behind an internal mark that tojson, trim,
+//     string, join and output tags print; a template printing it any other
+//     way (the engine's '~' or '+') gets ErrUnsupported
 //     (the request falls back) instead of a silently different prompt.
 //     Likewise a template calling .strip()/.lstrip()/.rstrip() without
 //     arguments (the engine's white-space set is narrower than Python's)

@@ -53,8 +53,9 @@ func TestEngineChatSettings(t *testing.T) {
 		{"the request's win", EngineChat{Template: tmplPath, DefaultKwargs: `{"enable_thinking": false}`}, `{"enable_thinking": true, "effort": "x"}`, "<s>agent[True|True|False]p:hi"},
 		// Over defaults, vLLM drops a request's None and "auto".
 		{"a request's null does not", EngineChat{Template: tmplPath, DefaultKwargs: `{"enable_thinking": false}`}, `{"enable_thinking": null, "effort": "auto"}`, "<s>agent[False|False|False]p:hi"},
-		// Without defaults, the request's null stays: defined, none.
-		{"a null without defaults", EngineChat{Template: tmplPath}, `{"enable_thinking": null}`, "<s>agent[|False|True]p:hi"},
+		// Without defaults, the request's null stays: defined, none, and
+		// printed as Python prints it.
+		{"a null without defaults", EngineChat{Template: tmplPath}, `{"enable_thinking": null}`, "<s>agent[None|False|True]p:hi"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := render(t, c.e, c.kwargs); got != c.want {

@@ -22,11 +22,19 @@ import "strings"
 // operator at the top level that binds as loosely as '+' or looser ('-',
 // '~', comparisons, and/or/not, in/is, if/else, a tuple's ',') and nothing
 // else a split could change; everything else,
-// statements and comments included, is copied unchanged. The tag scan
-// follows the engine's own (quotes skip closers in tags but not in
-// comments; '-' next to a delimiter trims), and a template with a raw
-// block is left alone, since a raw block keeps its tags as text.
+// statements and comments included, is copied unchanged.
 func splitConcat(src string) string {
+	return mapOutputTags(src, concatOperands)
+}
+
+// mapOutputTags rewrites src's output tags: a tag whose expression f maps
+// to a non-nil list becomes one tag per expression in it, the first
+// keeping the tag's left trim flag and the last its right one; the rest of
+// src is copied unchanged. The tag scan follows the engine's own (quotes
+// skip closers in tags but not in comments; '-' next to a delimiter
+// trims), and a template with a raw block is left alone, since a raw block
+// keeps its tags as text.
+func mapOutputTags(src string, f func(expr string) []string) string {
 	var b strings.Builder
 	i, last := 0, 0
 	for i+1 < len(src) {
@@ -66,7 +74,7 @@ func splitConcat(src string) string {
 		case "#}":
 			continue
 		}
-		parts := concatOperands(body)
+		parts := f(body)
 		if parts == nil {
 			continue
 		}
@@ -130,11 +138,22 @@ func stmtWord(body string) string {
 	return body[:n]
 }
 
-// concatOperands splits an output expression at its top-level '+' signs.
-// It returns nil unless there are at least two operands, none empty, the
-// first is a lone string literal, and no top-level token binds looser than
-// '+' (see splitConcat). Operands are trimmed of white space.
+// concatOperands splits an output expression at its top-level '+' signs
+// when its first operand is a lone string literal (plusOperands, and see
+// splitConcat).
 func concatOperands(expr string) []string {
+	parts := plusOperands(expr)
+	if parts == nil || !isStringLiteral(parts[0]) {
+		return nil
+	}
+	return parts
+}
+
+// plusOperands splits an expression at its top-level '+' signs. It returns
+// nil unless there are at least two operands, none empty, and no top-level
+// token binds looser than '+' (see splitConcat). Operands are trimmed of
+// white space.
+func plusOperands(expr string) []string {
 	var parts []string
 	depth, from := 0, 0
 	prevDot := false
@@ -193,9 +212,6 @@ func concatOperands(expr string) []string {
 		return nil
 	}
 	parts = append(parts, p)
-	if !isStringLiteral(parts[0]) {
-		return nil
-	}
 	return parts
 }
 

@@ -12,11 +12,13 @@ import (
 // implements tojson and trim the Go way: tojson prints 2.0 as 2, 1e16 as
 // 1e+16's Go spelling, integers beyond int64 as floats, ignores ensure_ascii
 // and sort_keys and escapes U+2028/U+2029; trim strips Go's white space,
-// which lacks U+001C..U+001F. Its newer releases need a newer Go than this
-// module builds with, and it has no public way to register filters, so the
-// two filters are replaced in its shared built-in scope, once, at package
-// initialisation (before any render can run). TestJinjaFiltersReplaced
-// fails if a version bump changes the engine's layout.
+// which lacks U+001C..U+001F. Its string and join filters print None as
+// nothing and lists without Python's repr. Its newer releases need a newer
+// Go than this module builds with, and it has no public way to register
+// filters, so those four are replaced, and kvroute_print (pyprint.go)
+// added, in its shared built-in scope, once, at package initialisation
+// (before any render can run). TestJinjaFiltersReplaced fails if a version
+// bump changes the engine's layout.
 
 // jinjaScope mirrors the engine's unexported scope struct.
 type jinjaScope struct {
@@ -41,6 +43,9 @@ func init() {
 	}
 	s.vars["__filter_tojson"] = jinja.NewCallable("tojson", pyTojson)
 	s.vars["__filter_trim"] = jinja.NewCallable("trim", pyTrim)
+	s.vars["__filter_string"] = jinja.NewCallable("string", pyStringFilter)
+	s.vars["__filter_join"] = jinja.NewCallable("join", pyJoin)
+	s.vars["__filter_"+printFilter] = jinja.NewCallable(printFilter, pyPrint)
 	jinjaFiltersReplaced = true
 }
 

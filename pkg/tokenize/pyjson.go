@@ -377,19 +377,14 @@ func pyTrim(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 	return jinja.NewString(strings.TrimFunc(s, pyIsSpace)), nil
 }
 
-// pyStr is str(v) for the values trim sees in chat templates; other kinds
-// are refused rather than printed differently from Python.
+// pyStr is Python's str(v) for the values a template sees from a request
+// (pyRepr's for a list or a dict). Undefined is "", as Jinja2 prints it; a
+// callable is refused rather than printed differently from Python.
 func pyStr(v jinja.Value) (string, error) {
 	switch {
 	case v.IsString():
 		if text, ok := strings.CutPrefix(v.AsString(), pyNumMark); ok {
-			switch text {
-			case "Infinity":
-				return "inf", nil
-			case "-Infinity":
-				return "-inf", nil
-			}
-			return text, nil
+			return pyNumberStr(text), nil
 		}
 		return v.AsString(), nil
 	case v.IsInt():
@@ -414,6 +409,12 @@ func pyStr(v jinja.Value) (string, error) {
 		return "None", nil
 	case v.IsUndefined():
 		return "", nil
+	case v.IsList(), v.IsDict():
+		var b strings.Builder
+		if err := pyRepr(&b, v, 0); err != nil {
+			return "", err
+		}
+		return b.String(), nil
 	}
-	return "", fmt.Errorf("%w: str() of a %s in a template", ErrUnsupported, v.String())
+	return "", fmt.Errorf("%w: str() of a %s in a template", ErrUnsupported, pyTypeName(v))
 }

@@ -103,22 +103,35 @@ func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
 	if err != nil || out != `hi[{"type": "function", "function": {"name": "n", "description": null, "parameters": {"n": 123456789012345678901234567890, "f": 2.0}}}]` {
 		t.Fatalf("tojson path: %q, %v", out, err)
 	}
-	// The template prints the number directly: Python would print
-	// "2.0"; the engine cannot, so the request is refused, not misrendered.
+	// The template prints the number directly: as Python's str(), "2.0"
+	// and every digit of an integer beyond int64.
 	cfg2 := `{"chat_template": "{% for t in tools %}{{ t.function.parameters.f }}{% endfor %}"}`
 	ct2, err := ParseChatTemplate([]byte(cfg2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
+	for _, f := range []string{`2.0`, `123456789012345678901234567890`, `2.5`, `1e-05`, `1E+16`} {
 		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
-		if _, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("%s printed directly: err = %v, want ErrUnsupported", tools, err)
+		want := map[string]string{`1e-05`: "1e-05", `1E+16`: "1e+16"}[f]
+		if want == "" {
+			want = f
+		}
+		if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); err != nil || out != want {
+			t.Errorf("%s printed directly: %q, %v; want %q", f, out, err, want)
 		}
 	}
-	// 2.5 prints the same in both: rendered.
-	if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"type": "function", "function": {"name": "n", "parameters": {"f": 2.5}}}]`)}); err != nil || out != "2.5" {
-		t.Errorf("2.5 printed directly: %q, %v", out, err)
+	// Used any other way (here '~', which the engine prints with its own
+	// printer), the number is refused, not misrendered.
+	cfg3 := `{"chat_template": "{% for t in tools %}{{ 'f=' ~ t.function.parameters.f }}{% endfor %}"}`
+	ct3, err := ParseChatTemplate([]byte(cfg3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
+		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
+		if _, err := ct3.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s concatenated: err = %v, want ErrUnsupported", f, err)
+		}
 	}
 	// A string that looks like the internal mark is refused.
 	bad := json.RawMessage(`[{"role": "user", "content": "` + pyNumMark + `1"}]`)

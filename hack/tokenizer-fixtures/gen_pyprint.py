@@ -1,0 +1,25 @@
+import json, jinja2, jinja2.sandbox
+env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+X = r'''{"none": null, "t": true, "f": 2.0, "big": 123456789012345678901234567890, "tiny": 1e-05,
+ "parts": [{"type": "text", "text": "You're \"here\"\tnow\n"}],
+ "s": "it's", "u": "\u00e9\u00a0\u2028\ud83d\ude80\u007f\u001c\u00ad\\",
+ "mixed": [null, 1, 2.5, "a", [true, false], {"k": null}],
+ "tools": [{"function": {"name": "get", "description": null}}, {"function": {"name": "put", "description": "Put it"}}],
+ "d": {"b": {"c": [1, "x"]}, "a": null}}'''
+cases = [
+ "[{{ x.none }}]", "{{ x.t }}|{{ x.f }}|{{ x.big }}|{{ x.tiny }}", "{{ x.parts }}", "{{ x.parts[0].text|trim }}|{{ x.parts|trim }}",
+ "{{ x.s }}|{{ [x.s] }}|{{ [x.parts[0].text] }}", "{{ [x.u] }}", "{{ x.mixed }}", "{{ x.mixed|string }}|{{ x.none|string }}",
+ "{{ x.mixed|join(', ') }}", "{{ x.tools|map(attribute='function')|join('/', attribute='description') }}",
+ "{{ x.d }}|{{ x.d|join(',') }}|{{ 'abc'|join('-') }}", "{{ 1.5 * 2 }}|{{ 7 / 2 }}|{{ 10 / 5 }}", "<{{ x.missing }}>",
+ "a {{- x.none -}} b", "{% for t in x.tools %}{description:<escape>{{- t['function']['description'] -}}<escape>}{% endfor %}",
+ "{{ 'x' + x.s + 'y' }}", "{{ x.none if x.t }}|{{ x.none if not x.t }}",
+]
+out = []
+for c in cases:
+    try:
+        r = env.from_string(c).render(x=json.loads(X))
+    except Exception as e:
+        r = "ERR:" + type(e).__name__
+    out.append((c, r))
+json.dump({"data": X, "cases": out}, open("pyprint_cases.json", "w"), indent=1, ensure_ascii=False)
+for c, r in out: print(repr(c), "=>", repr(r))

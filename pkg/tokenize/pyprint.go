@@ -1,0 +1,386 @@
+package tokenize
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// What a template prints, printed as Python prints it.
+//
+// HuggingFace renders a chat template with Jinja2, where an output tag
+// writes str() of its value: None is "None", 1.5e-05 is "1.5e-05", a list
+// or a dict is its repr ("[{'type': 'text', 'text': 'hi'}]"). The Go engine
+// prints None as nothing, floats with Go's %g, and lists and dicts without
+// Python's quoting and escapes. Requests meet these: vLLM hands a template a
+// tool without a description as description None (pydantic dumps the
+// field), and Gemma's and Cohere's templates print it; a system message in
+// OpenAI's content format is a list that Llama 3.2 Vision's template trims
+// and prints. The engine has no hook for its printer, so printTags routes
+// every output tag through the kvroute_print filter (pyPrint) in the
+// template's source before it is compiled, and the engine's string and join
+// filters are replaced (see jinjafix.go) with ones that call the same str().
+
+// printFilter is the filter name printTags wraps output tags in.
+const printFilter = "kvroute_print"
+
+// printTags rewrites each output tag of src, {{ expr }}, as
+// {{ (expr)|kvroute_print }}, keeping its trim flags. A tag whose value is
+// a string whatever the data (stringValued) is left as it is: the engine
+// prints a string as Python does, and the filter call costs about a third
+// of a loop iteration in this engine (BenchmarkPrintTags). So is the whole
+// template when it has a raw block (the block keeps its tags as text).
+// Statements and comments are copied unchanged; the tag scan is
+// splitConcat's.
+func printTags(src string) string {
+	return mapOutputTags(src, func(expr string) []string {
+		e := strings.TrimSpace(expr)
+		if e == "" || stringValued(e) {
+			return nil
+		}
+		return []string{"(" + e + ")|" + printFilter}
+	})
+}
+
+// stringFilters are the filters whose result is a string for any input
+// they accept (Jinja2's, and this package's replacements of tojson, trim,
+// string and join).
+var stringFilters = map[string]bool{
+	"tojson": true, "trim": true, "string": true, "join": true, "upper": true, "lower": true,
+	"title": true, "capitalize": true, "replace": true, "indent": true, "center": true,
+	"format": true, "striptags": true, "truncate": true, "wordwrap": true, printFilter: true,
+}
+
+// stringMethods are the str methods whose result is a string (called on
+// anything else, Python raises).
+var stringMethods = map[string]bool{
+	"strip": true, "lstrip": true, "rstrip": true, "upper": true, "lower": true, "title": true,
+	"capitalize": true, "replace": true, "format": true, "join": true,
+}
+
+// stringValued reports whether an output expression's value is a string
+// for any data that Python renders without an error: a string literal; a
+// sum whose top-level operands include a string literal (str + str, or a
+// TypeError); or an expression whose last operation is a filter of
+// stringFilters or a call of a method of stringMethods.
+func stringValued(expr string) bool {
+	if isStringLiteral(expr) {
+		return true
+	}
+	for _, op := range plusOperands(expr) {
+		if isStringLiteral(op) {
+			return true
+		}
+	}
+	return endsWithCall(expr, '|', stringFilters) || endsWithCall(expr, '.', stringMethods)
+}
+
+// endsWithCall reports whether expr's last top-level sep ('|' for a
+// filter, '.' for a method) is followed by a name in names and, for a
+// method, exactly one parenthesised argument list (for a filter, at most
+// one), closing at the expression's end. Anything else after the name (a
+// conditional, an operator, a subscript) means the call is not the
+// expression's last operation.
+func endsWithCall(expr string, sep byte, names map[string]bool) bool {
+	at, depth := -1, 0
+	for i := 0; i < len(expr); i++ {
+		switch c := expr[i]; {
+		case c == '\'' || c == '"':
+			if i = quoteEnd(expr, i); i >= len(expr) {
+				return false
+			}
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			depth--
+		case c == sep && depth == 0:
+			at = i
+		}
+	}
+	if at < 0 || depth != 0 {
+		return false
+	}
+	rest := strings.TrimLeft(expr[at+1:], " \t\r\n")
+	n := 0
+	for n < len(rest) && (rest[n] == '_' || rest[n]|0x20 >= 'a' && rest[n]|0x20 <= 'z' || n > 0 && rest[n] >= '0' && rest[n] <= '9') {
+		n++
+	}
+	if n == 0 || !names[rest[:n]] {
+		return false
+	}
+	rest = strings.TrimSpace(rest[n:])
+	if rest == "" {
+		return sep == '|'
+	}
+	if rest[0] != '(' {
+		return false
+	}
+	depth = 0
+	for i := 0; i < len(rest); i++ {
+		switch c := rest[i]; {
+		case c == '\'' || c == '"':
+			i = quoteEnd(rest, i)
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			if depth--; depth == 0 {
+				return i == len(rest)-1
+			}
+		}
+	}
+	return false
+}
+
+// pyPrint is the kvroute_print filter: str() of its value as an output
+// tag writes it. Undefined prints as nothing, as in Jinja2.
+func pyPrint(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Value{}, errors.New(printFilter + ": missing value")
+	}
+	v := args[0]
+	if v.IsString() && !strings.HasPrefix(v.AsString(), pyNumMark) || v.IsUndefined() {
+		return v, nil
+	}
+	s, err := pyStr(v)
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	return jinja.NewString(s), nil
+}
+
+// pyStringFilter is Jinja2's string filter: str() of the value.
+func pyStringFilter(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.NewString(""), nil
+	}
+	return pyPrint(args, nil)
+}
+
+// pyJoin is Jinja2's join filter: str() of each item (or of each item's
+// attribute), joined by d. A string is joined by its characters and a dict
+// by its keys, as Python iterates them.
+func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Value{}, errors.New("join: missing value")
+	}
+	arg := func(pos int, name string) (jinja.Value, bool) {
+		if v, ok := kwargs[name]; ok {
+			return v, true
+		}
+		if pos < len(args) {
+			return args[pos], true
+		}
+		return jinja.Value{}, false
+	}
+	sep := ""
+	if d, ok := arg(1, "d"); ok {
+		s, err := pyStr(d)
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		sep = s
+	}
+	var items []jinja.Value
+	switch v := args[0]; {
+	case v.IsList():
+		items = v.AsList().Items
+	case v.IsDict():
+		for _, k := range v.AsDict().Keys {
+			items = append(items, jinja.NewString(k))
+		}
+	case v.IsString() && !strings.HasPrefix(v.AsString(), pyNumMark):
+		for _, r := range v.AsString() {
+			items = append(items, jinja.NewString(string(r)))
+		}
+	default:
+		return jinja.Value{}, fmt.Errorf("%w: join of a %s in a template", ErrUnsupported, pyTypeName(v))
+	}
+	attr, hasAttr := arg(2, "attribute")
+	if hasAttr && (attr.IsNone() || attr.IsUndefined()) {
+		hasAttr = false
+	}
+	var b strings.Builder
+	for i, item := range items {
+		if hasAttr {
+			if !attr.IsString() || !item.IsDict() {
+				return jinja.Value{}, fmt.Errorf("%w: join by an attribute of a %s", ErrUnsupported, pyTypeName(item))
+			}
+			// Jinja2's attribute lookup gives Undefined for a missing key,
+			// and str(Undefined) is "".
+			got, ok := item.AsDict().Get(attr.AsString())
+			if !ok {
+				got = jinja.Undefined()
+			}
+			item = got
+		}
+		s, err := pyStr(item)
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(s)
+	}
+	return jinja.NewString(b.String()), nil
+}
+
+// pyTypeName names a value's Python type, for errors.
+func pyTypeName(v jinja.Value) string {
+	switch {
+	case v.IsList():
+		return "list"
+	case v.IsDict():
+		return "dict"
+	case v.IsString():
+		return "str"
+	case v.IsInt(), v.IsFloat():
+		return "number"
+	case v.IsBool():
+		return "bool"
+	case v.IsNone():
+		return "None"
+	case v.IsUndefined():
+		return "undefined"
+	}
+	return "callable"
+}
+
+// pyRepr writes repr(v) for the values a template sees from a request:
+// strings, numbers (a marked one as its Python text), booleans, None,
+// lists and dicts, and an undefined value as Jinja2's Undefined prints. A
+// callable inside a container is refused: Jinja2 would print a name this
+// engine does not have.
+func pyRepr(b *strings.Builder, v jinja.Value, depth int) error {
+	if depth > maxJSONDepth {
+		return fmt.Errorf("%w: a value nested too deep to print", ErrUnsupported)
+	}
+	switch {
+	case v.IsString():
+		s := v.AsString()
+		if text, ok := strings.CutPrefix(s, pyNumMark); ok {
+			b.WriteString(pyNumberStr(text))
+			return nil
+		}
+		pyStringRepr(b, s)
+	case v.IsList():
+		b.WriteByte('[')
+		for i, item := range v.AsList().Items {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if err := pyRepr(b, item, depth+1); err != nil {
+				return err
+			}
+		}
+		b.WriteByte(']')
+	case v.IsDict():
+		d := v.AsDict()
+		b.WriteByte('{')
+		for i, k := range d.Keys {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			pyStringRepr(b, k)
+			b.WriteString(": ")
+			if err := pyRepr(b, d.Data[k], depth+1); err != nil {
+				return err
+			}
+		}
+		b.WriteByte('}')
+	case v.IsUndefined():
+		b.WriteString("Undefined") // Jinja2's Undefined.__repr__
+	case v.IsCallable():
+		return fmt.Errorf("%w: repr() of a %s in a template", ErrUnsupported, pyTypeName(v))
+	default:
+		s, err := pyStr(v)
+		if err != nil {
+			return err
+		}
+		b.WriteString(s)
+	}
+	return nil
+}
+
+// pyNumberStr is str() of a number carried as its json.dumps text behind
+// pyNumMark: the same digits, with Python's spelling of the infinities.
+func pyNumberStr(text string) string {
+	switch text {
+	case "Infinity":
+		return "inf"
+	case "-Infinity":
+		return "-inf"
+	case "NaN":
+		return "nan"
+	}
+	return text
+}
+
+// pyStringRepr writes repr(s) as CPython's unicode_repr does: single
+// quotes unless s holds a single quote and no double quote; backslash,
+// the quote, \t, \n and \r escaped; other control characters and DEL as
+// \xhh; a non-ASCII character kept when it is printable (str.isprintable:
+// not in the Unicode categories C* or Z*, which is Go's unicode.IsPrint)
+// and otherwise escaped as \xhh, \uhhhh or \Uhhhhhhhh.
+func pyStringRepr(b *strings.Builder, s string) {
+	quote := byte('\'')
+	if strings.IndexByte(s, '\'') >= 0 && strings.IndexByte(s, '"') < 0 {
+		quote = '"'
+	}
+	b.WriteByte(quote)
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == quote || c == '\\':
+				b.WriteByte('\\')
+				b.WriteByte(c)
+			case c == '\t':
+				b.WriteString(`\t`)
+			case c == '\n':
+				b.WriteString(`\n`)
+			case c == '\r':
+				b.WriteString(`\r`)
+			case c < ' ' || c == 0x7f:
+				b.WriteString(`\x`)
+				b.WriteString(hex2(uint32(c)))
+			default:
+				b.WriteByte(c)
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case unicode.IsPrint(r):
+			b.WriteString(s[i : i+n])
+		case r <= 0xff:
+			b.WriteString(`\x`)
+			b.WriteString(hex2(uint32(r)))
+		case r <= 0xffff:
+			b.WriteString(`\u`)
+			b.WriteString(padHex(uint32(r), 4))
+		default:
+			b.WriteString(`\U`)
+			b.WriteString(padHex(uint32(r), 8))
+		}
+		i += n
+	}
+	b.WriteByte(quote)
+}
+
+func hex2(v uint32) string { return padHex(v, 2) }
+
+// padHex is v in lower-case hex, zero-padded to width digits.
+func padHex(v uint32, width int) string {
+	h := strconv.FormatUint(uint64(v), 16)
+	if len(h) < width {
+		h = strings.Repeat("0", width-len(h)) + h
+	}
+	return h
+}

@@ -1,0 +1,138 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// TestPrintedAsPython renders, through compileTemplate as a chat template
+// is compiled, the templates of testdata/pyprint_cases.json, whose outputs
+// Jinja2 3.1.6 gave (hack/tokenizer-fixtures/gen_pyprint.py, HuggingFace's
+// sandboxed environment): None, floats, big integers, lists and dicts
+// printed by output tags and by the string, join and trim filters.
+func TestPrintedAsPython(t *testing.T) {
+	raw, err := os.ReadFile("testdata/pyprint_cases.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Data  string      `json:"data"`
+		Cases [][2]string `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		t.Fatal(err)
+	}
+	x, err := jsonValue(json.RawMessage(ref.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ref.Cases {
+		src, want := c[0], c[1]
+		tmpl, err := compileTemplate(src)
+		if err != nil {
+			t.Errorf("%s: %v", src, err)
+			continue
+		}
+		got, err := renderSafe(tmpl, map[string]jinja.Value{"x": x}, 0)
+		if err == nil && strings.Contains(got, pyNumMark) {
+			err = errNumberLeak
+		}
+		if strings.HasPrefix(want, "ERR:") {
+			if err == nil {
+				t.Errorf("%s: rendered %q where Jinja2 raised %s", src, got, want)
+			}
+			continue
+		}
+		if err != nil || got != want {
+			t.Errorf("%s:\n got %q, %v\nwant %q", src, got, err, want)
+		}
+	}
+}
+
+// TestPrintTagsRewrite: which tags printTags routes through kvroute_print.
+func TestPrintTagsRewrite(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{`a{{ x }}b`, `a{{ (x)|kvroute_print }}b`},
+		{`{{- m.content -}}`, `{{- (m.content)|kvroute_print -}}`},
+		{`{{ 'lit' }}{{ "q}}" }}`, `{{ 'lit' }}{{ "q}}" }}`},
+		{`{{ x|trim }}{{ x | tojson(indent=2) }}{{ xs|join(', ') }}`, `{{ x|trim }}{{ x | tojson(indent=2) }}{{ xs|join(', ') }}`},
+		// The filter is not the last operation: printed.
+		{`{{ x|trim if c else y }}`, `{{ (x|trim if c else y)|kvroute_print }}`},
+		{`{{ x|trim ~ y }}`, `{{ (x|trim ~ y)|kvroute_print }}`},
+		{`{{ x|length }}`, `{{ (x|length)|kvroute_print }}`},
+		{`{{ x|replace('a', ')')|first }}`, `{{ (x|replace('a', ')')|first)|kvroute_print }}`},
+		{`{{ x|replace("|", 'b') }}`, `{{ x|replace("|", 'b') }}`},
+		{`{{ f(a|trim) }}`, `{{ (f(a|trim))|kvroute_print }}`},
+		// A string method's result, and a sum with a string literal.
+		{`{{ x.strip('\n') }}{{ m.content + '\n\n' }}`, `{{ x.strip('\n') }}{{ m.content + '\n\n' }}`},
+		{`{{ x.strip()[0] }}{{ x.split(',') }}{{ x.strip }}{{ a + b }}`, `{{ (x.strip()[0])|kvroute_print }}{{ (x.split(','))|kvroute_print }}{{ (x.strip)|kvroute_print }}{{ (a + b)|kvroute_print }}`},
+		// Statements, comments and raw blocks are not touched.
+		{`{% set y = x %}{# {{ x }} #}`, `{% set y = x %}{# {{ x }} #}`},
+		{`{% raw %}{{ x }}{% endraw %}{{ y }}`, `{% raw %}{{ x }}{% endraw %}{{ y }}`},
+	} {
+		if got := printTags(c.src); got != c.want {
+			t.Errorf("printTags(%q)\n got %q\nwant %q", c.src, got, c.want)
+		}
+	}
+}
+
+// FuzzPrintTags: on data the engine already prints as Python does
+// (strings without quotes or escapes, integers, booleans, and containers of
+// them), a template rewritten by printTags renders what it rendered
+// before, so the rewrite changes no expression's meaning; or it refuses to
+// print what Python would print as an object's name (a macro).
+func FuzzPrintTags(f *testing.F) {
+	srcs, _ := chatTemplateSources(f)
+	for _, src := range srcs {
+		f.Add(src)
+	}
+	for _, s := range []string{
+		`a{{- x -}}b{{ x|trim if c else y }}`, `{{ x ~ y|trim }}{{ x.strip() + '\n' }}`, `{{ (x) }}{{ x|replace('|', ')') }}`,
+		`{{ messages }}{{ messages[0] }}{{ c }}{{ 7 // 2 }}`, `{{ 'a' if c }}{{ x, y }}{{ -n }}{{ not c }}`,
+	} {
+		f.Add(s)
+	}
+	values := []string{`"plain"`, `7`, `"with {{ and }}"`, `["a", 1]`, `{"k": "v"}`}
+	input := func(tb testing.TB, v string) map[string]jinja.Value {
+		msgs, err := jsonValue(json.RawMessage(`[{"role": "system", "content": ` + v + `}, {"role": "user", "content": ` + v + `},
+			{"role": "assistant", "content": ` + v + `, "tool_calls": [{"function": {"name": "f", "arguments": {"a": ` + v + `}}}]}]`))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		x, err := jsonValue(json.RawMessage(v))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
+			"add_generation_prompt": jinja.NewBool(true), "bos_token": jinja.NewString("<s>")}
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		if len(src) > 16<<10 || strings.Contains(src, "range") || strings.Contains(src, "*") || strings.Contains(src, "/") {
+			return
+		}
+		orig, err := jinja.Compile(src)
+		if err != nil {
+			return
+		}
+		printed := printTags(src)
+		cut, err := jinja.Compile(printed)
+		if err != nil {
+			return // compileTemplate keeps the template as written
+		}
+		for _, v := range values {
+			want, werr := renderSafe(orig, input(t, v), 0)
+			got, gerr := renderSafe(cut, input(t, v), 0)
+			if werr == nil && errors.Is(gerr, ErrUnsupported) {
+				continue // printing a macro or a function: refused, not guessed
+			}
+			if (werr != nil) != (gerr != nil) || got != want {
+				t.Fatalf("printed %q\nof %q\nrenders %q (%v), as written %q (%v)", printed, src, got, gerr, want, werr)
+			}
+		}
+	})
+}
