@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,13 +36,24 @@ func newColdRig(t *testing.T, n int, cfg policy.KVRouteConfig) *coldRig {
 func (g *coldRig) start(t *testing.T, key string, i int) Decision {
 	t.Helper()
 	toks := append(append([]uint32(nil), g.sys...), seq(512, uint32(1_000_000*(i+1)))...)
-	d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: key})
+	d, err := g.rt.Decide(t.Context(), keyed(Request{Model: model, Tokens: toks}, key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.Hold.Done()
 	store(t, g.ix, d.Replica, model, toks, 16)
 	return d
+}
+
+// keyed gives req the session key key: a "user:" key through the body's
+// user field, as SessionKey derives it, any other as the header.
+func keyed(req Request, key string) Request {
+	if u, ok := strings.CutPrefix(key, "user:"); ok {
+		req.User = u
+	} else {
+		req.SessionKey = key
+	}
+	return req
 }
 
 // comeBack starts a session under key on the prompt's holder r0 (one
@@ -57,7 +69,7 @@ func (g *coldRig) comeBack(t *testing.T, key string, grow int) {
 	for turn := range 10 {
 		g.now = g.now.Add(2 * time.Second)
 		toks = append(toks, seq(grow, uint32(5_000_000+turn*10_000))...)
-		d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: key})
+		d, err := g.rt.Decide(t.Context(), keyed(Request{Model: model, Tokens: toks}, key))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +160,7 @@ func TestColdStartRoundEndsAfterOnePerReplica(t *testing.T) {
 	}
 	g.now = g.now.Add(2 * time.Second)
 	toks := append(append(append([]uint32(nil), g.sys...), seq(512, 1_000_000)...), seq(1024, 5_000_000)...)
-	d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: toks, SessionKey: "user:a"})
+	d, err := g.rt.Decide(t.Context(), keyed(Request{Model: model, Tokens: toks}, "user:a"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -17,7 +18,8 @@ const DefaultSessionMemory = 1 << 16
 
 // SessionKey returns the request's session identity, the first of:
 //
-//  1. Request.SessionKey, the x-session-id header;
+//  1. Request.SessionKey, the x-session-id header, as sent (behind "hdr:"
+//     when it begins like one of the keys below, "#" or "hdr:");
 //  2. "sid:" and Request.BodySession, the conversation the body names
 //     (session_id, conversation_id, conversation, metadata's session or
 //     conversation id): a client's own name for one conversation, as
@@ -53,7 +55,7 @@ const DefaultSessionMemory = 1 << 16
 // and takes that conversation's key ("conv:", Decision.SessionFromPrompt).
 func SessionKey(req Request) string {
 	if req.SessionKey != "" {
-		return boundedKey("", req.SessionKey)
+		return boundedKey(headerPrefix(req.SessionKey), req.SessionKey)
 	}
 	if req.BodySession != "" {
 		return boundedKey("sid:", req.BodySession)
@@ -80,6 +82,24 @@ func firstTurnKey(req Request) string {
 		return boundedKey("pck:", req.CacheKey)
 	case req.User != "":
 		return boundedKey("user:", req.User)
+	}
+	return ""
+}
+
+// derivedPrefixes begin the keys SessionKey derives from a body (and
+// "hdr:", the escape below, and "#", a hashed value's mark).
+var derivedPrefixes = []string{"sid:", "conv:", "pck:", "user:", "hdr:", "#"}
+
+// headerPrefix is "hdr:" for a header value that begins the way a derived
+// key does, else "": a client's x-session-id keys its session as sent, but
+// cannot pose as a key the router derives (a conversation's opening, a
+// prompt_cache_key or a user, whose sessions the book treats as their
+// kind) or as another value's hash.
+func headerPrefix(v string) string {
+	for _, p := range derivedPrefixes {
+		if strings.HasPrefix(v, p) {
+			return "hdr:"
+		}
 	}
 	return ""
 }

@@ -67,6 +67,13 @@ func TestSessionKey(t *testing.T) {
 		{"a long header is hashed too", Request{Model: model, SessionKey: strings.Repeat("h", 60_000)},
 			"#" + strconv.FormatUint(xxh3.HashString(strings.Repeat("h", 60_000)), 16)},
 		{"a header of MaxKeyValue bytes is kept", Request{Model: model, SessionKey: strings.Repeat("h", MaxKeyValue)}, strings.Repeat("h", MaxKeyValue)},
+		// A header cannot pose as a derived key, nor as another value's hash.
+		{"a header shaped like a conversation key", func() Request { r := turn2; r.SessionKey = k2; return r }(), "hdr:" + k2},
+		{"a header shaped like a user key", Request{Model: model, SessionKey: "user:alice", User: "alice"}, "hdr:user:alice"},
+		{"a header shaped like a hash", Request{Model: model, SessionKey: "#1f"}, "hdr:#1f"},
+		{"a header shaped like the escape", Request{Model: model, SessionKey: "hdr:x"}, "hdr:hdr:x"},
+		{"a long header shaped like a key is hashed behind the escape", Request{Model: model, SessionKey: "pck:" + strings.Repeat("h", MaxKeyValue)},
+			"hdr:#" + strconv.FormatUint(xxh3.HashString("pck:"+strings.Repeat("h", MaxKeyValue)), 16)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +81,12 @@ func TestSessionKey(t *testing.T) {
 				t.Errorf("key %.80q (%d bytes), want %.80q", got, len(got), tt.want)
 			}
 		})
+	}
+	// The session book treats an escaped header as a header.
+	for _, h := range []string{k2, "user:alice", "pck:t"} {
+		if k := SessionKey(Request{Model: model, SessionKey: h}); keyKind(k) != kindHeader {
+			t.Errorf("header %q keyed %q of kind %d, want a header's", h, k, keyKind(k))
+		}
 	}
 }
 
