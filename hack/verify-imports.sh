@@ -24,8 +24,9 @@ check pkg/route 'pkg/kvblock|pkg/index|pkg/load|pkg/policy'
 check pkg/jsonstr '^$'
 check pkg/enginehttp '^$'
 check pkg/respstore 'pkg/enginehttp'
-check pkg/openai 'pkg/jsonstr'
-check pkg/tokenize 'pkg/route|pkg/jsonstr'
+check pkg/pyfmt '^$'
+check pkg/openai 'pkg/jsonstr|pkg/pyfmt'
+check pkg/tokenize 'pkg/route|pkg/jsonstr|pkg/pyfmt'
 check pkg/discovery '^$'
 # The replica-set controller drives discovery's snapshots into events; it is
 # the one package besides cmd/ that may import those two edges.

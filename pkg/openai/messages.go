@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/pyfmt"
 )
 
 // PathMessages is the Anthropic Messages API path, which vLLM serves.
@@ -537,15 +539,9 @@ func convertContent(out []*message, msg *message, m anthropicMessage) ([]*messag
 				}
 				continue
 			}
-			text := ""
-			if b.Content != nil {
-				var s string
-				if json.Unmarshal(b.Content, &s) != nil {
-					// Python's str() of a list of dicts: a repr the router
-					// does not reproduce.
-					return nil, errors.New("an assistant tool_result with list content")
-				}
-				text = s
+			text, err := assistantToolResult(b.Content)
+			if err != nil {
+				return nil, err
 			}
 			parts = append(parts, textPart("Tool result: "+text))
 		}
@@ -565,6 +561,34 @@ func convertContent(out []*message, msg *message, m anthropicMessage) ([]*messag
 		msg.set("content", joinArray(parts))
 	}
 	return out, nil
+}
+
+// assistantToolResult is the text vLLM prints for an assistant's
+// tool_result content: str(content) when it is truthy, else "". A string
+// is itself; a list (pydantic's list[dict[str, Any]]) is its Python repr
+// (pyfmt.ReprJSON), an item that is not an object failing validation as
+// it does there.
+func assistantToolResult(content json.RawMessage) (string, error) {
+	if content == nil || string(content) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(content, &s) == nil {
+		return s, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(content, &items); err != nil {
+		return "", errors.New("a tool_result's content is neither a string nor a list")
+	}
+	if len(items) == 0 {
+		return "", nil
+	}
+	for _, it := range items {
+		if t := bytes.TrimLeft(it, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+			return "", errors.New("a tool_result's content list holds a non-object")
+		}
+	}
+	return pyfmt.ReprJSON(content)
 }
 
 func textPart(text string) json.RawMessage {

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/pyfmt"
 )
 
 // Python's json.dumps, as HuggingFace's chat templates call it through their
@@ -58,7 +60,7 @@ func jsonNumberValue(s string) (jinja.Value, error) {
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return jinja.Value{}, fmt.Errorf("bad number %q", s)
 	}
-	if jinja.NewFloat(f).String() != pyFloatRepr(f) || math.IsInf(f, 0) {
+	if jinja.NewFloat(f).String() != pyfmt.FloatRepr(f) || math.IsInf(f, 0) {
 		return jinja.NewString(pyNumMark + pyJSONFloat(f)), nil
 	}
 	return jinja.NewFloat(f), nil
@@ -162,67 +164,7 @@ func pyJSONFloat(f float64) string {
 	case math.IsInf(f, -1):
 		return "-Infinity"
 	}
-	return pyFloatRepr(f)
-}
-
-// pyFloatRepr is Python's repr(float) for a finite f: the shortest digits
-// that round-trip, in positional notation when the decimal exponent is in
-// [-4, 16), with ".0" added to whole numbers; otherwise d.ddde±XX with at
-// least two exponent digits.
-func pyFloatRepr(f float64) string {
-	if f == 0 {
-		if math.Signbit(f) {
-			return "-0.0"
-		}
-		return "0.0"
-	}
-	// Shortest round-trip digits and exponent: "-d.ddde±x".
-	e := strconv.FormatFloat(f, 'e', -1, 64)
-	mant, expStr, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expStr)
-	neg := strings.HasPrefix(mant, "-")
-	mant = strings.TrimPrefix(mant, "-")
-	digits := strings.Replace(mant, ".", "", 1)
-	var b strings.Builder
-	if neg {
-		b.WriteByte('-')
-	}
-	// Python: decpt = exp+1; exponent form when decpt <= -4 or decpt > 16.
-	decpt := exp + 1
-	if decpt <= -4 || decpt > 16 {
-		b.WriteByte(digits[0])
-		if len(digits) > 1 {
-			b.WriteByte('.')
-			b.WriteString(digits[1:])
-		}
-		b.WriteByte('e')
-		if exp < 0 {
-			b.WriteByte('-')
-			exp = -exp
-		} else {
-			b.WriteByte('+')
-		}
-		if exp < 10 {
-			b.WriteByte('0')
-		}
-		b.WriteString(strconv.Itoa(exp))
-		return b.String()
-	}
-	switch {
-	case decpt <= 0:
-		b.WriteString("0.")
-		b.WriteString(strings.Repeat("0", -decpt))
-		b.WriteString(digits)
-	case decpt >= len(digits):
-		b.WriteString(digits)
-		b.WriteString(strings.Repeat("0", decpt-len(digits)))
-		b.WriteString(".0")
-	default:
-		b.WriteString(digits[:decpt])
-		b.WriteByte('.')
-		b.WriteString(digits[decpt:])
-	}
-	return b.String()
+	return pyfmt.FloatRepr(f)
 }
 
 const hexDigits = "0123456789abcdef"
@@ -399,7 +341,7 @@ func pyStr(v jinja.Value) (string, error) {
 		case math.IsInf(f, -1):
 			return "-inf", nil
 		}
-		return pyFloatRepr(f), nil
+		return pyfmt.FloatRepr(f), nil
 	case v.IsBool():
 		if v.AsBool() {
 			return "True", nil

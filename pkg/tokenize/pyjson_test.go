@@ -3,7 +3,6 @@ package tokenize
 import (
 	"encoding/json"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -15,26 +14,6 @@ import (
 
 // Expected strings below are what CPython 3.11 prints (repr, json.dumps with
 // ensure_ascii=False unless said otherwise, str.strip).
-
-func TestPyFloatRepr(t *testing.T) {
-	cases := []struct {
-		f    float64
-		want string
-	}{
-		{2.0, "2.0"}, {1.0, "1.0"}, {math.Copysign(0, -1), "-0.0"}, {0, "0.0"},
-		{12345678.9, "12345678.9"}, {1e16, "1e+16"}, {1e15, "1000000000000000.0"},
-		{1.5e16, "1.5e+16"}, {1e-5, "1e-05"}, {1e-4, "0.0001"}, {0.0001234, "0.0001234"},
-		{1e-7, "1e-07"}, {1e300, "1e+300"}, {123456789012345678.0, "1.2345678901234568e+17"},
-		{0.1, "0.1"}, {5e-324, "5e-324"}, {math.MaxFloat64, "1.7976931348623157e+308"},
-		{-2.5e-10, "-2.5e-10"}, {100, "100.0"}, {1e22, "1e+22"}, {123456789, "123456789.0"},
-		{9007199254740993, "9007199254740992.0"},
-	}
-	for _, c := range cases {
-		if got := pyFloatRepr(c.f); got != c.want {
-			t.Errorf("pyFloatRepr(%v) = %q, want %q", c.f, got, c.want)
-		}
-	}
-}
 
 func renderWith(t *testing.T, src, jsonData string) (string, error) {
 	t.Helper()

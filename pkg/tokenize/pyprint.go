@@ -3,12 +3,11 @@ package tokenize
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/pyfmt"
 )
 
 // What a template prints, printed as Python prints it.
@@ -267,7 +266,7 @@ func pyRepr(b *strings.Builder, v jinja.Value, depth int) error {
 			b.WriteString(pyNumberStr(text))
 			return nil
 		}
-		pyStringRepr(b, s)
+		pyfmt.WriteStringRepr(b, s)
 	case v.IsList():
 		b.WriteByte('[')
 		for i, item := range v.AsList().Items {
@@ -286,7 +285,7 @@ func pyRepr(b *strings.Builder, v jinja.Value, depth int) error {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			pyStringRepr(b, k)
+			pyfmt.WriteStringRepr(b, k)
 			b.WriteString(": ")
 			if err := pyRepr(b, d.Data[k], depth+1); err != nil {
 				return err
@@ -319,68 +318,4 @@ func pyNumberStr(text string) string {
 		return "nan"
 	}
 	return text
-}
-
-// pyStringRepr writes repr(s) as CPython's unicode_repr does: single
-// quotes unless s holds a single quote and no double quote; backslash,
-// the quote, \t, \n and \r escaped; other control characters and DEL as
-// \xhh; a non-ASCII character kept when it is printable (str.isprintable:
-// not in the Unicode categories C* or Z*, which is Go's unicode.IsPrint)
-// and otherwise escaped as \xhh, \uhhhh or \Uhhhhhhhh.
-func pyStringRepr(b *strings.Builder, s string) {
-	quote := byte('\'')
-	if strings.IndexByte(s, '\'') >= 0 && strings.IndexByte(s, '"') < 0 {
-		quote = '"'
-	}
-	b.WriteByte(quote)
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == quote || c == '\\':
-				b.WriteByte('\\')
-				b.WriteByte(c)
-			case c == '\t':
-				b.WriteString(`\t`)
-			case c == '\n':
-				b.WriteString(`\n`)
-			case c == '\r':
-				b.WriteString(`\r`)
-			case c < ' ' || c == 0x7f:
-				b.WriteString(`\x`)
-				b.WriteString(hex2(uint32(c)))
-			default:
-				b.WriteByte(c)
-			}
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case unicode.IsPrint(r):
-			b.WriteString(s[i : i+n])
-		case r <= 0xff:
-			b.WriteString(`\x`)
-			b.WriteString(hex2(uint32(r)))
-		case r <= 0xffff:
-			b.WriteString(`\u`)
-			b.WriteString(padHex(uint32(r), 4))
-		default:
-			b.WriteString(`\U`)
-			b.WriteString(padHex(uint32(r), 8))
-		}
-		i += n
-	}
-	b.WriteByte(quote)
-}
-
-func hex2(v uint32) string { return padHex(v, 2) }
-
-// padHex is v in lower-case hex, zero-padded to width digits.
-func padHex(v uint32, width int) string {
-	h := strconv.FormatUint(uint64(v), 16)
-	if len(h) < width {
-		h = strings.Repeat("0", width-len(h)) + h
-	}
-	return h
 }
