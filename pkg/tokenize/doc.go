@@ -200,9 +200,8 @@
 // --default-chat-template-kwargs) is configured per model (EngineChat,
 // engine.go): default template arguments sit under the request's, whose
 // None and "auto" values are dropped over them, as vLLM's merge drops
-// them. The Jinja engine prints None as "" where Python prints "None"; a
-// template printing a None value directly renders differently (the
-// self-check catches it).
+// them. A None the template prints (a tool's missing description, as
+// vLLM's pydantic dump hands it) prints "None", as in Python (pyprint.go).
 //
 // Anthropic Messages requests (anthropic.go) arrive converted to chat by
 // the request parser; two of vLLM's choices for them depend on the
