@@ -13,6 +13,8 @@ cases = [
  "{{ x.d }}|{{ x.d|join(',') }}|{{ 'abc'|join('-') }}", "{{ 1.5 * 2 }}|{{ 7 / 2 }}|{{ 10 / 5 }}", "<{{ x.missing }}>",
  "a {{- x.none -}} b", "{% for t in x.tools %}{description:<escape>{{- t['function']['description'] -}}<escape>}{% endfor %}",
  "{{ 'x' + x.s + 'y' }}", "{{ x.none if x.t }}|{{ x.none if not x.t }}",
+ "{{ 'a' ~ x.none ~ x.f ~ x.big ~ x.tiny ~ x.parts ~ x.missing }}", "{{ x.none ~ 1 ~ x.t }}", "{{ 'a' ~ x.s + 'b' }}",
+ "{% set s = 'n=' ~ x.none %}{{ s }}",
 ]
 out = []
 for c in cases:

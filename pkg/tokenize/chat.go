@@ -429,7 +429,7 @@ func (c *ChatTemplate) render(v *templateVariant, msgs []jinja.Value, tools jinj
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
 	}
-	if strings.Contains(out, pyNumMark) {
+	if strings.Contains(out, pyMarkRune) {
 		return "", errNumberLeak
 	}
 	if in.ContinueFinalMessage {

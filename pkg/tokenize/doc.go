@@ -130,8 +130,10 @@
 //     CPython 3.12's version). The engine prints None as nothing and
 //     containers its own way, with no hook for either, so every output tag
 //     whose value is not a string by construction is compiled through a
-//     kvroute_print filter (printTags), and the string and join filters are
-//     replaced with ones printing the same str().
+//     kvroute_print filter (printTags), a '~' chain in a tag or a set
+//     statement through it operand by operand (Jinja2's '~' is str() of
+//     each), and the string and join filters are replaced with ones
+//     printing the same str().
 //   - Two changes of how a template runs, neither of what it prints: an
 //     output tag concatenating onto a string literal ({{ '<|im_start|>' +
 //     role + '\n' + content }}) is compiled as one tag per operand
@@ -143,8 +145,8 @@
 //   - JSON numbers become what json.loads makes of them. An integer beyond
 //     int64, or a float the engine would print unlike Python's repr, is
 //     carried as its Python text behind an internal mark that tojson, trim,
-//     string, join and output tags print; a template printing it any other
-//     way (the engine's '~' or '+') gets ErrUnsupported
+//     string, join, '~' and output tags print; a template printing it any
+//     other way (the engine's '+', or upper) gets ErrUnsupported
 //     (the request falls back) instead of a silently different prompt.
 //     Likewise a template calling .strip()/.lstrip()/.rstrip() without
 //     arguments (the engine's white-space set is narrower than Python's)

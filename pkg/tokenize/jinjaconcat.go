@@ -35,6 +35,13 @@ func splitConcat(src string) string {
 // trims), and a template with a raw block is left alone, since a raw block
 // keeps its tags as text.
 func mapOutputTags(src string, f func(expr string) []string) string {
+	return mapTags(src, f, nil)
+}
+
+// mapTags is mapOutputTags that also rewrites statements: a statement
+// whose body stmt maps to (body', true) becomes {% body' %} with its trim
+// flags (stmt may be nil).
+func mapTags(src string, f func(expr string) []string, stmt func(body string) (string, bool)) string {
 	var b strings.Builder
 	i, last := 0, 0
 	for i+1 < len(src) {
@@ -70,6 +77,29 @@ func mapOutputTags(src string, f func(expr string) []string) string {
 			if stmtWord(body) == "raw" {
 				return src
 			}
+			if stmt == nil {
+				continue
+			}
+			nb, ok := stmt(body)
+			if !ok {
+				continue
+			}
+			if b.Len() == 0 {
+				b.Grow(len(src) + 64)
+			}
+			b.WriteString(src[last:start])
+			b.WriteString("{%")
+			if trimLeft {
+				b.WriteByte('-')
+			}
+			b.WriteByte(' ')
+			b.WriteString(nb)
+			b.WriteByte(' ')
+			if trimRight {
+				b.WriteByte('-')
+			}
+			b.WriteString("%}")
+			last = end
 			continue
 		case "#}":
 			continue
@@ -153,7 +183,12 @@ func concatOperands(expr string) []string {
 // nil unless there are at least two operands, none empty, and no top-level
 // token binds looser than '+' (see splitConcat). Operands are trimmed of
 // white space.
-func plusOperands(expr string) []string {
+func plusOperands(expr string) []string { return operands(expr, '+') }
+
+// operands splits an expression at its top-level op ('+' or '~'), under
+// plusOperands' conditions; for '~' (which binds tighter than '+' and '-'
+// in Jinja2) a top-level '+' or '-' refuses the split as '~' does for '+'.
+func operands(expr string, op byte) []string {
 	var parts []string
 	depth, from := 0, 0
 	prevDot := false
@@ -191,14 +226,14 @@ func plusOperands(expr string) []string {
 			prevDot = false
 			continue
 		case depth > 0:
-		case c == '+':
+		case c == op:
 			p := strings.TrimSpace(expr[from:i])
 			if p == "" {
 				return nil
 			}
 			parts = append(parts, p)
 			from = i + 1
-		case c == '-' || c == '~' || c == '=' || c == '!' || c == '<' || c == '>' || c == ',' || c == ':':
+		case c == '-' || c == '+' || c == '~' || c == '=' || c == '!' || c == '<' || c == '>' || c == ',' || c == ':':
 			return nil
 		}
 		prevDot = c == '.'

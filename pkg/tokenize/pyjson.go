@@ -34,12 +34,18 @@ type pyDumpOpts struct {
 // cannot hold or print as Python does, carried as a template string: an
 // integer outside int64 (the engine's integers are int64; Python's are
 // unbounded), and a float the engine would print differently from
-// Python's repr (it prints 2.0 as "2"). tojson and trim print the text
-// after the mark. Input strings starting with the mark are refused
-// (jsonValue), and so is a rendered prompt still holding it (the
-// template printed the number some other way), so a number is printed as
-// Python prints it or the request is refused: never silently different.
-const pyNumMark = "\ufdd0py:"
+// Python's repr (it prints 2.0 as "2"). tojson, trim, string, join and
+// output tags print the text after the mark. Input strings starting with
+// the mark are refused (jsonValue), and so is a rendered prompt still
+// holding its first rune, the noncharacter U+FDD0 (the template printed
+// the number some other way, perhaps changing the mark's letters, as upper
+// would), so a number is printed as Python prints it or the request is
+// refused: never silently different.
+const pyNumMark = pyMarkRune + "py:"
+
+// pyMarkRune is pyNumMark's first rune, U+FDD0, which no case mapping or
+// other string filter changes.
+const pyMarkRune = "\ufdd0"
 
 // errNumberLeak: a template used such a number other than through tojson
 // or trim.

@@ -99,9 +99,10 @@ func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
 			t.Errorf("%s printed directly: %q, %v; want %q", f, out, err, want)
 		}
 	}
-	// Used any other way (here '~', which the engine prints with its own
-	// printer), the number is refused, not misrendered.
-	cfg3 := `{"chat_template": "{% for t in tools %}{{ 'f=' ~ t.function.parameters.f }}{% endfor %}"}`
+	// Used any other way (here the upper filter, which the engine applies
+	// to its own text of the value, the mark's letters included), the
+	// number is refused, not misrendered.
+	cfg3 := `{"chat_template": "{% for t in tools %}{{ t.function.parameters.f|upper }}{% endfor %}"}`
 	ct3, err := ParseChatTemplate([]byte(cfg3))
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
 	for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
 		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
 		if _, err := ct3.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("%s concatenated: err = %v, want ErrUnsupported", f, err)
+			t.Errorf("%s upper-cased: err = %v, want ErrUnsupported", f, err)
 		}
 	}
 	// A string that looks like the internal mark is refused.

@@ -36,14 +36,72 @@ const printFilter = "kvroute_print"
 // template when it has a raw block (the block keeps its tags as text).
 // Statements and comments are copied unchanged; the tag scan is
 // splitConcat's.
+//
+// A tag joining operands with '~' at its top level becomes one tag per
+// operand, each printed so: Jinja2's '~' is str() of each operand,
+// concatenated, where the engine's prints None as nothing and a marked
+// number with its mark; the split also spares the engine's copies of the
+// growing string, as splitConcat does for '+'.
+//
+// A set statement whose value is such a '~' chain ({% set s = a ~ b %})
+// keeps its chain with every operand printed so, the engine's '~' then
+// joining strings.
 func printTags(src string) string {
-	return mapOutputTags(src, func(expr string) []string {
+	return mapTags(src, func(expr string) []string {
 		e := strings.TrimSpace(expr)
+		if parts := printedOperands(e); parts != nil {
+			return parts
+		}
 		if e == "" || stringValued(e) {
 			return nil
 		}
 		return []string{"(" + e + ")|" + printFilter}
-	})
+	}, printSet)
+}
+
+// printedOperands is e's top-level '~' operands, each not stringValued
+// routed through kvroute_print, or nil when e is not a '~' chain.
+func printedOperands(e string) []string {
+	parts := operands(e, '~')
+	for i, p := range parts {
+		if !stringValued(p) {
+			parts[i] = "(" + p + ")|" + printFilter
+		}
+	}
+	return parts
+}
+
+// printSet rewrites a statement "set target = a ~ b ~ ..." with its
+// operands printed (printedOperands); any other statement is left alone.
+func printSet(body string) (string, bool) {
+	t := strings.TrimSpace(body)
+	if stmtWord(t) != "set" {
+		return "", false
+	}
+	rest := t[len("set"):]
+	eq := -1
+	for i := 0; i < len(rest); i++ {
+		switch c := rest[i]; {
+		case c == '\'' || c == '"' || c == '(' || c == '[' || c == '{':
+			return "", false // the target is a name or an attribute
+		case c == '=':
+			if i+1 < len(rest) && rest[i+1] == '=' {
+				return "", false
+			}
+			eq = i
+		}
+		if eq >= 0 {
+			break
+		}
+	}
+	if eq < 0 {
+		return "", false // a block set: its body is tags of its own
+	}
+	parts := printedOperands(strings.TrimSpace(rest[eq+1:]))
+	if parts == nil {
+		return "", false
+	}
+	return "set " + strings.TrimSpace(rest[:eq]) + " = " + strings.Join(parts, " ~ "), true
 }
 
 // stringFilters are the filters whose result is a string for any input

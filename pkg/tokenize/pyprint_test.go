@@ -39,7 +39,7 @@ func TestPrintedAsPython(t *testing.T) {
 			continue
 		}
 		got, err := renderSafe(tmpl, map[string]jinja.Value{"x": x}, 0)
-		if err == nil && strings.Contains(got, pyNumMark) {
+		if err == nil && strings.Contains(got, pyMarkRune) {
 			err = errNumberLeak
 		}
 		if strings.HasPrefix(want, "ERR:") {
@@ -63,7 +63,11 @@ func TestPrintTagsRewrite(t *testing.T) {
 		{`{{ x|trim }}{{ x | tojson(indent=2) }}{{ xs|join(', ') }}`, `{{ x|trim }}{{ x | tojson(indent=2) }}{{ xs|join(', ') }}`},
 		// The filter is not the last operation: printed.
 		{`{{ x|trim if c else y }}`, `{{ (x|trim if c else y)|kvroute_print }}`},
-		{`{{ x|trim ~ y }}`, `{{ (x|trim ~ y)|kvroute_print }}`},
+		// '~' at the top level: one printed tag per operand, unless '+' or
+		// '-' (looser than '~' in Jinja2) or anything looser is there too.
+		{`{{- x|trim ~ y -}}`, `{{- x|trim }}{{ (y)|kvroute_print -}}`},
+		{`{{ '<' ~ n ~ '>' }}`, `{{ '<' }}{{ (n)|kvroute_print }}{{ '>' }}`},
+		{`{{ a ~ b + c }}{{ a ~ b if c }}`, `{{ (a ~ b + c)|kvroute_print }}{{ (a ~ b if c)|kvroute_print }}`},
 		{`{{ x|length }}`, `{{ (x|length)|kvroute_print }}`},
 		{`{{ x|replace('a', ')')|first }}`, `{{ (x|replace('a', ')')|first)|kvroute_print }}`},
 		{`{{ x|replace("|", 'b') }}`, `{{ x|replace("|", 'b') }}`},
@@ -71,7 +75,10 @@ func TestPrintTagsRewrite(t *testing.T) {
 		// A string method's result, and a sum with a string literal.
 		{`{{ x.strip('\n') }}{{ m.content + '\n\n' }}`, `{{ x.strip('\n') }}{{ m.content + '\n\n' }}`},
 		{`{{ x.strip()[0] }}{{ x.split(',') }}{{ x.strip }}{{ a + b }}`, `{{ (x.strip()[0])|kvroute_print }}{{ (x.split(','))|kvroute_print }}{{ (x.strip)|kvroute_print }}{{ (a + b)|kvroute_print }}`},
-		// Statements, comments and raw blocks are not touched.
+		// A set statement's '~' chain keeps its chain, its operands printed.
+		{`{%- set ns.x = ns.x ~ ',' ~ i -%}{% set y = a ~ b + c %}{% set z %}{{ q }}{% endset %}`,
+			`{%- set ns.x = (ns.x)|kvroute_print ~ ',' ~ (i)|kvroute_print -%}{% set y = a ~ b + c %}{% set z %}{{ (q)|kvroute_print }}{% endset %}`},
+		// Other statements, comments and raw blocks are not touched.
 		{`{% set y = x %}{# {{ x }} #}`, `{% set y = x %}{# {{ x }} #}`},
 		{`{% raw %}{{ x }}{% endraw %}{{ y }}`, `{% raw %}{{ x }}{% endraw %}{{ y }}`},
 	} {
@@ -94,6 +101,8 @@ func FuzzPrintTags(f *testing.F) {
 	for _, s := range []string{
 		`a{{- x -}}b{{ x|trim if c else y }}`, `{{ x ~ y|trim }}{{ x.strip() + '\n' }}`, `{{ (x) }}{{ x|replace('|', ')') }}`,
 		`{{ messages }}{{ messages[0] }}{{ c }}{{ 7 // 2 }}`, `{{ 'a' if c }}{{ x, y }}{{ -n }}{{ not c }}`,
+		`{{- '<' ~ x ~ '>' -}}{{ x ~ y|length }}{{ x ~ n is defined }}`, `{% set s = x ~ '-' ~ y %}{{ s }}{%- set t = (x ~ y) ~ m -%}{{ t }}`,
+		`{% set ns = namespace(a='') %}{% for m in messages %}{% set ns.a = ns.a ~ m.role ~ ',' %}{% endfor %}{{ ns.a }}`,
 	} {
 		f.Add(s)
 	}
