@@ -187,6 +187,23 @@ func TestRenderSized(t *testing.T) {
 // fuzzer mutates them (tags, quotes, operators, delimiters inside
 // strings). Templates that could render without bound (range, string
 // repetition) or are large are skipped.
+// fuzzTemplateData is a render's data for the template fuzzers: a
+// conversation whose every content (and tool call argument) is the JSON
+// value v, and names m, x, y and n bound to v.
+func fuzzTemplateData(tb testing.TB, v string) map[string]jinja.Value {
+	msgs, err := jsonValue(json.RawMessage(`[{"role": "system", "content": ` + v + `}, {"role": "user", "content": ` + v + `},
+		{"role": "assistant", "content": ` + v + `, "tool_calls": [{"function": {"name": "f", "arguments": {"a": ` + v + `}}}]}]`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	x, err := jsonValue(json.RawMessage(v))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
+		"add_generation_prompt": jinja.NewBool(true), "bos_token": jinja.NewString("<s>")}
+}
+
 func FuzzSplitConcat(f *testing.F) {
 	srcs, _ := chatTemplateSources(f)
 	for _, src := range srcs {
@@ -204,17 +221,9 @@ func FuzzSplitConcat(f *testing.F) {
 	// one sees.
 	values := []string{`"plain"`, `7`, `[1, "a"]`, `null`, `{"k": "v"}`, `"with {{ and }} and 'q'"`}
 	input := func(tb testing.TB, v string) map[string]jinja.Value {
-		msgs, err := jsonValue(json.RawMessage(`[{"role": "system", "content": ` + v + `}, {"role": "user", "content": ` + v + `},
-			{"role": "assistant", "content": ` + v + `, "tool_calls": [{"function": {"name": "f", "arguments": {"a": ` + v + `}}}]}]`))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		x, err := jsonValue(json.RawMessage(v))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
-			"add_generation_prompt": jinja.NewBool(true), "tools": jinja.None(), "bos_token": jinja.NewString("<s>")}
+		data := fuzzTemplateData(tb, v)
+		data["tools"] = jinja.None()
+		return data
 	}
 	f.Fuzz(func(t *testing.T, src string) {
 		if len(src) > 16<<10 || strings.Contains(src, "range") || strings.Contains(src, "*") {

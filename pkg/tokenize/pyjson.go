@@ -241,6 +241,18 @@ func writeU(sb *strings.Builder, r rune) {
 	sb.WriteByte(hexDigits[r&15])
 }
 
+// filterArg is a filter's argument given by keyword name, else at
+// position pos (the value itself is position 0).
+func filterArg(args []jinja.Value, kwargs map[string]jinja.Value, pos int, name string) (jinja.Value, bool) {
+	if v, ok := kwargs[name]; ok {
+		return v, true
+	}
+	if pos < len(args) {
+		return args[pos], true
+	}
+	return jinja.Value{}, false
+}
+
 // pyTojson is the tojson filter of HuggingFace's template environment:
 // tojson(x, ensure_ascii=False, indent=None, separators=None,
 // sort_keys=False), arguments by position or keyword.
@@ -248,15 +260,7 @@ func pyTojson(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, e
 	if len(args) == 0 {
 		return jinja.Value{}, errors.New("tojson: missing value")
 	}
-	arg := func(pos int, name string) (jinja.Value, bool) {
-		if v, ok := kwargs[name]; ok {
-			return v, true
-		}
-		if pos < len(args) {
-			return args[pos], true
-		}
-		return jinja.Value{}, false
-	}
+	arg := func(pos int, name string) (jinja.Value, bool) { return filterArg(args, kwargs, pos, name) }
 	o := pyDumpOpts{itemSep: ", ", keySep: ": "}
 	if v, ok := arg(1, "ensure_ascii"); ok {
 		o.ensureASCII = v.IsTruthy()
@@ -312,10 +316,7 @@ func pyTrim(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	chars, ok := kwargs["chars"]
-	if !ok && len(args) > 1 {
-		chars, ok = args[1], true
-	}
+	chars, ok := filterArg(args, kwargs, 1, "chars")
 	if ok && !chars.IsNone() && !chars.IsUndefined() {
 		if !chars.IsString() {
 			return jinja.Value{}, errors.New("trim: chars must be a string")

@@ -225,17 +225,8 @@ func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 	if len(args) == 0 {
 		return jinja.Value{}, errors.New("join: missing value")
 	}
-	arg := func(pos int, name string) (jinja.Value, bool) {
-		if v, ok := kwargs[name]; ok {
-			return v, true
-		}
-		if pos < len(args) {
-			return args[pos], true
-		}
-		return jinja.Value{}, false
-	}
 	sep := ""
-	if d, ok := arg(1, "d"); ok {
+	if d, ok := filterArg(args, kwargs, 1, "d"); ok {
 		s, err := pyStr(d)
 		if err != nil {
 			return jinja.Value{}, err
@@ -257,7 +248,7 @@ func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 	default:
 		return jinja.Value{}, fmt.Errorf("%w: join of a %s in a template", ErrUnsupported, pyTypeName(v))
 	}
-	attr, hasAttr := arg(2, "attribute")
+	attr, hasAttr := filterArg(args, kwargs, 2, "attribute")
 	if hasAttr && (attr.IsNone() || attr.IsUndefined()) {
 		hasAttr = false
 	}

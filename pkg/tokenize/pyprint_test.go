@@ -107,19 +107,6 @@ func FuzzPrintTags(f *testing.F) {
 		f.Add(s)
 	}
 	values := []string{`"plain"`, `7`, `"with {{ and }}"`, `["a", 1]`, `{"k": "v"}`}
-	input := func(tb testing.TB, v string) map[string]jinja.Value {
-		msgs, err := jsonValue(json.RawMessage(`[{"role": "system", "content": ` + v + `}, {"role": "user", "content": ` + v + `},
-			{"role": "assistant", "content": ` + v + `, "tool_calls": [{"function": {"name": "f", "arguments": {"a": ` + v + `}}}]}]`))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		x, err := jsonValue(json.RawMessage(v))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return map[string]jinja.Value{"messages": msgs, "m": x, "x": x, "y": x, "n": x, "c": jinja.NewBool(true),
-			"add_generation_prompt": jinja.NewBool(true), "bos_token": jinja.NewString("<s>")}
-	}
 	f.Fuzz(func(t *testing.T, src string) {
 		if len(src) > 16<<10 || strings.Contains(src, "range") || strings.Contains(src, "*") || strings.Contains(src, "/") {
 			return
@@ -134,8 +121,8 @@ func FuzzPrintTags(f *testing.F) {
 			return // compileTemplate keeps the template as written
 		}
 		for _, v := range values {
-			want, werr := renderSafe(orig, input(t, v), 0)
-			got, gerr := renderSafe(cut, input(t, v), 0)
+			want, werr := renderSafe(orig, fuzzTemplateData(t, v), 0)
+			got, gerr := renderSafe(cut, fuzzTemplateData(t, v), 0)
 			if werr == nil && errors.Is(gerr, ErrUnsupported) {
 				continue // printing a macro or a function: refused, not guessed
 			}
