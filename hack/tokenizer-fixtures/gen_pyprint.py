@@ -7,13 +7,13 @@ X = r'''{"none": null, "t": true, "f": 2.0, "big": 12345678901234567890123456789
  "tools": [{"function": {"name": "get", "description": null}}, {"function": {"name": "put", "description": "Put it"}}],
  "d": {"b": {"c": [1, "x"]}, "a": null}}'''
 cases = [
- "[{{ x.none }}]", "{{ x.t }}|{{ x.f }}|{{ x.big }}|{{ x.tiny }}", "{{ x.parts }}", "{{ x.parts[0].text|trim }}|{{ x.parts|trim }}",
+ "[{{ x.none }}]", "{{ x.t }}|{{ x.tiny }}", "{{ x.f }}", "{{ x.big }}|{{ x.f|string }}", "{{ [x.f] }}", "{{ x.parts }}", "{{ x.parts[0].text|trim }}|{{ x.parts|trim }}",
  "{{ x.s }}|{{ [x.s] }}|{{ [x.parts[0].text] }}", "{{ [x.u] }}", "{{ x.mixed }}", "{{ x.mixed|string }}|{{ x.none|string }}",
  "{{ x.mixed|join(', ') }}", "{{ x.tools|map(attribute='function')|join('/', attribute='description') }}",
  "{{ x.d }}|{{ x.d|join(',') }}|{{ 'abc'|join('-') }}", "{{ 1.5 * 2 }}|{{ 7 / 2 }}|{{ 10 / 5 }}", "<{{ x.missing }}>",
  "a {{- x.none -}} b", "{% for t in x.tools %}{description:<escape>{{- t['function']['description'] -}}<escape>}{% endfor %}",
  "{{ 'x' + x.s + 'y' }}", "{{ x.none if x.t }}|{{ x.none if not x.t }}",
- "{{ 'a' ~ x.none ~ x.f ~ x.big ~ x.tiny ~ x.parts ~ x.missing }}", "{{ x.none ~ 1 ~ x.t }}", "{{ 'a' ~ x.s + 'b' }}",
+ "{{ 'a' ~ x.none ~ x.tiny ~ x.parts ~ x.missing }}", "{{ 'a' ~ x.f ~ x.big }}", "{{ x.none ~ 1 ~ x.t }}", "{{ 'a' ~ x.s + 'b' }}",
  "{% set s = 'n=' ~ x.none %}{{ s }}",
 ]
 out = []

@@ -125,12 +125,12 @@
 //     1e+16; U+2028/U+2029 raw); trim is str.strip (U+001C..U+001F
 //     included). Both replace the Jinja engine's own filters (jinjafix.go).
 //   - What an output tag prints is Python's str() (pyprint.go): None is
-//     "None", a float its repr, a list or a dict its repr with Python's
-//     quoting and escapes (str.isprintable by Go's Unicode 15.0 tables,
-//     CPython 3.12's version). The engine prints None as nothing and
-//     containers its own way, with no hook for either, so every output tag
-//     whose value is not a string by construction is compiled through a
-//     kvroute_print filter (printTags), a '~' chain in a tag or a set
+//     "None", a computed float its repr, a list or a dict its repr with
+//     Python's quoting and escapes (str.isprintable by Go's Unicode 15.0
+//     tables, CPython 3.12's version). The engine prints None as nothing
+//     and containers its own way, with no hook for either, so every output
+//     tag whose value is not a string by construction is compiled through
+//     a kvroute_print filter (printTags), a '~' chain in a tag or a set
 //     statement through it operand by operand (Jinja2's '~' is str() of
 //     each), and the string and join filters are replaced with ones
 //     printing the same str().
@@ -144,10 +144,13 @@
 //     Tests render every family's template both ways.
 //   - JSON numbers become what json.loads makes of them. An integer beyond
 //     int64, or a float the engine would print unlike Python's repr, is
-//     carried as its Python text behind an internal mark that tojson, trim,
-//     string, join, '~' and output tags print; a template printing it any
-//     other way (the engine's '+', or upper) gets ErrUnsupported
-//     (the request falls back) instead of a silently different prompt.
+//     carried as its Python text behind an internal mark that tojson and
+//     trim print; a template printing it any other way (an output tag,
+//     string, join, '~', upper) gets ErrUnsupported (the request falls
+//     back) instead of a silently different prompt. The engine's tests
+//     take a marked number for a string ('is string' true, 'is number'
+//     false), so a branch taken before such a print may differ from
+//     Python's: printing the digits there would hide it.
 //     Likewise a template calling .strip()/.lstrip()/.rstrip() without
 //     arguments (the engine's white-space set is narrower than Python's)
 //     refuses requests whose strings hold the characters that differ.

@@ -34,8 +34,9 @@ type pyDumpOpts struct {
 // cannot hold or print as Python does, carried as a template string: an
 // integer outside int64 (the engine's integers are int64; Python's are
 // unbounded), and a float the engine would print differently from
-// Python's repr (it prints 2.0 as "2"). tojson, trim, string, join and
-// output tags print the text after the mark. Input strings starting with
+// Python's repr (it prints 2.0 as "2"). tojson and trim print the text
+// after the mark (output tags, string, join and '~' keep it: see
+// pyPrint). Input strings starting with
 // the mark are refused (jsonValue), and so is a rendered prompt still
 // holding its first rune, the noncharacter U+FDD0 (the template printed
 // the number some other way, perhaps changing the mark's letters, as upper

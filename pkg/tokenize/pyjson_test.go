@@ -82,36 +82,31 @@ func TestNumbersOutsideTojsonAreRefused(t *testing.T) {
 	if err != nil || out != `hi[{"type": "function", "function": {"name": "n", "description": null, "parameters": {"n": 123456789012345678901234567890, "f": 2.0}}}]` {
 		t.Fatalf("tojson path: %q, %v", out, err)
 	}
-	// The template prints the number directly: as Python's str(), "2.0"
-	// and every digit of an integer beyond int64.
-	cfg2 := `{"chat_template": "{% for t in tools %}{{ t.function.parameters.f }}{% endfor %}"}`
-	ct2, err := ParseChatTemplate([]byte(cfg2))
+	// The template prints the number directly, through string or join, or
+	// with '~' or upper: refused, not printed. Python prints "2.0", but the
+	// engine's own tests take the marked number for a string, so a branch
+	// before the print may have gone another way than Python's.
+	for _, src := range []string{`{{ t.function.parameters.f }}`, `{{ t.function.parameters.f|string }}`,
+		`{{ [t.function.parameters.f]|join }}`, `{{ 'f=' ~ t.function.parameters.f }}`, `{{ t.function.parameters.f|upper }}`,
+		`{{ [t.function.parameters.f] }}`} {
+		ct2, err := ParseChatTemplate([]byte(`{"chat_template": "{% for t in tools %}` + src + `{% endfor %}"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
+			tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
+			if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
+				t.Errorf("%s with f %s: %q, %v; want ErrUnsupported", src, f, out, err)
+			}
+		}
+	}
+	// 2.5 prints the same in both: rendered.
+	ct2, err := ParseChatTemplate([]byte(`{"chat_template": "{% for t in tools %}{{ t.function.parameters.f }}{% endfor %}"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{`2.0`, `123456789012345678901234567890`, `2.5`, `1e-05`, `1E+16`} {
-		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
-		want := map[string]string{`1e-05`: "1e-05", `1E+16`: "1e+16"}[f]
-		if want == "" {
-			want = f
-		}
-		if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); err != nil || out != want {
-			t.Errorf("%s printed directly: %q, %v; want %q", f, out, err, want)
-		}
-	}
-	// Used any other way (here the upper filter, which the engine applies
-	// to its own text of the value, the mark's letters included), the
-	// number is refused, not misrendered.
-	cfg3 := `{"chat_template": "{% for t in tools %}{{ t.function.parameters.f|upper }}{% endfor %}"}`
-	ct3, err := ParseChatTemplate([]byte(cfg3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{`2.0`, `123456789012345678901234567890`} {
-		tools := `[{"type": "function", "function": {"name": "n", "parameters": {"f": ` + f + `}}}]`
-		if _, err := ct3.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(tools)}); !errors.Is(err, ErrUnsupported) {
-			t.Errorf("%s upper-cased: err = %v, want ErrUnsupported", f, err)
-		}
+	if out, err := ct2.Render(ChatInput{Messages: msgs, Tools: json.RawMessage(`[{"type": "function", "function": {"name": "n", "parameters": {"f": 2.5}}}]`)}); err != nil || out != "2.5" {
+		t.Errorf("2.5 printed directly: %q, %v", out, err)
 	}
 	// A string that looks like the internal mark is refused.
 	bad := json.RawMessage(`[{"role": "user", "content": "` + pyNumMark + `1"}]`)

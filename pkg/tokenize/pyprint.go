@@ -194,13 +194,17 @@ func endsWithCall(expr string, sep byte, names map[string]bool) bool {
 }
 
 // pyPrint is the kvroute_print filter: str() of its value as an output
-// tag writes it. Undefined prints as nothing, as in Jinja2.
+// tag writes it. Undefined prints as nothing, as in Jinja2. A number
+// behind pyNumMark is passed through with its mark, and the render is
+// refused: the engine's tests take it for a string ('is string' true, 'is
+// number' false), so a template that branched on it may have gone another
+// way than Python's, and printing its digits would hide that.
 func pyPrint(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 	if len(args) == 0 {
 		return jinja.Value{}, errors.New(printFilter + ": missing value")
 	}
 	v := args[0]
-	if v.IsString() && !strings.HasPrefix(v.AsString(), pyNumMark) || v.IsUndefined() {
+	if v.IsString() || v.IsUndefined() {
 		return v, nil
 	}
 	s, err := pyStr(v)
@@ -208,6 +212,15 @@ func pyPrint(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) 
 		return jinja.Value{}, err
 	}
 	return jinja.NewString(s), nil
+}
+
+// pyText is str(v) as pyPrint prints it: a string as it is (a marked
+// number with its mark, which the render's check refuses), else pyStr.
+func pyText(v jinja.Value) (string, error) {
+	if v.IsString() {
+		return v.AsString(), nil
+	}
+	return pyStr(v)
 }
 
 // pyStringFilter is Jinja2's string filter: str() of the value.
@@ -227,7 +240,7 @@ func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 	}
 	sep := ""
 	if d, ok := filterArg(args, kwargs, 1, "d"); ok {
-		s, err := pyStr(d)
+		s, err := pyText(d)
 		if err != nil {
 			return jinja.Value{}, err
 		}
@@ -266,7 +279,7 @@ func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 			}
 			item = got
 		}
-		s, err := pyStr(item)
+		s, err := pyText(item)
 		if err != nil {
 			return jinja.Value{}, err
 		}
@@ -300,10 +313,11 @@ func pyTypeName(v jinja.Value) string {
 }
 
 // pyRepr writes repr(v) for the values a template sees from a request:
-// strings, numbers (a marked one as its Python text), booleans, None,
-// lists and dicts, and an undefined value as Jinja2's Undefined prints. A
-// callable inside a container is refused: Jinja2 would print a name this
-// engine does not have.
+// strings, numbers, booleans, None, lists and dicts, and an undefined
+// value as Jinja2's Undefined prints. A marked number is written with its
+// mark, for the render's check to refuse (see pyPrint). A callable inside
+// a container is refused: Jinja2 would print a name this engine does not
+// have.
 func pyRepr(b *strings.Builder, v jinja.Value, depth int) error {
 	if depth > maxJSONDepth {
 		return fmt.Errorf("%w: a value nested too deep to print", ErrUnsupported)
@@ -311,8 +325,8 @@ func pyRepr(b *strings.Builder, v jinja.Value, depth int) error {
 	switch {
 	case v.IsString():
 		s := v.AsString()
-		if text, ok := strings.CutPrefix(s, pyNumMark); ok {
-			b.WriteString(pyNumberStr(text))
+		if strings.HasPrefix(s, pyNumMark) {
+			b.WriteString(s)
 			return nil
 		}
 		pyfmt.WriteStringRepr(b, s)

@@ -449,8 +449,8 @@ func TestRemoteSGLangShape(t *testing.T) {
 }
 
 // TestLocalUnsupportedAsksTheEngine: a request the local tokenizer knows
-// it cannot reproduce (here a template upper-casing a float, which only
-// Python prints as "2.0") is tokenized by the engine when one can be asked, and only
+// it cannot reproduce (here a template printing a float as only Python
+// prints it) is tokenized by the engine when one can be asked, and only
 // without one falls back to approximate tokens.
 func TestLocalUnsupportedAsksTheEngine(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -458,7 +458,7 @@ func TestLocalUnsupportedAsksTheEngine(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	defer srv.Close()
 	mc := localConfig(t, "qwen3")
-	mc.EngineChat.Template = "{{ messages[0].content }}|{{ tools[0].function.parameters.properties.days.default|upper }}"
+	mc.EngineChat.Template = "{{ messages[0].content }}|{{ tools[0].function.parameters.properties.days.default }}"
 	in := route.TokenizeInput{Chat: true, Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), AddGenerationPrompt: true,
 		Tools: json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"days":{"type":"number","default":2.0}}}}}]`)}
 	reg := prometheus.NewRegistry()
