@@ -23,5 +23,15 @@ for c in cases:
     except Exception as e:
         r = "ERR:" + type(e).__name__
     out.append((c, r))
-json.dump({"data": X, "cases": out}, open("pyprint_cases.json", "w"), indent=1, ensure_ascii=False)
+# The case filters, each on one value of its own (str() of it, Python's
+# full case mapping, Jinja2's word breaks for title).
+case_values = ["user_id", "it's a test", "hello-world foo(bar) [x] <y>", "\u00c9COLE stra\u00dfe \u01c6 \ufb01", "\u00df",
+               "\u0130stanbul", "\u03a3\u0391\u03a3 \u039f\u0394\u039f\u03a3", "mIxEd CaSe", "a\tb\nc\u001fd", "x1y 2z", "",
+               "  lead", "o'neil mc'donald", None, 1.5, 7, True, ["a", 1]]
+per_value = []
+for v in case_values:
+    for f in ["upper", "lower", "capitalize", "title"]:
+        src = "{{ x|" + f + " }}"
+        per_value.append((src, json.dumps(v), env.from_string(src).render(x=v)))
+json.dump({"data": X, "cases": out, "per_value": per_value}, open("pyprint_cases.json", "w"), indent=1, ensure_ascii=False)
 for c, r in out: print(repr(c), "=>", repr(r))

@@ -133,7 +133,9 @@
 //     a kvroute_print filter (printTags), a '~' chain in a tag or a set
 //     statement through it operand by operand (Jinja2's '~' is str() of
 //     each), and the string and join filters are replaced with ones
-//     printing the same str().
+//     printing the same str(); upper, lower, capitalize and title are
+//     Python's and Jinja2's (pycase.go: full case mapping, a final sigma,
+//     title's word breaks).
 //   - Two changes of how a template runs, neither of what it prints: an
 //     output tag concatenating onto a string literal ({{ '<|im_start|>' +
 //     role + '\n' + content }}) is compiled as one tag per operand

@@ -13,12 +13,14 @@ import (
 // 1e+16's Go spelling, integers beyond int64 as floats, ignores ensure_ascii
 // and sort_keys and escapes U+2028/U+2029; trim strips Go's white space,
 // which lacks U+001C..U+001F. Its string and join filters print None as
-// nothing and lists without Python's repr. Its newer releases need a newer
-// Go than this module builds with, and it has no public way to register
-// filters, so those four are replaced, and kvroute_print (pyprint.go)
-// added, in its shared built-in scope, once, at package initialisation
-// (before any render can run). TestJinjaFiltersReplaced fails if a version
-// bump changes the engine's layout.
+// nothing and lists without Python's repr, and its upper, lower,
+// capitalize and title map case otherwise than Python (pycase.go). Its
+// newer releases need a newer Go than this module builds with, and it has
+// no public way to register filters, so those eight are replaced, and
+// kvroute_print (pyprint.go) added, in its shared built-in scope, once, at
+// package initialisation (before any render can run).
+// TestJinjaFiltersReplaced fails if a version bump changes the engine's
+// layout.
 
 // jinjaScope mirrors the engine's unexported scope struct.
 type jinjaScope struct {
@@ -46,6 +48,10 @@ func init() {
 	s.vars["__filter_string"] = jinja.NewCallable("string", pyStringFilter)
 	s.vars["__filter_join"] = jinja.NewCallable("join", pyJoin)
 	s.vars["__filter_"+printFilter] = jinja.NewCallable(printFilter, pyPrint)
+	s.vars["__filter_upper"] = jinja.NewCallable("upper", caseFilter("upper", pyUpper))
+	s.vars["__filter_lower"] = jinja.NewCallable("lower", caseFilter("lower", pyLower))
+	s.vars["__filter_capitalize"] = jinja.NewCallable("capitalize", caseFilter("capitalize", pyCapitalize))
+	s.vars["__filter_title"] = jinja.NewCallable("title", caseFilter("title", pyTitle))
 	jinjaFiltersReplaced = true
 }
 

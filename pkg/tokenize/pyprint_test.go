@@ -14,7 +14,7 @@ import (
 // is compiled, the templates of testdata/pyprint_cases.json, whose outputs
 // Jinja2 3.1.6 gave (hack/tokenizer-fixtures/gen_pyprint.py, HuggingFace's
 // sandboxed environment): None, floats, lists and dicts printed by output
-// tags, '~' and the string, join and trim filters. A case printing x.f
+// tags, '~' and the string, join and trim filters, and the case filters. A case printing x.f
 // (2.0) or x.big (beyond int64), numbers the engine carries behind
 // pyNumMark, must be refused instead (see pyPrint).
 func TestPrintedAsPython(t *testing.T) {
@@ -23,8 +23,9 @@ func TestPrintedAsPython(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ref struct {
-		Data  string      `json:"data"`
-		Cases [][2]string `json:"cases"`
+		Data     string      `json:"data"`
+		Cases    [][2]string `json:"cases"`
+		PerValue [][3]string `json:"per_value"`
 	}
 	if err := json.Unmarshal(raw, &ref); err != nil {
 		t.Fatal(err)
@@ -58,6 +59,24 @@ func TestPrintedAsPython(t *testing.T) {
 		}
 		if err != nil || got != want {
 			t.Errorf("%s:\n got %q, %v\nwant %q", src, got, err, want)
+		}
+	}
+	// upper, lower, capitalize and title, each on a value of its own.
+	if len(ref.PerValue) == 0 {
+		t.Fatal("no per-value cases")
+	}
+	for _, c := range ref.PerValue {
+		src, raw, want := c[0], c[1], c[2]
+		v, err := jsonValue(json.RawMessage(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl, err := compileTemplate(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := renderSafe(tmpl, map[string]jinja.Value{"x": v}, 0); err != nil || got != want {
+			t.Errorf("%s with x = %s:\n got %q, %v\nwant %q", src, raw, got, err, want)
 		}
 	}
 }
