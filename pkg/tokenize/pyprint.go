@@ -23,7 +23,8 @@ import (
 // and prints. The engine has no hook for its printer, so printTags routes
 // every output tag through the kvroute_print filter (pyPrint) in the
 // template's source before it is compiled, and the engine's string and join
-// filters are replaced (see jinjafix.go) with ones that call the same str().
+// filters are replaced (see jinjafix.go) with ones that call the same str()
+// (its case filters too: pycase.go).
 
 // printFilter is the filter name printTags wraps output tags in.
 const printFilter = "kvroute_print"
@@ -39,9 +40,9 @@ const printFilter = "kvroute_print"
 //
 // A tag joining operands with '~' at its top level becomes one tag per
 // operand, each printed so: Jinja2's '~' is str() of each operand,
-// concatenated, where the engine's prints None as nothing and a marked
-// number with its mark; the split also spares the engine's copies of the
-// growing string, as splitConcat does for '+'.
+// concatenated, where the engine's prints None as nothing and lists its
+// own way; the split also spares the engine's copies of the growing
+// string, as splitConcat does for '+'.
 //
 // A set statement whose value is such a '~' chain ({% set s = a ~ b %})
 // keeps its chain with every operand printed so, the engine's '~' then
@@ -106,7 +107,7 @@ func printSet(body string) (string, bool) {
 
 // stringFilters are the filters whose result is a string for any input
 // they accept (Jinja2's, and this package's replacements of tojson, trim,
-// string and join).
+// string, join and the case filters).
 var stringFilters = map[string]bool{
 	"tojson": true, "trim": true, "string": true, "join": true, "upper": true, "lower": true,
 	"title": true, "capitalize": true, "replace": true, "indent": true, "center": true,
