@@ -204,7 +204,10 @@ func reprValue(b *strings.Builder, dec *json.Decoder, depth int) error {
 				if err != nil {
 					return fmt.Errorf("pyfmt: %w", err)
 				}
-				k := kt.(string)
+				k, ok := kt.(string)
+				if !ok {
+					return errors.New("pyfmt: an object key that is not a string")
+				}
 				var vb strings.Builder
 				if err := reprValue(&vb, dec, depth+1); err != nil {
 					return err

@@ -1,6 +1,7 @@
 package pyfmt
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
@@ -49,4 +50,21 @@ func TestReprJSON(t *testing.T) {
 			t.Errorf("ReprJSON(%.20q) = %q, want an error", bad, got)
 		}
 	}
+}
+
+// FuzzReprJSON: any input is printed or refused without a panic, and every
+// JSON document encoding/json accepts is printed.
+func FuzzReprJSON(f *testing.F) {
+	for _, s := range []string{`[{"a": "it's \"x\"", "b": [1, 2.0, null, true]}]`, `{"a": 1, "a": 2}`, `"\ud800"`, `1e400`, `[`, `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		out, err := ReprJSON(doc)
+		if json.Valid(doc) && err != nil {
+			t.Fatalf("valid JSON %q refused: %v", doc, err)
+		}
+		if err == nil && out == "" {
+			t.Fatalf("%q printed as nothing", doc)
+		}
+	})
 }
