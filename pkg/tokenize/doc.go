@@ -135,7 +135,8 @@
 //     each), and the string and join filters are replaced with ones
 //     printing the same str(); upper, lower, capitalize and title are
 //     Python's and Jinja2's (pycase.go: full case mapping, a final sigma,
-//     title's word breaks). TestJinjaDifferential holds the engine to
+//     title's word breaks), and first, last and list iterate a string or
+//     a dict as Python does. TestJinjaDifferential holds the engine to
 //     Jinja2 on 897 one-expression templates; what it still renders
 //     otherwise is listed in testdata/jinja_diff_known.txt.
 //   - Two changes of how a template runs, neither of what it prints: an

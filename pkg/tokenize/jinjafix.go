@@ -13,10 +13,11 @@ import (
 // 1e+16's Go spelling, integers beyond int64 as floats, ignores ensure_ascii
 // and sort_keys and escapes U+2028/U+2029; trim strips Go's white space,
 // which lacks U+001C..U+001F. Its string and join filters print None as
-// nothing and lists without Python's repr, and its upper, lower,
-// capitalize and title map case otherwise than Python (pycase.go). Its
-// newer releases need a newer Go than this module builds with, and it has
-// no public way to register filters, so those eight are replaced, and
+// nothing and lists without Python's repr, its upper, lower, capitalize
+// and title map case otherwise than Python, and its first, last and list
+// iterate only lists (pycase.go). Its newer releases need a newer Go than
+// this module builds with, and it has no public way to register filters,
+// so those eleven are replaced, and
 // kvroute_print (pyprint.go) added, in its shared built-in scope, once, at
 // package initialisation (before any render can run).
 // TestJinjaFiltersReplaced fails if a version bump changes the engine's
@@ -52,6 +53,9 @@ func init() {
 	s.vars["__filter_lower"] = jinja.NewCallable("lower", caseFilter("lower", pyLower))
 	s.vars["__filter_capitalize"] = jinja.NewCallable("capitalize", caseFilter("capitalize", pyCapitalize))
 	s.vars["__filter_title"] = jinja.NewCallable("title", caseFilter("title", pyTitle))
+	s.vars["__filter_first"] = jinja.NewCallable("first", pyFirst)
+	s.vars["__filter_last"] = jinja.NewCallable("last", pyLast)
+	s.vars["__filter_list"] = jinja.NewCallable("list", pyList)
 	jinjaFiltersReplaced = true
 }
 

@@ -2,6 +2,8 @@ package tokenize
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -99,4 +101,69 @@ func isASCII(s string) bool {
 		}
 	}
 	return true
+}
+
+// Jinja2's first, last and list filters iterate their value as Python
+// does: a list's items, a dict's keys, a string's characters. The engine's
+// take only lists (first and last give nothing otherwise, and list wraps a
+// dict or None in a list of one). A value Python cannot iterate is
+// refused.
+
+// pyItems is what iter(v) yields, for a list, a dict or a string.
+func pyItems(v jinja.Value, filter string) ([]jinja.Value, error) {
+	switch {
+	case v.IsList():
+		return v.AsList().Items, nil
+	case v.IsDict():
+		keys := v.AsDict().Keys
+		items := make([]jinja.Value, len(keys))
+		for i, k := range keys {
+			items[i] = jinja.NewString(k)
+		}
+		return items, nil
+	case v.IsString() && !strings.HasPrefix(v.AsString(), pyNumMark):
+		var items []jinja.Value
+		for _, r := range v.AsString() {
+			items = append(items, jinja.NewString(string(r)))
+		}
+		return items, nil
+	}
+	return nil, fmt.Errorf("%w: %s of a %s in a template", ErrUnsupported, filter, pyTypeName(v))
+}
+
+// pyFirst is Jinja2's first: the first item, or undefined when there is
+// none.
+func pyFirst(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Value{}, errors.New("first: missing value")
+	}
+	items, err := pyItems(args[0], "first")
+	if err != nil || len(items) == 0 {
+		return jinja.Undefined(), err
+	}
+	return items[0], nil
+}
+
+// pyLast is Jinja2's last: the last item, or undefined when there is none.
+func pyLast(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Value{}, errors.New("last: missing value")
+	}
+	items, err := pyItems(args[0], "last")
+	if err != nil || len(items) == 0 {
+		return jinja.Undefined(), err
+	}
+	return items[len(items)-1], nil
+}
+
+// pyList is Jinja2's list: a new list of the items.
+func pyList(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Value{}, errors.New("list: missing value")
+	}
+	items, err := pyItems(args[0], "list")
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	return jinja.NewList(slices.Clone(items)), nil
 }
