@@ -474,6 +474,10 @@ func TestLocalUnsupportedAsksTheEngine(t *testing.T) {
 	if n := counterValue(t, reg, "kvroute_tokenizer_requests_total", "local", "unsupported"); n != 1 {
 		t.Errorf("local unsupported counted %v times", n)
 	}
+	// The explanation says how often the local tokenizer refused, and why.
+	if ex := tok.Explain("m"); !strings.Contains(ex, "local refusals: 1, the latest: ") || !strings.Contains(ex, "a number the template engine cannot print as Python") {
+		t.Errorf("explain does not name the refusal: %s", ex)
+	}
 	// A plain chat stays local.
 	if got, err := tok.Tokenize(context.Background(), "m", route.TokenizeInput{Chat: true, Messages: in.Messages, AddGenerationPrompt: true}); err != nil || got.Source != SourceLocal {
 		t.Errorf("a chat the template prints: %s, %v", got.Source, err)

@@ -363,7 +363,8 @@ func (m *modelTokenizer) selfCheckState() SelfCheckState {
 }
 
 // Explain says in a sentence how model's prompts are tokenized and why,
-// with the fallbacks it took so far.
+// with the fallbacks it took so far and the requests its local tokenizer
+// refused (and why the latest was).
 func (t *Tokenizer) Explain(model string) string {
 	m := t.known(model)
 	if m == nil {
@@ -372,7 +373,7 @@ func (t *Tokenizer) Explain(model string) string {
 		}
 		return fmt.Sprintf("model %q: default tokenizer (%s), no request seen yet", model, t.def.Kind)
 	}
-	return m.explain() + "; fallbacks: " + m.fallbackCounts()
+	return m.explain() + "; fallbacks: " + m.fallbackCounts() + "; local refusals: " + m.refusalText()
 }
 
 // known returns model's tokenizer if it is configured or was built for a

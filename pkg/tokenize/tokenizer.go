@@ -79,9 +79,39 @@ type modelTokenizer struct {
 	loadErr  atomic.Pointer[error]
 
 	// fallbacks counts this model's fallbacks by "<kind>_<reason>"
-	// (explain; the metric has the same counts).
-	fbMu      sync.Mutex
-	fallbacks map[string]uint64
+	// (explain; the metric has the same counts). refusals counts the
+	// requests its local tokenizer refused as ones it cannot reproduce
+	// (ErrUnsupported: a template printing a number as only Python prints
+	// it, ...), lastRefusal says why the latest was (explain).
+	fbMu        sync.Mutex
+	fallbacks   map[string]uint64
+	refusals    uint64
+	lastRefusal string
+}
+
+// maxRefusalText bounds the reason explain keeps for a local refusal.
+const maxRefusalText = 300
+
+// noteRefusal records a local refusal and its reason.
+func (m *modelTokenizer) noteRefusal(err error) {
+	msg := err.Error()
+	if len(msg) > maxRefusalText {
+		msg = strings.ToValidUTF8(msg[:maxRefusalText], "") + "…"
+	}
+	m.fbMu.Lock()
+	defer m.fbMu.Unlock()
+	m.refusals++
+	m.lastRefusal = msg
+}
+
+// refusalText is "none", or the refusals so far and the latest reason.
+func (m *modelTokenizer) refusalText() string {
+	m.fbMu.Lock()
+	defer m.fbMu.Unlock()
+	if m.refusals == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d, the latest: %s", m.refusals, m.lastRefusal)
 }
 
 func (m *modelTokenizer) countFallback(why string) {
@@ -423,6 +453,9 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		toks, err = local.TokenizeContext(ctx, in)
 		if err == nil && t.checker != nil {
 			t.checker.maybeSubmit(m, in, toks.IDs)
+		}
+		if errors.Is(err, ErrUnsupported) {
+			m.noteRefusal(err)
 		}
 		if errors.Is(err, ErrUnsupported) && m.remote != nil && ctx.Err() == nil {
 			// The local tokenizer knows it cannot reproduce this request
