@@ -53,8 +53,8 @@ func init() {
 	s.vars["__filter_lower"] = jinja.NewCallable("lower", caseFilter("lower", pyLower))
 	s.vars["__filter_capitalize"] = jinja.NewCallable("capitalize", caseFilter("capitalize", pyCapitalize))
 	s.vars["__filter_title"] = jinja.NewCallable("title", caseFilter("title", pyTitle))
-	s.vars["__filter_first"] = jinja.NewCallable("first", pyFirst)
-	s.vars["__filter_last"] = jinja.NewCallable("last", pyLast)
+	s.vars["__filter_first"] = jinja.NewCallable("first", pyEnd("first", false))
+	s.vars["__filter_last"] = jinja.NewCallable("last", pyEnd("last", true))
 	s.vars["__filter_list"] = jinja.NewCallable("list", pyList)
 	jinjaFiltersReplaced = true
 }

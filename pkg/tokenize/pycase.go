@@ -131,29 +131,22 @@ func pyItems(v jinja.Value, filter string) ([]jinja.Value, error) {
 	return nil, fmt.Errorf("%w: %s of a %s in a template", ErrUnsupported, filter, pyTypeName(v))
 }
 
-// pyFirst is Jinja2's first: the first item, or undefined when there is
-// none.
-func pyFirst(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
-	if len(args) == 0 {
-		return jinja.Value{}, errors.New("first: missing value")
+// pyEnd is Jinja2's first (last false) or last: that item, or undefined
+// when there is none.
+func pyEnd(name string, last bool) func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) {
+	return func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		if len(args) == 0 {
+			return jinja.Value{}, errors.New(name + ": missing value")
+		}
+		items, err := pyItems(args[0], name)
+		if err != nil || len(items) == 0 {
+			return jinja.Undefined(), err
+		}
+		if last {
+			return items[len(items)-1], nil
+		}
+		return items[0], nil
 	}
-	items, err := pyItems(args[0], "first")
-	if err != nil || len(items) == 0 {
-		return jinja.Undefined(), err
-	}
-	return items[0], nil
-}
-
-// pyLast is Jinja2's last: the last item, or undefined when there is none.
-func pyLast(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
-	if len(args) == 0 {
-		return jinja.Value{}, errors.New("last: missing value")
-	}
-	items, err := pyItems(args[0], "last")
-	if err != nil || len(items) == 0 {
-		return jinja.Undefined(), err
-	}
-	return items[len(items)-1], nil
 }
 
 // pyList is Jinja2's list: a new list of the items.
