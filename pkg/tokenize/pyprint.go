@@ -80,23 +80,12 @@ func printSet(body string) (string, bool) {
 		return "", false
 	}
 	rest := t[len("set"):]
-	eq := -1
-	for i := 0; i < len(rest); i++ {
-		switch c := rest[i]; {
-		case c == '\'' || c == '"' || c == '(' || c == '[' || c == '{':
-			return "", false // the target is a name or an attribute
-		case c == '=':
-			if i+1 < len(rest) && rest[i+1] == '=' {
-				return "", false
-			}
-			eq = i
-		}
-		if eq >= 0 {
-			break
-		}
-	}
-	if eq < 0 {
-		return "", false // a block set: its body is tags of its own
+	// The target is a name or an attribute: a quote or a bracket before
+	// the first '=' (or '==') means this is no plain assignment, and no
+	// '=' is a block set, whose body is tags of its own.
+	eq := strings.IndexByte(rest, '=')
+	if eq < 0 || strings.ContainsAny(rest[:eq], "'\"([{") || strings.HasPrefix(rest[eq:], "==") {
+		return "", false
 	}
 	parts := printedOperands(strings.TrimSpace(rest[eq+1:]))
 	if parts == nil {
@@ -247,20 +236,9 @@ func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 		}
 		sep = s
 	}
-	var items []jinja.Value
-	switch v := args[0]; {
-	case v.IsList():
-		items = v.AsList().Items
-	case v.IsDict():
-		for _, k := range v.AsDict().Keys {
-			items = append(items, jinja.NewString(k))
-		}
-	case v.IsString() && !strings.HasPrefix(v.AsString(), pyNumMark):
-		for _, r := range v.AsString() {
-			items = append(items, jinja.NewString(string(r)))
-		}
-	default:
-		return jinja.Value{}, fmt.Errorf("%w: join of a %s in a template", ErrUnsupported, pyTypeName(v))
+	items, err := pyItems(args[0], "join")
+	if err != nil {
+		return jinja.Value{}, err
 	}
 	attr, hasAttr := filterArg(args, kwargs, 2, "attribute")
 	if hasAttr && (attr.IsNone() || attr.IsUndefined()) {
