@@ -409,6 +409,9 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 		}
 	}
 
+	// The decision's time includes the holder's lookup, when it asks the
+	// replicas.
+	start := time.Now()
 	rs := st.s.cfg.Responses
 	if rs != nil && pinID != "" {
 		var src respstore.Source
@@ -417,9 +420,8 @@ func (st *procStream) decide(body []byte) (*pick, *rejection) {
 	}
 
 	ctx, span := st.s.tracer.Start(ctx, "kvroute.decide")
-	start := time.Now()
 	dec, err := st.s.cfg.Decider.Decide(ctx, req)
-	if err != nil && req.Pin != "" && errors.Is(err, route.ErrNoReplica) {
+	if err != nil && errors.Is(err, route.ErrPinUnhealthy) {
 		// The holder is not healthy. Had the proxy retried the request that
 		// stored the response on another replica, that one holds it.
 		if addr, _ := rs.Elsewhere(ctx, req.Model, pinID, req.Pin); addr != "" {
@@ -483,10 +485,9 @@ func (st *procStream) commitRecords() {
 
 func (st *procStream) decideError(err error, req route.Request) *rejection {
 	switch {
+	case errors.Is(err, route.ErrPinUnhealthy):
+		return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "the replica storing the response this request names is not healthy"}
 	case errors.Is(err, route.ErrNoReplica):
-		if req.Pin != "" {
-			return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "the replica storing the response this request names is not healthy"}
-		}
 		if req.Subset != nil {
 			return &rejection{code: http.StatusServiceUnavailable, reason: ReasonNoReplica, message: "no eligible replica in the proxy's endpoint subset"}
 		}

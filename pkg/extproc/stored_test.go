@@ -82,12 +82,14 @@ func TestStoredResponses(t *testing.T) {
 		asked, stored, lost []string
 		pin                 string
 		refused             string // the decision fails: a 503 with this message
+		otherNoReplica      bool   // it fails with ErrNoReplica, not ErrPinUnhealthy
 	}{
 		{
 			name: "a continuation, pinned; its own response learned from the stream",
 			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_prev","stream":true}`,
 			resp: sse, chunks: []string{created[:40], created[40:] + delta},
-			asked: []string{"m resp_prev"}, stored: []string{"resp_new " + addr}, pin: "10.0.0.9:8000",
+			// Its own response is stored where it ran: at the pin.
+			asked: []string{"m resp_prev"}, stored: []string{"resp_new 10.0.0.9:8000"}, pin: "10.0.0.9:8000",
 		},
 		{
 			name: "an unknown continuation goes unpinned",
@@ -115,7 +117,7 @@ func TestStoredResponses(t *testing.T) {
 			name: "retrieval, pinned by its path; the holder's 404 unlearns it",
 			path: "/v1/responses/resp_prev?stream=false",
 			resp: []string{":status", "404", "content-type", "application/json"}, chunks: []string{`{"error":{"message":"Response with id 'resp_prev' not found."}}`},
-			asked: []string{" resp_prev"}, lost: []string{"resp_prev " + addr}, pin: "10.0.0.9:8000",
+			asked: []string{" resp_prev"}, lost: []string{"resp_prev 10.0.0.9:8000"}, pin: "10.0.0.9:8000",
 		},
 		{
 			name: "cancellation, pinned by its path",
@@ -129,6 +131,13 @@ func TestStoredResponses(t *testing.T) {
 			asked: []string{"m resp_prev", "m resp_prev 10.0.0.9:8000"}, pin: "10.0.0.9:8000", refused: "the replica storing the response this request names is not healthy",
 		},
 		{
+			// Any other reason for no replica (here the proxy's subset
+			// admits none) is no reason to look for the response elsewhere.
+			name: "a pinned request with no eligible replica for another reason",
+			path: "/v1/responses", body: `{"model":"m","input":"next","previous_response_id":"resp_prev"}`,
+			asked: []string{"m resp_prev"}, pin: "10.0.0.9:8000", refused: "no healthy replica serves the model", otherNoReplica: true,
+		},
+		{
 			name: "a chat completion is none of the store's business",
 			path: "/v1/chat/completions", body: chatBody,
 			resp: sse, chunks: []string{sseStream},
@@ -137,11 +146,15 @@ func TestStoredResponses(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			store := &storeLog{holders: map[string]string{"resp_prev": "10.0.0.9:8000"}}
 			dec := &fakeDecider{dec: decision()}
-			if c.refused != "" {
-				dec.err = fmt.Errorf("%w: the holder is down", route.ErrNoReplica)
+			switch {
+			case c.otherNoReplica:
+				dec.err = fmt.Errorf("%w: the subset admits none", route.ErrNoReplica)
+			case c.refused != "":
+				dec.err = fmt.Errorf("%w: the holder is down", route.ErrPinUnhealthy)
 			}
 			if c.pin != "" {
-				dec.dec.Pin = dec.dec.Address // the router held the pick to the pin
+				// The router held the pick to the pin.
+				dec.dec.Pin, dec.dec.Address, dec.dec.Fallbacks = c.pin, c.pin, nil
 			}
 			h := newHarness(t, Config{Decider: dec, Responses: store})
 			msgs := []*extprocv3.ProcessingRequest{withMode(reqHeaders(c.body == "", ":path", c.path), buffered, streamed)}
@@ -181,7 +194,7 @@ func TestStoredResponseHolderElsewhere(t *testing.T) {
 	dec := DeciderFunc(func(_ context.Context, req route.Request) (route.Decision, error) {
 		pins = append(pins, req.Pin)
 		if req.Pin == "10.0.0.9:8000" {
-			return route.Decision{}, fmt.Errorf("%w: the holder is down", route.ErrNoReplica)
+			return route.Decision{}, fmt.Errorf("%w: the holder is down", route.ErrPinUnhealthy)
 		}
 		d := decision()
 		d.Pin = req.Pin

@@ -465,7 +465,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 	}
 	if !healthy {
 		if req.Pin != "" {
-			return d, fmt.Errorf("%w: the replica at %s, which stores the response the request names, is not healthy", ErrNoReplica, req.Pin)
+			return d, fmt.Errorf("%w: %s stores the response the request names", ErrPinUnhealthy, req.Pin)
 		}
 		return d, fmt.Errorf("%w: none of %d replicas for model %q is healthy", ErrNoReplica, len(cands), req.Model)
 	}

@@ -200,13 +200,13 @@ func TestDecidePin(t *testing.T) {
 		{name: "holder gone: routed as any other", req: Request{Model: model, Tokens: prompt, Pin: "10.9.9.9:8000"}, want: free.Replica, nCands: 4},
 		{name: "holder of another model: not a candidate", req: Request{Model: model, Tokens: prompt, Pin: "10.0.1.1:8000"}, want: free.Replica, nCands: 4},
 		{name: "outside the subset: dropped", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.2:8000", Subset: []string{"10.0.0.0:8000"}}, want: "r0", nCands: 1},
-		{name: "unhealthy holder", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.3:8000"}, err: "the replica at 10.0.0.3:8000, which stores the response"},
+		{name: "unhealthy holder", req: Request{Model: model, Tokens: prompt, Pin: "10.0.0.3:8000"}, err: "10.0.0.3:8000 stores the response"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d, err := rt.Decide(t.Context(), tt.req)
 			if tt.err != "" {
-				if !errors.Is(err, ErrNoReplica) || !strings.Contains(err.Error(), tt.err) {
-					t.Fatalf("err %v, want ErrNoReplica naming %q", err, tt.err)
+				if !errors.Is(err, ErrPinUnhealthy) || !errors.Is(err, ErrNoReplica) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want ErrPinUnhealthy (an ErrNoReplica) naming %q", err, tt.err)
 				}
 				return
 			}

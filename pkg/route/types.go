@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/index"
@@ -17,6 +18,9 @@ var (
 	ErrNoReplica = errors.New("route: no healthy replica")
 	// ErrUnknownModel: no replica in the set serves the requested model.
 	ErrUnknownModel = errors.New("route: unknown model")
+	// ErrPinUnhealthy (an ErrNoReplica): the request is pinned
+	// (Request.Pin) and the replica at its pin is not healthy.
+	ErrPinUnhealthy = fmt.Errorf("%w: the pinned replica is not healthy", ErrNoReplica)
 )
 
 // Replica is one routable replica (or data-parallel rank) as the replica set
