@@ -21,7 +21,9 @@
 // each of the model's replicas at once (at most Config.LookupFanout),
 // bounded by Config.LookupTimeout; the first to answer 200 is the holder.
 // At most Config.LookupConcurrency lookups run at once: past that, and for
-// an id a lookup found nowhere in the last MissTTL, a request goes without
+// an id every asked replica answered 404 for in the last MissTTL (a
+// replica that did not answer in time may hold it: that is no miss), a
+// request goes without
 // one (routed as any other, where the engine answers 404), so that
 // clients sending unknown ids cannot multiply their requests by the fleet
 // size. Lost forgets a holder that answered 404 for an id (the engine
@@ -37,7 +39,8 @@
 // call: a lookup's requests are joined before Holder returns.
 //
 // Metrics: kvroute_responses_holder_total{source} (book, lookup, unknown,
-// skipped, busy), kvroute_responses_forgotten_total (ids pushed out of
-// Config.Memory), kvroute_responses_lookup_requests_total{outcome} (found,
-// not_found, error), kvroute_responses_remembered (ids in memory).
+// unanswered, skipped, busy), kvroute_responses_forgotten_total (ids
+// pushed out of Config.Memory),
+// kvroute_responses_lookup_requests_total{outcome} (found, not_found,
+// error, timeout), kvroute_responses_remembered (ids in memory).
 package respstore

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,7 +112,11 @@ type Source string
 const (
 	SourceBook    Source = "book"    // told (Stored), or found by an earlier lookup
 	SourceLookup  Source = "lookup"  // found now by asking the replicas
-	SourceUnknown Source = "unknown" // asked: no replica answered that it stores it
+	SourceUnknown Source = "unknown" // asked: every replica asked answered that it does not store it
+	// SourceUnanswered: asked, none answered that it stores it, and some
+	// did not answer within lookup_timeout (not remembered as a miss: the
+	// slow one may hold it).
+	SourceUnanswered Source = "unanswered"
 	SourceSkipped Source = "skipped" // not asked: lookups off, a recent miss, an overlong id, no replica
 	SourceBusy    Source = "busy"    // not asked: lookup_concurrency lookups were running
 )
@@ -150,11 +155,11 @@ func New(cfg Config, opts Options) (*Store, error) {
 		missed: newRing[time.Time](missMemory),
 		holders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_responses_holder_total",
-			Help: "Requests naming a stored response (previous_response_id, retrieval, cancellation), by how its holder was found: book, lookup, unknown, skipped.",
+			Help: "Requests naming a stored response (previous_response_id, retrieval, cancellation), by how its holder was found: book, lookup, unknown, unanswered, skipped, busy.",
 		}, []string{"source"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_responses_lookup_requests_total",
-			Help: "Lookup requests (GET /v1/responses/{id}) sent to replicas, by outcome: found, not_found, error.",
+			Help: "Lookup requests (GET /v1/responses/{id}) sent to replicas, by outcome: found, not_found, error, timeout (lookup_timeout ran out first).",
 		}, []string{"outcome"}),
 		forgotten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_responses_forgotten_total",
@@ -280,54 +285,76 @@ func (s *Store) find(ctx context.Context, model, id, not string) (string, Source
 	if len(addrs) == 0 {
 		return "", SourceSkipped
 	}
-	addr := s.lookup(ctx, addrs, id)
-	if addr == "" {
-		s.mu.Lock()
-		s.missed.put(id, now)
-		s.mu.Unlock()
-		return "", SourceUnknown
+	addr, notFound := s.lookup(ctx, addrs, id)
+	switch {
+	case addr != "":
+		s.Stored(id, addr)
+		return addr, SourceLookup
+	case notFound < len(addrs):
+		return "", SourceUnanswered
 	}
-	s.Stored(id, addr)
-	return addr, SourceLookup
+	s.mu.Lock()
+	s.missed.put(id, now)
+	s.mu.Unlock()
+	return "", SourceUnknown
 }
 
+// answer is one replica's answer to a lookup.
+type answer int
+
+const (
+	answerNone     answer = iota // no answer: an error, a timeout, or no longer needed
+	answerFound                  // 200
+	answerNotFound               // 404
+)
+
 // lookup asks every address at once whether it stores id, and returns the
-// first that does ("" when none did within the timeout). Every request has
-// ended when it returns.
-func (s *Store) lookup(ctx context.Context, addrs []string, id string) string {
+// first that does ("" when none did within the timeout) and how many
+// answered that they do not. Every request has ended when it returns.
+func (s *Store) lookup(ctx context.Context, addrs []string, id string) (string, int) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.LookupTimeout)
 	defer cancel()
 	found := make(chan string, len(addrs))
+	var notFound atomic.Int64
 	var wg sync.WaitGroup
 	for _, a := range addrs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if s.stores(ctx, a, id) {
+			switch s.stores(ctx, a, id) {
+			case answerFound:
 				found <- a
 				cancel() // the others need not answer
+			case answerNotFound:
+				notFound.Add(1)
 			}
 		}()
 	}
 	wg.Wait()
 	close(found)
-	return <-found // "" when the channel is empty
+	return <-found, int(notFound.Load()) // "" when the channel is empty
 }
 
-// stores asks the replica at addr for response id: 200 is a yes.
-func (s *Store) stores(ctx context.Context, addr, id string) bool {
+// stores asks the replica at addr for response id. Outcomes are counted:
+// found, not_found, error, and timeout when lookup_timeout ran out first
+// (a request no longer needed, the holder found elsewhere or the caller
+// gone, is not).
+func (s *Store) stores(ctx context.Context, addr, id string) answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/responses/"+url.PathEscape(id), nil)
 	if err != nil {
 		s.requests.WithLabelValues("error").Inc()
-		return false
+		return answerNone
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			s.requests.WithLabelValues("timeout").Inc()
+		case ctx.Err() == nil:
 			s.requests.WithLabelValues("error").Inc()
 			s.opts.Logger.Debug("response lookup failed", slog.String("addr", addr), slog.Any("err", err))
 		}
-		return false
+		return answerNone
 	}
 	// The stored response itself is not needed; a bounded drain lets the
 	// connection be reused for a short one.
@@ -336,13 +363,13 @@ func (s *Store) stores(ctx context.Context, addr, id string) bool {
 	switch resp.StatusCode {
 	case http.StatusOK:
 		s.requests.WithLabelValues("found").Inc()
-		return true
+		return answerFound
 	case http.StatusNotFound:
 		s.requests.WithLabelValues("not_found").Inc()
-	default:
-		s.requests.WithLabelValues("error").Inc()
+		return answerNotFound
 	}
-	return false
+	s.requests.WithLabelValues("error").Inc()
+	return answerNone
 }
 
 // ring is a map of at most len(order) entries that forgets the oldest put

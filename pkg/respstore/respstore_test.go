@@ -190,8 +190,14 @@ func TestLookupBounds(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	addr := strings.TrimPrefix(slow.URL, "http://")
+	// Past lookup_fanout: never asked.
+	past := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the address past lookup_fanout was asked: %s", r.URL)
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	t.Cleanup(past.Close)
 	s, _ := newStore(t, Config{LookupTimeout: 300 * time.Millisecond, LookupConcurrency: 1, LookupFanout: 1},
-		func(string) []string { return []string{addr, "127.0.0.1:1"} })
+		func(string) []string { return []string{addr, strings.TrimPrefix(past.URL, "http://")} })
 
 	done := make(chan Source)
 	start := time.Now()
@@ -209,17 +215,28 @@ func TestLookupBounds(t *testing.T) {
 	if _, src := s.Holder(t.Context(), "m", "resp_other"); src != SourceBusy {
 		t.Errorf("a lookup past the concurrency bound: %s, want busy", src)
 	}
-	if src := <-done; src != SourceUnknown {
-		t.Errorf("timed-out lookup: %s", src)
+	if src := <-done; src != SourceUnanswered {
+		t.Errorf("timed-out lookup: %s, want unanswered", src)
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("a lookup took %v with a 300ms timeout", el)
 	}
+	if got := testutil.ToFloat64(s.requests.WithLabelValues("timeout")); got != 1 {
+		t.Errorf("timeouts counted %v, want 1", got)
+	}
 	once.Do(func() { close(release) })
+	// A timeout is no miss: the slow replica may hold it, so the next
+	// request naming it asks again (now answered: a 404, remembered).
+	if _, src := s.Holder(t.Context(), "m", "resp_slow"); src != SourceUnknown {
+		t.Errorf("after a timeout, the next lookup: %s, want unknown (asked again)", src)
+	}
+	if _, src := s.Holder(t.Context(), "m", "resp_slow"); src != SourceSkipped {
+		t.Errorf("after every replica answered 404: %s, want skipped (a remembered miss)", src)
+	}
 	// The fan-out bound: only the first address was asked (the second
-	// would have been a refused connection, counted as an error).
+	// server fails the test if it is).
 	if got := testutil.ToFloat64(s.requests.WithLabelValues("error")); got != 0 {
-		t.Errorf("errors %v: the address past lookup_fanout was asked", got)
+		t.Errorf("errors %v", got)
 	}
 }
 
