@@ -15,7 +15,7 @@
 // request generates exactly max_tokens (finish_reason "length"), and n must
 // be 1. POST /v1/responses (the Responses API, as vLLM 0.33 serves it for a
 // model without the harmony format): the body is converted by
-// openai.ParseResponses into the chat request vLLM renders for it, tokenized
+// openai.ParseResponsesTurn into the chat request vLLM renders for it, tokenized
 // as a chat completion with add_special_tokens true and generated as
 // one (max_output_tokens, else the rest of the context). The answer is
 // {"id": the body's request_id, else "resp_...", "object": "response",

@@ -12,7 +12,7 @@ import (
 
 // responses serves POST /v1/responses as vLLM does for a model without the
 // harmony format: the body is converted into the chat request vLLM renders
-// for it (openai.ParseResponses), which then runs exactly as a chat
+// for it (openai.ParseResponsesTurn), which then runs exactly as a chat
 // completion does (chat template, add_special_tokens true as vLLM
 // tokenizes a Responses prompt, max_output_tokens or the rest of the
 // context, sampling), and the answer is a Responses object or event stream
@@ -27,7 +27,7 @@ func (s *server) responses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("", "invalid body: %v", err))
 		return
 	}
-	p, err := openai.ParseResponses(body)
+	p, err := openai.ParseResponsesTurn(body)
 	if err != nil {
 		writeError(w, badRequest("", "%s", strings.TrimPrefix(err.Error(), openai.ErrInvalidRequest.Error()+": ")))
 		return

@@ -208,7 +208,7 @@ func TestContinued(t *testing.T) {
 			`[{"role":"user","content":"q1","name":"ann"},{"role":"tool","content":"42","tool_call_id":"c1"},` +
 				`{"role":"assistant","content":"a1"},{"role":"assistant","content":"a2"},{"role":"user","content":"q2"},{"role":"user","content":"q3"}]`},
 	} {
-		p, err := openai.ParseResponses([]byte(c.body))
+		p, err := openai.ParseResponsesTurn([]byte(c.body))
 		if err != nil || p.Turn == nil {
 			t.Fatalf("%s: %v %+v", c.body, err, p)
 		}

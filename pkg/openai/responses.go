@@ -36,7 +36,17 @@ var ErrResponsesUnsupported = errors.New("openai: responses input not reproducib
 // why (wrapping ErrResponsesUnsupported) and Messages is nil; the request
 // itself is valid. A body that is not a valid Responses request is an error
 // wrapping ErrInvalidRequest.
-func ParseResponses(body []byte) (Request, error) {
+func ParseResponses(body []byte) (Request, error) { return parseResponses(body, false) }
+
+// ParseResponsesTurn is ParseResponses for an engine that stores
+// responses: a body continuing a stored response (previous_response_id)
+// has its own part of the prompt converted into Turn (and Tools, the
+// template arguments and the flags filled), for the engine to put around
+// the history it stored. A router does not need it: ParseResponses
+// leaves a continuation unconverted.
+func ParseResponsesTurn(body []byte) (Request, error) { return parseResponses(body, true) }
+
+func parseResponses(body []byte, turn bool) (Request, error) {
 	req := Request{Kind: KindResponses, AddSpecialTokens: true}
 	top, err := objectFields(body)
 	if err != nil {
@@ -96,7 +106,7 @@ func ParseResponses(body []byte) (Request, error) {
 	if !ok || isNull(input) {
 		return Request{}, fmt.Errorf("%w: input is required", ErrInvalidRequest)
 	}
-	req.Convert = convertResponses(&req, top)
+	req.Convert = convertResponses(&req, top, turn)
 	return req, nil
 }
 
@@ -136,10 +146,14 @@ type ResponsesTurn struct {
 }
 
 // convertResponses fills req's chat fields from the body; nil when done.
-// A body continuing a stored response (previous_response_id) is converted
-// into req.Turn, with Messages left nil, and reported as unsupported: its
-// prompt starts with history only the engine has.
-func convertResponses(req *Request, top map[string]json.RawMessage) error {
+// A body continuing a stored response (previous_response_id) is reported
+// as unsupported, its prompt starting with history only the engine has;
+// with turn it is first converted into req.Turn (Messages left nil).
+func convertResponses(req *Request, top map[string]json.RawMessage, turn bool) error {
+	errStored := fmt.Errorf("%w: previous_response_id names history stored by the engine", ErrResponsesUnsupported)
+	if req.PreviousResponseID != "" && !turn {
+		return errStored
+	}
 	var msgs []*message
 	if v, ok := top["instructions"]; ok && !isNull(v) {
 		var s string
@@ -192,7 +206,7 @@ func convertResponses(req *Request, top map[string]json.RawMessage) error {
 			t.System = b.Bytes()
 		}
 		req.Turn = t
-		return fmt.Errorf("%w: previous_response_id names history stored by the engine", ErrResponsesUnsupported)
+		return errStored
 	}
 	req.Messages = writeMessages(msgs)
 	return nil

@@ -140,8 +140,12 @@ func TestParseResponsesFields(t *testing.T) {
 	if err != nil || !errors.Is(req.Convert, ErrResponsesUnsupported) || req.Messages != nil || req.PromptCacheKey != "k" {
 		t.Errorf("previous_response_id: %v, %v, %s", err, req.Convert, req.Messages)
 	}
+	// A router converts none of it (a continuation's tools are not needed).
+	if req, _ = ParseResponses([]byte(`{"input":"x","previous_response_id":"resp_1","tools":[{"type":"function","name":"f"}]}`)); req.Turn != nil || req.Tools != nil {
+		t.Errorf("ParseResponses converted a continuation: turn %+v tools %s", req.Turn, req.Tools)
+	}
 	// Its own part of the prompt, for an engine to put around the history.
-	req, err = ParseResponses([]byte(`{"model":"m","instructions":"Be brief.","previous_response_id":"resp_1",` +
+	req, err = ParseResponsesTurn([]byte(`{"model":"m","instructions":"Be brief.","previous_response_id":"resp_1",` +
 		`"input":[{"type":"function_call_output","call_id":"c1","output":"42"},{"role":"user","content":"and?"}],"request_id":"resp_mine","store":false}`))
 	if err != nil || req.Turn == nil || req.ResponseID != "resp_mine" || req.Store || req.Background {
 		t.Fatalf("turn: %v %+v", err, req)
@@ -152,11 +156,11 @@ func TestParseResponsesFields(t *testing.T) {
 	if got, want := string(req.Turn.Input), `[{"role":"tool","content":"42","tool_call_id":"c1"},{"role":"user","content":"and?"}]`; got != want {
 		t.Errorf("turn input %s, want %s", got, want)
 	}
-	req, err = ParseResponses([]byte(`{"input":"x","previous_response_id":"resp_1","background":true}`))
+	req, err = ParseResponsesTurn([]byte(`{"input":"x","previous_response_id":"resp_1","background":true}`))
 	if err != nil || req.Turn == nil || req.Turn.System != nil || string(req.Turn.Input) != `[{"role":"user","content":"x"}]` || !req.Store || !req.Background || req.ResponseID != "" {
 		t.Errorf("turn without instructions: %v %+v", err, req)
 	}
-	if req, _ = ParseResponses([]byte(`{"input":"x"}`)); req.Turn != nil || !req.Store {
+	if req, _ = ParseResponsesTurn([]byte(`{"input":"x"}`)); req.Turn != nil || !req.Store {
 		t.Errorf("a first response: turn %+v store %v", req.Turn, req.Store)
 	}
 	for _, bad := range []string{``, `[]`, `{"model":"m"}`, `{"input":null}`, `{"input":"x","model":3}`, `{"input":"x","stream":"yes"}`,

@@ -117,8 +117,8 @@ const (
 	// did not answer within lookup_timeout (not remembered as a miss: the
 	// slow one may hold it).
 	SourceUnanswered Source = "unanswered"
-	SourceSkipped Source = "skipped" // not asked: lookups off, a recent miss, an overlong id, no replica
-	SourceBusy    Source = "busy"    // not asked: lookup_concurrency lookups were running
+	SourceSkipped    Source = "skipped" // not asked: lookups off, a recent miss, an overlong id, no replica
+	SourceBusy       Source = "busy"    // not asked: lookup_concurrency lookups were running
 )
 
 // Store is the router's memory of response holders.
