@@ -40,7 +40,8 @@
 //
 // Metrics: kvroute_responses_holder_total{source} (book, lookup, unknown,
 // unanswered, skipped, busy), kvroute_responses_forgotten_total (ids
-// pushed out of Config.Memory),
+// pushed out of Config.Memory), kvroute_responses_lost_total (holders
+// unlearned on their 404),
 // kvroute_responses_lookup_requests_total{outcome} (found, not_found,
 // error, timeout), kvroute_responses_remembered (ids in memory).
 package respstore

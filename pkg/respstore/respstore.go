@@ -135,6 +135,7 @@ type Store struct {
 	holders   *prometheus.CounterVec
 	requests  *prometheus.CounterVec
 	forgotten prometheus.Counter
+	lost      prometheus.Counter
 }
 
 // New returns a Store for a defaulted, valid cfg.
@@ -165,6 +166,10 @@ func New(cfg Config, opts Options) (*Store, error) {
 			Name: "kvroute_responses_forgotten_total",
 			Help: "Response ids forgotten to keep within responses.memory (their next request needs a lookup).",
 		}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_responses_lost_total",
+			Help: "Holders unlearned because they answered 404 for the response they were remembered for (an engine restarted and lost its store).",
+		}),
 	}
 	if s.client == nil {
 		s.client = enginehttp.Plain() // direct: an HTTP_PROXY is not the way to the replicas
@@ -174,7 +179,7 @@ func New(cfg Config, opts Options) (*Store, error) {
 			Name: "kvroute_responses_remembered",
 			Help: "Response ids whose holder the router remembers.",
 		}, func() float64 { return float64(s.Len()) })
-		for _, c := range []prometheus.Collector{s.holders, s.requests, s.forgotten, remembered} {
+		for _, c := range []prometheus.Collector{s.holders, s.requests, s.forgotten, s.lost, remembered} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("respstore: %w", err)
 			}
@@ -209,10 +214,14 @@ func (s *Store) Stored(id, addr string) {
 // it); a holder recorded since, elsewhere, stays.
 func (s *Store) Lost(id, addr string) {
 	s.mu.Lock()
-	if a, ok := s.held.get(id); ok && a == addr {
+	a, ok := s.held.get(id)
+	if ok && a == addr {
 		s.held.drop(id)
 	}
 	s.mu.Unlock()
+	if ok && a == addr {
+		s.lost.Inc()
+	}
 }
 
 // Remembered returns the holder of id the Store remembers, "" for none; it

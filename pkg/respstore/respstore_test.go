@@ -71,9 +71,15 @@ func TestBook(t *testing.T) {
 	if a, _ := s.Holder(t.Context(), "m", "resp_a"); a != "10.0.0.1:8000" {
 		t.Fatalf("after another's 404: %q", a)
 	}
+	if got := testutil.ToFloat64(s.lost); got != 0 {
+		t.Errorf("another's 404 counted as a lost holder (%v)", got)
+	}
 	s.Lost("resp_a", "10.0.0.1:8000")
 	if a, src := s.Holder(t.Context(), "m", "resp_a"); a != "" || src != SourceSkipped {
 		t.Fatalf("after its holder's 404: %q (%s)", a, src)
+	}
+	if got := testutil.ToFloat64(s.lost); got != 1 {
+		t.Errorf("lost holders counted %v, want 1", got)
 	}
 	// Bounded: the oldest told is forgotten first; telling again renews.
 	s.Stored("resp_1", "a:1")
