@@ -434,6 +434,14 @@ func TestResponsesBackgroundBound(t *testing.T) {
 	}
 	checkMetrics(t, s, "both ended", metric("vllm:num_requests_running", 0), metric("vllm:kv_cache_usage_perc", 0))
 	checkMetrics(t, s, "one success", `vllm:request_success_total{engine="0",finished_reason="length",model_name="sim-model"} 1`)
+	// Every drop is counted: resp_old past the capacity of 1, resp_new
+	// pushed out by the first resp_same, the first resp_same replaced; two
+	// of them were still running.
+	checkMetrics(t, s, "drops counted",
+		`enginesim_responses_store_dropped_total{reason="capacity"} 2`,
+		`enginesim_responses_store_dropped_total{reason="replaced"} 1`,
+		`enginesim_responses_store_runs_aborted_total 2`,
+		`enginesim_responses_stored 1`)
 }
 
 // Shutdown aborts the background responses and ends their replays: the

@@ -236,6 +236,11 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(runInfo)
 	}
 	if o.responsesStore {
 		s.store = newResponseStore(o.responsesStoreMax)
+		for _, c := range s.store.collectors() {
+			if err := reg.Register(c); err != nil {
+				return fmt.Errorf("metrics: %w", err)
+			}
+		}
 	}
 	srv := &http.Server{Handler: guarded(s.handler(), o.apiKey), ReadHeaderTimeout: 10 * time.Second}
 

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/openai"
 )
@@ -77,6 +80,11 @@ type responseStore struct {
 	capacity int
 	byID     map[string]*list.Element // of *storeEntry
 	order    *list.List               // oldest first
+
+	// Entries dropped past the capacity and replaced by a response of the
+	// same id, and the background runs those drops cancelled
+	// (enginesim_responses_store_dropped_total, _runs_aborted_total).
+	evicted, replaced, aborted atomic.Int64
 }
 
 // storeEntry is a list element's value: the id it is stored under, the
@@ -122,11 +130,13 @@ func (st *responseStore) add(e *storeEntry) *list.Element {
 	defer st.mu.Unlock()
 	if old, ok := st.byID[e.id]; ok {
 		st.remove(old)
+		st.replaced.Add(1)
 	}
 	el := st.order.PushBack(e)
 	st.byID[e.id] = el
 	for st.order.Len() > st.capacity {
 		st.remove(st.order.Front())
+		st.evicted.Add(1)
 	}
 	return el
 }
@@ -138,6 +148,33 @@ func (st *responseStore) remove(el *list.Element) {
 	delete(st.byID, e.id)
 	if e.run != nil {
 		e.run.cancel()
+		st.aborted.Add(1)
+	}
+}
+
+// len is the number of stored responses.
+func (st *responseStore) len() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.order.Len()
+}
+
+// collectors are the store's metrics, read at scrape time.
+func (st *responseStore) collectors() []prometheus.Collector {
+	dropped := func(reason string, n *atomic.Int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "enginesim_responses_store_dropped_total", Help: "Stored responses dropped, by reason: capacity (past --responses-store-max, oldest first), replaced (a response of the same id).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { return float64(n.Load()) })
+	}
+	return []prometheus.Collector{
+		dropped("capacity", &st.evicted), dropped("replaced", &st.replaced),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "enginesim_responses_store_runs_aborted_total", Help: "Background responses still running when their entry was dropped, whose engine requests were aborted.",
+		}, func() float64 { return float64(st.aborted.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "enginesim_responses_stored", Help: "Responses in the store.",
+		}, func() float64 { return float64(st.len()) }),
 	}
 }
 
