@@ -224,8 +224,8 @@ func TestResponsesBackgroundCancel(t *testing.T) {
 		code, b := s.do(t, http.MethodPost, "/v1/responses/"+id+"/cancel")
 		checkErrorBody(t, code, b, 400, "Cannot cancel a synchronous response.", "invalid_request_error", "response_id")
 	}
-	// Stays cancelled, and the engine serves on.
-	time.Sleep(50 * time.Millisecond)
+	// Stays cancelled (the cancel waited for the run to end, so no finish
+	// can follow it), and the engine serves on.
 	if r, _ := s.stored(t, "resp_long"); r.Status != "cancelled" {
 		t.Errorf("status %q after the cancel", r.Status)
 	}
@@ -376,7 +376,11 @@ func TestResponsesBackgroundStream(t *testing.T) {
 // events made so far (vLLM's would wait on), without a terminal event.
 func TestResponsesBackgroundStreamCancel(t *testing.T) {
 	s := startSim(t, "--enable-responses-store", "--speed", "1")
-	resp := s.streamBody(t.Context(), t, http.MethodPost, "/v1/responses",
+	// The streams are read to their end below: a cancel that failed to end
+	// them fails the test at this deadline instead of hanging it.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	resp := s.streamBody(ctx, t, http.MethodPost, "/v1/responses",
 		`{"request_id": "resp_sc", "input": "cancel me", "max_output_tokens": 3000, "background": true, "stream": true}`)
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
@@ -389,7 +393,7 @@ func TestResponsesBackgroundStreamCancel(t *testing.T) {
 			break
 		}
 	}
-	follower := s.streamBody(t.Context(), t, http.MethodGet, "/v1/responses/resp_sc?stream=true&starting_after=3", "")
+	follower := s.streamBody(ctx, t, http.MethodGet, "/v1/responses/resp_sc?stream=true&starting_after=3", "")
 	defer follower.Body.Close()
 	code, b := s.do(t, http.MethodPost, "/v1/responses/resp_sc/cancel")
 	if code != http.StatusOK {

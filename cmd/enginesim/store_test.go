@@ -411,13 +411,21 @@ func TestResponsesStoreConcurrent(t *testing.T) {
 		}
 		return r, nil
 	}
-	for i := range 8 {
+	// Each conversation's inputs have a length of their own, so that one
+	// rendered with another's history would count other tokens.
+	type turnResult struct {
+		input, output string
+		tokens        int
+	}
+	convs := make([][]turnResult, 8)
+	for i := range convs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			prev, last := "", 0
 			for turn := range 3 {
-				body := fmt.Sprintf(`{"request_id": "resp_c%d_%d", "input": "conversation %d turn %d", "max_output_tokens": 2`, i, turn, i, turn)
+				input := fmt.Sprintf("conversation %d turn %d %s", i, turn, strings.Repeat("x", i+1))
+				body := fmt.Sprintf(`{"request_id": "resp_c%d_%d", "input": %q, "max_output_tokens": 2`, i, turn, input)
 				if prev != "" {
 					body += fmt.Sprintf(`, "previous_response_id": %q`, prev)
 				}
@@ -430,6 +438,11 @@ func TestResponsesStoreConcurrent(t *testing.T) {
 					errs <- fmt.Errorf("conversation %d turn %d: %d input tokens after %d", i, turn, r.Usage.InputTokens, last)
 					return
 				}
+				if len(r.Output) != 1 || len(r.Output[0].Content) != 1 {
+					errs <- fmt.Errorf("conversation %d turn %d: output %+v", i, turn, r.Output)
+					return
+				}
+				convs[i] = append(convs[i], turnResult{input, r.Output[0].Content[0].Text, r.Usage.InputTokens})
 				prev, last = r.ID, r.Usage.InputTokens
 			}
 		}()
@@ -438,5 +451,17 @@ func TestResponsesStoreConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+	// Every turn was rendered from its own conversation's history: its
+	// input tokens are the count of exactly those messages.
+	for i, turns := range convs {
+		var msgs []string
+		for k, tr := range turns {
+			msgs = append(msgs, "user", tr.input)
+			if n := tokenCount(t, s, `{"messages": `+msgsJSON(msgs...)+`, "add_special_tokens": true}`); tr.tokens != n {
+				t.Errorf("conversation %d turn %d: %d input tokens, want %d, the count of its own history", i, k, tr.tokens, n)
+			}
+			msgs = append(msgs, "assistant", tr.output)
+		}
 	}
 }
