@@ -2,7 +2,7 @@ package openai
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"net/url"
 	"strings"
 )
@@ -51,50 +51,56 @@ func ResponseID(prefix []byte, sse bool) (id string, more bool) {
 }
 
 // idMember reads the string "id" member of a JSON object, inside the
-// objects named by path (each a member of the one before). more reports
-// that b ends before the answer.
+// objects named by path (each a member of the one before), with the
+// request parser's scanner, stopping at the id. more reports that b ends
+// before the answer (the scanner ran out of bytes); malformed JSON, or an
+// id that is not a string, answers "" with more false.
 func idMember(b []byte, path ...string) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	for depth := 0; ; depth++ {
-		if t, err := dec.Token(); err != nil {
-			return "", true
-		} else if t != json.Delim('{') {
-			return "", false
-		}
-		want := "id"
-		if depth < len(path) {
-			want = path[depth]
-		}
-		found := false
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return "", true
-			}
-			if k == want {
-				found = true
-				break
-			}
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
-				return "", true
-			}
-		}
-		if !found {
-			if _, err := dec.Token(); err != nil { // the object's end
-				return "", true
-			}
-			return "", false
-		}
-		if depth == len(path) {
-			var v any
-			if err := dec.Decode(&v); err != nil {
-				return "", true
-			}
-			s, _ := v.(string)
-			return s, false
-		}
+	s := &scanner{b: b}
+	var id string
+	err := s.idIn(path, 1, &id)
+	switch {
+	case errors.Is(err, errIDFound):
+		return id, false
+	case err != nil:
+		return "", s.i >= len(b)
 	}
+	return "", false // no such member
+}
+
+// errIDFound ends idIn's walk once the id is read.
+var errIDFound = errors.New("openai: id found")
+
+// idIn walks the object at s.i down path to its "id" member.
+func (s *scanner) idIn(path []string, depth int, id *string) error {
+	if c := s.peek(); c != '{' {
+		if s.i >= len(s.b) {
+			return s.syntaxError("looking for an object")
+		}
+		return errWrongType
+	}
+	want := "id"
+	if len(path) > 0 {
+		want = path[0]
+	}
+	return s.object(func(key string, _ bool) (bool, error) {
+		if !keyIs(key, want) {
+			return false, nil
+		}
+		if len(path) > 0 {
+			return true, s.idIn(path[1:], depth+1, id)
+		}
+		if s.peek() == '"' {
+			raw, complex, err := s.str()
+			if err != nil {
+				return true, err
+			}
+			*id = unquote(raw, complex)
+		} else if err := s.skip(depth); err != nil {
+			return true, err
+		}
+		return true, errIDFound
+	}, depth)
 }
 
 // firstEventData is the data of an event stream's first event, its data

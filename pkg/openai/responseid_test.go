@@ -1,6 +1,8 @@
 package openai
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 )
 
@@ -64,4 +66,36 @@ func TestResponseID(t *testing.T) {
 			t.Errorf("%s: %q more=%v, want %q more=%v", c.name, id, more, c.id, c.more)
 		}
 	}
+}
+
+// FuzzResponseID: a JSON body's id read from any prefix agrees with the
+// whole body's, the whole of a valid body never asks for more, and, for a
+// body with one "id", the answer is encoding/json's top-level string id.
+func FuzzResponseID(f *testing.F) {
+	for _, s := range []string{`{"id":"resp_abc","output":[{"id":"msg_1"}]}`, `{"object":"response","nested":{"id":"no"},"id":"resp_late"}`,
+		`{"id":7}`, `[1]`, `{"id":"a\u0062c"}`, `{"x":"}","id":"q"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, more := ResponseID(body, false)
+		if !json.Valid(body) {
+			return
+		}
+		if more {
+			t.Fatalf("%q: a whole valid body asks for more", body)
+		}
+		for n := range len(body) {
+			if pid, pmore := ResponseID(body[:n], false); !pmore && pid != id {
+				t.Fatalf("%q: prefix %d answers %q, the whole body %q", body, n, pid, id)
+			}
+		}
+		var top map[string]any
+		if json.Unmarshal(body, &top) != nil || bytes.Count(body, []byte(`"id"`)) > 1 || bytes.Contains(body, []byte(`\u`)) {
+			return
+		}
+		want, _ := top["id"].(string)
+		if id != want {
+			t.Fatalf("%q: id %q, encoding/json %q", body, id, want)
+		}
+	})
 }
