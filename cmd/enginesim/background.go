@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/kvroute/kvroute/pkg/engine"
 )
@@ -175,8 +174,7 @@ var errShuttingDown = &apiError{status: http.StatusServiceUnavailable, typ: "Ser
 // from and starts its run; it answers the queued response or, streamed,
 // the run's events.
 func (s *server) runBackground(w http.ResponseWriter, r *http.Request, req *genRequest, reqs []engine.Request, model string) {
-	sk := &sink{ch: make(chan item, reqs[0].MaxTokens+1)}
-	ids, err := s.d.submit(reqs, sk)
+	sk, ids, err := s.submitAll(reqs)
 	if err != nil {
 		writeError(w, badRequest("", "%v", err))
 		return
@@ -187,10 +185,7 @@ func (s *server) runBackground(w http.ResponseWriter, r *http.Request, req *genR
 		writeError(w, errShuttingDown)
 		return
 	}
-	g := &generation{
-		s: s, ctx: run.ctx, api: apiResponses, model: model, reqs: reqs, sink: sk,
-		created: time.Now().Unix(), fins: make([]*engine.Finished, 1), texts: make([][]byte, 1),
-	}
+	g := s.newGeneration(run.ctx, nil, apiResponses, model, reqs, sk)
 	g.startResponse(req)
 	queued := g.responseObject()
 	queued.Status = "queued"

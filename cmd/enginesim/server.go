@@ -223,6 +223,29 @@ func (s *server) prepare(req *genRequest, a api, lora *loraModule) ([]engine.Req
 // and answers in its API's format, streamed or not; it aborts the request
 // when the client goes away. On a render endpoint (rendering) it answers
 // with the requests it would run instead.
+// submitAll submits reqs to the engine with a sink that holds every item
+// they can produce (each request's tokens and its end).
+func (s *server) submitAll(reqs []engine.Request) (*sink, []engine.ReqID, error) {
+	total := 0
+	for _, er := range reqs {
+		total += er.MaxTokens + 1
+	}
+	sk := &sink{ch: make(chan item, total)}
+	ids, err := s.d.submit(reqs, sk)
+	return sk, ids, err
+}
+
+// newGeneration is the generation of submitted reqs, read from sk, for a
+// client on w (nil for a background response) until ctx ends.
+func (s *server) newGeneration(ctx context.Context, w http.ResponseWriter, a api, model string, reqs []engine.Request, sk *sink) *generation {
+	return &generation{
+		s: s, w: w, ctx: ctx, api: a, model: model, reqs: reqs, sink: sk,
+		created: time.Now().Unix(),
+		fins:    make([]*engine.Finished, len(reqs)),
+		texts:   make([][]byte, len(reqs)),
+	}
+}
+
 func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a api, model string, lora *loraModule) {
 	reqs, err := s.prepare(req, a, lora)
 	if err != nil {
@@ -237,22 +260,12 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, req *genRequest, a 
 		s.runBackground(w, r, req, reqs, model)
 		return
 	}
-	total := 0
-	for _, er := range reqs {
-		total += er.MaxTokens + 1
-	}
-	sk := &sink{ch: make(chan item, total)}
-	ids, err := s.d.submit(reqs, sk)
+	sk, ids, err := s.submitAll(reqs)
 	if err != nil {
 		a.writeError(w, badRequest("", "%v", err))
 		return
 	}
-	g := &generation{
-		s: s, w: w, ctx: r.Context(), api: a, model: model, reqs: reqs, sink: sk,
-		created: time.Now().Unix(),
-		fins:    make([]*engine.Finished, len(reqs)),
-		texts:   make([][]byte, len(reqs)),
-	}
+	g := s.newGeneration(r.Context(), w, a, model, reqs, sk)
 	switch a {
 	case apiCompletions:
 		g.id = randomID("cmpl-")
