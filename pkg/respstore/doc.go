@@ -20,6 +20,8 @@
 // went elsewhere), Holder asks the replicas: GET /v1/responses/{id} on
 // each of the model's replicas at once (at most Config.LookupFanout),
 // bounded by Config.LookupTimeout; the first to answer 200 is the holder.
+// Requests naming one id while its lookup runs join it rather than asking
+// again.
 // At most Config.LookupConcurrency lookups run at once: past that, and for
 // an id every asked replica answered 404 for in the last MissTTL (a
 // replica that did not answer in time may hold it: that is no miss), a

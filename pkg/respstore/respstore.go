@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/kvroute/kvroute/pkg/enginehttp"
 )
@@ -131,6 +132,7 @@ type Store struct {
 	mu     sync.Mutex
 	held   ring[string]    // id -> holder address
 	missed ring[time.Time] // id -> when a lookup found it nowhere
+	flight singleflight.Group
 
 	holders   *prometheus.CounterVec
 	requests  *prometheus.CounterVec
@@ -279,6 +281,24 @@ func (s *Store) find(ctx context.Context, model, id, not string) (string, Source
 	case missed && now.Sub(missedAt) < MissTTL:
 		return "", SourceSkipped
 	}
+	// Requests naming one id at once (a client's parallel polls, a burst
+	// after a restart) share one lookup: only the first asks.
+	v, _, _ := s.flight.Do(model+"\x00"+id+"\x00"+not, func() (any, error) {
+		addr, src := s.ask(ctx, model, id, not, now)
+		return found{addr, src}, nil
+	})
+	f := v.(found)
+	return f.addr, f.src
+}
+
+// found is a lookup's answer, shared by the requests that joined it.
+type found struct {
+	addr string
+	src  Source
+}
+
+// ask runs one lookup for find, within lookup_concurrency.
+func (s *Store) ask(ctx context.Context, model, id, not string, now time.Time) (string, Source) {
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()

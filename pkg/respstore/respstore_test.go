@@ -288,3 +288,51 @@ func TestElsewhere(t *testing.T) {
 		t.Errorf("the remembered holder after a miss elsewhere: %q (%s)", a, src)
 	}
 }
+
+// Requests naming one unknown id at once share one lookup: each replica
+// is asked once, every request gets the holder, and none is refused for
+// lookup_concurrency (1 here).
+func TestLookupShared(t *testing.T) {
+	var asked atomic.Int64
+	release := make(chan struct{})
+	holder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(holder.Close)
+	addr := strings.TrimPrefix(holder.URL, "http://")
+	s, _ := newStore(t, Config{LookupTimeout: 5 * time.Second, LookupConcurrency: 1},
+		func(string) []string { return []string{addr} })
+	const n = 8
+	got := make(chan Source, n)
+	var started sync.WaitGroup
+	for range n {
+		started.Add(1)
+		go func() {
+			started.Done()
+			a, src := s.Holder(context.Background(), "m", "resp_poll")
+			if a != addr {
+				src = "wrong holder " + Source(a)
+			}
+			got <- src
+		}()
+	}
+	started.Wait()
+	for deadline := time.Now().Add(2 * time.Second); asked.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no lookup started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // let the other requests reach the lookup in flight
+	close(release)
+	for range n {
+		if src := <-got; src != SourceLookup && src != SourceBook {
+			t.Errorf("a request naming the id: %s, want lookup (joined) or book (after it)", src)
+		}
+	}
+	if a := asked.Load(); a != 1 {
+		t.Errorf("the holder was asked %d times, want once", a)
+	}
+}
