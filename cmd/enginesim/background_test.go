@@ -348,15 +348,7 @@ func TestResponsesBackgroundStream(t *testing.T) {
 	resp = s.streamBody(ctx, t, http.MethodPost, "/v1/responses",
 		`{"request_id": "resp_left", "input": "left behind", "max_output_tokens": 200, "background": true, "stream": true}`)
 	br := bufio.NewReader(resp.Body)
-	for {
-		ev, err := readResponsesEvent(br)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.name == "response.output_text.delta" {
-			break
-		}
-	}
+	readUntil(t, br, "response.output_text.delta")
 	cancel()
 	resp.Body.Close()
 	time.Sleep(50 * time.Millisecond)
@@ -384,15 +376,7 @@ func TestResponsesBackgroundStreamCancel(t *testing.T) {
 		`{"request_id": "resp_sc", "input": "cancel me", "max_output_tokens": 3000, "background": true, "stream": true}`)
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
-	for {
-		ev, err := readResponsesEvent(br)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.name == "response.output_text.delta" {
-			break
-		}
-	}
+	readUntil(t, br, "response.output_text.delta")
 	follower := s.streamBody(ctx, t, http.MethodGet, "/v1/responses/resp_sc?stream=true&starting_after=3", "")
 	defer follower.Body.Close()
 	code, b := s.do(t, http.MethodPost, "/v1/responses/resp_sc/cancel")

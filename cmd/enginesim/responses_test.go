@@ -187,6 +187,20 @@ func (e responsesEvent) str(t *testing.T, key string) string {
 
 // readResponsesEvent reads one `event: T\ndata: J\n\n` block; io.EOF at the
 // end of the stream.
+// readUntil reads events from br up to and including the first named name.
+func readUntil(t *testing.T, br *bufio.Reader, name string) {
+	t.Helper()
+	for {
+		ev, err := readResponsesEvent(br)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.name == name {
+			return
+		}
+	}
+}
+
 func readResponsesEvent(br *bufio.Reader) (responsesEvent, error) {
 	var ev responsesEvent
 	var lines []string
@@ -412,15 +426,7 @@ func abortMidEvents(t *testing.T, path, body, delta string) {
 		t.Fatal(err)
 	}
 	br := bufio.NewReader(resp.Body)
-	for {
-		ev, err := readResponsesEvent(br)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev.name == delta {
-			break
-		}
-	}
+	readUntil(t, br, delta)
 	// Generating: 3000 tokens would take 30 s of 10 ms steps.
 	if m := s.get(t, "/metrics"); !strings.Contains(m, `vllm:num_requests_running{engine="0",model_name="sim-model"} 1`) {
 		t.Fatal("the request is not running")
