@@ -17,7 +17,7 @@ import (
 
 // responsesResult is one /v1/responses outcome through Envoy.
 type responsesResult struct {
-	upstream      string
+	id, upstream  string
 	text          string
 	input, cached int
 }
@@ -31,6 +31,7 @@ func postResponses(t *testing.T, c *cluster, body map[string]any) responsesResul
 		t.Fatalf("/v1/responses: %d %v %s", r.status, r.err, r.body)
 	}
 	var out struct {
+		ID     string `json:"id"`
 		Output []struct {
 			Type    string `json:"type"`
 			Content []struct {
@@ -47,7 +48,7 @@ func postResponses(t *testing.T, c *cluster, body map[string]any) responsesResul
 	if err := json.Unmarshal(r.body, &out); err != nil {
 		t.Fatalf("response is not JSON: %v: %s", err, r.body)
 	}
-	res := responsesResult{upstream: r.upstream, input: out.Usage.InputTokens, cached: out.Usage.InputTokensDetails.CachedTokens}
+	res := responsesResult{id: out.ID, upstream: r.upstream, input: out.Usage.InputTokens, cached: out.Usage.InputTokensDetails.CachedTokens}
 	if len(out.Output) > 0 && len(out.Output[0].Content) > 0 {
 		res.text = out.Output[0].Content[0].Text
 	}

@@ -20,7 +20,8 @@ type storedTurn struct {
 	input, cached int
 }
 
-// storedResponseObject is the part of a Responses object the test reads.
+// storedResponseObject is the part of a streamed Responses object the
+// test reads.
 type storedResponseObject struct {
 	ID    string `json:"id"`
 	Usage struct {
@@ -48,16 +49,8 @@ func respond(t *testing.T, c *cluster, body map[string]any) storedTurn {
 		r := done.Response
 		return storedTurn{id: r.ID, upstream: resp.Header.Get("x-e2e-upstream"), input: r.Usage.InputTokens, cached: r.Usage.InputTokensDetails.CachedTokens}
 	}
-	b, _ := json.Marshal(body)
-	r := c.post(t.Context(), "/v1/responses", b, nil)
-	if r.err != nil || r.status != 200 {
-		t.Fatalf("/v1/responses: %d %v %s", r.status, r.err, r.body)
-	}
-	var o storedResponseObject
-	if err := json.Unmarshal(r.body, &o); err != nil {
-		t.Fatal(err)
-	}
-	return storedTurn{id: o.ID, upstream: r.upstream, input: o.Usage.InputTokens, cached: o.Usage.InputTokensDetails.CachedTokens}
+	r := postResponses(t, c, body)
+	return storedTurn{id: r.id, upstream: r.upstream, input: r.input, cached: r.cached}
 }
 
 // storedCall sends a body-less GET, or a POST, for a stored response
