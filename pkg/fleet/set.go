@@ -213,7 +213,11 @@ func (s *Set) BlockSize(id index.ReplicaID) int {
 // Addresses returns the addresses (ip:port) of the ready replicas serving
 // model, as their base model or a LoRA adapter, each once (data-parallel
 // ranks share theirs); every ready replica's when model is "". It is where
-// a stored response of the Responses API is looked for (respstore).
+// a stored response of the Responses API is looked for (respstore): a
+// superset of the replicas route.Decide would pick among (it takes a
+// model's base-model replicas before its adapter's, and the proxy's
+// subset), so a holder found outside those has its pin dropped there
+// (Decision.Pin ""), the request routed as any other.
 func (s *Set) Addresses(model string) []string {
 	var out []string
 	seen := map[string]bool{}
