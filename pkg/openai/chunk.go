@@ -82,7 +82,7 @@ func (s *scanner) usageObject(u *usageScan, has *bool) error {
 		return err
 	}
 	*has = true
-	return s.object(func(key string, _ bool) (bool, error) {
+	return s.Object(2, func(key string) (bool, error) {
 		switch {
 		case keyIs(key, "prompt_tokens"):
 			return true, s.intInto(&u.prompt, nil)
@@ -104,15 +104,15 @@ func (s *scanner) usageObject(u *usageScan, has *bool) error {
 			return true, s.intInto(&u.cacheCreation, nil)
 		}
 		return false, nil
-	}, 2)
+	})
 }
 
 // objectOrNull consumes a null (null true) or stops at an object's '{'
 // (null false); any other value is errWrongType.
 func (s *scanner) objectOrNull() (null bool, err error) {
-	switch s.peek() {
+	switch s.Peek() {
 	case 'n':
-		return true, s.literal("null")
+		return true, s.Literal("null")
 	case '{':
 		return false, nil
 	}
@@ -129,28 +129,28 @@ func (s *scanner) tokensDetails(has *bool, cached *int64, hasCached *bool) error
 		return err
 	}
 	*has = true
-	return s.object(func(key string, _ bool) (bool, error) {
+	return s.Object(3, func(key string) (bool, error) {
 		if keyIs(key, "cached_tokens") {
 			return true, s.intInto(cached, hasCached)
 		}
 		return false, nil
-	}, 3)
+	})
 }
 
 // intInto decodes an integer into *v. Null leaves *v as it is, or, for a
 // pointer field (set not nil), clears *set.
 func (s *scanner) intInto(v *int64, set *bool) error {
-	if null, err := s.isNullAt(); null || err != nil {
+	if null, err := s.Null(); null || err != nil {
 		if null && set != nil {
 			*v, *set = 0, false
 		}
 		return err
 	}
-	c := s.peek()
+	c := s.Peek()
 	if c != '-' && (c < '0' || c > '9') {
 		return errWrongType
 	}
-	lit, err := s.number()
+	lit, err := s.Number()
 	if err != nil {
 		return err
 	}
@@ -169,16 +169,16 @@ func (s *scanner) intInto(v *int64, set *bool) error {
 // string is non-empty: it is exactly when its raw bytes are). Null
 // leaves it as it is, or, for a pointer field (ptr), clears it.
 func (s *scanner) strInto(nonEmpty *bool, ptr bool) error {
-	if null, err := s.isNullAt(); null || err != nil {
+	if null, err := s.Null(); null || err != nil {
 		if null && ptr {
 			*nonEmpty = false
 		}
 		return err
 	}
-	if s.peek() != '"' {
+	if s.Peek() != '"' {
 		return errWrongType
 	}
-	raw, _, err := s.str()
+	raw, _, err := s.RawString()
 	*nonEmpty = len(raw) > 0
 	return err
 }
@@ -195,40 +195,40 @@ func (c *choiceScan) output() bool {
 
 // choice decodes one element of choices at s.i.
 func (s *scanner) choice(c *choiceScan) error {
-	switch s.peek() {
+	switch s.Peek() {
 	case 'n':
-		return s.literal("null") // a struct element: left as it is
+		return s.Literal("null") // a struct element: left as it is
 	case '{':
 	default:
 		return errWrongType
 	}
-	return s.object(func(key string, _ bool) (bool, error) {
+	return s.Object(3, func(key string) (bool, error) {
 		switch {
 		case keyIs(key, "text"):
 			return true, s.strInto(&c.text, false)
 		case keyIs(key, "finish_reason"):
 			// Any string, even "", is a finish reason.
-			if null, err := s.isNullAt(); null || err != nil {
+			if null, err := s.Null(); null || err != nil {
 				if null {
 					c.finish = false
 				}
 				return true, err
 			}
-			if s.peek() != '"' {
+			if s.Peek() != '"' {
 				return true, errWrongType
 			}
-			_, _, err := s.str()
+			_, _, err := s.RawString()
 			c.finish = true
 			return true, err
 		case keyIs(key, "delta"):
-			switch s.peek() {
+			switch s.Peek() {
 			case 'n':
-				return true, s.literal("null")
+				return true, s.Literal("null")
 			case '{':
 			default:
 				return true, errWrongType
 			}
-			return true, s.object(func(key string, _ bool) (bool, error) {
+			return true, s.Object(4, func(key string) (bool, error) {
 				switch {
 				case keyIs(key, "content"):
 					return true, s.strInto(&c.content, true)
@@ -237,15 +237,15 @@ func (s *scanner) choice(c *choiceScan) error {
 				case keyIs(key, "reasoning"):
 					return true, s.strInto(&c.reasoning, true)
 				case keyIs(key, "tool_calls"):
-					raw, err := s.raw(4)
+					raw, err := s.Raw(4)
 					c.toolCalls = len(raw) > 0 && !isNull(raw) && string(bytes.TrimSpace(raw)) != "[]"
 					return true, err
 				}
 				return false, nil
-			}, 4)
+			})
 		}
 		return false, nil
-	}, 3)
+	})
 }
 
 // chunkScan is what one streamed event tells the stream parser.
@@ -267,16 +267,16 @@ var streamStarted = map[string]bool{"response.created": true, "response.in_progr
 // value of the wrong type) means the event is malformed.
 func scanChunk(data []byte) (chunkScan, error) {
 	var c chunkScan
-	s := &scanner{b: data}
-	switch s.peek() {
+	s := newScanner(data)
+	switch s.Peek() {
 	case 'n':
-		if err := s.literal("null"); err != nil {
+		if err := s.Literal("null"); err != nil {
 			return c, err
 		}
-		return c, s.end()
+		return c, s.End()
 	case '{':
 	default:
-		if err := s.skip(0); err != nil {
+		if err := s.Skip(0); err != nil {
 			return c, err
 		}
 		return c, errWrongType
@@ -285,23 +285,22 @@ func scanChunk(data []byte) (chunkScan, error) {
 	var typ *string
 	var inner usageScan
 	var hasInner, hasResponse bool
-	err := s.object(func(key string, _ bool) (bool, error) {
+	err := s.Object(1, func(key string) (bool, error) {
 		switch {
 		case keyIs(key, "usage"):
 			return true, s.usageObject(&c.usage, &c.hasUsage)
 		case keyIs(key, "type"):
 			// A Responses stream event: its type says whether output began.
-			if null, err := s.isNullAt(); null || err != nil {
+			if null, err := s.Null(); null || err != nil {
 				if null {
 					typ = nil
 				}
 				return true, err
 			}
-			if s.peek() != '"' {
+			if s.Peek() != '"' {
 				return true, errWrongType
 			}
-			raw, complex, err := s.str()
-			t := unquote(raw, complex)
+			t, err := s.Text()
 			typ = &t
 			return true, err
 		case keyIs(key, "response"):
@@ -314,31 +313,31 @@ func scanChunk(data []byte) (chunkScan, error) {
 				return true, err
 			}
 			hasResponse = true
-			return true, s.object(func(key string, _ bool) (bool, error) {
+			return true, s.Object(2, func(key string) (bool, error) {
 				if keyIs(key, "usage") {
 					return true, s.usageObject(&inner, &hasInner)
 				}
 				return false, nil
-			}, 2)
+			})
 		case keyIs(key, "choices"):
-			switch s.peek() {
+			switch s.Peek() {
 			case 'n':
 				choices = choices[:0]
-				return true, s.literal("null")
+				return true, s.Literal("null")
 			case '[':
 			default:
 				return true, errWrongType
 			}
 			choices = choices[:0]
-			return true, s.array(func(int) error {
+			return true, s.Array(func(int) error {
 				choices = append(choices, choiceScan{})
 				return s.choice(&choices[len(choices)-1])
 			})
 		}
 		return false, nil
-	}, 1)
+	})
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	if err != nil {
 		return chunkScan{}, err
@@ -360,18 +359,18 @@ func scanChunk(data []byte) (chunkScan, error) {
 
 // scanUsage finds a response body's top-level usage object.
 func scanUsage(body []byte) (u usageScan, ok bool, err error) {
-	s := &scanner{b: body}
-	if s.peek() != '{' {
+	s := newScanner(body)
+	if s.Peek() != '{' {
 		return u, false, errWrongType
 	}
-	err = s.object(func(key string, _ bool) (bool, error) {
+	err = s.Object(1, func(key string) (bool, error) {
 		if keyIs(key, "usage") {
 			return true, s.usageObject(&u, &ok)
 		}
 		return false, nil
-	}, 1)
+	})
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	return u, ok, err
 }

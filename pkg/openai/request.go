@@ -248,8 +248,8 @@ type fields struct {
 // they lie, every other value is validated and skipped.
 func parse(kind Kind, body []byte) (Request, error) {
 	req := Request{Kind: kind}
-	s := &scanner{b: body}
-	switch s.peek() {
+	s := newScanner(body)
+	switch s.Peek() {
 	case 0:
 		return req, fmt.Errorf("%w: empty body", ErrInvalidRequest)
 	case '{':
@@ -257,12 +257,12 @@ func parse(kind Kind, body []byte) (Request, error) {
 		return req, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
 	}
 	var f fields
-	err := s.object(func(key string, _ bool) (bool, error) { return f.field(s, &req, key) }, 1)
+	err := s.Object(1, func(key string) (bool, error) { return f.field(s, &req, key) })
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	if err != nil {
-		return Request{}, err
+		return Request{}, invalid(err)
 	}
 	return f.finish(req)
 }
@@ -280,7 +280,7 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 			return false, nil
 		}
 		f.prompt = nil
-		if null, nerr := s.isNullAt(); null || nerr != nil {
+		if null, nerr := s.Null(); null || nerr != nil {
 			return true, nerr
 		}
 		var p Prompt
@@ -289,8 +289,8 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		}
 	case "prompt_embeds":
 		var null bool
-		if null, err = s.isNullAt(); !null && err == nil {
-			err = s.skip(depth)
+		if null, err = s.Null(); !null && err == nil {
+			err = s.Skip(depth)
 		}
 		f.promptEmbeds = !null
 	case "messages":
@@ -299,7 +299,7 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		}
 		f.messagesSet = false
 		req.Messages, req.ChatMessages = nil, nil
-		if null, nerr := s.isNullAt(); null || nerr != nil {
+		if null, nerr := s.Null(); null || nerr != nil {
 			return true, nerr
 		}
 		req.Messages, req.ChatMessages, err = s.messages()
@@ -314,7 +314,7 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		}
 	case "documents":
 		var raw []byte
-		if raw, err = s.raw(depth); err == nil && string(raw) != "null" {
+		if raw, err = s.Raw(depth); err == nil && string(raw) != "null" {
 			if raw[0] != '[' {
 				return true, fmt.Errorf("%w: field \"documents\": expected an array", ErrInvalidRequest)
 			}
@@ -324,7 +324,7 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 		}
 	case "tools", "chat_template_kwargs", "tool_choice":
 		var raw []byte
-		if raw, err = s.raw(depth); err != nil {
+		if raw, err = s.Raw(depth); err != nil {
 			return true, err
 		}
 		if string(raw) == "null" {
@@ -363,73 +363,55 @@ func (f *fields) field(s *scanner, req *Request, key string) (bool, error) {
 	case "user":
 		req.User, _, err = s.stringField(key, depth)
 	case "prompt_cache_key":
-		var ok bool
-		req.PromptCacheKey, ok = s.lenientString()
-		return ok, nil
+		return s.lenientString(&req.PromptCacheKey)
 	case "session_id":
-		var ok bool
-		f.sessionIDTop, ok = s.lenientString()
-		return ok, nil
+		return s.lenientString(&f.sessionIDTop)
 	case "conversation_id":
-		var ok bool
-		f.conversationIDTop, ok = s.lenientString()
-		return ok, nil
+		return s.lenientString(&f.conversationIDTop)
 	case "conversation":
 		f.sessionConv = ""
-		switch s.peek() {
+		switch s.Peek() {
 		case '"':
-			var ok bool
-			f.sessionConv, ok = s.lenientString()
-			return ok, nil
+			return s.lenientString(&f.sessionConv)
 		case '{':
-			return true, s.object(func(k string, _ bool) (bool, error) {
+			return true, s.Object(depth+1, func(k string) (bool, error) {
 				if k == "id" {
-					var ok bool
-					f.sessionConv, ok = s.lenientString()
-					return ok, nil
+					return s.lenientString(&f.sessionConv)
 				}
 				return false, nil
-			}, depth+1)
+			})
 		}
 		return false, nil
 	case "metadata":
-		if s.peek() != '{' {
+		if s.Peek() != '{' {
 			return false, nil
 		}
 		f.metaSession, f.metaConversation = "", ""
-		return true, s.object(func(k string, _ bool) (bool, error) {
+		return true, s.Object(depth+1, func(k string) (bool, error) {
 			switch k {
 			case "session_id":
-				var ok bool
-				f.metaSession, ok = s.lenientString()
-				return ok, nil
+				return s.lenientString(&f.metaSession)
 			case "conversation_id":
-				var ok bool
-				f.metaConversation, ok = s.lenientString()
-				return ok, nil
+				return s.lenientString(&f.metaConversation)
 			}
 			return false, nil
-		}, depth+1)
+		})
 	default:
 		return false, nil
 	}
 	return true, err
 }
 
-// lenientString decodes a string at s.i (ok true), or returns ok false
-// and leaves any other value for the caller's skip. A malformed string is left to the
-// skip too, which reports it.
-func (s *scanner) lenientString() (string, bool) {
-	if s.peek() != '"' {
-		return "", false
+// lenientString decodes a string at the cursor into *v (consumed), or
+// sets *v to "" and leaves any other value for the caller's skip.
+func (s *scanner) lenientString(v *string) (consumed bool, err error) {
+	if s.Peek() != '"' {
+		*v = ""
+		return false, nil
 	}
-	save := s.i
-	raw, complex, err := s.str()
-	if err != nil {
-		s.i = save
-		return "", false
-	}
-	return unquote(raw, complex), true
+	t, err := s.Text()
+	*v = t
+	return true, err
 }
 
 func boolPtr(s *scanner, key string) (*bool, error) {
@@ -452,22 +434,22 @@ func intPtr(s *scanner, key string) (*int64, error) {
 // null.
 func (f *fields) streamOpts(s *scanner) error {
 	f.streamOptions, f.includeUsage = nil, nil
-	if null, err := s.isNullAt(); null || err != nil {
+	if null, err := s.Null(); null || err != nil {
 		return err
 	}
-	if s.peek() != '{' {
+	if s.Peek() != '{' {
 		return s.typeError("stream_options", "an object", 1)
 	}
 	t := true
 	f.streamOptions = &t
-	return s.object(func(k string, _ bool) (bool, error) {
+	return s.Object(2, func(k string) (bool, error) {
 		if k != "include_usage" {
 			return false, nil
 		}
 		v, err := boolPtr(s, "stream_options.include_usage")
 		f.includeUsage = v
 		return true, err
-	}, 2)
+	})
 }
 
 // finish applies defaults and the cross-field rules.
@@ -580,17 +562,17 @@ var reasoningEfforts = map[string]bool{"none": true, "minimal": true, "low": tru
 // request's reasoning_effort.
 func IsReasoningEffort(effort string) bool { return reasoningEfforts[effort] }
 
-// messages decodes the messages array at s.i: each element must be an
+// messages decodes the messages array at the cursor: each element must be an
 // object; role, content and name are decoded, the rest validated and
 // skipped.
 func (s *scanner) messages() (json.RawMessage, []Message, error) {
-	if s.peek() != '[' {
+	if s.Peek() != '[' {
 		return nil, nil, s.typeError("messages", "an array of objects", 1)
 	}
-	start := s.i
+	start := s.Pos()
 	var out []Message
-	err := s.array(func(i int) error {
-		if s.peek() != '{' {
+	err := s.Array(func(i int) error {
+		if s.Peek() != '{' {
 			return fmt.Errorf("%w: field \"messages[%d]\": expected an object", ErrInvalidRequest, i)
 		}
 		m, err := s.message()
@@ -600,33 +582,26 @@ func (s *scanner) messages() (json.RawMessage, []Message, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return s.b[start:s.i], out, nil
+	return s.Input()[start:s.Pos()], out, nil
 }
 
 func (s *scanner) message() (Message, error) {
 	const depth = 3
 	var m Message
-	start := s.i
-	err := s.object(func(k string, _ bool) (bool, error) {
+	start := s.Pos()
+	err := s.Object(depth, func(k string) (bool, error) {
 		switch k {
 		case "role":
-			var ok bool
-			m.Role, ok = s.lenientString()
-			return ok, nil
+			return s.lenientString(&m.Role)
 		case "name":
-			var ok bool
-			m.Name, ok = s.lenientString()
-			return ok, nil
+			return s.lenientString(&m.Name)
 		case "content":
 			m.Content, m.NonText = "", false
-			switch s.peek() {
+			switch s.Peek() {
 			case '"':
-				raw, complex, err := s.str()
-				if err != nil {
-					return true, err
-				}
-				m.Content = unquote(raw, complex)
-				return true, nil
+				var err error
+				m.Content, err = s.Text()
+				return true, err
 			case '[':
 				text, nonText, err := s.contentParts(depth + 1)
 				m.Content, m.NonText = text, nonText
@@ -638,8 +613,8 @@ func (s *scanner) message() (Message, error) {
 			return false, nil
 		}
 		return false, nil
-	}, depth)
-	m.Raw = s.b[start:s.i]
+	})
+	m.Raw = s.Input()[start:s.Pos()]
 	return m, err
 }
 
@@ -651,34 +626,32 @@ func (s *scanner) message() (Message, error) {
 func (s *scanner) contentParts(depth int) (string, bool, error) {
 	var parts []string
 	nonText := false
-	err := s.array(func(int) error {
-		switch s.peek() {
+	err := s.Array(func(int) error {
+		switch s.Peek() {
 		case '"':
-			raw, complex, err := s.str()
-			if t := unquote(raw, complex); t != "" {
+			t, err := s.Text()
+			if t != "" {
 				parts = append(parts, t)
 			}
 			return err
 		case '{':
 			var typ, text string
 			var hasText bool
-			err := s.object(func(k string, _ bool) (bool, error) {
+			err := s.Object(depth+1, func(k string) (bool, error) {
 				switch k {
 				case "type":
-					var ok bool
-					typ, ok = s.lenientString()
-					return ok, nil
+					return s.lenientString(&typ)
 				case "text":
-					if s.peek() != '"' {
+					if s.Peek() != '"' {
 						hasText = false
 						return false, nil
 					}
-					raw, complex, err := s.str()
-					text, hasText = unquote(raw, complex), err == nil
+					t, err := s.Text()
+					text, hasText = t, err == nil
 					return true, err
 				}
 				return false, nil
-			}, depth+1)
+			})
 			switch {
 			case hasText && TextPart(typ):
 				if text != "" {
@@ -690,29 +663,29 @@ func (s *scanner) contentParts(depth int) (string, bool, error) {
 			return err
 		}
 		nonText = true
-		return s.skip(depth + 1)
+		return s.Skip(depth + 1)
 	})
 	return strings.Join(parts, "\n"), nonText, err
 }
 
-// prompt decodes the four prompt forms at s.i.
+// prompt decodes the four prompt forms at the cursor.
 func (s *scanner) prompt() (Prompt, error) {
 	const field = "prompt"
-	switch s.peek() {
+	switch s.Peek() {
 	case '"':
-		raw, complex, err := s.str()
+		t, err := s.Text()
 		if err != nil {
 			return Prompt{}, err
 		}
-		return Prompt{Texts: []string{unquote(raw, complex)}}, nil
+		return Prompt{Texts: []string{t}}, nil
 	case '[':
 	default:
 		return Prompt{}, s.typeError(field, "a string, an array of strings, an array of token ids or an array of such arrays", 1)
 	}
 	var p Prompt
 	var first byte
-	err := s.array(func(i int) error {
-		c := s.peek()
+	err := s.Array(func(i int) error {
+		c := s.Peek()
 		if i == 0 {
 			first = c
 		}
@@ -721,18 +694,18 @@ func (s *scanner) prompt() (Prompt, error) {
 			if c != '"' {
 				return fmt.Errorf("%w: field \"prompt[%d]\": expected a string", ErrInvalidRequest, i)
 			}
-			raw, complex, err := s.str()
+			t, err := s.Text()
 			if err != nil {
 				return err
 			}
-			p.Texts = append(p.Texts, unquote(raw, complex))
+			p.Texts = append(p.Texts, t)
 		case first == '[':
 			name := "prompt[" + strconv.Itoa(i) + "]"
 			if c != '[' {
 				return fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, name)
 			}
 			ids := make([]uint32, 0, 64)
-			if err := s.array(func(int) error {
+			if err := s.Array(func(int) error {
 				id, err := s.tokenID(name)
 				ids = append(ids, id)
 				return err
@@ -785,20 +758,18 @@ func isNull(b json.RawMessage) bool {
 // leniently: it returns "" for anything it cannot read. It serves requests
 // on paths the parser does not know (embeddings, rerank, ...).
 func Model(body []byte) string {
-	s := &scanner{b: body}
-	if s.peek() != '{' {
+	s := newScanner(body)
+	if s.Peek() != '{' {
 		return ""
 	}
 	model := ""
-	err := s.object(func(k string, _ bool) (bool, error) {
+	err := s.Object(1, func(k string) (bool, error) {
 		if k == "model" {
-			var ok bool
-			model, ok = s.lenientString()
-			return ok, nil
+			return s.lenientString(&model)
 		}
 		return false, nil
-	}, 1)
-	if err != nil || s.end() != nil {
+	})
+	if err != nil || s.End() != nil {
 		return ""
 	}
 	return model

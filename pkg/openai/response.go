@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // ErrInvalidResponse is wrapped by ParseUsage errors.
@@ -34,8 +33,7 @@ func ParseUsage(body []byte) (u Usage, ok bool, err error) {
 		if errors.Is(err, ErrInvalidResponse) {
 			return Usage{}, false, err
 		}
-		// The scanner's syntax errors name requests; this is a response.
-		return Usage{}, false, fmt.Errorf("%w: %s", ErrInvalidResponse, strings.TrimPrefix(err.Error(), ErrInvalidRequest.Error()+": "))
+		return Usage{}, false, fmt.Errorf("%w: %w", ErrInvalidResponse, err)
 	}
 	if !ok {
 		return Usage{}, false, nil

@@ -56,14 +56,14 @@ func ResponseID(prefix []byte, sse bool) (id string, more bool) {
 // before the answer (the scanner ran out of bytes); malformed JSON, or an
 // id that is not a string, answers "" with more false.
 func idMember(b []byte, path ...string) (string, bool) {
-	s := &scanner{b: b}
+	s := newScanner(b)
 	var id string
 	err := s.idIn(path, 1, &id)
 	switch {
 	case errors.Is(err, errIDFound):
 		return id, false
 	case err != nil:
-		return "", s.i >= len(b)
+		return "", s.Pos() >= len(b)
 	}
 	return "", false // no such member
 }
@@ -71,36 +71,32 @@ func idMember(b []byte, path ...string) (string, bool) {
 // errIDFound ends idIn's walk once the id is read.
 var errIDFound = errors.New("openai: id found")
 
-// idIn walks the object at s.i down path to its "id" member.
+// idIn walks the object at the cursor down path to its "id" member.
 func (s *scanner) idIn(path []string, depth int, id *string) error {
-	if c := s.peek(); c != '{' {
-		if s.i >= len(s.b) {
-			return s.syntaxError("looking for an object")
-		}
-		return errWrongType
+	if s.Peek() != '{' {
+		return errWrongType // at the end of b too: idMember tells the two apart
 	}
 	want := "id"
 	if len(path) > 0 {
 		want = path[0]
 	}
-	return s.object(func(key string, _ bool) (bool, error) {
+	return s.Object(depth, func(key string) (bool, error) {
 		if !keyIs(key, want) {
 			return false, nil
 		}
 		if len(path) > 0 {
 			return true, s.idIn(path[1:], depth+1, id)
 		}
-		if s.peek() == '"' {
-			raw, complex, err := s.str()
-			if err != nil {
+		if s.Peek() == '"' {
+			var err error
+			if *id, err = s.Text(); err != nil {
 				return true, err
 			}
-			*id = unquote(raw, complex)
-		} else if err := s.skip(depth); err != nil {
+		} else if err := s.Skip(depth); err != nil {
 			return true, err
 		}
 		return true, errIDFound
-	}, depth)
+	})
 }
 
 // firstEventData is the data of an event stream's first event, its data

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
 // PathResponses is the OpenAI Responses API path.
@@ -645,59 +647,42 @@ func (m *message) bytes() json.RawMessage {
 // with the request scanner: values are validated and kept raw (sub-slices
 // of raw, not copies).
 func orderedObject(raw json.RawMessage) (*message, error) {
-	s := &scanner{b: raw}
-	if s.peek() != '{' {
+	s := jsonscan.New(raw)
+	if s.Peek() != '{' {
 		return nil, errors.New("not an object")
 	}
-	s.i++
 	m := newObject()
-	if s.peek() == '}' {
-		s.i++
-		return m, s.end()
-	}
-	for {
-		if s.peek() != '"' {
-			return nil, s.syntaxError("looking for beginning of object key string")
-		}
-		k, complex, err := s.str()
+	for more := s.Enter(); more; {
+		k, err := s.Key()
 		if err != nil {
 			return nil, err
 		}
-		if s.peek() != ':' {
-			return nil, s.syntaxError("after object key")
-		}
-		s.i++
-		v, err := s.raw(1)
+		v, err := s.Raw(1)
 		if err != nil {
 			return nil, err
 		}
-		m.set(unquote(k, complex), v)
-		switch s.peek() {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return m, s.end()
-		default:
-			return nil, s.syntaxError("after object key:value pair")
+		m.set(k, v)
+		if more, err = s.Next('}'); err != nil {
+			return nil, err
 		}
 	}
+	return m, s.End()
 }
 
 // rawArray splits a JSON array into its elements (sub-slices of raw).
 func rawArray(raw json.RawMessage) ([]json.RawMessage, error) {
-	s := &scanner{b: raw}
-	if s.peek() != '[' {
+	s := jsonscan.New(raw)
+	if s.Peek() != '[' {
 		return nil, errors.New("not an array")
 	}
 	var out []json.RawMessage
-	err := s.array(func(int) error {
-		v, err := s.raw(1)
+	err := s.Array(func(int) error {
+		v, err := s.Raw(1)
 		out = append(out, v)
 		return err
 	})
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	return out, err
 }

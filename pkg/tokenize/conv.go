@@ -8,6 +8,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 	"github.com/kvroute/kvroute/pkg/route"
 )
 
@@ -147,16 +148,17 @@ func messageKeys(in route.TokenizeInput) []xxh3.Uint128 {
 // raw); nil when raw is not one JSON array (the memo is then not used:
 // keys only find a turn to reuse, whose text is compared anyway).
 func arrayElements(raw []byte) [][]byte {
-	s := jsonScanner{b: raw}
-	s.ws()
+	s := jsonscan.New(raw)
+	if s.Peek() != '[' {
+		return nil
+	}
 	out := [][]byte{}
-	err := s.elements(func() error {
-		start := s.i
-		err := s.skip(1)
-		out = append(out, raw[start:s.i])
+	err := s.Array(func(int) error {
+		el, err := s.Raw(1)
+		out = append(out, el)
 		return err
 	})
-	if err != nil || s.end() != nil {
+	if err != nil || s.End() != nil {
 		return nil
 	}
 	return out

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
 // jsonValue decodes JSON into template values, keeping object key order (the
@@ -16,17 +18,16 @@ import (
 // value (jsonNumberValue). A string starting with U+FDD0, the mark numbers
 // use, is refused (ErrUnsupported). It reads the bytes in one pass, with no
 // reflection and one string allocated per string value (a layer over
-// jsonScanner, which checks the grammar): a long conversation's messages
+// jsonscan.Scanner, which checks the grammar): a long conversation's messages
 // are decoded on every request that is not a plain chat (Responses,
 // Anthropic Messages, messages with tool calls).
 func jsonValue(raw []byte) (jinja.Value, error) {
-	s := jsonScanner{b: raw}
-	s.ws()
+	s := jsonscan.New(raw)
 	v, err := templateValue(&s, 0)
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	if err := s.end(); err != nil {
+	if err := s.End(); err != nil {
 		return jinja.Value{}, err
 	}
 	return v, nil
@@ -38,19 +39,16 @@ const maxJSONDepth = 200
 
 // templateValue reads the value at the scanner's cursor, inside depth
 // arrays and objects, as a template value.
-func templateValue(s *jsonScanner, depth int) (jinja.Value, error) {
+func templateValue(s *jsonscan.Scanner, depth int) (jinja.Value, error) {
 	if depth > maxJSONDepth {
-		return jinja.Value{}, s.fail("nested too deeply")
+		return jinja.Value{}, fmt.Errorf("JSON nested deeper than %d arrays and objects at offset %d", maxJSONDepth, s.Pos())
 	}
-	if s.i >= len(s.b) {
-		return jinja.Value{}, s.fail("unexpected end of input")
-	}
-	switch c := s.b[s.i]; {
-	case c == '{':
+	switch c := s.Peek(); c {
+	case '{':
 		out := jinja.NewDict()
 		dict := out.AsDict()
-		for more := s.enter('}'); more; {
-			k, err := s.key()
+		for more := s.Enter(); more; {
+			k, err := s.Key()
 			if err != nil {
 				return jinja.Value{}, err
 			}
@@ -59,26 +57,26 @@ func templateValue(s *jsonScanner, depth int) (jinja.Value, error) {
 				return jinja.Value{}, err
 			}
 			dict.Set(k, v)
-			if more, err = s.next('}'); err != nil {
+			if more, err = s.Next('}'); err != nil {
 				return jinja.Value{}, err
 			}
 		}
 		return out, nil
-	case c == '[':
+	case '[':
 		var items []jinja.Value
-		for more := s.enter(']'); more; {
+		for more := s.Enter(); more; {
 			v, err := templateValue(s, depth+1)
 			if err != nil {
 				return jinja.Value{}, err
 			}
 			items = append(items, v)
-			if more, err = s.next(']'); err != nil {
+			if more, err = s.Next(']'); err != nil {
 				return jinja.Value{}, err
 			}
 		}
 		return jinja.NewList(items), nil
-	case c == '"':
-		t, err := s.text()
+	case '"':
+		t, err := s.Text()
 		if err != nil {
 			return jinja.Value{}, err
 		}
@@ -86,20 +84,28 @@ func templateValue(s *jsonScanner, depth int) (jinja.Value, error) {
 			return jinja.Value{}, fmt.Errorf("%w: string starting with U+FDD0", ErrUnsupported)
 		}
 		return jinja.NewString(t), nil
-	case c == '-' || '0' <= c && c <= '9':
-		lit, err := s.number()
+	case 't':
+		if err := s.Literal("true"); err != nil {
+			return jinja.Value{}, err
+		}
+		return jinja.NewBool(true), nil
+	case 'f':
+		if err := s.Literal("false"); err != nil {
+			return jinja.Value{}, err
+		}
+		return jinja.NewBool(false), nil
+	case 'n':
+		if err := s.Literal("null"); err != nil {
+			return jinja.Value{}, err
+		}
+		return jinja.None(), nil
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		lit, err := s.Number()
 		if err != nil {
 			return jinja.Value{}, err
 		}
 		return jsonNumberValue(string(lit))
-	case c == 't' && s.literal("true"):
-		return jinja.NewBool(true), nil
-	case c == 'f' && s.literal("false"):
-		return jinja.NewBool(false), nil
-	case c == 'n' && s.literal("null"):
-		return jinja.None(), nil
-	case c == 't' || c == 'f' || c == 'n':
-		return jinja.Value{}, s.fail("invalid literal")
 	}
-	return jinja.Value{}, s.fail("invalid character %q looking for beginning of value", s.b[s.i])
+	// No value starts here: Skip words the error as encoding/json does.
+	return jinja.Value{}, s.Skip(depth)
 }

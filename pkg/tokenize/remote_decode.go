@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
 // parseTokenizeResponse reads a /tokenize answer: a JSON object whose
@@ -16,33 +19,38 @@ import (
 // unset.
 func parseTokenizeResponse(b []byte) (tokenizeResponse, error) {
 	var out tokenizeResponse
-	s := jsonScanner{b: b}
-	s.ws()
-	err := s.members(func(key string) error {
-		var err error
-		switch {
-		case key == "tokens" && s.peek() == '[':
-			out.Tokens, err = s.uint32s()
-		case key == "tokens" && s.literal("null"):
-			out.Tokens = nil
-		case key == "tokens":
-			err = s.fail("tokens is not an array")
-		case key == "count":
-			start := s.i
-			if err = s.skip(1); err == nil {
-				if err = json.Unmarshal(b[start:s.i], &out.Count); err != nil {
+	s := jsonscan.New(b)
+	if s.Peek() != '{' {
+		return out, shapeError(&s, "want an object")
+	}
+	err := s.Object(1, func(key string) (bool, error) {
+		switch key {
+		case "tokens":
+			if null, err := s.Null(); null || err != nil {
+				out.Tokens = nil
+				return true, err
+			}
+			if s.Peek() != '[' {
+				return true, shapeError(&s, "tokens is not an array")
+			}
+			var err error
+			out.Tokens, err = uint32s(&s)
+			return true, err
+		case "count":
+			raw, err := s.Raw(1)
+			if err == nil {
+				if err = json.Unmarshal(raw, &out.Count); err != nil {
 					err = fmt.Errorf("count: %w", err)
 				}
 			}
-		default:
-			err = s.skip(1)
+			return true, err
 		}
-		return err
+		return false, nil
 	})
 	if err != nil {
 		return out, err
 	}
-	return out, s.end()
+	return out, s.End()
 }
 
 // parseRenderResponse reads a render endpoint's answer (vLLM's
@@ -52,28 +60,25 @@ func parseTokenizeResponse(b []byte) (tokenizeResponse, error) {
 // prompt). Every other member is skipped, checked to be JSON. No
 // token_ids, or none in it, is an error.
 func parseRenderResponse(b []byte) ([]uint32, error) {
-	s := jsonScanner{b: b}
-	s.ws()
+	s := jsonscan.New(b)
 	var ids []uint32
 	var err error
-	if s.peek() == '[' {
-		first := true
-		err = s.elements(func() error {
-			if !first {
-				return s.skip(1)
+	if s.Peek() == '[' {
+		err = s.Array(func(i int) error {
+			if i > 0 {
+				return s.Skip(1)
 			}
-			first = false
 			var err error
-			ids, err = s.renderObject(1)
+			ids, err = renderObject(&s, 1)
 			return err
 		})
 	} else {
-		ids, err = s.renderObject(0)
+		ids, err = renderObject(&s, 0)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := s.end(); err != nil {
+	if err := s.End(); err != nil {
 		return nil, err
 	}
 	if len(ids) == 0 {
@@ -84,19 +89,57 @@ func parseRenderResponse(b []byte) ([]uint32, error) {
 
 // renderObject reads one GenerateRequest object's token_ids; depth arrays
 // are around it.
-func (s *jsonScanner) renderObject(depth int) ([]uint32, error) {
+func renderObject(s *jsonscan.Scanner, depth int) ([]uint32, error) {
+	if s.Peek() != '{' {
+		return nil, shapeError(s, "want an object")
+	}
 	var ids []uint32
-	err := s.members(func(key string) error {
-		var err error
-		switch {
-		case key == "token_ids" && s.peek() == '[':
-			ids, err = s.uint32s()
-		case key == "token_ids":
-			err = s.fail("token_ids is not an array")
-		default:
-			err = s.skip(depth + 1)
+	err := s.Object(depth+1, func(key string) (bool, error) {
+		if key != "token_ids" {
+			return false, nil
 		}
-		return err
+		if s.Peek() != '[' {
+			return true, shapeError(s, "token_ids is not an array")
+		}
+		var err error
+		ids, err = uint32s(s)
+		return true, err
 	})
 	return ids, err
+}
+
+// uint32s reads the array at the cursor ('[', seen with Peek) as integers
+// in [0, 2^32) written as JSON integers, with no sign, fraction or
+// exponent: the token ids the engines answer with.
+func uint32s(s *jsonscan.Scanner) ([]uint32, error) {
+	out := make([]uint32, 0, (len(s.Input())-s.Pos())/7+1)
+	for more := s.Enter(); more; {
+		if c := s.Peek(); c < '0' || c > '9' {
+			return nil, shapeError(s, "want an integer in [0, 2^32)")
+		}
+		lit, err := s.Number()
+		if err != nil {
+			return nil, err
+		}
+		v := uint64(0)
+		for _, c := range lit {
+			if c < '0' || c > '9' {
+				return nil, shapeError(s, "want an integer in [0, 2^32)")
+			}
+			if v = v*10 + uint64(c-'0'); v > math.MaxUint32 {
+				return nil, shapeError(s, "integer out of range")
+			}
+		}
+		out = append(out, uint32(v))
+		if more, err = s.Next(']'); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// shapeError is JSON that is not of the shape an answer has, at the
+// scanner's cursor.
+func shapeError(s *jsonscan.Scanner, what string) error {
+	return fmt.Errorf("JSON at byte %d: %s", s.Pos(), what)
 }

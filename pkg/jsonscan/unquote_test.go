@@ -1,4 +1,4 @@
-package jsonstr
+package jsonscan
 
 import (
 	"math/rand/v2"

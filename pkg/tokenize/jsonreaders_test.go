@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
 // benchMessages is a converted agent conversation's messages array: user
@@ -87,46 +89,10 @@ func BenchmarkJSONReaders(b *testing.B) {
 	}
 }
 
-// TestSkipAsEncodingJSON: skip (through arrayElements, which skips each
-// element and wants nothing after the array) accepts exactly what
-// encoding/json accepts, nesting bound included, and a refusal names its
-// byte.
-func TestSkipAsEncodingJSON(t *testing.T) {
-	nest := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
-	cases := []string{
-		nest(jsonMaxNesting), nest(jsonMaxNesting + 1),
-		`[` + strings.Repeat(`{"a":`, jsonMaxNesting-1) + `1` + strings.Repeat(`}`, jsonMaxNesting-1) + `]`,
-		`[` + strings.Repeat(`{"a":`, jsonMaxNesting) + `1` + strings.Repeat(`}`, jsonMaxNesting) + `]`,
-		`[{"\q":1}]`, `[{"\u12":1}]`, `[{"a\u00e9\ud800":1}]`, `[{"a" 1}]`, `[{"a":1,}]`, `[{,}]`, `[{1:2}]`,
-		`[tru]`, `[true]`, `[nul]`, `[null, false]`, `[truex]`, `[1 2]`, `[1] x`, `[1] `, `[}]`, `[{]`, `[01]`, `[-]`, `[-0]`,
-		`[1.]`, `[1.5e+3]`, `[1e]`, `[.5]`, `[+1]`, `["a` + "\x01" + `"]`, `["\ud83d\ude00", "\xff"]`, `["\`, `["`, `[`, `[,]`,
-		`[1,]`, `[[],[[]],{}]`, ` [ 1 , "x" ] `, `["a"1]`, `[1"a"]`, `[{"a":1}{"b":2}]`,
-	}
-	for _, c := range cases {
-		var want []json.RawMessage
-		ok := json.Unmarshal([]byte(c), &want) == nil && want != nil
-		got := arrayElements([]byte(c))
-		if (got != nil) != ok {
-			t.Errorf("%.60q: split %v, encoding/json accepts %v", c, got != nil, ok)
-		}
-	}
-	for _, c := range []struct {
-		in  string
-		off int
-	}{{`[1,}`, 3}, {`{"a":tru}`, 5}, {`["\q"]`, 2}} {
-		s := jsonScanner{b: []byte(c.in)}
-		err := s.skip(0)
-		var se *jsonSyntaxError
-		if !errors.As(err, &se) || se.Offset != c.off {
-			t.Errorf("%s: %v, want a syntax error at byte %d", c.in, err, c.off)
-		}
-	}
-}
-
 // TestReadersRefuseWhatEncodingJSONRefuses: members skipped by the
 // response readers are checked whole, nested keys and nesting included.
 func TestReadersRefuseWhatEncodingJSONRefuses(t *testing.T) {
-	deep := strings.Repeat("[", jsonMaxNesting) + strings.Repeat("]", jsonMaxNesting)
+	deep := strings.Repeat("[", jsonscan.MaxDepth) + strings.Repeat("]", jsonscan.MaxDepth)
 	for _, c := range []string{
 		`{"a":{"\q":1},"token_ids":[1],"tokens":[1]}`,
 		`{"a":{"x\u12":1},"token_ids":[1],"tokens":[1]}`,
@@ -205,38 +171,4 @@ func FuzzParseTokenizeResponse(f *testing.F) {
 			t.Fatalf("%q: got %d %v, encoding/json %d %v", b, got.Count, got.Tokens, want.Count, want.Tokens)
 		}
 	})
-}
-
-// TestStringAtEveryAlignment: a string's special bytes (its closing quote,
-// an escape, a control character) and its non-ASCII bytes are found at
-// every offset within the scanner's eight-byte words: what a string
-// decodes to, and whether it is refused, is encoding/json's.
-func TestStringAtEveryAlignment(t *testing.T) {
-	for _, x := range []string{``, `\n`, `\"`, `\u00e9`, `\ud83d\ude00`, `\ud800`, "\x01", "\x1f", `\q`, `\u12`, "\xff", "\xc3\xa9", "\xe2\x82", "é\x80", "\x7f", " "} {
-		for pre := 0; pre < 18; pre++ {
-			for post := 0; post < 10; post += 3 {
-				for _, tail := range []string{``, `,"\u00e9"]`, ",\"\xff\xfe\"]"} {
-					in := `["` + strings.Repeat("a", pre) + x + strings.Repeat("b", post) + `"` + tail
-					if tail == "" {
-						in += "]"
-					}
-					var want []string
-					werr := json.Unmarshal([]byte(in), &want)
-					got, err := jsonValue([]byte(in))
-					if (err == nil) != (werr == nil) {
-						t.Fatalf("%q: scanner error %v, encoding/json error %v", in, err, werr)
-					}
-					if err != nil {
-						continue
-					}
-					if items := got.AsList().Items; len(items) != len(want) || items[0].AsString() != want[0] || items[len(items)-1].AsString() != want[len(want)-1] {
-						t.Fatalf("%q: scanner %s, encoding/json %q", in, got.String(), want)
-					}
-					if els := arrayElements([]byte(in)); len(els) != len(want) {
-						t.Fatalf("%q: split into %q", in, els)
-					}
-				}
-			}
-		}
-	}
 }

@@ -1,0 +1,527 @@
+package jsonscan
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/bits"
+	"strconv"
+	"unsafe"
+)
+
+// Scanner is a cursor over one JSON text, read in place: each method
+// reads one piece of the grammar at the cursor, checks it as encoding/json
+// checks it and moves past it. Values a reader does not need are skipped
+// (checked, never decoded); strings are returned as their raw bytes (a
+// view of the input) or decoded with Unquote. The zero value reads an
+// empty text; New starts one.
+//
+// A reader looks at a value with Peek (which eats the white space before
+// it) and calls the method for what it sees. Containers are read either
+// with a function per member or element (Object, which skips the members
+// the function leaves; Array), or, for readers that recurse or want no
+// closure, in the enter/next style:
+//
+//	for more := s.Enter(); more; {
+//		k, err := s.Key() // objects only
+//		... read the value at the cursor ...
+//		if more, err = s.Next('}'); err != nil { ... }
+//	}
+//
+// Errors in the text are *SyntaxError.
+type Scanner struct {
+	b []byte
+	i int
+}
+
+// New returns a scanner at the start of b.
+func New(b []byte) Scanner { return Scanner{b: b} }
+
+// Pos is the cursor's offset in the input.
+func (s *Scanner) Pos() int { return s.i }
+
+// Input is the text being read (not a copy): Input()[start:Pos()] are the
+// bytes read since the cursor was at start.
+func (s *Scanner) Input() []byte { return s.b }
+
+// MaxDepth is encoding/json's bound on nested arrays and objects: one
+// more is refused, as it is there.
+const MaxDepth = 10000
+
+// SyntaxError is malformed JSON. Offset and Msg are those of the
+// *json.SyntaxError that encoding/json returns for the same text: Offset
+// counts the bytes read up to and including the offending one (all of
+// them at an unexpected end), Msg is worded as encoding/json words it.
+type SyntaxError struct {
+	Offset int
+	Msg    string
+}
+
+func (e *SyntaxError) Error() string {
+	return "malformed JSON at offset " + strconv.Itoa(e.Offset) + ": " + e.Msg
+}
+
+// fail is the syntax error at the cursor's byte, or at the end of the
+// input when the cursor is there.
+func (s *Scanner) fail(context string) error {
+	if s.i >= len(s.b) {
+		return &SyntaxError{Offset: len(s.b), Msg: "unexpected end of JSON input"}
+	}
+	return &SyntaxError{Offset: s.i + 1, Msg: "invalid character " + quoteChar(s.b[s.i]) + " " + context}
+}
+
+// failInToken is fail inside a token that a space cannot end (an escape,
+// a number, a literal): at the end of the input encoding/json reads one
+// more byte, a space, and names it.
+func (s *Scanner) failInToken(context string) error {
+	if s.i >= len(s.b) {
+		return &SyntaxError{Offset: len(s.b), Msg: "invalid character ' ' " + context}
+	}
+	return s.fail(context)
+}
+
+// quoteChar is c between single quotes as encoding/json's messages show
+// it: the byte as a rune, escaped as strconv.Quote escapes it.
+func quoteChar(c byte) string {
+	switch c {
+	case '\'':
+		return `'\''`
+	case '"':
+		return `'"'`
+	}
+	q := strconv.Quote(string(rune(c)))
+	return "'" + q[1:len(q)-1] + "'"
+}
+
+// Peek eats white space and returns the byte at the cursor: the first of
+// the next value or punctuation, 0 at the end of the input.
+func (s *Scanner) Peek() byte {
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; c {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return c
+		}
+	}
+	return 0
+}
+
+// End checks that only white space follows the value just read.
+func (s *Scanner) End() error {
+	if s.Peek(); s.i != len(s.b) {
+		return s.fail("after top-level value")
+	}
+	return nil
+}
+
+// Enter eats the bracket at the cursor, '{' or '[', which Peek has
+// returned, and reports whether a member or element follows (the cursor
+// is then at it); for an empty container the closing bracket is eaten
+// too.
+func (s *Scanner) Enter() bool {
+	close := s.b[s.i] + 2 // '{'+2 is '}', '['+2 is ']'
+	s.i++
+	if s.Peek() == close {
+		s.i++
+		return false
+	}
+	return true
+}
+
+// Next follows a member's value or an element: it eats a comma (more is
+// true and the cursor is at the next one) or the closing bracket close
+// ('}' or ']'; more is false).
+func (s *Scanner) Next(close byte) (more bool, err error) {
+	switch s.Peek() {
+	case ',':
+		s.i++
+		s.Peek()
+		return true, nil
+	case close:
+		s.i++
+		return false, nil
+	}
+	if close == '}' {
+		return false, s.fail("after object key:value pair")
+	}
+	return false, s.fail("after array element")
+}
+
+// Key reads a member's key, decoded, and the colon after it, leaving the
+// cursor at the member's value.
+func (s *Scanner) Key() (string, error) {
+	raw, complex, err := s.key()
+	if err != nil {
+		return "", err
+	}
+	return Unquote(raw, complex), nil
+}
+
+// key is Key with the key raw.
+func (s *Scanner) key() (raw []byte, complex bool, err error) {
+	if s.Peek() != '"' {
+		return nil, false, s.fail("looking for beginning of object key string")
+	}
+	if raw, complex, err = s.RawString(); err != nil {
+		return nil, false, err
+	}
+	if s.Peek() != ':' {
+		return nil, false, s.fail("after object key")
+	}
+	s.i++
+	s.Peek()
+	return raw, complex, nil
+}
+
+// Object reads the object at the cursor ('{', seen with Peek), calling
+// member with each key and the cursor at the member's value. member
+// reports whether it read the value (consumed); if not, the value is
+// skipped. depth is the number of arrays and objects around the members'
+// values, this object included (see Skip). A key that needs no decoding
+// is a view of the input, valid only during the call.
+func (s *Scanner) Object(depth int, member func(key string) (consumed bool, err error)) error {
+	for more := s.Enter(); more; {
+		raw, complex, err := s.key()
+		if err != nil {
+			return err
+		}
+		var k string
+		if complex {
+			k = Unquote(raw, true)
+		} else {
+			// No copy: member only compares the key (or copies it).
+			k = unsafe.String(unsafe.SliceData(raw), len(raw))
+		}
+		consumed, err := member(k)
+		if err != nil {
+			return err
+		}
+		if !consumed {
+			if err := s.Skip(depth); err != nil {
+				return err
+			}
+		}
+		if more, err = s.Next('}'); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Array reads the array at the cursor ('[', seen with Peek), calling elem
+// with the index of each element and the cursor at it; elem must read
+// it.
+func (s *Scanner) Array(elem func(i int) error) error {
+	for i, more := 0, s.Enter(); more; i++ {
+		if err := elem(i); err != nil {
+			return err
+		}
+		var err error
+		if more, err = s.Next(']'); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Skip reads the value at the cursor (after white space), checking it,
+// and decodes nothing. depth is the number of arrays and objects around
+// it: an array or object inside MaxDepth others is refused.
+func (s *Scanner) Skip(depth int) error {
+	switch c := s.Peek(); c {
+	case '"':
+		_, _, _, err := s.span()
+		return err
+	case '{', '[':
+		if depth >= MaxDepth {
+			return s.fail("exceeded max depth")
+		}
+		for more := s.Enter(); more; {
+			if c == '{' {
+				if err := s.skipKey(); err != nil {
+					return err
+				}
+			}
+			if err := s.Skip(depth + 1); err != nil {
+				return err
+			}
+			var err error
+			if more, err = s.Next(c + 2); err != nil {
+				return err
+			}
+		}
+		return nil
+	case 't':
+		return s.Literal("true")
+	case 'f':
+		return s.Literal("false")
+	case 'n':
+		return s.Literal("null")
+	default:
+		if c == '-' || '0' <= c && c <= '9' {
+			_, err := s.Number()
+			return err
+		}
+		return s.fail("looking for beginning of value")
+	}
+}
+
+// skipKey is key for Skip: the key is only checked (its UTF-8 is not:
+// any bytes are a valid key).
+func (s *Scanner) skipKey() error {
+	if s.Peek() != '"' {
+		return s.fail("looking for beginning of object key string")
+	}
+	if _, _, _, err := s.span(); err != nil {
+		return err
+	}
+	if s.Peek() != ':' {
+		return s.fail("after object key")
+	}
+	s.i++
+	return nil
+}
+
+// Raw is Skip returning the value's bytes (a view of the input).
+func (s *Scanner) Raw(depth int) ([]byte, error) {
+	s.Peek()
+	start := s.i
+	err := s.Skip(depth)
+	return s.b[start:s.i], err
+}
+
+// Literal reads word (true, false or null) at the cursor; the caller has
+// seen its first byte.
+func (s *Scanner) Literal(word string) error {
+	for k := 0; k < len(word); k++ {
+		if s.i >= len(s.b) || s.b[s.i] != word[k] {
+			return s.failInToken("in literal " + word + " (expecting '" + word[k:k+1] + "')")
+		}
+		s.i++
+	}
+	return nil
+}
+
+// Null reads a null at the cursor, if that is what is there (null is
+// then true), and leaves any other value.
+func (s *Scanner) Null() (null bool, err error) {
+	if s.Peek() != 'n' {
+		return false, nil
+	}
+	return true, s.Literal("null")
+}
+
+// Number reads the number literal at the cursor (a '-' or a digit, seen
+// with Peek) and returns its bytes.
+func (s *Scanner) Number() ([]byte, error) {
+	b, start := s.b, s.i
+	i := s.i
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && '1' <= b[i] && b[i] <= '9':
+		i = digits(b, i+1)
+	default:
+		s.i = i
+		return nil, s.failInToken("in numeric literal")
+	}
+	if i < len(b) && b[i] == '.' {
+		if i++; i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.i = i
+			return nil, s.failInToken("after decimal point in numeric literal")
+		}
+		i = digits(b, i+1)
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		if i++; i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.i = i
+			return nil, s.failInToken("in exponent of numeric literal")
+		}
+		i = digits(b, i+1)
+	}
+	s.i = i
+	return b[start:i], nil
+}
+
+// digits is the offset of the first byte at or after i that is not a
+// digit.
+func digits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// Text reads the string at the cursor ('"', seen with Peek) and decodes
+// it as encoding/json does.
+func (s *Scanner) Text() (string, error) {
+	raw, complex, err := s.RawString()
+	if err != nil {
+		return "", err
+	}
+	return Unquote(raw, complex), nil
+}
+
+// RawString reads the string at the cursor ('"', seen with Peek) and
+// returns its raw bytes between the quotes (a view of the input), and
+// whether they must be decoded by Unquote (they hold an escape, or bytes
+// that are not valid UTF-8) to be its value.
+func (s *Scanner) RawString() (raw []byte, complex bool, err error) {
+	raw, escaped, high, err := s.span()
+	return raw, escaped || high && !ValidUTF8(raw), err
+}
+
+const lsb = 0x0101010101010101
+
+// specialBytes marks (with its high bit) the first of the eight bytes of
+// w, little-endian, that is a quote, a backslash or a control character:
+// the bytes a string's scan must look at one by one. Bytes after the
+// first may be marked falsely (a borrow runs on); 0 when there is none.
+func specialBytes(w uint64) uint64 {
+	ctl := (w - lsb*0x20) & ^w
+	q := w ^ (lsb * '"')
+	bs := w ^ (lsb * '\\')
+	return (ctl | (q-lsb) & ^q | (bs-lsb) & ^bs) & msb
+}
+
+// ctlHigh reports whether b holds a control character (below 0x20) and
+// whether it holds a byte of 0x80 or more.
+func ctlHigh(b []byte) (ctl, high bool) {
+	var c, h uint64
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		c |= (w - lsb*0x20) & ^w
+		h |= w
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			c = msb
+		}
+		h |= uint64(b[i])
+	}
+	return c&msb != 0, h&msb != 0
+}
+
+// runWords is how many plain eight-byte words the string scan reads
+// before it takes the rest of the run to the next quote or backslash as
+// long (see span).
+const runWords = 4
+
+// span reads the string at the cursor (at its opening quote) and returns
+// its raw bytes, whether they hold an escape, and whether they hold a
+// byte of 0x80 or more; a malformed string is an error at the byte
+// encoding/json names.
+//
+// Most strings are short (keys, roles, ids): those are read eight bytes
+// at a time up to the first byte that needs a look (a quote, a backslash,
+// a control character). Message texts are long: once a run has been
+// plain for runWords words, its end is found with IndexByte (vector
+// instructions, memchr speed) and the run is checked once more, eight
+// bytes at a time, for control characters and non-ASCII bytes. Measured
+// on the request parser's bodies, the word scan alone is twice as slow as
+// IndexByte on long texts, and IndexByte alone half as fast on short
+// strings (docs/benchmarks.md).
+func (s *Scanner) span() (raw []byte, escaped, high bool, err error) {
+	b := s.b
+	start := s.i + 1
+	i := start
+	var hi uint64
+	long := true // runs may be taken by IndexByte
+	// q is the closing quote's offset as IndexByte found it (past escapes
+	// that end before it, it is still the next quote).
+	q := -1
+	for {
+		for n := 0; i+8 <= len(b); n++ {
+			w := binary.LittleEndian.Uint64(b[i:])
+			if m := specialBytes(w); m != 0 {
+				k := bits.TrailingZeros64(m) / 8
+				hi |= w & (1<<(8*k) - 1)
+				i += k
+				goto look
+			}
+			hi |= w
+			i += 8
+			if n == runWords-1 && long {
+				goto run
+			}
+		}
+		for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
+			hi |= uint64(b[i])
+			i++
+		}
+		goto look
+	run:
+		if q < i {
+			if q = bytes.IndexByte(b[i:], '"'); q < 0 {
+				long = false // no closing quote: the word scan finds the error
+				continue
+			}
+			q += i
+		}
+		if n, ctl, h := plainRun(b[i:q]); !ctl {
+			i += n
+			if h {
+				hi |= msb
+			}
+		} else {
+			long = false // the word scan finds the control character
+			continue
+		}
+	look:
+		if i >= len(b) {
+			s.i = len(b)
+			return nil, false, false, s.fail("in string literal")
+		}
+		switch c := b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return b[start:i], escaped, hi&msb != 0, nil
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(b) {
+				s.i = len(b)
+				return nil, false, false, s.failInToken("in string escape code")
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				for k := 2; k < 6; k++ {
+					if i+k >= len(b) || !isHex(b[i+k]) {
+						s.i = i + k
+						return nil, false, false, s.failInToken("in \\u hexadecimal character escape")
+					}
+				}
+				i += 6
+			default:
+				s.i = i + 1
+				return nil, false, false, s.fail("in string escape code")
+			}
+		default: // a control character
+			s.i = i
+			return nil, false, false, s.fail("in string literal")
+		}
+	}
+}
+
+// plainRun is the length of the plain run that starts text (up to its
+// first backslash), and whether that run holds a control character and a
+// byte of 0x80 or more.
+func plainRun(text []byte) (n int, ctl, high bool) {
+	if n = bytes.IndexByte(text, '\\'); n < 0 {
+		n = len(text)
+	}
+	ctl, high = ctlHigh(text[:n])
+	return n, ctl, high
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
