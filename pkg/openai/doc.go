@@ -20,9 +20,10 @@
 // Every malformed body yields an error wrapping ErrInvalidRequest, whose text
 // names the offending field; callers map it to HTTP 400.
 //
-// The body is read in one pass by a scanner that validates everything and
-// decodes only what routing reads (the messages' role, text and name; the
-// prompt; the scalar fields), skipping the rest; it accepts exactly what
+// The body is read in one pass with pkg/jsonscan's scanner (which the
+// tokenizer's JSON readers use too): everything is validated, only what
+// routing reads is decoded (the messages' role, text and name; the prompt;
+// the scalar fields) and the rest is skipped; it accepts exactly what
 // encoding/json accepts and decodes strings as it does, so message text is
 // byte for byte what the local tokenizer's chat template renders (tests
 // and fuzz targets compare both). Keys match exactly, as in vLLM (not

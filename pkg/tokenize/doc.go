@@ -166,9 +166,9 @@
 //     from PyPI unicodedata2 16.0.0), the version of the reference's regex
 //     engine; Go's unicode package is 15.0.
 //
-// The JSON the package reads itself goes through one scanner
-// (jsonscan.go), which checks the grammar as encoding/json does, nesting
-// bound included: the template values of a request's messages, tools and
+// The JSON the package reads itself goes through pkg/jsonscan's scanner,
+// the request parser's, which checks the grammar as encoding/json does,
+// nesting bound included: the template values of a request's messages, tools and
 // arguments (jsondecode.go), the engines' /tokenize and render answers
 // (remote_decode.go) and a converted request's messages split for the
 // conversation memo (conv.go).
