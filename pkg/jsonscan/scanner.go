@@ -129,48 +129,45 @@ func (s *Scanner) Enter() bool {
 }
 
 // Next follows a member's value or an element: it eats a comma (more is
-// true and the cursor is at the next one) or the closing bracket close
+// true: another member or element follows) or the closing bracket close
 // ('}' or ']'; more is false).
 func (s *Scanner) Next(close byte) (more bool, err error) {
-	switch s.Peek() {
-	case ',':
+	if c := s.Peek(); c == ',' || c == close {
 		s.i++
-		s.Peek()
-		return true, nil
-	case close:
-		s.i++
-		return false, nil
+		return c == ',', nil
 	}
+	return false, s.afterValue(close)
+}
+
+// afterValue is the error when neither a comma nor close follows a value.
+func (s *Scanner) afterValue(close byte) error {
 	if close == '}' {
-		return false, s.fail("after object key:value pair")
+		return s.fail("after object key:value pair")
 	}
-	return false, s.fail("after array element")
+	return s.fail("after array element")
 }
 
 // Key reads a member's key, decoded, and the colon after it, leaving the
 // cursor at the member's value.
 func (s *Scanner) Key() (string, error) {
-	raw, complex, err := s.key()
-	if err != nil {
-		return "", err
-	}
-	return Unquote(raw, complex), nil
+	raw, escaped, high, err := s.key()
+	return Unquote(raw, needsUnquote(raw, escaped, high)), err
 }
 
-// key is Key with the key raw.
-func (s *Scanner) key() (raw []byte, complex bool, err error) {
+// key is Key with the key as span returns it.
+func (s *Scanner) key() (raw []byte, escaped, high bool, err error) {
 	if s.Peek() != '"' {
-		return nil, false, s.fail("looking for beginning of object key string")
+		return nil, false, false, s.fail("looking for beginning of object key string")
 	}
-	if raw, complex, err = s.RawString(); err != nil {
-		return nil, false, err
+	if raw, escaped, high, err = s.span(); err != nil {
+		return nil, false, false, err
 	}
 	if s.Peek() != ':' {
-		return nil, false, s.fail("after object key")
+		return nil, false, false, s.fail("after object key")
 	}
 	s.i++
 	s.Peek()
-	return raw, complex, nil
+	return raw, escaped, high, nil
 }
 
 // Object reads the object at the cursor ('{', seen with Peek), calling
@@ -181,12 +178,12 @@ func (s *Scanner) key() (raw []byte, complex bool, err error) {
 // is a view of the input, valid only during the call.
 func (s *Scanner) Object(depth int, member func(key string) (consumed bool, err error)) error {
 	for more := s.Enter(); more; {
-		raw, complex, err := s.key()
+		raw, escaped, high, err := s.key()
 		if err != nil {
 			return err
 		}
 		var k string
-		if complex {
+		if needsUnquote(raw, escaped, high) {
 			k = Unquote(raw, true)
 		} else {
 			// No copy: member only compares the key (or copies it).
@@ -213,6 +210,7 @@ func (s *Scanner) Object(depth int, member func(key string) (consumed bool, err 
 // it.
 func (s *Scanner) Array(elem func(i int) error) error {
 	for i, more := 0, s.Enter(); more; i++ {
+		s.Peek()
 		if err := elem(i); err != nil {
 			return err
 		}
@@ -238,7 +236,9 @@ func (s *Scanner) Skip(depth int) error {
 		}
 		for more := s.Enter(); more; {
 			if c == '{' {
-				if err := s.skipKey(); err != nil {
+				// The key is checked, not its UTF-8: any bytes make a
+				// valid key.
+				if _, _, _, err := s.key(); err != nil {
 					return err
 				}
 			}
@@ -264,22 +264,6 @@ func (s *Scanner) Skip(depth int) error {
 		}
 		return s.fail("looking for beginning of value")
 	}
-}
-
-// skipKey is key for Skip: the key is only checked (its UTF-8 is not:
-// any bytes are a valid key).
-func (s *Scanner) skipKey() error {
-	if s.Peek() != '"' {
-		return s.fail("looking for beginning of object key string")
-	}
-	if _, _, _, err := s.span(); err != nil {
-		return err
-	}
-	if s.Peek() != ':' {
-		return s.fail("after object key")
-	}
-	s.i++
-	return nil
 }
 
 // Raw is Skip returning the value's bytes (a view of the input).
@@ -362,10 +346,7 @@ func digits(b []byte, i int) int {
 // it as encoding/json does.
 func (s *Scanner) Text() (string, error) {
 	raw, complex, err := s.RawString()
-	if err != nil {
-		return "", err
-	}
-	return Unquote(raw, complex), nil
+	return Unquote(raw, complex), err
 }
 
 // RawString reads the string at the cursor ('"', seen with Peek) and
@@ -374,7 +355,13 @@ func (s *Scanner) Text() (string, error) {
 // that are not valid UTF-8) to be its value.
 func (s *Scanner) RawString() (raw []byte, complex bool, err error) {
 	raw, escaped, high, err := s.span()
-	return raw, escaped || high && !ValidUTF8(raw), err
+	return raw, needsUnquote(raw, escaped, high), err
+}
+
+// needsUnquote reports whether a string's raw bytes, as span returns
+// them, differ from its value.
+func needsUnquote(raw []byte, escaped, high bool) bool {
+	return escaped || high && !ValidUTF8(raw)
 }
 
 const lsb = 0x0101010101010101
