@@ -96,12 +96,11 @@ func quoteChar(c byte) string {
 // the next value or punctuation, 0 at the end of the input.
 func (s *Scanner) Peek() byte {
 	for s.i < len(s.b) {
-		switch c := s.b[s.i]; c {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
+		// White space is below '!': most bytes take one comparison.
+		if c := s.b[s.i]; c > ' ' || c != ' ' && c != '\t' && c != '\n' && c != '\r' {
 			return c
 		}
+		s.i++
 	}
 	return 0
 }
@@ -333,10 +332,49 @@ func (s *Scanner) Number() ([]byte, error) {
 	return b[start:i], nil
 }
 
+// Int is Number for readers of integers: besides the literal it returns
+// the value when the literal is an integer, with no fraction or exponent,
+// that an int64 holds (ok), as encoding/json decodes such a literal into
+// an int64. The digits are read and added up in one pass.
+func (s *Scanner) Int() (lit []byte, v int64, ok bool, err error) {
+	b, start := s.b, s.i
+	i := start
+	neg := i < len(b) && b[i] == '-'
+	if neg {
+		i++
+	}
+	d := i // the first digit
+	var u uint64
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else {
+		for ; i < len(b) && b[i]-'0' <= 9; i++ { // a byte below '0' wraps above 9
+			u = u*10 + uint64(b[i]-'0') // wraps past 19 digits, refused below
+		}
+	}
+	if i == d || i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+		// Not an integer, or not a number: Number reads it, or names
+		// the error.
+		lit, err = s.Number()
+		return lit, 0, false, err
+	}
+	s.i = i
+	lit = b[start:i]
+	switch {
+	case i-d > 19:
+		return lit, 0, false, nil
+	case neg && u <= 1<<63:
+		return lit, int64(-u), true, nil // -2^63 included
+	case !neg && u <= 1<<63-1:
+		return lit, int64(u), true, nil
+	}
+	return lit, 0, false, nil
+}
+
 // digits is the offset of the first byte at or after i that is not a
 // digit.
 func digits(b []byte, i int) int {
-	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+	for i < len(b) && b[i]-'0' <= 9 { // a byte below '0' wraps above 9
 		i++
 	}
 	return i
@@ -381,132 +419,119 @@ func specialBytes(w uint64) uint64 {
 // whether it holds a byte of 0x80 or more.
 func ctlHigh(b []byte) (ctl, high bool) {
 	var c, h uint64
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		w := binary.LittleEndian.Uint64(b[i:])
+	for ; len(b) >= 8; b = b[8:] {
+		w := binary.LittleEndian.Uint64(b)
 		c |= (w - lsb*0x20) & ^w
 		h |= w
 	}
-	for ; i < len(b); i++ {
-		if b[i] < 0x20 {
+	for _, x := range b {
+		if x < 0x20 {
 			c = msb
 		}
-		h |= uint64(b[i])
+		h |= uint64(x)
 	}
 	return c&msb != 0, h&msb != 0
 }
 
-// runWords is how many plain eight-byte words the string scan reads
-// before it takes the rest of the run to the next quote or backslash as
-// long (see span).
-const runWords = 4
+// shortWords is how many eight-byte words of a string span reads before
+// it takes the string as long (see span).
+const shortWords = 2
 
 // span reads the string at the cursor (at its opening quote) and returns
 // its raw bytes, whether they hold an escape, and whether they hold a
 // byte of 0x80 or more; a malformed string is an error at the byte
 // encoding/json names.
 //
-// Most strings are short (keys, roles, ids): those are read eight bytes
-// at a time up to the first byte that needs a look (a quote, a backslash,
-// a control character). Message texts are long: once a run has been
-// plain for runWords words, its end is found with IndexByte (vector
-// instructions, memchr speed) and the run is checked once more, eight
-// bytes at a time, for control characters and non-ASCII bytes. Measured
-// on the request parser's bodies, the word scan alone is twice as slow as
-// IndexByte on long texts, and IndexByte alone half as fast on short
-// strings (docs/benchmarks.md).
+// Most strings are short (keys, roles, ids): their first shortWords words
+// are read eight bytes at a time, which finds a closing quote there
+// without a call. A longer string (a message's text) is read in runs
+// between backslashes: IndexByte (vector instructions, memchr speed)
+// finds the closing quote once and each backslash before it, and each
+// run is checked for control characters and non-ASCII bytes eight bytes
+// at a time (four operations a word). Measured on the request parser's and
+// the tokenizer's bodies (docs/benchmarks.md), the word scan alone is
+// half as fast on long texts and IndexByte alone half as fast on keys.
 func (s *Scanner) span() (raw []byte, escaped, high bool, err error) {
 	b := s.b
 	start := s.i + 1
 	i := start
 	var hi uint64
-	long := true // runs may be taken by IndexByte
-	// q is the closing quote's offset as IndexByte found it (past escapes
-	// that end before it, it is still the next quote).
+	for n := 0; n < shortWords && i+8 <= len(b); n++ {
+		w := binary.LittleEndian.Uint64(b[i:])
+		if m := specialBytes(w); m != 0 {
+			k := bits.TrailingZeros64(m) / 8
+			hi |= w & (1<<(8*k) - 1)
+			if i += k; b[i] == '"' {
+				s.i = i + 1
+				return b[start:i], false, hi&msb != 0, nil
+			}
+			break // an escape or a control character: the long way reads it
+		}
+		hi |= w
+		i += 8
+	}
+	return s.spanLong(start, i, hi)
+}
+
+// spanLong is span from i on, with hi the bytes before i ORed.
+func (s *Scanner) spanLong(start, i int, hi uint64) (raw []byte, escaped, high bool, err error) {
+	b := s.b
+	// q is the closing quote, as far as is known: the first quote at or
+	// after i (found again once an escaped quote is passed), len(b) when
+	// there is none.
 	q := -1
 	for {
-		for n := 0; i+8 <= len(b); n++ {
-			w := binary.LittleEndian.Uint64(b[i:])
-			if m := specialBytes(w); m != 0 {
-				k := bits.TrailingZeros64(m) / 8
-				hi |= w & (1<<(8*k) - 1)
-				i += k
-				goto look
-			}
-			hi |= w
-			i += 8
-			if n == runWords-1 && long {
-				goto run
-			}
-		}
-		for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
-			hi |= uint64(b[i])
-			i++
-		}
-		goto look
-	run:
 		if q < i {
 			if q = bytes.IndexByte(b[i:], '"'); q < 0 {
-				long = false // no closing quote: the word scan finds the error
-				continue
+				q = len(b)
+			} else {
+				q += i
 			}
-			q += i
 		}
-		if n, ctl, h := plainRun(b[i:q]); !ctl {
-			i += n
-			if h {
-				hi |= msb
-			}
-		} else {
-			long = false // the word scan finds the control character
-			continue
+		j := q // the run's end: a backslash, the quote or the end of b
+		if k := bytes.IndexByte(b[i:q], '\\'); k >= 0 {
+			j = i + k
 		}
-	look:
-		if i >= len(b) {
-			s.i = len(b)
-			return nil, false, false, s.fail("in string literal")
-		}
-		switch c := b[i]; {
-		case c == '"':
-			s.i = i + 1
-			return b[start:i], escaped, hi&msb != 0, nil
-		case c == '\\':
-			escaped = true
-			if i+1 >= len(b) {
-				s.i = len(b)
-				return nil, false, false, s.failInToken("in string escape code")
+		ctl, h := ctlHigh(b[i:j])
+		if ctl {
+			for b[i] >= 0x20 {
+				i++
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				for k := 2; k < 6; k++ {
-					if i+k >= len(b) || !isHex(b[i+k]) {
-						s.i = i + k
-						return nil, false, false, s.failInToken("in \\u hexadecimal character escape")
-					}
-				}
-				i += 6
-			default:
-				s.i = i + 1
-				return nil, false, false, s.fail("in string escape code")
-			}
-		default: // a control character
 			s.i = i
 			return nil, false, false, s.fail("in string literal")
 		}
+		if h {
+			hi |= msb
+		}
+		switch {
+		case j == len(b):
+			s.i = j
+			return nil, false, false, s.fail("in string literal")
+		case j == q:
+			s.i = q + 1
+			return b[start:q], escaped, hi&msb != 0, nil
+		}
+		escaped = true
+		if j+1 >= len(b) {
+			s.i = len(b)
+			return nil, false, false, s.failInToken("in string escape code")
+		}
+		switch b[j+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i = j + 2
+		case 'u':
+			for k := 2; k < 6; k++ {
+				if j+k >= len(b) || !isHex(b[j+k]) {
+					s.i = j + k
+					return nil, false, false, s.failInToken("in \\u hexadecimal character escape")
+				}
+			}
+			i = j + 6
+		default:
+			s.i = j + 1
+			return nil, false, false, s.fail("in string escape code")
+		}
 	}
-}
-
-// plainRun is the length of the plain run that starts text (up to its
-// first backslash), and whether that run holds a control character and a
-// byte of 0x80 or more.
-func plainRun(text []byte) (n int, ctl, high bool) {
-	if n = bytes.IndexByte(text, '\\'); n < 0 {
-		n = len(text)
-	}
-	ctl, high = ctlHigh(text[:n])
-	return n, ctl, high
 }
 
 func isHex(c byte) bool {

@@ -214,6 +214,38 @@ func TestUnquoteRandomMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// intAsEncodingJSON reports how Int differs on b, a JSON text, from
+// encoding/json decoding it into an int64, "" when it does not: the same
+// value, or both refusing it.
+func intAsEncodingJSON(b []byte) string {
+	s := New(b)
+	if c := s.Peek(); c != '-' && (c < '0' || c > '9') {
+		return ""
+	}
+	lit, v, ok, err := s.Int()
+	if err == nil {
+		err = s.End()
+	}
+	var want int64
+	werr := json.Unmarshal(b, &want)
+	if (err == nil && ok) != (werr == nil) || werr == nil && v != want || err == nil && string(lit) != strings.TrimSpace(string(b)) {
+		return fmt.Sprintf("Int %q %d %v %v, encoding/json %d %v", lit, v, ok, err, want, werr)
+	}
+	return ""
+}
+
+// TestIntAsEncodingJSON: Int takes exactly the integers encoding/json
+// decodes into an int64, with their values, at and around its bounds.
+func TestIntAsEncodingJSON(t *testing.T) {
+	for _, c := range []string{"0", "-0", "7", "-7", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+		"-9223372036854775809", "12345678901234567890", "99999999999999999999", "1.0", "1e3", "1E+2", "-", "01", "00", "-01",
+		" 42 ", "4294967296", "1.", "0e", "-a", "1x"} {
+		if d := intAsEncodingJSON([]byte(c)); d != "" {
+			t.Errorf("%q: %s", c, d)
+		}
+	}
+}
+
 // decode reads the value at the cursor into what encoding/json decodes
 // it into (numbers as json.Number), with the walkers in turn: Object and
 // Array at even depths, Enter, Key and Next at odd ones.
@@ -286,7 +318,7 @@ func FuzzScanner(f *testing.F) {
 		`{"a":[1,2.5e-3,-0,true,false,null,"x\u00e9\n"],"b":{}}`, `"\ud800\udc00\ud800"`, `[01]`, `1.`, `-`, `"\x"`,
 		"\"\xff\"", `{"a" 1}`, `[1,]`, ` {} `, `{}x`, `"a\u00"`, `[[[[]]]]`, `1e+`, `tru`, `{"a":{"b":[{"c":"d"}]},"a":2}`,
 		`"` + strings.Repeat("long plain text ", 8) + `\"` + strings.Repeat("é", 20) + "\x01\"",
-		"2" + strings.Repeat("0", 400),
+		"2" + strings.Repeat("0", 400), "-9223372036854775808", "9223372036854775808",
 	} {
 		f.Add([]byte(s))
 	}
@@ -300,6 +332,9 @@ func FuzzScanner(f *testing.F) {
 		}
 		if err != nil {
 			return
+		}
+		if d := intAsEncodingJSON(b); d != "" {
+			t.Fatalf("%q: %s", b, d)
 		}
 		s := New(b)
 		got, err := decode(&s, 0)

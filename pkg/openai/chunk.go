@@ -150,12 +150,11 @@ func (s *scanner) intInto(v *int64, set *bool) error {
 	if c != '-' && (c < '0' || c > '9') {
 		return errWrongType
 	}
-	lit, err := s.Number()
-	if err != nil {
+	_, n, ok, err := s.Int()
+	switch {
+	case err != nil:
 		return err
-	}
-	n, ok := parseInt(lit)
-	if !ok {
+	case !ok:
 		return errWrongType
 	}
 	*v = n

@@ -87,44 +87,14 @@ func (s *scanner) intField(field string, depth int) (v int64, ok bool, err error
 	if c != '-' && (c < '0' || c > '9') {
 		return 0, false, s.typeError(field, "an integer", depth)
 	}
-	lit, err := s.Number()
-	if err != nil {
+	lit, n, ok, err := s.Int()
+	switch {
+	case err != nil:
 		return 0, false, err
-	}
-	n, ok := parseInt(lit)
-	if !ok {
+	case !ok:
 		return 0, false, fmt.Errorf("%w: field %q: expected an integer, got number %s", ErrInvalidRequest, field, lit)
 	}
 	return n, true, nil
-}
-
-// parseInt reads a valid number literal that is an integer fitting int64
-// (no fraction, no exponent), as encoding/json does for an int64 field.
-func parseInt(lit []byte) (int64, bool) {
-	neg := len(lit) > 0 && lit[0] == '-'
-	if neg {
-		lit = lit[1:]
-	}
-	if len(lit) == 0 || len(lit) > 19 {
-		return 0, false
-	}
-	var v uint64
-	for _, c := range lit {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		v = v*10 + uint64(c-'0')
-	}
-	if neg {
-		if v > 1<<63 {
-			return 0, false
-		}
-		return -int64(v), true
-	}
-	if v > math.MaxInt64 {
-		return 0, false
-	}
-	return int64(v), true
 }
 
 // tokenID decodes one token id (a plain non-negative integer below 2^32)
@@ -134,12 +104,10 @@ func (s *scanner) tokenID(field string) (uint32, error) {
 	if c != '-' && (c < '0' || c > '9') {
 		return 0, fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, field)
 	}
-	lit, err := s.Number()
-	if err != nil {
-		return 0, err
-	}
-	n, ok := parseInt(lit)
+	_, n, ok, err := s.Int()
 	switch {
+	case err != nil:
+		return 0, err
 	case !ok:
 		return 0, fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, field)
 	case n < 0 || n > math.MaxUint32:

@@ -117,18 +117,14 @@ func uint32s(s *jsonscan.Scanner) ([]uint32, error) {
 		if c := s.Peek(); c < '0' || c > '9' {
 			return nil, shapeError(s, "want an integer in [0, 2^32)")
 		}
-		lit, err := s.Number()
-		if err != nil {
+		_, v, ok, err := s.Int()
+		switch {
+		case err != nil:
 			return nil, err
-		}
-		v := uint64(0)
-		for _, c := range lit {
-			if c < '0' || c > '9' {
-				return nil, shapeError(s, "want an integer in [0, 2^32)")
-			}
-			if v = v*10 + uint64(c-'0'); v > math.MaxUint32 {
-				return nil, shapeError(s, "integer out of range")
-			}
+		case !ok:
+			return nil, shapeError(s, "want an integer in [0, 2^32)")
+		case v > math.MaxUint32:
+			return nil, shapeError(s, "integer out of range")
 		}
 		out = append(out, uint32(v))
 		if more, err = s.Next(']'); err != nil {
