@@ -148,7 +148,7 @@ func TestStringsAsEncodingJSON(t *testing.T) {
 		if got := Unquote(raw, complex); got != want[0] || !complex && string(raw) != want[0] {
 			t.Fatalf("%q: %q (complex %v), encoding/json %q", b, got, complex, want[0])
 		}
-		if more, err := s.Next(']'); !more || err != nil || s.Peek() != '"' {
+		if !s.Comma() || s.Peek() != '"' {
 			t.Fatalf("%q: the string ends at %d", b, s.Pos())
 		}
 	}
@@ -214,15 +214,17 @@ func TestUnquoteRandomMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
-// intAsEncodingJSON reports how Int differs on b, a JSON text, from
-// encoding/json decoding it into an int64, "" when it does not: the same
-// value, or both refusing it.
+// intAsEncodingJSON reports how Int and Uint differ on b, a JSON text,
+// from encoding/json decoding it into an int64 and a uint64, "" when they
+// do not: the same value, or both refusing it.
 func intAsEncodingJSON(b []byte) string {
 	s := New(b)
 	if c := s.Peek(); c != '-' && (c < '0' || c > '9') {
 		return ""
 	}
-	lit, v, ok, err := s.Int()
+	start := s.Pos()
+	v, ok, err := s.Int()
+	lit := s.Input()[start:s.Pos()]
 	if err == nil {
 		err = s.End()
 	}
@@ -231,15 +233,27 @@ func intAsEncodingJSON(b []byte) string {
 	if (err == nil && ok) != (werr == nil) || werr == nil && v != want || err == nil && string(lit) != strings.TrimSpace(string(b)) {
 		return fmt.Sprintf("Int %q %d %v %v, encoding/json %d %v", lit, v, ok, err, want, werr)
 	}
+	// Uint takes the plain ones: encoding/json's uint64s written with
+	// no sign in at most 19 digits.
+	s = New(b)
+	s.Peek()
+	u, uok := s.Uint()
+	uok = uok && s.End() == nil
+	var wantU uint64
+	plain := json.Unmarshal(b, &wantU) == nil && !strings.Contains(string(b), "-") && len(strings.TrimSpace(string(b))) <= 19
+	if uok != plain || uok && u != wantU {
+		return fmt.Sprintf("Uint %d %v, encoding/json %d (plain %v)", u, uok, wantU, plain)
+	}
 	return ""
 }
 
 // TestIntAsEncodingJSON: Int takes exactly the integers encoding/json
-// decodes into an int64, with their values, at and around its bounds.
+// decodes into an int64, with their values, at and around its bounds, and
+// Uint the plain ones it decodes into a uint64.
 func TestIntAsEncodingJSON(t *testing.T) {
 	for _, c := range []string{"0", "-0", "7", "-7", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
 		"-9223372036854775809", "12345678901234567890", "99999999999999999999", "1.0", "1e3", "1E+2", "-", "01", "00", "-01",
-		" 42 ", "4294967296", "1.", "0e", "-a", "1x"} {
+		" 42 ", "4294967296", "1.", "0e", "-a", "1x", "9999999999999999999", "10000000000000000000", "18446744073709551615"} {
 		if d := intAsEncodingJSON([]byte(c)); d != "" {
 			t.Errorf("%q: %s", c, d)
 		}
@@ -248,7 +262,7 @@ func TestIntAsEncodingJSON(t *testing.T) {
 
 // decode reads the value at the cursor into what encoding/json decodes
 // it into (numbers as json.Number), with the walkers in turn: Object and
-// Array at even depths, Enter, Key and Next at odd ones.
+// Array at even depths, Enter, Key, Comma and Close at odd ones.
 func decode(s *Scanner, depth int) (any, error) {
 	switch c := s.Peek(); c {
 	case '{':
@@ -262,7 +276,7 @@ func decode(s *Scanner, depth int) (any, error) {
 			})
 			return out, err
 		}
-		for more := s.Enter(); more; {
+		for more := s.Enter(); more; more = s.Comma() {
 			k, err := s.Key()
 			if err != nil {
 				return nil, err
@@ -270,11 +284,8 @@ func decode(s *Scanner, depth int) (any, error) {
 			if out[k], err = decode(s, depth+1); err != nil {
 				return nil, err
 			}
-			if more, err = s.Next('}'); err != nil {
-				return nil, err
-			}
 		}
-		return out, nil
+		return out, s.Close('}')
 	case '[':
 		out := []any{}
 		if depth%2 == 0 {
@@ -285,17 +296,14 @@ func decode(s *Scanner, depth int) (any, error) {
 			})
 			return out, err
 		}
-		for more := s.Enter(); more; {
+		for more := s.Enter(); more; more = s.Comma() {
 			v, err := decode(s, depth+1)
 			if err != nil {
 				return nil, err
 			}
 			out = append(out, v)
-			if more, err = s.Next(']'); err != nil {
-				return nil, err
-			}
 		}
-		return out, nil
+		return out, s.Close(']')
 	case '"':
 		return s.Text()
 	case 'n':

@@ -150,7 +150,7 @@ func (s *scanner) intInto(v *int64, set *bool) error {
 	if c != '-' && (c < '0' || c > '9') {
 		return errWrongType
 	}
-	_, n, ok, err := s.Int()
+	n, ok, err := s.Int()
 	switch {
 	case err != nil:
 		return err

@@ -652,7 +652,7 @@ func orderedObject(raw json.RawMessage) (*message, error) {
 		return nil, errors.New("not an object")
 	}
 	m := newObject()
-	for more := s.Enter(); more; {
+	for more := s.Enter(); more; more = s.Comma() {
 		k, err := s.Key()
 		if err != nil {
 			return nil, err
@@ -662,9 +662,9 @@ func orderedObject(raw json.RawMessage) (*message, error) {
 			return nil, err
 		}
 		m.set(k, v)
-		if more, err = s.Next('}'); err != nil {
-			return nil, err
-		}
+	}
+	if err := s.Close('}'); err != nil {
+		return nil, err
 	}
 	return m, s.End()
 }

@@ -87,12 +87,13 @@ func (s *scanner) intField(field string, depth int) (v int64, ok bool, err error
 	if c != '-' && (c < '0' || c > '9') {
 		return 0, false, s.typeError(field, "an integer", depth)
 	}
-	lit, n, ok, err := s.Int()
+	start := s.Pos()
+	n, ok, err := s.Int()
 	switch {
 	case err != nil:
 		return 0, false, err
 	case !ok:
-		return 0, false, fmt.Errorf("%w: field %q: expected an integer, got number %s", ErrInvalidRequest, field, lit)
+		return 0, false, fmt.Errorf("%w: field %q: expected an integer, got number %s", ErrInvalidRequest, field, s.Input()[start:s.Pos()])
 	}
 	return n, true, nil
 }
@@ -104,7 +105,7 @@ func (s *scanner) tokenID(field string) (uint32, error) {
 	if c != '-' && (c < '0' || c > '9') {
 		return 0, fmt.Errorf("%w: field %q: expected an array of token ids", ErrInvalidRequest, field)
 	}
-	_, n, ok, err := s.Int()
+	n, ok, err := s.Int()
 	switch {
 	case err != nil:
 		return 0, err

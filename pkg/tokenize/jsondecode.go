@@ -47,7 +47,7 @@ func templateValue(s *jsonscan.Scanner, depth int) (jinja.Value, error) {
 	case '{':
 		out := jinja.NewDict()
 		dict := out.AsDict()
-		for more := s.Enter(); more; {
+		for more := s.Enter(); more; more = s.Comma() {
 			k, err := s.Key()
 			if err != nil {
 				return jinja.Value{}, err
@@ -57,24 +57,18 @@ func templateValue(s *jsonscan.Scanner, depth int) (jinja.Value, error) {
 				return jinja.Value{}, err
 			}
 			dict.Set(k, v)
-			if more, err = s.Next('}'); err != nil {
-				return jinja.Value{}, err
-			}
 		}
-		return out, nil
+		return out, s.Close('}')
 	case '[':
 		var items []jinja.Value
-		for more := s.Enter(); more; {
+		for more := s.Enter(); more; more = s.Comma() {
 			v, err := templateValue(s, depth+1)
 			if err != nil {
 				return jinja.Value{}, err
 			}
 			items = append(items, v)
-			if more, err = s.Next(']'); err != nil {
-				return jinja.Value{}, err
-			}
 		}
-		return jinja.NewList(items), nil
+		return jinja.NewList(items), s.Close(']')
 	case '"':
 		t, err := s.Text()
 		if err != nil {

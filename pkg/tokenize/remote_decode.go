@@ -113,23 +113,19 @@ func renderObject(s *jsonscan.Scanner, depth int) ([]uint32, error) {
 // exponent: the token ids the engines answer with.
 func uint32s(s *jsonscan.Scanner) ([]uint32, error) {
 	out := make([]uint32, 0, (len(s.Input())-s.Pos())/7+1)
-	for more := s.Enter(); more; {
-		if c := s.Peek(); c < '0' || c > '9' {
-			return nil, shapeError(s, "want an integer in [0, 2^32)")
-		}
-		_, v, ok, err := s.Int()
+	for more := s.Enter(); more; more = s.Comma() {
+		s.Peek()
+		v, ok := s.Uint()
 		switch {
-		case err != nil:
-			return nil, err
 		case !ok:
 			return nil, shapeError(s, "want an integer in [0, 2^32)")
 		case v > math.MaxUint32:
 			return nil, shapeError(s, "integer out of range")
 		}
 		out = append(out, uint32(v))
-		if more, err = s.Next(']'); err != nil {
-			return nil, err
-		}
+	}
+	if err := s.Close(']'); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
