@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/pyfmt"
 )
 
 // Anthropic Messages API (vLLM's entrypoints/anthropic): the body is
@@ -165,34 +166,11 @@ func convertError(err error) error {
 
 var undeclaredTool = regexp.MustCompile(`(tool_addition|tool_removal) references tool ("(?:[^"\\]|\\.)*"), which is not declared in tools$`)
 
-// pyRepr is Python's repr of a string: single quotes unless it holds one
-// and no double quote, backslash escapes for the quote, the backslash and
-// control characters.
+// pyRepr is Python's repr of a string (pkg/pyfmt), as vLLM's error
+// messages quote a tool's name.
 func pyRepr(s string) string {
-	q := byte('\'')
-	if strings.Contains(s, "'") && !strings.Contains(s, `"`) {
-		q = '"'
-	}
 	var b strings.Builder
-	b.WriteByte(q)
-	for _, r := range s {
-		switch {
-		case r == rune(q) || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte(q)
+	pyfmt.WriteStringRepr(&b, s)
 	return b.String()
 }
 

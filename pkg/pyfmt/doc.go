@@ -5,6 +5,6 @@
 // some of what they print is a Python repr: a chat template printing None
 // or a list, vLLM's Anthropic conversion printing an assistant
 // tool_result's content list with str(). The template values
-// (pkg/tokenize) and the request converter (pkg/openai) both print
-// through it. It is pure: no state, no goroutines.
+// (pkg/tokenize), the request converter (pkg/openai) and the engine
+// simulator's vLLM-worded errors (cmd/enginesim) print through it. It is pure: no state, no goroutines.
 package pyfmt
