@@ -217,11 +217,12 @@ func (s *Store) Stored(id, addr string) {
 func (s *Store) Lost(id, addr string) {
 	s.mu.Lock()
 	a, ok := s.held.get(id)
-	if ok && a == addr {
+	lost := ok && a == addr
+	if lost {
 		s.held.drop(id)
 	}
 	s.mu.Unlock()
-	if ok && a == addr {
+	if lost {
 		s.lost.Inc()
 	}
 }
@@ -282,9 +283,12 @@ func (s *Store) find(ctx context.Context, model, id, not string) (string, Source
 		return "", SourceSkipped
 	}
 	// Requests naming one id at once (a client's parallel polls, a burst
-	// after a restart) share one lookup: only the first asks.
+	// after a restart) share one lookup: only the first asks, on its own
+	// goroutine. The lookup belongs to all of them, so it runs on no
+	// request's cancellation: had the first request gone, the others would
+	// get no holder. lookup_timeout bounds the wait of each.
 	v, _, _ := s.flight.Do(model+"\x00"+id+"\x00"+not, func() (any, error) {
-		addr, src := s.ask(ctx, model, id, not, now)
+		addr, src := s.ask(context.WithoutCancel(ctx), model, id, not, now)
 		return found{addr, src}, nil
 	})
 	f := v.(found)

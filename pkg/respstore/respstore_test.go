@@ -336,3 +336,53 @@ func TestLookupShared(t *testing.T) {
 		t.Errorf("the holder was asked %d times, want once", a)
 	}
 }
+
+// TestLookupOutlivesFirstRequest: the request that starts a shared lookup
+// going away (its context cancelled) does not end the lookup for the
+// requests that joined it: they get the holder.
+func TestLookupOutlivesFirstRequest(t *testing.T) {
+	var asked atomic.Int64
+	release := make(chan struct{})
+	holder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(holder.Close)
+	addr := strings.TrimPrefix(holder.URL, "http://")
+	s, _ := newStore(t, Config{LookupTimeout: 5 * time.Second, LookupConcurrency: 1},
+		func(string) []string { return []string{addr} })
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan string, 1)
+	go func() {
+		a, _ := s.Holder(ctx, "m", "resp_gone")
+		first <- a
+	}()
+	for deadline := time.Now().Add(2 * time.Second); asked.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no lookup started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	joined := make(chan Source, 1)
+	go func() {
+		a, src := s.Holder(context.Background(), "m", "resp_gone")
+		if a != addr {
+			src = "wrong holder " + Source(a)
+		}
+		joined <- src
+	}()
+	time.Sleep(20 * time.Millisecond) // let the second request join the lookup in flight
+	cancel()
+	time.Sleep(20 * time.Millisecond) // a lookup on the first request's context would end here
+	close(release)
+	if src := <-joined; src != SourceLookup && src != SourceBook {
+		t.Errorf("the joined request: %s, want lookup (joined) or book (after it)", src)
+	}
+	if a := <-first; a != addr {
+		t.Errorf("the first request: holder %q, want %q (the lookup is bounded by lookup_timeout, not its context)", a, addr)
+	}
+	if a := asked.Load(); a != 1 {
+		t.Errorf("the holder was asked %d times, want once", a)
+	}
+}
