@@ -456,14 +456,14 @@ func (t *Tokenizer) Tokenize(ctx context.Context, model string, in route.Tokeniz
 		}
 		if errors.Is(err, ErrUnsupported) {
 			m.noteRefusal(err)
-		}
-		if errors.Is(err, ErrUnsupported) && m.remote != nil && ctx.Err() == nil {
-			// The local tokenizer knows it cannot reproduce this request
-			// (a template printing a number or a list as only Python
-			// prints it, ...): the engine can.
-			t.metrics.requests.WithLabelValues(string(KindLocal), "unsupported").Inc()
-			kind = m.remote.kind()
-			toks, err = m.remote.tokenize(ctx, in)
+			if m.remote != nil && ctx.Err() == nil {
+				// The local tokenizer knows it cannot reproduce this
+				// request (a template printing a number or a list as only
+				// Python prints it, ...): the engine can.
+				t.metrics.requests.WithLabelValues(string(KindLocal), "unsupported").Inc()
+				kind = m.remote.kind()
+				toks, err = m.remote.tokenize(ctx, in)
+			}
 		}
 	case KindRemote, KindRender:
 		toks, err = m.remote.tokenize(ctx, in)
