@@ -142,20 +142,7 @@ func FuzzPrintTags(f *testing.F) {
 		if err != nil {
 			return
 		}
-		printed := printTags(src)
-		cut, err := jinja.Compile(printed)
-		if err != nil {
-			return // compileTemplate keeps the template as written
-		}
-		for _, v := range values {
-			want, werr := renderSafe(orig, fuzzTemplateData(t, v), 0)
-			got, gerr := renderSafe(cut, fuzzTemplateData(t, v), 0)
-			if werr == nil && errors.Is(gerr, ErrUnsupported) {
-				continue // printing a macro or a function: refused, not guessed
-			}
-			if (werr != nil) != (gerr != nil) || got != want {
-				t.Fatalf("printed %q\nof %q\nrenders %q (%v), as written %q (%v)", printed, src, got, gerr, want, werr)
-			}
-		}
+		// Printing a macro or a function is refused, not guessed.
+		sameRenders(t, "printed", src, orig, printTags(src), values, fuzzTemplateData, true)
 	})
 }
