@@ -21,7 +21,9 @@
 // each of the model's replicas at once (at most Config.LookupFanout),
 // bounded by Config.LookupTimeout; the first to answer 200 is the holder.
 // Requests naming one id while its lookup runs join it rather than asking
-// again.
+// again; the lookup does not end with the request that started it (only
+// LookupTimeout ends it), so a client that gave up leaves the others
+// their answer.
 // At most Config.LookupConcurrency lookups run at once: past that, and for
 // an id every asked replica answered 404 for in the last MissTTL (a
 // replica that did not answer in time may hold it: that is no miss), a
