@@ -289,21 +289,39 @@ func TestElsewhere(t *testing.T) {
 	}
 }
 
-// Requests naming one unknown id at once share one lookup: each replica
-// is asked once, every request gets the holder, and none is refused for
-// lookup_concurrency (1 here).
-func TestLookupShared(t *testing.T) {
-	var asked atomic.Int64
-	release := make(chan struct{})
+// slowHolder is a Store whose one replica, at addr, stores every response
+// but answers a lookup only once release is closed; asked counts the
+// lookups it received.
+func slowHolder(t *testing.T) (s *Store, addr string, asked *atomic.Int64, release chan struct{}) {
+	asked, release = new(atomic.Int64), make(chan struct{})
 	holder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		<-release
 		w.WriteHeader(http.StatusOK)
 	}))
 	t.Cleanup(holder.Close)
-	addr := strings.TrimPrefix(holder.URL, "http://")
-	s, _ := newStore(t, Config{LookupTimeout: 5 * time.Second, LookupConcurrency: 1},
+	addr = strings.TrimPrefix(holder.URL, "http://")
+	s, _ = newStore(t, Config{LookupTimeout: 5 * time.Second, LookupConcurrency: 1},
 		func(string) []string { return []string{addr} })
+	return s, addr, asked, release
+}
+
+// waitAsked waits until the replica received a lookup.
+func waitAsked(t *testing.T, asked *atomic.Int64) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); asked.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no lookup started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Requests naming one unknown id at once share one lookup: each replica
+// is asked once, every request gets the holder, and none is refused for
+// lookup_concurrency (1 here).
+func TestLookupShared(t *testing.T) {
+	s, addr, asked, release := slowHolder(t)
 	const n = 8
 	got := make(chan Source, n)
 	var started sync.WaitGroup
@@ -319,12 +337,7 @@ func TestLookupShared(t *testing.T) {
 		}()
 	}
 	started.Wait()
-	for deadline := time.Now().Add(2 * time.Second); asked.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("no lookup started")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitAsked(t, asked)
 	time.Sleep(20 * time.Millisecond) // let the other requests reach the lookup in flight
 	close(release)
 	for range n {
@@ -341,29 +354,14 @@ func TestLookupShared(t *testing.T) {
 // going away (its context cancelled) does not end the lookup for the
 // requests that joined it: they get the holder.
 func TestLookupOutlivesFirstRequest(t *testing.T) {
-	var asked atomic.Int64
-	release := make(chan struct{})
-	holder := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		asked.Add(1)
-		<-release
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(holder.Close)
-	addr := strings.TrimPrefix(holder.URL, "http://")
-	s, _ := newStore(t, Config{LookupTimeout: 5 * time.Second, LookupConcurrency: 1},
-		func(string) []string { return []string{addr} })
+	s, addr, asked, release := slowHolder(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan string, 1)
 	go func() {
 		a, _ := s.Holder(ctx, "m", "resp_gone")
 		first <- a
 	}()
-	for deadline := time.Now().Add(2 * time.Second); asked.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("no lookup started")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitAsked(t, asked)
 	joined := make(chan Source, 1)
 	go func() {
 		a, src := s.Holder(context.Background(), "m", "resp_gone")
