@@ -220,3 +220,62 @@ func checkGroupsShape(t *testing.T, seed uint64, w *Workload) {
 		t.Fatalf("seed %d: %d groups, hottest %d requests, median %d: not a Zipf(1.1) skew over 128", seed, len(count), hot, median)
 	}
 }
+
+func TestGenerateReasoningShape(t *testing.T) {
+	w, err := Generate(GenReason, GenOptions{Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 300 {
+		t.Fatalf("%d sessions, want 300", len(w.Sessions))
+	}
+	systems := map[Segment]bool{}
+	var think, answer []int
+	for i, s := range w.Sessions {
+		if i > 0 && s.Start < w.Sessions[i-1].Start {
+			t.Fatal("sessions not in start order")
+		}
+		if len(s.Turns) < 1 || len(s.Turns) > 8 {
+			t.Fatalf("session %s has %d turns", s.ID, len(s.Turns))
+		}
+		first := s.Turns[0].Append
+		if len(first) != 2 || first[0].Len < 500 || first[0].Len > 2000 {
+			t.Fatalf("session %s opens with %v: not a system prompt and a message", s.ID, first)
+		}
+		systems[first[0]] = true
+		lens := s.PromptLens()
+		for k, tu := range s.Turns {
+			msg := tu.Append[len(tu.Append)-1].Len
+			if msg < 30 || msg > 2000 {
+				t.Fatalf("a user message of %d tokens", msg)
+			}
+			a := tu.Output - tu.Hidden
+			if tu.Hidden < 200 || tu.Hidden > 12000 || a < 100 || a > 1000 {
+				t.Fatalf("turn of %d thinking and %d answer tokens", tu.Hidden, a)
+			}
+			think, answer = append(think, tu.Hidden), append(answer, a)
+			if k > 0 {
+				// The next prompt resends the answer, not the thinking.
+				if want := lens[k-1] + s.Turns[k-1].Output - s.Turns[k-1].Hidden + msg; lens[k] != want {
+					t.Fatalf("session %s turn %d: prompt %d tokens, want %d", s.ID, k, lens[k], want)
+				}
+				if tu.Gap <= 0 || tu.Gap > 120*time.Second {
+					t.Fatalf("think time %v", tu.Gap)
+				}
+			}
+		}
+	}
+	if len(systems) != 4 {
+		t.Fatalf("%d system prompts, want 4", len(systems))
+	}
+	// Log-uniform: the medians sit near the ranges' geometric means
+	// (1,549 and 316 tokens).
+	slices.Sort(think)
+	slices.Sort(answer)
+	if m := think[len(think)/2]; m < 1100 || m > 2200 {
+		t.Errorf("median thinking %d tokens, want about 1,549", m)
+	}
+	if m := answer[len(answer)/2]; m < 230 || m > 430 {
+		t.Errorf("median answer %d tokens, want about 316", m)
+	}
+}

@@ -78,7 +78,7 @@ func prepare(w *Workload, cfg engine.Config) (*prepared, error) {
 			p.left += int64(len(hashes))
 			p.hashes[i] = append(p.hashes[i], hashes)
 			if k+1 < len(ss.Turns) && t.TraceIDs == nil {
-				hist = append(prompt[:len(prompt):len(prompt)], e.Generated(prompt, requestSample(i, k), out)...)
+				hist = append(prompt[:len(prompt):len(prompt)], t.resent(e.Generated(prompt, requestSample(i, k), out))...)
 				prev = hashes
 			}
 		}

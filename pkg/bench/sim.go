@@ -773,7 +773,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			s.opening[s.conv[lv.sess]] = openingMessages(lv.promptHash, requestSample(lv.sess, lv.turn), f.OutputTokens)
 		}
 		if lv.keepOut {
-			hist := append(lv.prompt, lv.outputs...)
+			hist := append(lv.prompt, s.w.Sessions[lv.sess].Turns[lv.turn].resent(lv.outputs)...)
 			s.history[lv.sess] = hist
 			next := s.w.Sessions[lv.sess].Turns[lv.turn+1]
 			s.push(event{at: f.Finish + next.Gap, kind: evArrival, sess: lv.sess, turn: lv.turn + 1})

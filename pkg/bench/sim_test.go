@@ -693,3 +693,41 @@ func TestSimulateChatDoesNotCrowdOneHolder(t *testing.T) {
 		t.Errorf("a replica took %.0f %% of a run's requests, want at most 40 %%", 100*worst)
 	}
 }
+
+// A reasoning turn's thinking is not resent: every later prompt the
+// engines saw is the previous prompt, the answer and the new message, as
+// PromptLens counts it, and the replica holding the previous prompt
+// (pureaffinity's pick: the longest match) has that prompt's full blocks
+// cached, never a block of the thinking.
+func TestSimulateHiddenThinkingNotResent(t *testing.T) {
+	w := mustGen(t, GenReason, 0.02) // 6 sessions
+	fleet := smallFleet()
+	fleet.Engine.MaxModelLen = 65536 // no cut: prompts stay under 28k tokens, outputs 13k
+	r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NamePureAffinity), fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := 0
+	bs := fleet.Engine.BlockSize
+	for _, q := range r.Requests {
+		s := w.Sessions[q.Session]
+		lens := s.PromptLens()
+		if q.PromptTokens != lens[q.Turn] {
+			t.Fatalf("session %d turn %d: %d prompt tokens, want %d", q.Session, q.Turn, q.PromptTokens, lens[q.Turn])
+		}
+		if q.Turn == 0 {
+			continue
+		}
+		later++
+		prev := lens[q.Turn-1]
+		if q.CachedTokens > prev/bs*bs {
+			t.Fatalf("session %d turn %d: %d tokens cached of a previous prompt of %d: the thinking was resent", q.Session, q.Turn, q.CachedTokens, prev)
+		}
+		if q.CachedTokens < prev/bs*bs {
+			t.Errorf("session %d turn %d: %d tokens cached, want the previous prompt's %d", q.Session, q.Turn, q.CachedTokens, prev)
+		}
+	}
+	if later == 0 {
+		t.Fatal("no later turns")
+	}
+}

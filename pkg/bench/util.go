@@ -41,7 +41,7 @@ type Offered struct {
 // PromptLens returns the prompt length of each of s's turns as the
 // simulator builds them (before any cut to the model's context): a trace
 // turn's TraceLen; otherwise the previous prompt, the previous turn's
-// output and this turn's segments.
+// output less its Hidden tokens, and this turn's segments.
 func (s *Session) PromptLens() []int {
 	out := make([]int, len(s.Turns))
 	prev := 0
@@ -55,7 +55,7 @@ func (s *Session) PromptLens() []int {
 			}
 			out[i] = n
 		}
-		prev = out[i] + t.Output
+		prev = out[i] + t.resentLen()
 	}
 	return out
 }
@@ -180,7 +180,7 @@ func (w *Workload) arrivalsWith(prefillTPS, step float64, at []time.Duration, le
 			fresh = append(fresh, float64(n))
 			decode = append(decode, dec)
 			t += time.Duration((float64(n)/prefillTPS + step + dec) * float64(time.Second))
-			prev = pl[k] + turn.Output
+			prev = pl[k] + turn.resentLen()
 		}
 	}
 	return at, lens, fresh, decode

@@ -46,7 +46,22 @@ type Turn struct {
 	TraceBlock int
 	// Output is the number of tokens to generate (max_tokens).
 	Output int
+	// Hidden is how many of the first generated tokens the next turn does
+	// not resend: a reasoning model's thinking, which chat templates such
+	// as Qwen3's and DeepSeek-R1's drop from earlier assistant turns, so
+	// the next prompt is this one, the generated tokens after the first
+	// Hidden, then the next turn's Append. 0 resends all of them.
+	Hidden int
 }
+
+// resent is what of a turn's generated tokens the next turn's prompt
+// carries: all but the first Hidden.
+func (t Turn) resent(generated []uint32) []uint32 {
+	return generated[min(max(t.Hidden, 0), len(generated)):]
+}
+
+// resentLen is resent's length for a turn that generated all of Output.
+func (t Turn) resentLen() int { return t.Output - min(max(t.Hidden, 0), t.Output) }
 
 // Session is a sequence of turns sent by one client, each after the
 // previous one finished. A single-turn session is an open-loop request.

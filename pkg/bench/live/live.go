@@ -287,12 +287,23 @@ func (r *runner) session(ctx context.Context, idx int, s bench.Session) {
 		if q.Err != "" || ctx.Err() != nil {
 			return
 		}
+		out = resentText(tu, out)
 		if msgs != nil {
 			msgs.answered(k, out, k+1 < len(s.Turns))
 		} else {
 			history = append(prompt, out...)
 		}
 	}
+}
+
+// resentText is what of a turn's generated text the next turn resends:
+// without its first Hidden of Output tokens' share of the text (a
+// reasoning model's thinking, dropped from earlier assistant turns).
+func resentText(tu bench.Turn, out []byte) []byte {
+	if tu.Hidden <= 0 || tu.Output <= 0 {
+		return out
+	}
+	return out[len(out)*min(tu.Hidden, tu.Output)/tu.Output:]
 }
 
 // tokens are a turn's new tokens.

@@ -151,6 +151,37 @@ func TestRunMeasures(t *testing.T) {
 	}
 }
 
+// A reasoning turn's thinking is not resent: the next prompt carries the
+// previous one, the answer's share of the generated text, and the new
+// message.
+func TestRunDropsHiddenThinking(t *testing.T) {
+	f := newFake()
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	w := workload(t, bench.GenReason, 0.02)
+	w.Sessions = w.Sessions[:1]
+	s := &w.Sessions[0]
+	s.Key = "reasoner"
+	s.Turns = []bench.Turn{s.Turns[0], {Append: []bench.Segment{{ID: 1, Len: 5}}}, {Append: []bench.Segment{{ID: 2, Len: 7}}}}
+	for k := range s.Turns {
+		s.Turns[k].Output, s.Turns[k].Hidden, s.Turns[k].Gap = 8, 6, 0
+	}
+	if _, err := Run(context.Background(), Options{URL: srv.URL, Model: "m", Workload: w, Speed: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	ps := f.prompts["reasoner"]
+	if len(ps) != 3 {
+		t.Fatalf("server saw %d prompts, want 3", len(ps))
+	}
+	for k := 1; k < len(ps); k++ {
+		msg := s.Turns[k].Append[0].Len
+		if !strings.HasPrefix(ps[k], ps[k-1]+"zz") || len(ps[k]) != len(ps[k-1])+2+msg {
+			t.Fatalf("turn %d: %d chars after turn %d's %d: want its prompt, the 2-token answer and %d", k, len(ps[k]), k-1, len(ps[k-1]), msg)
+		}
+	}
+}
+
 // A session's client identity reaches the engine as its client would
 // send it: the header, the OpenAI user field in the body, or nothing (as
 // the simulator's clients do, so a router sees live what it saw there).
