@@ -34,10 +34,13 @@ type gridCell struct {
 	policies [][]int
 }
 
-// workloadNames expands -workload.
+// workloadNames expands -workload: "all" is the bar's workloads, the trace
+// and every generator but reasoning, which is judged on its own sweep and
+// runs only when named (at the bar's utilizations its decodes would need
+// hundreds of times the sessions, see bench.BarGenerators).
 func (f *simFlags) workloadNames() []string {
 	if f.workloads == "all" {
-		return append([]string{"trace"}, bench.Generators()...)
+		return append([]string{"trace"}, bench.BarGenerators()...)
 	}
 	return splitList(f.workloads)
 }

@@ -83,8 +83,7 @@ func matrix(ctx context.Context, name string, barDefault bool, args []string, st
 	var gf gridFlags
 	gf.register(fs, "0.5,0.8,0.95,1.1", defaultMatrixDuration)
 	replicas := fs.String("replicas", "4,8,16", "fleet sizes, comma-separated")
-	workloads := fs.String("workloads", strings.Join(append([]string{"trace"}, bench.BarGenerators()...), ","),
-		"workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all (the default is the bar's: all but reasoning)")
+	workloads := fs.String("workloads", "all", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all (the bar's: every one but reasoning)")
 	policies := fs.String("policies", strings.Join(bench.ComparedPolicies(), ","), "policies, comma-separated (must include -default and -baseline)")
 	def := fs.String("default", policy.NameKVRoute, "the policy judged")
 	baseline := fs.String("baseline", policy.NameRoundRobin, "the overload reference")

@@ -42,6 +42,7 @@ type simFlags struct {
 	speeds      []float64
 	changes     []bench.SpeedChange
 	noFidelity  bool
+	maxTokens   int
 	completions bool
 }
 
@@ -55,7 +56,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 // workloads (load reads only these): a live run's fleet is real, and the
 // simulated fleet's flags would be accepted and ignored there.
 func (f *simFlags) registerWorkload(fs *flag.FlagSet) {
-	fs.StringVar(&f.workloads, "workload", "trace", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all")
+	fs.StringVar(&f.workloads, "workload", "trace", "workloads, comma-separated: trace, "+strings.Join(bench.Generators(), ", ")+", or all (the bar's: every one but reasoning)")
 	fs.Float64Var(&f.rate, "rate", 1, "arrival-rate scale (2 = twice as fast)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed for generators, tie-breaks and event loss")
 	f.registerSource(fs)
@@ -112,6 +113,7 @@ func (f *simFlags) registerFleet(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.IntVar(&f.maxTokens, "max-tokens", 0, "what clients send as max_tokens: 0, each request's exact output (as kvbench live's client does); N > 0, a fixed cap (N, or the output if larger; the engine still stops at the output); -1, none")
 	fs.BoolVar(&f.noFidelity, "no-fidelity", false, "turn the closed-loop cache credit off")
 	fs.BoolVar(&f.completions, "completions", false, "clients send /v1/completions prompts, as kvbench live does, not chat messages: no request carries a conversation key, so a session with neither a header nor a user field is keyed only by the conversation the router finds its prompt continues")
 }
@@ -159,6 +161,7 @@ func (f *simFlags) fleet() bench.FleetConfig {
 	return bench.FleetConfig{
 		Replicas: f.replicas, Engine: e, EventDelay: f.delay, EventLoss: f.loss, PendingTTL: f.pending,
 		Seed: f.seed, NoFidelity: f.noFidelity, Completions: f.completions, Speeds: f.speeds, SpeedChanges: f.changes,
+		MaxTokens: f.maxTokens,
 	}
 }
 
@@ -210,10 +213,7 @@ func (f *simFlags) readTrace(rate float64, seed uint64) (*bench.Workload, error)
 
 // load builds the named workloads.
 func (f *simFlags) load() ([]*bench.Workload, error) {
-	names := strings.Split(f.workloads, ",")
-	if f.workloads == "all" {
-		names = append([]string{"trace"}, bench.Generators()...)
-	}
+	names := f.workloadNames()
 	var out []*bench.Workload
 	for _, n := range names {
 		n = strings.TrimSpace(n)

@@ -105,6 +105,14 @@ type FleetConfig struct {
 	// request that finishes after its replica's change has its IdealTTFT
 	// at the new speed.
 	SpeedChanges []SpeedChange
+	// MaxTokens is what clients send as max_tokens: 0, each turn's exact
+	// output (as kvbench live's client and vLLM's benchmark clients do,
+	// with ignore_eos); N > 0, a fixed cap, N or the turn's output if
+	// that is larger (an SDK's default, an agent harness's 32k), the
+	// engine still stopping at the turn's output as it would at an end
+	// of sequence; -1, none (the engine's limit is the context). The
+	// router knows a request's output only as what its max_tokens says.
+	MaxTokens int
 }
 
 // SpeedChange sets Replica's speed multiplier (in (0, 100], see
@@ -170,6 +178,8 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 		return c, fmt.Errorf("%w: event loss %v must be in [0, 1)", ErrSim, c.EventLoss)
 	case c.EventDelay < 0 || c.ScrapeInterval < 0 || c.BinWidth < 0 || c.PendingTTL < 0:
 		return c, fmt.Errorf("%w: delays and widths must not be negative", ErrSim)
+	case c.MaxTokens < -1:
+		return c, fmt.Errorf("%w: max_tokens %d must be -1 (none), 0 (the exact output) or a cap", ErrSim, c.MaxTokens)
 	}
 	if err := CheckSpeed(c.Speeds...); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrSim, err)
@@ -210,7 +220,10 @@ type RequestResult struct {
 	// sim.computed).
 	CeilingTokens int
 	OutputTokens  int
-	Preemptions   int
+	// MaxTokens is the max_tokens its client sent (0: none; see
+	// FleetConfig.MaxTokens), as a live router learns outputs against it.
+	MaxTokens   int
+	Preemptions int
 	// QueuedTokens are the uncached prompt tokens the router estimated
 	// were queued for prefill ahead of the request when it sent it
 	// (route.Decision.QueuedTokens), as a live router feeds its rate
@@ -318,6 +331,7 @@ type live struct {
 	prompt     []uint32
 	outputs    []uint32 // collected only when a later turn needs them
 	keepOut    bool
+	maxTokens  int // what the client sent as max_tokens
 	handle     *load.Handle
 	predicted  int      // cached tokens the index showed on the pick (RequestResult.PredictedTokens)
 	credited   int      // predicted plus what the router vouched for there (route.Candidate.Vouched): what the closed loop checks
@@ -590,7 +604,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		Input:      in,
 		SessionKey: s.w.Sessions[sess].Key,
 		User:       s.w.Sessions[sess].User,
-		MaxTokens:  out,
+		MaxTokens:  s.sentMaxTokens(out),
 		Streams:    true,
 	})
 	if err != nil {
@@ -609,7 +623,8 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 	lv := &live{
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
-		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(out)),
+		maxTokens: dec.MaxTokens,
+		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(s.router.Rates().ExpectOutput(dec.MaxTokens))),
 		predicted: predicted,
 		credited:  credited,
 		hashes:    blockHashes,
@@ -763,7 +778,7 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 			TTFT: f.FirstToken - f.Arrival, E2E: f.Finish - f.Arrival,
 			PromptTokens: f.PromptTokens, CachedTokens: f.CachedTokens,
 			PredictedTokens: lv.predicted, CeilingTokens: s.ceiling(f),
-			OutputTokens: f.OutputTokens, Preemptions: f.Preemptions,
+			OutputTokens: f.OutputTokens, MaxTokens: lv.maxTokens, Preemptions: f.Preemptions,
 			IdealTTFT: idealTTFT(r.eng.Config(), f.PromptTokens-f.CachedTokens),
 			Truncated: lv.truncated, Reason: lv.reason, SessionKey: lv.key,
 			QueuedTokens: lv.queued, SentMemoryBound: lv.memBound,
@@ -799,13 +814,27 @@ func (s *sim) done(ri int, res *engine.StepResult) {
 	}
 }
 
-// expecting is what a request generating out tokens tells the tracker:
-// its output, for a policy that reads the decoding ledger; nothing (no
-// ledger entry) otherwise.
+// sentMaxTokens is the max_tokens a client sends for a turn that will
+// generate out tokens (FleetConfig.MaxTokens); 0 for none.
+func (s *sim) sentMaxTokens(out int) int {
+	switch m := s.cfg.MaxTokens; {
+	case m == 0:
+		return out
+	case m < 0:
+		return 0
+	default:
+		return max(m, out)
+	}
+}
+
+// expecting is what a request expected to generate out tokens (the
+// router's estimate from its max_tokens, Rates.ExpectOutput) tells the
+// tracker, as the router does: its output, for a policy that reads the
+// decoding ledger; nothing (no ledger entry) otherwise or when not known.
 func (s *sim) expecting(out int) load.Output {
 	// Every simulated response streams: the router sees each first token
 	// when it is generated.
-	if !s.ledger {
+	if !s.ledger || out <= 0 {
 		return load.Output{Streams: true}
 	}
 	return load.Output{Tokens: out, Blocks: float64(out) / float64(s.cfg.Engine.BlockSize), Streams: true}
@@ -936,7 +965,7 @@ func (st *simState) Replicas() []route.Replica {
 	for _, r := range s.run.Requests[min(rates.Observed(), len(s.run.Requests)):] {
 		rates.Observe(index.ReplicaID(s.reps[r.Replica].id), route.RateSample{
 			Uncached: r.PromptTokens - r.CachedTokens, Queued: r.QueuedTokens,
-			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens, MemoryBound: r.SentMemoryBound,
+			TTFT: r.TTFT, E2E: r.E2E, Output: r.OutputTokens, MaxTokens: r.MaxTokens, MemoryBound: r.SentMemoryBound,
 			At: time.Unix(0, int64(r.Arrival+r.TTFT)),
 		})
 	}

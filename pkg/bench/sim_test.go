@@ -731,3 +731,40 @@ func TestSimulateHiddenThinkingNotResent(t *testing.T) {
 		t.Fatal("no later turns")
 	}
 }
+
+// Clients' max_tokens habits: exact outputs, a fixed cap (the engine
+// still stops at the turn's output) or none, each request's recorded as
+// its client sent it; a negative habit other than -1 is refused.
+func TestSimulateClientMaxTokens(t *testing.T) {
+	w := mustGen(t, GenChat, 0.05)
+	for _, tc := range []struct {
+		max  int
+		want func(out int) int
+	}{
+		{0, func(out int) int { return out }},
+		{32000, func(out int) int { return max(32000, out) }},
+		{-1, func(int) int { return 0 }},
+	} {
+		fleet := smallFleet()
+		fleet.MaxTokens = tc.max
+		r, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), fleet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0
+		for _, q := range r.Requests {
+			if q.MaxTokens != tc.want(q.OutputTokens) {
+				t.Fatalf("max_tokens %d: a request of %d output tokens sent %d", tc.max, q.OutputTokens, q.MaxTokens)
+			}
+			sum += q.OutputTokens
+		}
+		if sum == 0 {
+			t.Fatalf("max_tokens %d: nothing generated", tc.max)
+		}
+	}
+	fleet := smallFleet()
+	fleet.MaxTokens = -2
+	if _, err := Simulate(context.Background(), w, mustPolicy(t, policy.NameKVRoute), fleet); !errors.Is(err, ErrSim) {
+		t.Errorf("max_tokens -2: %v, want ErrSim", err)
+	}
+}

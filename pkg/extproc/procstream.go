@@ -814,11 +814,12 @@ func (st *procStream) observeRates(u openai.Usage, predicted int) {
 		e2e = ttft
 	}
 	st.s.cfg.Rates.Observe(st.fl.decision.Replica, route.RateSample{
-		Uncached: max(u.PromptTokens-cached, 0),
-		Queued:   st.fl.decision.QueuedTokens,
-		TTFT:     ttft,
-		E2E:      e2e,
-		Output:   u.CompletionTokens,
+		Uncached:  max(u.PromptTokens-cached, 0),
+		Queued:    st.fl.decision.QueuedTokens,
+		TTFT:      ttft,
+		E2E:       e2e,
+		Output:    u.CompletionTokens,
+		MaxTokens: st.fl.decision.MaxTokens,
 		// A late first token may be a wait for memory.
 		MemoryBound: st.fl.decision.Picked().Load.MemoryBound(),
 		At:          st.firstAt,

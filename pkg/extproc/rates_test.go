@@ -38,8 +38,10 @@ func newRatesHarness(t *testing.T) (*harness, *rateLog) {
 		t.Fatal(err)
 	}
 	rl := &rateLog{}
+	dec := decision()
+	dec.MaxTokens = 4096 // the request's max_tokens, as Decide keeps it
 	h := newHarness(t, Config{
-		Decider: &fakeDecider{dec: decision()}, Tracker: tr, Rates: rl,
+		Decider: &fakeDecider{dec: dec}, Tracker: tr, Rates: rl,
 		BlockSize: func(index.ReplicaID) int { return 16 },
 	})
 	return h, rl
@@ -47,7 +49,8 @@ func newRatesHarness(t *testing.T) (*harness, *rateLog) {
 
 // A streamed response feeds the learner one sample for the picked
 // replica: uncached = prompt − cached from the usage, output tokens from
-// it, a first-token time no later than the end.
+// it and the max_tokens they are learned against, a first-token time no
+// later than the end.
 func TestRatesFedFromStreamedResponse(t *testing.T) {
 	h, rl := newRatesHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -75,8 +78,8 @@ func TestRatesFedFromStreamedResponse(t *testing.T) {
 		t.Errorf("sample for %q, want the pick r1", to[0])
 	}
 	g := got[0]
-	if g.Uncached != 1520 || g.Output != 5 || g.Queued != 0 {
-		t.Errorf("sample %+v, want uncached 1520, output 5", g)
+	if g.Uncached != 1520 || g.Output != 5 || g.Queued != 0 || g.MaxTokens != 4096 {
+		t.Errorf("sample %+v, want uncached 1520, output 5 of max_tokens 4096", g)
 	}
 	if g.TTFT < 30*time.Millisecond || g.E2E-g.TTFT < 20*time.Millisecond {
 		t.Errorf("TTFT %v, E2E %v: want a first-token time of at least 30ms and the end at least 20ms after it", g.TTFT, g.E2E)

@@ -12,7 +12,8 @@
 //     atomics: readers never wait. MeanRequest gives the mean request size
 //     (exponentially weighted), which View uses to size other routers'
 //     requests. A request started with an expected output
-//     (StartExpecting: its max_tokens and their blocks) is in its
+//     (StartExpecting: the router's estimate from its max_tokens, and its
+//     blocks) is in its
 //     replica's decoding ledger from its first token until Done; Releases
 //     copies it out (each request's blocks, expected output and time since
 //     its first token, on the tracker's clock, SetClock), for kvroute's

@@ -79,7 +79,8 @@ type inflight struct {
 }
 
 // Output is what a request is expected to generate: its output tokens (the
-// request's max_tokens) and the KV blocks they take, and whether its
+// router's estimate from the request's max_tokens) and the KV blocks they
+// take, and whether its
 // response streams them (its first token is seen when it is generated,
 // not with the whole answer; such requests bound their replica's prefill
 // speed while they wait, InFlight.OldestWait). A request with no tokens

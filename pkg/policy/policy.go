@@ -127,7 +127,8 @@ type Request struct {
 	// SessionKey is the session affinity key (x-session-id), if any.
 	SessionKey string
 	// ExpectedOutputBlocks estimates the blocks the request will decode
-	// (from max_tokens); 0 when unknown.
+	// (its max_tokens, or the mean output of recent requests that carried
+	// the same max_tokens: route's Rates.ExpectOutput); 0 when unknown.
 	ExpectedOutputBlocks float64
 	// BlockSize is the block size of PromptBlocks, in tokens; 0 when
 	// unknown (kvroute then takes PromptTokens/PromptBlocks).

@@ -167,6 +167,16 @@
 // at least load.MemoryBoundUsage full): there a late first token may be
 // a wait for blocks, which the policy's memory term prices.
 //
+// Outputs: a request's expected output (policy.Request.ExpectedOutputBlocks,
+// and the tracker's decoding ledger) is its max_tokens, or, for a
+// max_tokens value that OutputMinSamples finished requests carried, the
+// mean output they generated (Rates.ExpectOutput, fed with each observed
+// response's output and the decision's MaxTokens): most clients send a
+// cap (32,000 from an agent harness) or none, not the output, and a cap
+// taken as the output charges every request for KV blocks it never
+// fills. A client that sends each request's exact output is priced as
+// before: its values repeat only with that mean.
+//
 // Departed replicas: what the Router keeps per replica (the fluid queue
 // of the prefill it sent there, the learned speeds of Options.Rates, the
 // session load committed there) is dropped at the first decision that no

@@ -122,6 +122,7 @@ import (
 // A Rates is safe for concurrent use (one mutex, held for a few float
 // operations). It starts no goroutine.
 type Rates struct {
+	out      outputs // what requests generate against their max_tokens (ExpectOutput)
 	mu       sync.Mutex
 	replicas map[index.ReplicaID]*rateState
 	observed int
@@ -236,6 +237,9 @@ type RateSample struct {
 	TTFT, E2E time.Duration
 	// Output is the number of tokens generated.
 	Output int
+	// MaxTokens is the max_tokens the request carried, 0 when none: the
+	// output is learned against it (ExpectOutput).
+	MaxTokens int
 	// MemoryBound is the replica's load.Load.MemoryBound when the request
 	// was sent: its engine was preempting or its cache nearly full, so the
 	// request may have waited for KV memory, and a slow first token is no
@@ -269,6 +273,9 @@ type Rate struct {
 // non-positive TTFT, negative counts or an end before the first token are
 // ignored (they still count in Observed).
 func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
+	if s.E2E >= s.TTFT && s.TTFT > 0 {
+		r.out.observe(s.MaxTokens, s.Output)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.observed++
@@ -330,6 +337,12 @@ func (r *Rates) Observe(replica index.ReplicaID, s RateSample) {
 	}
 	st.raiseWork, st.raiseTTFT = float64(s.Uncached+s.Queued), s.TTFT.Seconds()
 }
+
+// ExpectOutput is the output, in tokens, a request carrying maxTokens (0:
+// none) is expected to generate: the mean output of recent requests that
+// carried the same max_tokens once enough have finished, never more than
+// it; before that maxTokens itself (see outputs). 0 means not known.
+func (r *Rates) ExpectOutput(maxTokens int) int { return r.out.expect(maxTokens) }
 
 // Get returns the replica's learned speeds; ok is false when nothing was
 // learned for it.

@@ -500,3 +500,96 @@ func TestDecideAvoidsAReplicaItsWaitsProveSlow(t *testing.T) {
 		t.Fatalf("r0's prefill rate in the decision is %.0f, want the proven bound (about 128)", l.PrefillRate)
 	}
 }
+
+// A cap many requests carry is learned as the mean output they generate,
+// never above the cap; exact outputs, and max_tokens values not seen
+// often enough, stay what the request says; no max_tokens is learned the
+// same way; impossible samples are ignored.
+func TestRatesExpectOutput(t *testing.T) {
+	r := NewRates()
+	sample := func(maxTokens, out int) RateSample {
+		return RateSample{TTFT: time.Second, E2E: 2 * time.Second, Output: out, MaxTokens: maxTokens}
+	}
+	if got := r.ExpectOutput(32000); got != 32000 {
+		t.Fatalf("nothing learned: %d, want the cap", got)
+	}
+	if got := r.ExpectOutput(0); got != 0 {
+		t.Fatalf("nothing learned, no max_tokens: %d, want 0", got)
+	}
+	for i := range OutputMinSamples - 1 {
+		r.Observe("a", sample(32000, 200+100*i))
+	}
+	if got := r.ExpectOutput(32000); got != 32000 {
+		t.Fatalf("%d samples: %d, want the cap until %d", OutputMinSamples-1, got, OutputMinSamples)
+	}
+	r.Observe("b", sample(32000, 900)) // 200..900: mean 550
+	if got := r.ExpectOutput(32000); got != 550 {
+		t.Fatalf("learned cap: %d, want the mean 550", got)
+	}
+	// Later samples move it by OutputWeight.
+	for range 200 {
+		r.Observe("a", sample(32000, 2000))
+	}
+	if got := r.ExpectOutput(32000); got < 1990 || got > 2000 {
+		t.Fatalf("after 200 outputs of 2000: %d", got)
+	}
+	// Exact clients: every output is its max_tokens.
+	for range 3 * OutputMinSamples {
+		r.Observe("a", sample(300, 300))
+	}
+	if got := r.ExpectOutput(300); got != 300 {
+		t.Errorf("exact: %d, want 300", got)
+	}
+	if got := r.ExpectOutput(301); got != 301 {
+		t.Errorf("unseen value: %d, want 301", got)
+	}
+	// No max_tokens: the mean output of such requests.
+	for range OutputMinSamples {
+		r.Observe("a", sample(0, 64))
+	}
+	if got := r.ExpectOutput(0); got != 64 {
+		t.Errorf("no max_tokens: %d, want 64", got)
+	}
+	// An output beyond its max_tokens, a negative one and a sample with no
+	// first token teach nothing.
+	for range 4 * OutputMinSamples {
+		r.Observe("a", sample(100, 150))
+		r.Observe("a", sample(100, -1))
+		r.Observe("a", RateSample{Output: 5, MaxTokens: 100})
+	}
+	if got := r.ExpectOutput(100); got != 100 {
+		t.Errorf("impossible samples: %d, want 100", got)
+	}
+	if got := r.ExpectOutput(-5); got != 0 {
+		t.Errorf("negative max_tokens: %d", got)
+	}
+}
+
+// The learner keeps at most outputKeys max_tokens values, forgetting the
+// one seen least recently.
+func TestRatesExpectOutputForgetsOldValues(t *testing.T) {
+	r := NewRates()
+	learn := func(maxTokens int) {
+		for range OutputMinSamples {
+			r.Observe("a", RateSample{TTFT: time.Second, E2E: time.Second, Output: 7, MaxTokens: maxTokens})
+		}
+	}
+	learn(1000)
+	for v := range outputKeys - 1 {
+		learn(2000 + v)
+	}
+	learn(1000) // seen again: now the most recent
+	learn(5000) // one value too many: 2000, the oldest, goes
+	if n := len(r.out.byMax); n != outputKeys {
+		t.Fatalf("%d values kept, want %d", n, outputKeys)
+	}
+	if got := r.ExpectOutput(1000); got != 7 {
+		t.Errorf("recently seen value forgotten: %d", got)
+	}
+	if got := r.ExpectOutput(2000); got != 2000 {
+		t.Errorf("oldest value kept: %d, want it forgotten (2000)", got)
+	}
+	if got := r.ExpectOutput(5000); got != 7 {
+		t.Errorf("newest value: %d", got)
+	}
+}

@@ -52,6 +52,36 @@ func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
 	d.Hold.Done()
 }
 
+// A max_tokens many finished requests carried is a cap, not an output:
+// once they have taught the router what such requests generate, a pick
+// joins the ledger with that, and the decision keeps the max_tokens its
+// response is learned against.
+func TestDecideExpectsTheLearnedOutputOfACap(t *testing.T) {
+	p, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{MemoryWait: policy.Float(1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newTrackedRig(t, 1, p)
+	g.tr.SetClock(func() time.Time { return g.now })
+	for i := range OutputMinSamples {
+		g.rt.Rates().Observe("r0", RateSample{TTFT: time.Second, E2E: 2 * time.Second, Output: 90 + 5*i, MaxTokens: 32000})
+	}
+	d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: seq(20*16, 1), MaxTokens: 32000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.MaxTokens != 32000 {
+		t.Errorf("decision's max_tokens %d, want 32000", d.MaxTokens)
+	}
+	d.Hold.FirstToken()
+	got := g.tr.Releases("r0", nil)
+	want := load.Release{Blocks: 20 + 108.0/16, Output: 108} // the mean of 90..125, rounded up
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("ledger %+v, want [%+v]", got, want)
+	}
+	d.Hold.Done()
+}
+
 type releaseMap map[string][]load.Release
 
 func (m releaseMap) Releases(replica string, dst []load.Release) []load.Release {

@@ -282,7 +282,7 @@ func (r *Router) Explain(ctx context.Context, req Request) (Decision, error) {
 
 func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision, error) {
 	start := r.opts.Now()
-	d := Decision{Policy: r.opts.Policy.Name()}
+	d := Decision{Policy: r.opts.Policy.Name(), MaxTokens: req.MaxTokens}
 
 	sc := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(sc)
@@ -534,7 +534,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		PromptBlocks:         d.PromptBlocks,
 		PromptTokens:         d.PromptTokens,
 		SessionKey:           d.Session,
-		ExpectedOutputBlocks: expectedOutputBlocks(req.MaxTokens, primary),
+		ExpectedOutputBlocks: expectedOutputBlocks(r.opts.Rates.ExpectOutput(req.MaxTokens), primary),
 		BlockSize:            primary,
 		PrefixPlacements:     placements,
 		PrefixBurst:          burst,
@@ -651,7 +651,8 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if r.opts.Tracker != nil {
 			out := load.Output{Streams: req.Streams}
 			if r.releases != nil { // the ledger is kept only for a policy that reads it
-				out.Tokens, out.Blocks = req.MaxTokens, expectedOutputBlocks(req.MaxTokens, primary)
+				out.Tokens = r.opts.Rates.ExpectOutput(req.MaxTokens)
+				out.Blocks = expectedOutputBlocks(out.Tokens, primary)
 			}
 			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks, out)
 		}
@@ -744,7 +745,8 @@ func (r *Router) fillReleases(sc *scratch, promptBlocks int) {
 	}
 }
 
-// expectedOutputBlocks converts max_tokens to blocks (0 when unknown).
+// expectedOutputBlocks converts an expected output in tokens to blocks (0
+// when unknown).
 func expectedOutputBlocks(maxTokens, blockSize int) float64 {
 	if maxTokens <= 0 || blockSize <= 0 {
 		return 0

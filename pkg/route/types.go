@@ -258,6 +258,9 @@ type Decision struct {
 	Degraded     string
 	PromptTokens int
 	PromptBlocks int
+	// MaxTokens is the request's max_tokens, 0 when absent: a finished
+	// response's output is learned against it (RateSample.MaxTokens).
+	MaxTokens    int
 	TokenSource  string
 	TokenizeTime time.Duration
 	DecideTime   time.Duration
