@@ -112,6 +112,13 @@ func printExplain(w io.Writer, r *kvroutev1.ExplainResponse) error {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "prompt:   %d tokens, %d blocks (tokens from %s in %dµs; decided in %dµs)\n",
 		r.GetPromptTokens(), r.GetPromptBlocks(), r.GetTokenSource(), r.GetTokenizeMicros(), r.GetDecideMicros())
+	if m, e := r.GetMaxTokens(), r.GetExpectedOutputTokens(); m > 0 || e > 0 {
+		mt := "none"
+		if m > 0 {
+			mt = fmt.Sprint(m)
+		}
+		fmt.Fprintf(w, "output:   max_tokens %s, %d tokens expected\n", mt, e)
+	}
 	if len(r.GetFallbacks()) > 0 {
 		fmt.Fprintf(w, "fallback: %s\n", strings.Join(r.GetFallbacks(), ", "))
 	}

@@ -354,6 +354,24 @@ func TestPrintExplainMarksPickAndIneligible(t *testing.T) {
 	if !strings.Contains(b.String(), "degraded: cold_index") {
 		t.Errorf("no degraded reason:\n%s", b.String())
 	}
+	if strings.Contains(b.String(), "output:") {
+		t.Errorf("an output line for a request with no max_tokens and no expected output:\n%s", b.String())
+	}
+	for _, tc := range []struct {
+		max, expected int64
+		want          string
+	}{
+		{32000, 640, "output:   max_tokens 32000, 640 tokens expected\n"},
+		{0, 120, "output:   max_tokens none, 120 tokens expected\n"},
+	} {
+		b.Reset()
+		if err := printExplain(&b, &kvroutev1.ExplainResponse{Replica: "r1", MaxTokens: tc.max, ExpectedOutputTokens: tc.expected}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("max_tokens %d, expected %d: no line %q in\n%s", tc.max, tc.expected, tc.want, b.String())
+		}
+	}
 }
 
 // TestServeReplicaFileReload: a watched replica file drives the routable

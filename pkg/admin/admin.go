@@ -267,21 +267,23 @@ func loadProto(l load.Load) *kvroutev1.Load {
 
 func decisionProto(d route.Decision) *kvroutev1.ExplainResponse {
 	out := &kvroutev1.ExplainResponse{
-		Replica:           string(d.Replica),
-		Address:           d.Address,
-		Fallbacks:         append([]string(nil), d.Fallbacks...),
-		Policy:            d.Policy,
-		Reason:            d.Reason,
-		Degraded:          d.Degraded,
-		PromptTokens:      int64(d.PromptTokens),
-		PromptBlocks:      int64(d.PromptBlocks),
-		TokenSource:       d.TokenSource,
-		TokenizeMicros:    d.TokenizeTime.Microseconds(),
-		DecideMicros:      d.DecideTime.Microseconds(),
-		Candidates:        make([]*kvroutev1.Candidate, 0, len(d.Candidates)),
-		Session:           d.Session,
-		QueuedTokens:      int64(d.QueuedTokens),
-		SessionFromPrompt: d.SessionFromPrompt,
+		Replica:              string(d.Replica),
+		Address:              d.Address,
+		Fallbacks:            append([]string(nil), d.Fallbacks...),
+		Policy:               d.Policy,
+		Reason:               d.Reason,
+		Degraded:             d.Degraded,
+		PromptTokens:         int64(d.PromptTokens),
+		PromptBlocks:         int64(d.PromptBlocks),
+		TokenSource:          d.TokenSource,
+		TokenizeMicros:       d.TokenizeTime.Microseconds(),
+		DecideMicros:         d.DecideTime.Microseconds(),
+		Candidates:           make([]*kvroutev1.Candidate, 0, len(d.Candidates)),
+		Session:              d.Session,
+		QueuedTokens:         int64(d.QueuedTokens),
+		SessionFromPrompt:    d.SessionFromPrompt,
+		MaxTokens:            int64(d.MaxTokens),
+		ExpectedOutputTokens: int64(d.ExpectedOutputTokens),
 	}
 	for _, c := range d.Candidates {
 		out.Candidates = append(out.Candidates, &kvroutev1.Candidate{

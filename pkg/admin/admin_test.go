@@ -92,9 +92,12 @@ func decision() route.Decision {
 		Reason:       "cost",
 		PromptTokens: 100,
 		PromptBlocks: 6,
+		MaxTokens:    32000,
 		TokenSource:  "remote",
-		TokenizeTime: 1500 * time.Microsecond,
-		DecideTime:   20 * time.Microsecond,
+		// A cap the router learned requests generate 640 tokens of.
+		ExpectedOutputTokens: 640,
+		TokenizeTime:         1500 * time.Microsecond,
+		DecideTime:           20 * time.Microsecond,
 		Candidates: []route.Candidate{
 			{Replica: "r0", Address: "10.0.0.1:8000", Matched: [index.NumTiers]int{1, 0, 0}, Trust: 1, Load: load.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
 			{Replica: "r1", Address: "10.0.0.2:8000", Matched: [index.NumTiers]int{4, 2, 0}, Trust: 0.5, Load: load.Load{KVUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Approximate: true},
@@ -178,7 +181,7 @@ func TestExplainGRPC(t *testing.T) {
 		want := &kvroutev1.ExplainResponse{
 			Replica: "r1", Address: "10.0.0.2:8000", Fallbacks: []string{"10.0.0.1:8000"},
 			Policy: "blended", Reason: "cost", PromptTokens: 100, PromptBlocks: 6, TokenSource: "remote",
-			TokenizeMicros: 1500, DecideMicros: 20,
+			TokenizeMicros: 1500, DecideMicros: 20, MaxTokens: 32000, ExpectedOutputTokens: 640,
 			Candidates: []*kvroutev1.Candidate{
 				{Replica: "r0", Address: "10.0.0.1:8000", Matched: &kvroutev1.TierBlocks{Gpu: 1}, Credit: 1, Load: &kvroutev1.Load{ActiveRequests: 3, Healthy: true}, Cost: 5.5, Eligible: true},
 				{Replica: "r1", Address: "10.0.0.2:8000", Matched: &kvroutev1.TierBlocks{Gpu: 4, Cpu: 2}, Credit: 0.5, Load: &kvroutev1.Load{KvUsage: 0.25, Healthy: true}, Cost: 1.25, Eligible: true, Picked: true, Approximate: true},

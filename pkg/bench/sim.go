@@ -624,7 +624,7 @@ func (s *sim) arrive(ctx context.Context, sess, turn int) error {
 		sess: sess, turn: turn, replica: ri,
 		keepOut:   keep,
 		maxTokens: dec.MaxTokens,
-		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(s.router.Rates().ExpectOutput(dec.MaxTokens))),
+		handle:    s.tracker.StartExpecting(r.id, dec.PrefillBlocks, dec.PromptBlocks, s.expecting(dec.ExpectedOutputTokens)),
 		predicted: predicted,
 		credited:  credited,
 		hashes:    blockHashes,

@@ -70,8 +70,8 @@ func TestDecideExpectsTheLearnedOutputOfACap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.MaxTokens != 32000 {
-		t.Errorf("decision's max_tokens %d, want 32000", d.MaxTokens)
+	if d.MaxTokens != 32000 || d.ExpectedOutputTokens != 108 {
+		t.Errorf("decision's max_tokens %d, expected output %d: want 32000 and 108", d.MaxTokens, d.ExpectedOutputTokens)
 	}
 	d.Hold.FirstToken()
 	got := g.tr.Releases("r0", nil)

@@ -530,11 +530,12 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		}
 	}
 
+	d.ExpectedOutputTokens = r.opts.Rates.ExpectOutput(req.MaxTokens)
 	preq := policy.Request{
 		PromptBlocks:         d.PromptBlocks,
 		PromptTokens:         d.PromptTokens,
 		SessionKey:           d.Session,
-		ExpectedOutputBlocks: expectedOutputBlocks(r.opts.Rates.ExpectOutput(req.MaxTokens), primary),
+		ExpectedOutputBlocks: expectedOutputBlocks(d.ExpectedOutputTokens, primary),
 		BlockSize:            primary,
 		PrefixPlacements:     placements,
 		PrefixBurst:          burst,
@@ -651,8 +652,7 @@ func (r *Router) decide(ctx context.Context, req Request, learn bool) (Decision,
 		if r.opts.Tracker != nil {
 			out := load.Output{Streams: req.Streams}
 			if r.releases != nil { // the ledger is kept only for a policy that reads it
-				out.Tokens = r.opts.Rates.ExpectOutput(req.MaxTokens)
-				out.Blocks = expectedOutputBlocks(out.Tokens, primary)
+				out.Tokens, out.Blocks = d.ExpectedOutputTokens, expectedOutputBlocks(d.ExpectedOutputTokens, primary)
 			}
 			d.Hold = r.opts.Tracker.StartExpecting(string(d.Replica), d.PrefillBlocks, d.PromptBlocks, out)
 		}

@@ -260,11 +260,15 @@ type Decision struct {
 	PromptBlocks int
 	// MaxTokens is the request's max_tokens, 0 when absent: a finished
 	// response's output is learned against it (RateSample.MaxTokens).
-	MaxTokens    int
-	TokenSource  string
-	TokenizeTime time.Duration
-	DecideTime   time.Duration
-	Candidates   []Candidate
+	MaxTokens int
+	// ExpectedOutputTokens is the output the router expected the request
+	// to generate (Rates.ExpectOutput of MaxTokens; 0 when unknown), as
+	// the policy was given it in blocks.
+	ExpectedOutputTokens int
+	TokenSource          string
+	TokenizeTime         time.Duration
+	DecideTime           time.Duration
+	Candidates           []Candidate
 	// Session is the session key the decision used (SessionKey: the
 	// header, else one derived from the request), "" for none.
 	Session string

@@ -486,8 +486,15 @@ type ExplainResponse struct {
 	// key of the conversation its prompt continues: an earlier prompt the
 	// router sent, which this one begins with.
 	SessionFromPrompt bool `protobuf:"varint,15,opt,name=session_from_prompt,json=sessionFromPrompt,proto3" json:"session_from_prompt,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The request's max_tokens (0 when absent), and the output in tokens the
+	// router expected it to generate (0 when unknown): max_tokens, or for a
+	// max_tokens value enough responses carried, the mean output they
+	// generated. kvroute's memory term charges the prompt's and this
+	// output's blocks.
+	MaxTokens            int64 `protobuf:"varint,16,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	ExpectedOutputTokens int64 `protobuf:"varint,17,opt,name=expected_output_tokens,json=expectedOutputTokens,proto3" json:"expected_output_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ExplainResponse) Reset() {
@@ -623,6 +630,20 @@ func (x *ExplainResponse) GetSessionFromPrompt() bool {
 		return x.SessionFromPrompt
 	}
 	return false
+}
+
+func (x *ExplainResponse) GetMaxTokens() int64 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *ExplainResponse) GetExpectedOutputTokens() int64 {
+	if x != nil {
+		return x.ExpectedOutputTokens
+	}
+	return 0
 }
 
 type DecisionsRequest struct {
@@ -1184,7 +1205,7 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"\x04home\x18\n" +
 	" \x01(\bR\x04home\x12%\n" +
 	"\x0epending_blocks\x18\v \x01(\x03R\rpendingBlocks\x12%\n" +
-	"\x0evouched_blocks\x18\f \x01(\x03R\rvouchedBlocks\"\x90\x04\n" +
+	"\x0evouched_blocks\x18\f \x01(\x03R\rvouchedBlocks\"\xe5\x04\n" +
 	"\x0fExplainResponse\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\tR\areplica\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1c\n" +
@@ -1203,7 +1224,10 @@ const file_kvroute_v1_admin_proto_rawDesc = "" +
 	"candidates\x12\x18\n" +
 	"\asession\x18\r \x01(\tR\asession\x12#\n" +
 	"\rqueued_tokens\x18\x0e \x01(\x03R\fqueuedTokens\x12.\n" +
-	"\x13session_from_prompt\x18\x0f \x01(\bR\x11sessionFromPrompt\"(\n" +
+	"\x13session_from_prompt\x18\x0f \x01(\bR\x11sessionFromPrompt\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x10 \x01(\x03R\tmaxTokens\x124\n" +
+	"\x16expected_output_tokens\x18\x11 \x01(\x03R\x14expectedOutputTokens\"(\n" +
 	"\x10DecisionsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x03R\x05limit\"j\n" +
 	"\x10RecordedDecision\x12\x1d\n" +
