@@ -9,12 +9,15 @@
 // A Workload is a list of sessions; a session is a sequence of turns sent
 // one after another (the next turn arrives its think time after the
 // previous one finished, with the previous prompt and the tokens the engine
-// generated prepended). ReadTrace turns a Mooncake-format trace into
+// generated prepended, less a reasoning turn's first Turn.Hidden tokens,
+// its thinking). ReadTrace turns a Mooncake-format trace into
 // single-turn sessions, expanding its hash ids (512 tokens each in
 // Mooncake's traces; other block sizes are found from the lines or given)
 // with kvblock.ExpandTrace; a bad line is an ErrTrace error naming the line.
-// Generate builds the synthetic workloads (chat, agentic, rl, herding,
-// fanout) from a seed: the same options give the same workload.
+// Generate builds the synthetic workloads (Generators: chat, agentic, rl,
+// herding, fanout, agents, grpo, mixed, groups, which are the bar's,
+// BarGenerators, and reasoning) from a seed: the same options give the
+// same workload.
 //
 // # Simulation
 //
@@ -34,6 +37,8 @@
 // TTFT, E2E, cached, predicted and ceiling tokens (the ceiling being one
 // infinite cache that saw every earlier prompt and output) and the session
 // key the router derived. Requests carry what a live client sends: a
+// max_tokens after the clients' habit (FleetConfig.MaxTokens: the exact
+// output, a cap or none), a
 // session's x-session-id header or OpenAI user field after its habit, and,
 // on a conversation's later requests, its opening messages (hashes of the
 // first prompt and its answer), from which route.SessionKey derives the

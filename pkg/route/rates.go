@@ -119,8 +119,13 @@ import (
 // 32 inter-token times above twice the step came 1-6 times a grid, at
 // overload, where the batch really does lengthen the step.
 //
-// A Rates is safe for concurrent use (one mutex, held for a few float
-// operations). It starts no goroutine.
+// A Rates also learns what requests generate against the max_tokens they
+// carry (ExpectOutput, see outputs).
+//
+// A Rates is safe for concurrent use (a mutex for the speeds and one for
+// the outputs, each held for a few float operations, or a scan of the
+// 256 output keys when a new one displaces the oldest). It starts no
+// goroutine.
 type Rates struct {
 	out      outputs // what requests generate against their max_tokens (ExpectOutput)
 	mu       sync.Mutex
