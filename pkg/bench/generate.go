@@ -193,18 +193,28 @@ func (g *gen) chat(w *Workload) {
 	for i := range sys {
 		sys[i] = g.seg(g.uniform(1024, 3072))
 	}
+	g.chatSessions(w, "chat-", g.n(400), 2, sys, func() int { return g.uniform(2, 12) }, func() Turn {
+		return Turn{Append: []Segment{g.seg(g.uniform(32, 512))}, Output: g.uniform(64, 512)}
+	}, 8, 60)
+}
+
+// chatSessions appends n chat sessions keyed prefix and their number,
+// starting as a Poisson process at rate per second from 0. A session runs
+// turns() turns, each built by turn (its Append the message), the first
+// opening with one of sys, the others after an exponential think time of
+// mean think seconds, at most maxThink.
+func (g *gen) chatSessions(w *Workload, prefix string, n int, rate float64, sys []Segment, turns func() int, turn func() Turn, think, maxThink float64) {
 	t := time.Duration(0)
-	for i := range g.n(400) {
-		t = g.poisson(t, 2)
+	for i := range n {
+		t = g.poisson(t, rate)
 		s := Session{Start: t}
-		s.identify(key("chat-", i))
-		turns := g.uniform(2, 12)
-		for k := range turns {
-			tu := Turn{Append: []Segment{g.seg(g.uniform(32, 512))}, Output: g.uniform(64, 512)}
+		s.identify(key(prefix, i))
+		for k := range turns() {
+			tu := turn()
 			if k == 0 {
 				tu.Append = append([]Segment{sys[g.rng.IntN(len(sys))]}, tu.Append...)
 			} else {
-				tu.Gap = time.Duration(math.Min(60, g.rng.ExpFloat64()*8) * float64(time.Second))
+				tu.Gap = time.Duration(math.Min(maxThink, g.rng.ExpFloat64()*think) * float64(time.Second))
 			}
 			s.Turns = append(s.Turns, tu)
 		}
@@ -461,21 +471,8 @@ func (g *gen) reasoning(w *Workload) {
 	for i := range sys {
 		sys[i] = g.seg(g.logUniform(500, 2000))
 	}
-	t := time.Duration(0)
-	for i := range g.n(300) {
-		t = g.poisson(t, 1)
-		s := Session{Start: t}
-		s.identify(key("reason-", i))
-		for k := range g.uniform(1, 8) {
-			think, answer := g.logUniform(200, 12000), g.logUniform(100, 1000)
-			tu := Turn{Append: []Segment{g.seg(g.logUniform(30, 2000))}, Output: think + answer, Hidden: think}
-			if k == 0 {
-				tu.Append = append([]Segment{sys[g.rng.IntN(len(sys))]}, tu.Append...)
-			} else {
-				tu.Gap = time.Duration(math.Min(120, g.rng.ExpFloat64()*15) * float64(time.Second))
-			}
-			s.Turns = append(s.Turns, tu)
-		}
-		w.Sessions = append(w.Sessions, s)
-	}
+	g.chatSessions(w, "reason-", g.n(300), 1, sys, func() int { return g.uniform(1, 8) }, func() Turn {
+		think, answer := g.logUniform(200, 12000), g.logUniform(100, 1000)
+		return Turn{Append: []Segment{g.seg(g.logUniform(30, 2000))}, Output: think + answer, Hidden: think}
+	}, 15, 120)
 }
