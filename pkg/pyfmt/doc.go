@@ -6,5 +6,6 @@
 // or a list, vLLM's Anthropic conversion printing an assistant
 // tool_result's content list with str(). The template values
 // (pkg/tokenize), the request converter (pkg/openai) and the engine
-// simulator's vLLM-worded errors (cmd/enginesim) print through it. It is pure: no state, no goroutines.
+// simulator's vLLM-worded errors (cmd/enginesim) print through it. It is
+// pure: no state, no goroutines.
 package pyfmt

@@ -12,8 +12,10 @@ import (
 // model's 32,768) or none, and the output is a small, unknown share of it.
 // Taken as the output, such a cap made kvroute charge every request for KV
 // blocks it never fills: on rl at 4 replicas, 0.8 utilization and half the
-// KV cache, clients capping at 32,000 doubled its mean time to first token
-// (0.063 to 0.129 s, seeds 1-3) against the same requests sent exact.
+// KV cache, medians of seeds 1-5, its mean time to first token was 0.065 s
+// with exact outputs and 0.121 s with clients capping at 32,000 (0.065 s
+// with the cap learned as below; docs/benchmarks.md, "Clients that cap
+// max_tokens").
 //
 // So the output a request is expected to generate is learned per
 // max_tokens value, 0 standing for none: the mean output of the recent
