@@ -9,18 +9,32 @@ import (
 	"github.com/kvroute/kvroute/pkg/policy"
 )
 
-// For a policy that reads the decoding ledger, a pick charged to the
-// router's Tracker carries the request's max_tokens as its expected
-// output: from its first token it is in the replica's ledger with its
-// prompt and output blocks, until it is done.
-func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
+// memoryWaitPolicy is kvroute with its memory wait on: a policy that reads
+// the decoding ledger.
+func memoryWaitPolicy(t *testing.T) policy.Policy {
+	t.Helper()
 	p, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{MemoryWait: policy.Float(1)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newTrackedRig(t, 1, p)
+	return p
+}
 
+// ledgerRig is one tracked replica, r0, routed by memoryWaitPolicy, its
+// tracker on the rig's clock.
+func ledgerRig(t *testing.T) *trackedRig {
+	t.Helper()
+	g := newTrackedRig(t, 1, memoryWaitPolicy(t))
 	g.tr.SetClock(func() time.Time { return g.now })
+	return g
+}
+
+// For a policy that reads the decoding ledger, a pick charged to the
+// router's Tracker carries the request's max_tokens, nothing being learned
+// of it yet, as its expected output: from its first token it is in the replica's ledger with its
+// prompt and output blocks, until it is done.
+func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
+	g := ledgerRig(t)
 	d, err := g.rt.Decide(t.Context(), Request{Model: model, Tokens: seq(20*16, 1), MaxTokens: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -57,12 +71,7 @@ func TestDecideHoldJoinsDecodingLedger(t *testing.T) {
 // joins the ledger with that, and the decision keeps the max_tokens its
 // response is learned against.
 func TestDecideExpectsTheLearnedOutputOfACap(t *testing.T) {
-	p, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{MemoryWait: policy.Float(1)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := newTrackedRig(t, 1, p)
-	g.tr.SetClock(func() time.Time { return g.now })
+	g := ledgerRig(t)
 	for i := range OutputMinSamples {
 		g.rt.Rates().Observe("r0", RateSample{TTFT: time.Second, E2E: 2 * time.Second, Output: 90 + 5*i, MaxTokens: 32000})
 	}
@@ -104,10 +113,7 @@ func TestFillReleasesWhereMemoryIsShort(t *testing.T) {
 	if n := len(sc0.cands[0].Releases); n != 0 {
 		t.Errorf("policy reads no releases: full got %d", n)
 	}
-	p, err := policy.New(policy.NameKVRoute, policy.Config{KVRoute: policy.KVRouteConfig{MemoryWait: policy.Float(1)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := memoryWaitPolicy(t)
 	r := New(Options{State: fleet(1), Releases: src, Policy: p})
 	sc := &scratch{cands: []policy.Candidate{
 		{Replica: "full", Load: load.Load{KVBlocks: 1000, KVUsage: 0.96}},
