@@ -54,14 +54,15 @@ type Turn struct {
 	Hidden int
 }
 
+// hidden is how many of n generated tokens the next turn does not resend.
+func (t Turn) hidden(n int) int { return min(max(t.Hidden, 0), n) }
+
 // resent is what of a turn's generated tokens the next turn's prompt
 // carries: all but the first Hidden.
-func (t Turn) resent(generated []uint32) []uint32 {
-	return generated[min(max(t.Hidden, 0), len(generated)):]
-}
+func (t Turn) resent(generated []uint32) []uint32 { return generated[t.hidden(len(generated)):] }
 
 // resentLen is resent's length for a turn that generated all of Output.
-func (t Turn) resentLen() int { return t.Output - min(max(t.Hidden, 0), t.Output) }
+func (t Turn) resentLen() int { return t.Output - t.hidden(t.Output) }
 
 // Session is a sequence of turns sent by one client, each after the
 // previous one finished. A single-turn session is an open-loop request.
