@@ -222,10 +222,17 @@ func checkGroupsShape(t *testing.T, seed uint64, w *Workload) {
 }
 
 func TestGenerateReasoningShape(t *testing.T) {
-	w, err := Generate(GenReason, GenOptions{Seed: 7})
-	if err != nil {
-		t.Fatal(err)
+	for _, seed := range []uint64{1, 7, 42, 1234} {
+		w, err := Generate(GenReason, GenOptions{Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkReasoningShape(t, w)
 	}
+}
+
+func checkReasoningShape(t *testing.T, w *Workload) {
+	t.Helper()
 	if len(w.Sessions) != 300 {
 		t.Fatalf("%d sessions, want 300", len(w.Sessions))
 	}
